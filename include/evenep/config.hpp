@@ -1,0 +1,44 @@
+// evenep/config.hpp — the static configuration of an EP group (SPEC §1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "evenep/detail/layout.hpp"
+
+namespace evenep {
+
+// Static shape of one EP group. Every buffer size is a function of these numbers alone.
+struct Config {
+    int R = 8;     // EP group size (ranks), >= 1
+    int E = 64;    // routed experts in the group, E % R == 0
+    int K = 4;     // top-k, 1..32
+    int S = 512;   // token capacity per rank, >= 1
+    int B = -1;    // prefetch slots per rank; -1 means epn (required for training)
+    int tp = 128;  // token padding of every non-empty expert segment, >= 1
+
+    int epn() const { return E / R; }                     // experts homed on each rank
+    int num_slots() const { return B < 0 ? epn() : B; }   // B with the default resolved
+    int num_groups() const { return 2 * epn(); }          // receive-buffer groups per rank
+    int home(int expert) const { return expert / epn(); } // rank that owns `expert`
+    // Receive-buffer rows per rank (SPEC invariant 4).
+    int64_t recv_rows() const { return detail::recv_rows(S, K, epn(), tp); }
+
+    // Throws evenep::Error naming the bad value: R, E, K, S, tp out of range, E % R != 0, B > epn,
+    // or R * NvS too large for the int32 destination encoding (SPEC §8).
+    void validate() const;
+    std::string to_string() const;
+};
+
+// Planner mode (SPEC §3.1).
+enum class PlannerMode {
+    kReference,  // the published greedy, reproduced exactly
+    kOptimized,  // default: cheapest of several balanced constructions + locality-aware token placement
+};
+
+std::string_view to_string(PlannerMode mode);
+// Parses "reference" or "optimized"; throws evenep::Error on anything else.
+PlannerMode parse_planner_mode(std::string_view name);
+
+}  // namespace evenep

@@ -1,0 +1,113 @@
+// evenep/plan.hpp — the balanced plan (SPEC §3) and the planner that builds it.
+//
+// A Plan is a pure function of (tpe of all ranks, s of all ranks, Config, PlannerMode) (SPEC invariant 5).
+// Every rank computes the same Plan from the all-gathered histograms; each rank then computes the encoded
+// destinations of its own entries with compute_dst() from its own topk_idx, with no further communication.
+//
+// Array conventions: row-major, sizes in brackets; G = 2*epn groups per rank, B = cfg.num_slots().
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "evenep/config.hpp"
+
+namespace evenep {
+
+// Where the expert weights of one receive-buffer group are read from by the expert GEMM.
+enum class WeightSource : int8_t {
+    kEmpty = 0,  // group holds no rows
+    kLocal = 1,  // one of this rank's own experts
+    kSlot = 2,   // a prefetched copy in prefetch slot group_slot
+    kPeer = 3,   // inference with B < epn: read through the peer mapping from the home rank
+};
+
+// The three costs of SPEC §3.1 plus moved entries. Copy counts are in expert-weight units.
+struct PlanCost {
+    int64_t max_rank_copy_traffic = 0;  // max_r (copies received by r + copies of r's experts placed elsewhere)
+    int64_t total_copies = 0;           // sum_r remote experts on r (prefetched + peer-read)
+    int64_t crossing_rows = 0;          // entries computed on a rank other than their source rank
+    int64_t moved_entries = 0;          // entries computed on a rank other than their expert's home
+};
+
+struct Plan {
+    Config cfg;
+    PlannerMode mode = PlannerMode::kOptimized;
+
+    std::vector<int32_t> s;    // [R] tokens each rank passes
+    std::vector<int32_t> tpe;  // [R*E] tpe[r*E + e]: unmasked entries of rank r routed to expert e
+    std::vector<int64_t> expert_load;  // [E] T_e = sum_r tpe[r][e]
+    std::vector<int64_t> load_before;  // [R] entries homed on r: sum of T_e over r's experts
+    std::vector<int32_t> q;            // [R] entries computed on r (SPEC invariant 1)
+
+    std::vector<int32_t> alloc;       // [E*R] alloc[e*R + r]: entries of expert e computed on rank r
+    std::vector<int32_t> local_keep;  // [E*R] entries of e whose source rank r also computes them (0 in reference)
+    std::vector<int32_t> rest_prefix; // [E*(R+1)] prefix over source ranks of tpe - local_keep
+    std::vector<int32_t> cap_prefix;  // [E*(R+1)] prefix over destination ranks of alloc - local_keep
+    std::vector<int32_t> seg_row;     // [R*E] first row of expert e's segment on rank r, -1 if none
+
+    std::vector<int32_t> group_expert;  // [R*G] expert id of each group, -1 if empty
+    std::vector<int32_t> group_count;   // [R*G] rows holding entries (unpadded)
+    std::vector<int32_t> cu_seqlens;    // [R*G] inclusive padded end offset of each group
+    std::vector<WeightSource> group_source;  // [R*G]
+    std::vector<int32_t> group_slot;    // [R*G] prefetch slot of a kSlot group, else -1
+
+    std::vector<int32_t> copies;          // [R*B] expert id held in each prefetch slot, -1 if empty
+    std::vector<int32_t> remote_experts;  // [R] non-home experts computed on r (<= epn)
+    std::vector<int32_t> copies_received; // [R] prefetched copies held by r (<= B)
+    std::vector<int32_t> copies_pushed;   // [R] prefetched copies of r's experts held elsewhere
+    std::vector<int32_t> peer_reads;      // [R] remote experts read through the peer mapping (B < epn)
+    std::vector<int64_t> crossing_out;    // [R] entries of source rank r computed elsewhere
+    PlanCost cost;
+
+    int R() const { return cfg.R; }
+    int E() const { return cfg.E; }
+    int G() const { return cfg.num_groups(); }
+    int64_t total_entries() const;  // N
+    int32_t alloc_at(int expert, int rank) const { return alloc[static_cast<size_t>(expert) * cfg.R + rank]; }
+    int32_t tpe_at(int rank, int expert) const { return tpe[static_cast<size_t>(rank) * cfg.E + expert]; }
+    // First row of group g on rank r (exclusive prefix of cu_seqlens).
+    int32_t group_begin(int rank, int g) const { return g == 0 ? 0 : cu_seqlens[static_cast<size_t>(rank) * G() + g - 1]; }
+    int32_t group_end(int rank, int g) const { return cu_seqlens[static_cast<size_t>(rank) * G() + g]; }
+    // Padding rows of group g on rank r: [group_begin + group_count, group_end); zero-filled by dispatch.
+    int32_t rows_used(int rank) const { return group_end(rank, G() - 1); }
+};
+
+// Builds plans for one configuration and mode. Construction sizes all workspace; plan() does not allocate
+// once `out` has been used for the same configuration (its vectors are reused).
+class Planner {
+public:
+    Planner(const Config& cfg, PlannerMode mode);
+
+    // tpe: [R*E] all ranks' histograms; s: [R] tokens per rank (1 <= s_r <= S, tpe row sums <= s_r*K).
+    // Throws evenep::Error naming the rank and value on inconsistent input.
+    void plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Plan& out);
+
+    const Config& config() const { return cfg_; }
+    PlannerMode mode() const { return mode_; }
+
+private:
+    Config cfg_;
+    PlannerMode mode_;
+    std::vector<int64_t> work64_;
+    std::vector<int32_t> work32_;
+    Plan scratch_;
+};
+
+// Convenience: one plan, allocating.
+Plan make_plan(const Config& cfg, PlannerMode mode, std::span<const int32_t> tpe, std::span<const int32_t> s);
+
+// Histogram of one rank's routing. topk_idx: [s*K], -1 masked. tpe_out: [E], overwritten.
+// Throws evenep::Error naming rank, token, k and value for an id outside [-1, E).
+void compute_tpe(const Config& cfg, int rank, std::span<const int32_t> topk_idx, int s, std::span<int32_t> tpe_out);
+
+// Encoded flat destinations (SPEC §3.4) of rank `rank`'s entries. topk_idx: [s_rank*K]; dst_out: [s_rank*K].
+// Checks that topk_idx's histogram equals plan.tpe's row for `rank` (throws naming the expert otherwise).
+void compute_dst(const Plan& plan, int rank, std::span<const int32_t> topk_idx, std::span<int32_t> dst_out);
+
+// Theorem 2 (appendix E): with rank 0's experts receiving nothing and all other experts sharing all tokens
+// evenly, rank 0 needs at least ceil(E*(R-1)/R^2) remote experts.
+int theorem2_lower_bound(int E, int R);
+
+}  // namespace evenep

@@ -1,0 +1,45 @@
+#include "evenep/config.hpp"
+
+#include <cstdint>
+#include <sstream>
+
+#include "evenep/error.hpp"
+
+namespace evenep {
+
+void Config::validate() const {
+    EVENEP_CHECK(R >= 1, "config: R = ", R, " must be >= 1");
+    EVENEP_CHECK(E >= 1, "config: E = ", E, " must be >= 1");
+    EVENEP_CHECK(E % R == 0, "config: E = ", E, " is not a multiple of R = ", R, " (E % R = ", E % R, ")");
+    EVENEP_CHECK(K >= 1 && K <= detail::kMaxTopK, "config: K = ", K, " must be in [1, ", detail::kMaxTopK, "]");
+    EVENEP_CHECK(K <= E, "config: K = ", K, " exceeds E = ", E);
+    EVENEP_CHECK(S >= 1, "config: S = ", S, " must be >= 1");
+    EVENEP_CHECK(tp >= 1, "config: tp = ", tp, " must be >= 1");
+    EVENEP_CHECK(B >= -1 && B <= epn(), "config: B = ", B, " must be in [0, epn = ", epn(), "] (or -1 for epn)");
+    // Entry counts (S*K per rank, R*S*K per group) and flat destinations (R*NvS) are int32.
+    const int64_t rows = recv_rows();
+    EVENEP_CHECK(static_cast<int64_t>(R) * S * K < INT32_MAX, "config: R*S*K = ",
+                 static_cast<int64_t>(R) * S * K, " overflows the int32 entry count");
+    EVENEP_CHECK(static_cast<int64_t>(R) * rows < INT32_MAX, "config: R*NvS = ", static_cast<int64_t>(R) * rows,
+                 " (NvS = ", rows, ") overflows the int32 destination encoding");
+}
+
+std::string Config::to_string() const {
+    std::ostringstream os;
+    os << "R=" << R << " E=" << E << " K=" << K << " S=" << S << " epn=" << (R > 0 ? epn() : 0)
+       << " B=" << (R > 0 ? num_slots() : B) << " tp=" << tp;
+    if (R > 0 && E % R == 0) os << " NvS=" << recv_rows();
+    return os.str();
+}
+
+std::string_view to_string(PlannerMode mode) {
+    return mode == PlannerMode::kReference ? "reference" : "optimized";
+}
+
+PlannerMode parse_planner_mode(std::string_view name) {
+    if (name == "reference") return PlannerMode::kReference;
+    if (name == "optimized") return PlannerMode::kOptimized;
+    EVENEP_CHECK(false, "planner: unknown mode '", name, "' (expected 'reference' or 'optimized')");
+}
+
+}  // namespace evenep

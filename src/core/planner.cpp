@@ -1,0 +1,221 @@
+// The host planner: input checks, candidate selection for optimized mode, and the per-rank token -> slot map.
+// The algorithm itself lives in evenep/detail/plan_core.hpp, shared with the GPU planner.
+#include <algorithm>
+#include <cstdint>
+
+#include "evenep/detail/plan_core.hpp"
+#include "evenep/error.hpp"
+#include "evenep/plan.hpp"
+
+namespace evenep {
+namespace {
+
+template <typename T>
+void resize_fill(std::vector<T>& v, size_t n, T value = T{}) {
+    v.assign(n, value);
+}
+
+detail::PlanDims dims_of(const Config& cfg, PlannerMode mode) {
+    return detail::PlanDims{cfg.R, cfg.E, cfg.epn(), cfg.num_groups(), cfg.num_slots(), cfg.tp,
+                            mode == PlannerMode::kOptimized};
+}
+
+void size_plan(Plan& p, const Config& cfg) {
+    const size_t R = cfg.R, E = cfg.E, G = cfg.num_groups(), B = cfg.num_slots();
+    p.s.resize(R);
+    p.tpe.resize(R * E);
+    p.expert_load.resize(E);
+    p.load_before.resize(R);
+    p.q.resize(R);
+    p.alloc.resize(E * R);
+    p.local_keep.resize(E * R);
+    p.rest_prefix.resize(E * (R + 1));
+    p.cap_prefix.resize(E * (R + 1));
+    p.seg_row.resize(R * E);
+    p.group_expert.resize(R * G);
+    p.group_count.resize(R * G);
+    p.cu_seqlens.resize(R * G);
+    p.group_source.resize(R * G);
+    p.group_slot.resize(R * G);
+    p.copies.resize(R * B);
+    p.remote_experts.resize(R);
+    p.copies_received.resize(R);
+    p.copies_pushed.resize(R);
+    p.peer_reads.resize(R);
+    p.crossing_out.resize(R);
+}
+
+detail::PlanArrays arrays_of(Plan& p) {
+    return detail::PlanArrays{p.expert_load.data(),
+                              p.load_before.data(),
+                              p.q.data(),
+                              p.alloc.data(),
+                              p.local_keep.data(),
+                              p.rest_prefix.data(),
+                              p.cap_prefix.data(),
+                              p.seg_row.data(),
+                              p.group_expert.data(),
+                              p.group_count.data(),
+                              p.cu_seqlens.data(),
+                              reinterpret_cast<int8_t*>(p.group_source.data()),
+                              p.group_slot.data(),
+                              p.copies.data(),
+                              p.remote_experts.data(),
+                              p.copies_received.data(),
+                              p.copies_pushed.data(),
+                              p.peer_reads.data(),
+                              p.crossing_out.data()};
+}
+
+void check_inputs(const Config& cfg, std::span<const int32_t> tpe, std::span<const int32_t> s) {
+    const int R = cfg.R, E = cfg.E;
+    EVENEP_CHECK(tpe.size() == static_cast<size_t>(R) * E, "plan: tpe has ", tpe.size(), " values, expected R*E = ",
+                 static_cast<int64_t>(R) * E);
+    EVENEP_CHECK(s.size() == static_cast<size_t>(R), "plan: s has ", s.size(), " values, expected R = ", R);
+    for (int r = 0; r < R; ++r) {
+        EVENEP_CHECK(s[r] >= 1 && s[r] <= cfg.S, "plan: rank ", r, ": s = ", s[r], " outside [1, S = ", cfg.S, "]");
+        int64_t row = 0;
+        for (int e = 0; e < E; ++e) {
+            const int32_t v = tpe[static_cast<size_t>(r) * E + e];
+            EVENEP_CHECK(v >= 0, "plan: rank ", r, ": tpe[", e, "] = ", v, " is negative");
+            row += v;
+        }
+        EVENEP_CHECK(row <= static_cast<int64_t>(s[r]) * cfg.K, "plan: rank ", r, ": ", row,
+                     " routed entries exceed s*K = ", static_cast<int64_t>(s[r]) * cfg.K);
+    }
+}
+
+}  // namespace
+
+int64_t Plan::total_entries() const {
+    int64_t n = 0;
+    for (int64_t t : expert_load) n += t;
+    return n;
+}
+
+Planner::Planner(const Config& cfg, PlannerMode mode) : cfg_(cfg), mode_(mode) {
+    cfg_.validate();
+    const size_t R = cfg_.R, E = cfg_.E;
+    work64_.resize(R * R + 3 * R + E);
+    work32_.resize(4 * E * R + 4 * R);
+    size_plan(scratch_, cfg_);
+}
+
+void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Plan& out) {
+    check_inputs(cfg_, tpe, s);
+    const int R = cfg_.R, E = cfg_.E;
+    size_plan(out, cfg_);
+    out.cfg = cfg_;
+    out.mode = mode_;
+    std::copy(s.begin(), s.end(), out.s.begin());
+    std::copy(tpe.begin(), tpe.end(), out.tpe.begin());
+    detail::PlanDims d = dims_of(cfg_, mode_);
+    detail::PlanArrays a = arrays_of(out);
+    detail::plan_loads_and_quotas(d, tpe.data(), a);
+
+    int64_t* balance = work64_.data();
+    int64_t* z = balance + R;
+    int64_t* w1 = z + static_cast<size_t>(R) * R;  // [R]
+    int64_t* w2 = w1 + R;                           // [R]
+    int64_t* wE = w2 + R;                           // [E]
+    int32_t* cand = work32_.data();                 // 3 candidate alloc matrices [E*R]
+    int32_t* i1 = cand + 4 * static_cast<size_t>(E) * R;
+    int32_t* i2 = i1 + R;
+    int32_t* i3 = i2 + R;
+
+    detail::plan_alloc_reference(d, a, balance, z, wE, out.alloc.data());
+    if (mode_ == PlannerMode::kOptimized) {
+        // Candidates: the reference plan and two global constructions; keep the cheapest (SPEC §3.1 order) among
+        // those no worse than the reference on costs 1 and 2.
+        detail::PlanCostValues ref_cost{}, best_cost{};
+        detail::plan_cost_of(d, tpe.data(), out.alloc.data(), i1, i2, i3, ref_cost);
+        best_cost = ref_cost;
+        int32_t* best = out.alloc.data();
+        for (int variant = 0; variant < 2; ++variant) {
+            int32_t* alloc = cand + static_cast<size_t>(variant) * E * R;
+            if (!detail::plan_alloc_global_fill(d, a, tpe.data(), variant == 1, balance, w1, wE, i1, alloc)) continue;
+            detail::PlanCostValues c{};
+            if (!detail::plan_cost_of(d, tpe.data(), alloc, i1, i2, i3, c)) continue;
+            if (c.max_rank_copy_traffic > ref_cost.max_rank_copy_traffic || c.total_copies > ref_cost.total_copies)
+                continue;
+            if (detail::plan_cost_less(c, best_cost)) {
+                best_cost = c;
+                best = alloc;
+            }
+        }
+        if (best != out.alloc.data()) std::copy(best, best + static_cast<size_t>(E) * R, out.alloc.begin());
+        (void)w2;
+    }
+    detail::PlanCostValues cost{};
+    detail::plan_finalize(d, tpe.data(), a, cost);
+    for (int r = 0; r < R; ++r)
+        EVENEP_ASSERT(out.remote_experts[r] <= cfg_.epn(), "plan: rank ", r, " holds ", out.remote_experts[r],
+                      " remote experts > epn = ", cfg_.epn());
+    out.cost = PlanCost{cost.max_rank_copy_traffic, cost.total_copies, cost.crossing_rows, cost.moved_entries};
+}
+
+Plan make_plan(const Config& cfg, PlannerMode mode, std::span<const int32_t> tpe, std::span<const int32_t> s) {
+    Planner planner(cfg, mode);
+    Plan plan;
+    planner.plan(tpe, s, plan);
+    return plan;
+}
+
+void compute_tpe(const Config& cfg, int rank, std::span<const int32_t> topk_idx, int s, std::span<int32_t> tpe_out) {
+    EVENEP_CHECK(s >= 0 && s <= cfg.S, "routing: rank ", rank, ": s = ", s, " outside [0, S = ", cfg.S, "]");
+    EVENEP_CHECK(topk_idx.size() >= static_cast<size_t>(s) * cfg.K, "routing: rank ", rank, ": topk_idx has ",
+                 topk_idx.size(), " ids, expected s*K = ", static_cast<int64_t>(s) * cfg.K);
+    EVENEP_CHECK(tpe_out.size() == static_cast<size_t>(cfg.E), "routing: tpe_out has ", tpe_out.size(),
+                 " slots, expected E = ", cfg.E);
+    std::fill(tpe_out.begin(), tpe_out.end(), 0);
+    for (int t = 0; t < s; ++t)
+        for (int k = 0; k < cfg.K; ++k) {
+            const int32_t e = topk_idx[static_cast<size_t>(t) * cfg.K + k];
+            if (e == -1) continue;
+            EVENEP_CHECK(e >= 0 && e < cfg.E, "routing: rank ", rank, ", token ", t, ", k ", k, ": expert id ", e,
+                         " outside [0, E = ", cfg.E, ") (use -1 to mask)");
+            ++tpe_out[e];
+        }
+}
+
+void compute_dst(const Plan& plan, int rank, std::span<const int32_t> topk_idx, std::span<int32_t> dst_out) {
+    const Config& cfg = plan.cfg;
+    const int R = cfg.R, E = cfg.E, K = cfg.K;
+    EVENEP_CHECK(rank >= 0 && rank < R, "dst: rank ", rank, " outside [0, R = ", R, ")");
+    const int s = plan.s[rank];
+    EVENEP_CHECK(dst_out.size() >= static_cast<size_t>(s) * K, "dst: rank ", rank, ": output has ", dst_out.size(),
+                 " slots, expected s*K = ", static_cast<int64_t>(s) * K);
+    std::vector<int32_t> pos(E, 0);
+    compute_tpe(cfg, rank, topk_idx, s, pos);
+    for (int e = 0; e < E; ++e)
+        EVENEP_CHECK(pos[e] == plan.tpe_at(rank, e), "dst: rank ", rank, ": topk_idx routes ", pos[e],
+                     " entries to expert ", e, " but the plan's histogram says ", plan.tpe_at(rank, e));
+    std::fill(pos.begin(), pos.end(), 0);
+    const detail::PlanRouteView v{R, E, cfg.recv_rows(), plan.local_keep.data(), plan.rest_prefix.data(),
+                                  plan.cap_prefix.data(), plan.seg_row.data()};
+    int32_t seen[detail::kMaxTopK];
+    for (int t = 0; t < s; ++t) {
+        int num_seen = 0;
+        for (int k = 0; k < K; ++k) {
+            const size_t i = static_cast<size_t>(t) * K + k;
+            const int32_t e = topk_idx[i];
+            if (e < 0) {
+                dst_out[i] = detail::kMaskedDst;
+                continue;
+            }
+            const int32_t dst = detail::plan_entry_dst(v, rank, e, pos[e]++);
+            const int32_t dst_rank = static_cast<int32_t>(dst / cfg.recv_rows());
+            bool dup = false;
+            for (int j = 0; j < num_seen; ++j) dup = dup || seen[j] == dst_rank;
+            if (!dup) seen[num_seen++] = dst_rank;
+            dst_out[i] = dup ? detail::encode_duplicate(dst) : dst;
+        }
+    }
+}
+
+int theorem2_lower_bound(int E, int R) {
+    const int64_t num = static_cast<int64_t>(E) * (R - 1), den = static_cast<int64_t>(R) * R;
+    return static_cast<int>((num + den - 1) / den);
+}
+
+}  // namespace evenep

@@ -1,0 +1,15 @@
+// tools/evenep/commands.hpp — one registration function per subcommand (one file each).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace evenep::cli {
+
+// Each adds its subcommand to `app`; the callback runs the command and may throw evenep::Error
+// (main turns it into one line on stderr and exit code 2).
+void register_plan(CLI::App& app);
+void register_quality(CLI::App& app);
+void register_demo(CLI::App& app);
+void register_bench(CLI::App& app);
+
+}  // namespace evenep::cli
