@@ -31,6 +31,8 @@ void write_npy(const std::string& path, const std::string& dtype, const std::vec
 
 // Routing from an int32 [R, S, K] .npy (-1 masked); s_r = S for every rank unless trailing tokens of a rank
 // are fully masked AND `trim_masked_tail` is set. Checks ids against E (error names rank, token, k, value).
+// int64 ('<i8') files are accepted too; every id is range-checked before the conversion to int32. With
+// `trim_masked_tail`, s_r is one past the last token of rank r with an unmasked entry (at least 1).
 Routing read_routing_npy(const std::string& path, int E, bool trim_masked_tail = false);
 void write_routing_npy(const std::string& path, const Routing& routing);  // pads ranks with s_r < S by -1
 

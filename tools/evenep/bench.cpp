@@ -1,5 +1,156 @@
-// placeholder: filled in by its owner
+// `evenep bench`: benchmarks with built-in checks. `bench plan` (CPU planner) lives here; the GPU benchmarks are
+// added by register_bench_cuda (bench_cuda.cpp). Method and formulas: docs/benchmarks.md.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "commands.hpp"
+#include "common.hpp"
+#include "evenep/error.hpp"
+#include "evenep/plan.hpp"
+#include "evenep/routing.hpp"
+#include "evenep/validate.hpp"
+
 namespace evenep::cli {
-void register_bench(CLI::App& app) { app.add_subcommand("bench", "(not implemented yet)"); }
+namespace {
+
+struct BenchPlanOptions {
+    std::vector<std::string> shapes{"moonep", "k3"};
+    std::vector<double> maxvios{0.2, 1, 10, 20};
+    std::vector<std::string> planners{"reference", "optimized"};
+    int warmup = 3;
+    int iters = 20;
+    bool check = true;
+    uint64_t seed = 1;
+    std::string json_file;
+};
+
+struct Shape {
+    std::string name;
+    RoutingSpec spec;
+};
+
+Shape shape_of(const std::string& name, uint64_t seed) {
+    if (name == "moonep") return {name, RoutingSpec{.R = 8, .E = 384, .K = 8, .S = 8192, .seed = seed}};
+    if (name == "k3") return {name, RoutingSpec{.R = 64, .E = 896, .K = 16, .S = 8192, .seed = seed}};
+    if (name == "small") return {name, RoutingSpec{.R = 8, .E = 64, .K = 4, .S = 512, .seed = seed}};
+    EVENEP_CHECK(false, "bench plan: unknown shape '", name, "' (expected moonep, k3 or small)");
+}
+
+// Routing with maxvio close to `target` at the full size; sigma is found on a smaller token count (same
+// popularity vector, so the expert skew carries over) to keep the K3 shape cheap to generate.
+Routing routing_for(const RoutingSpec& spec, double target) {
+    RoutingSpec probe = spec;
+    probe.S = std::min(spec.S, std::max(64, 65536 / std::max(1, spec.R * spec.K) * 8));
+    double sigma = 0;
+    make_target_maxvio(probe, target, &sigma);
+    return make_lognormal(spec, sigma);
+}
+
+void run_bench_plan(const BenchPlanOptions& opt) {
+    nlohmann::json rows = nlohmann::json::array();
+    fmt::print("{:<7} {:>4} {:>4} {:>3} {:>7} {:<9} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7} {:>6}\n", "shape", "R",
+               "E", "K", "maxvio", "planner", "plan p50", "plan min", "plan max", "dst/rank", "copies", "traffic",
+               "check");
+    int failures = 0;
+    for (const std::string& shape_name : opt.shapes) {
+        const Shape shape = shape_of(shape_name, opt.seed);
+        for (double target : opt.maxvios) {
+            const Routing routing = routing_for(shape.spec, target);
+            const std::vector<int32_t> tpe = routing.tpe();
+            const Config cfg{.R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = -1, .tp = 128};
+            for (const std::string& mode_name : opt.planners) {
+                const PlannerMode mode = parse_planner_mode(mode_name);
+                Planner planner(cfg, mode);
+                Plan plan;
+                for (int i = 0; i < opt.warmup; ++i) planner.plan(tpe, routing.s, plan);
+                std::vector<double> t;
+                for (int i = 0; i < std::max(1, opt.iters); ++i) {
+                    const double t0 = now_seconds();
+                    planner.plan(tpe, routing.s, plan);
+                    t.push_back(now_seconds() - t0);
+                }
+                // One rank's dst (rank 0), timed separately: every rank does this for its own tokens.
+                std::vector<int32_t> dst0(static_cast<size_t>(routing.s[0]) * cfg.K);
+                std::vector<double> td;
+                for (int i = 0; i < std::max(1, opt.iters / 4); ++i) {
+                    const double t0 = now_seconds();
+                    compute_dst(plan, 0, routing.topk_idx[0], dst0);
+                    td.push_back(now_seconds() - t0);
+                }
+                std::string check = "-";
+                if (opt.check) {
+                    ValidationReport rep = validate_plan(plan);
+                    if (rep.ok()) {
+                        std::vector<std::vector<int32_t>> dst(cfg.R);
+                        for (int r = 0; r < cfg.R; ++r) {
+                            dst[r].resize(static_cast<size_t>(routing.s[r]) * cfg.K);
+                            compute_dst(plan, r, routing.topk_idx[r], dst[r]);
+                        }
+                        rep = validate_dst(plan, routing, dst);
+                    }
+                    check = rep.ok() ? "ok" : "WRONG";
+                    if (!rep.ok()) {
+                        ++failures;
+                        fmt::print(stderr, "{}\n", rep.summary());
+                    }
+                }
+                const double p50 = median(t), mn = *std::min_element(t.begin(), t.end()),
+                             mx = *std::max_element(t.begin(), t.end());
+                fmt::print("{:<7} {:>4} {:>4} {:>3} {:>7.3f} {:<9} {:>8.1f}us {:>8.1f}us {:>8.1f}us {:>8.1f}us {:>7} "
+                           "{:>7} {:>6}\n",
+                           shape.name, cfg.R, cfg.E, cfg.K, routing.maxvio(), mode_name, p50 * 1e6, mn * 1e6,
+                           mx * 1e6, median(td) * 1e6, plan.cost.total_copies, plan.cost.max_rank_copy_traffic, check);
+                rows.push_back({{"shape", shape.name},
+                                {"R", cfg.R},
+                                {"E", cfg.E},
+                                {"K", cfg.K},
+                                {"S", cfg.S},
+                                {"target_maxvio", target},
+                                {"maxvio", routing.maxvio()},
+                                {"planner", mode_name},
+                                {"plan_us_p50", p50 * 1e6},
+                                {"plan_us_min", mn * 1e6},
+                                {"plan_us_max", mx * 1e6},
+                                {"dst_us_per_rank_p50", median(td) * 1e6},
+                                {"total_copies", plan.cost.total_copies},
+                                {"max_rank_copy_traffic", plan.cost.max_rank_copy_traffic},
+                                {"crossing_rows", plan.cost.crossing_rows},
+                                {"check", check}});
+            }
+        }
+    }
+    fmt::print("plan = all ranks' plan from the gathered histograms on one CPU thread (every rank runs the same);\n"
+               "dst/rank = one rank's encoded destinations for its own tokens. #wrong = {}\n",
+               failures);
+    if (!opt.json_file.empty()) {
+        std::ofstream f(opt.json_file);
+        EVENEP_CHECK(f.good(), "--json: cannot open '", opt.json_file, "'");
+        f << nlohmann::json{{"bench", "plan"}, {"rows", rows}, {"wrong", failures}}.dump(2) << "\n";
+    }
+    EVENEP_CHECK_KIND(ErrorKind::kInternal, failures == 0, "bench plan: ", failures, " plan(s) failed the check");
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+    CLI::App* bench = app.add_subcommand("bench", "Benchmarks with built-in correctness checks (docs/benchmarks.md)");
+    bench->require_subcommand(1);
+    auto opt = std::make_shared<BenchPlanOptions>();
+    CLI::App* plan = bench->add_subcommand(
+        "plan", "CPU planner wall time at the MoonEP point (R=8 E=384 K=8 S=8192) and the K3 shape (R=64 E=896 K=16)");
+    plan->add_option("--shapes", opt->shapes, "moonep, k3, small")->capture_default_str();
+    plan->add_option("--maxvio", opt->maxvios, "routing skews")->capture_default_str();
+    plan->add_option("--planners", opt->planners, "reference, optimized")->capture_default_str();
+    plan->add_option("--warmup", opt->warmup, "untimed runs first")->capture_default_str();
+    plan->add_option("--iters", opt->iters, "timed runs (median reported)")->capture_default_str();
+    plan->add_option("--seed", opt->seed, "routing seed")->capture_default_str();
+    plan->add_option("--check", opt->check, "validate every plan and dst (#wrong)")->capture_default_str();
+    plan->add_option("--json", opt->json_file, "write the rows as JSON");
+    plan->callback([opt] { run_bench_plan(*opt); });
+    register_bench_cuda(*bench);
+}
+
 }  // namespace evenep::cli

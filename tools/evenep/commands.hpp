@@ -11,5 +11,8 @@ void register_plan(CLI::App& app);
 void register_quality(CLI::App& app);
 void register_demo(CLI::App& app);
 void register_bench(CLI::App& app);
+// Adds the GPU benchmarks (dispatch, combine, prefetch, reduce, gpu planner, ...) under `evenep bench`.
+// Defined in bench_cuda.cpp; without a CUDA build the subcommands explain that they need one.
+void register_bench_cuda(CLI::App& bench);
 
 }  // namespace evenep::cli

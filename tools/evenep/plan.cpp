@@ -1,5 +1,196 @@
-// placeholder: filled in by its owner
+// `evenep plan`: balance report for a configuration or a routing file; --json dumps the plan (docs/plan-schema.md).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
 #include "commands.hpp"
+#include "common.hpp"
+#include "evenep/detail/layout.hpp"
+#include "evenep/error.hpp"
+#include "evenep/io.hpp"
+#include "evenep/plan.hpp"
+#include "evenep/validate.hpp"
+
 namespace evenep::cli {
-void register_plan(CLI::App& app) { app.add_subcommand("plan", "(not implemented yet)"); }
+namespace {
+
+struct PlanOptions {
+    RoutingOptions routing;
+    int H = 7168;
+    int ffn_hidden = 2048;
+    int repeat = 20;
+    bool check = false;
+    bool quiet = false;
+    std::string json_file;
+};
+
+// Token rows that cross a rank boundary with payload dedup (one row per token and distinct remote destination),
+// for EvenEP (from dst) and for conventional EP (destination = home of each expert).
+struct TokenTraffic {
+    int64_t evenep_rows = 0, conventional_rows = 0;
+    int64_t evenep_entries = 0, conventional_entries = 0;
+};
+
+TokenTraffic token_traffic(const Plan& plan, const Routing& routing, const std::vector<std::vector<int32_t>>& dst) {
+    TokenTraffic t;
+    const int K = plan.cfg.K;
+    const int64_t rows = plan.cfg.recv_rows();
+    for (int r = 0; r < plan.R(); ++r) {
+        for (int tok = 0; tok < routing.s[r]; ++tok) {
+            int homes[detail::kMaxTopK];
+            int num_homes = 0;
+            for (int k = 0; k < K; ++k) {
+                const size_t i = static_cast<size_t>(tok) * K + k;
+                const int32_t code = dst[r][i];
+                if (detail::is_masked(code)) continue;
+                const int dr = static_cast<int>(detail::decode_dst(code) / rows);
+                if (dr != r) {
+                    ++t.evenep_entries;
+                    if (detail::is_payload(code)) ++t.evenep_rows;
+                }
+                const int home = plan.cfg.home(routing.topk_idx[r][i]);
+                if (home != r) {
+                    ++t.conventional_entries;
+                    if (std::find(homes, homes + num_homes, home) == homes + num_homes) {
+                        homes[num_homes++] = home;
+                        ++t.conventional_rows;
+                    }
+                }
+            }
+        }
+    }
+    return t;
+}
+
+void run_plan(const PlanOptions& opt) {
+    RoutingInput in = resolve_routing(opt.routing);
+    const Config& cfg = in.cfg;
+    Planner planner(cfg, in.mode);
+    Plan plan;
+    std::vector<double> times;
+    for (int i = 0; i < std::max(1, opt.repeat); ++i) {
+        const double t0 = now_seconds();
+        planner.plan(in.tpe, in.s, plan);
+        times.push_back(now_seconds() - t0);
+    }
+    std::vector<std::vector<int32_t>> dst;
+    double dst_seconds = 0;
+    if (in.routing) {
+        dst.resize(cfg.R);
+        const double t0 = now_seconds();
+        for (int r = 0; r < cfg.R; ++r) {
+            dst[r].resize(static_cast<size_t>(in.s[r]) * cfg.K);
+            compute_dst(plan, r, in.routing->topk_idx[r], dst[r]);
+        }
+        dst_seconds = (now_seconds() - t0) / cfg.R;
+    }
+
+    const int64_t N = plan.total_entries();
+    const double mean_load = static_cast<double>(N) / cfg.R;
+    const int64_t max_before = *std::max_element(plan.load_before.begin(), plan.load_before.end());
+    const int32_t max_after = *std::max_element(plan.q.begin(), plan.q.end());
+    const double maxvio = [&] {
+        double mx = 0, sum = 0;
+        for (int64_t t : plan.expert_load) {
+            mx = std::max(mx, static_cast<double>(t));
+            sum += static_cast<double>(t);
+        }
+        return sum > 0 ? mx / (sum / cfg.E) - 1 : 0.0;
+    }();
+
+    if (!opt.quiet) {
+        fmt::print("EvenEP plan — {} planner={}\n", cfg.to_string(), to_string(in.mode));
+        fmt::print("routing: {}; N = {} entries, maxvio = {:.3f}\n\n", in.description, N, maxvio);
+        constexpr int kBar = 24;
+        fmt::print("{:>4}  {:>9} {:<{}}  {:>9} {:<{}}  {:>9}  {:>7}  {:>9}\n", "rank", "conv. EP", "", kBar, "EvenEP",
+                   "", kBar, "remote", "push", "crossing");
+        for (int r = 0; r < cfg.R; ++r) {
+            fmt::print("{:>4}  {:>9} {:<{}}  {:>9} {:<{}}  {:>4}/{:<4}  {:>7}  {:>9}\n", r, plan.load_before[r],
+                       bar(static_cast<double>(plan.load_before[r]), static_cast<double>(max_before), kBar), kBar,
+                       plan.q[r], bar(plan.q[r], static_cast<double>(max_before), kBar), kBar, plan.remote_experts[r],
+                       cfg.epn(), plan.copies_pushed[r], plan.crossing_out[r]);
+        }
+        fmt::print("\nbusiest rank: conventional EP {} entries ({:.2f}x mean) -> EvenEP {} ({:.4f}x mean)\n",
+                   max_before, max_before / std::max(1.0, mean_load), max_after, max_after / std::max(1.0, mean_load));
+        fmt::print("copies: total {}, busiest rank's copy traffic {} (received + pushed), bound per rank epn = {}, "
+                   "Theorem-2 worst-case need ceil(E(R-1)/R^2) = {}\n",
+                   plan.cost.total_copies, plan.cost.max_rank_copy_traffic, cfg.epn(),
+                   theorem2_lower_bound(cfg.E, cfg.R));
+        int64_t peer = 0;
+        for (int32_t p : plan.peer_reads) peer += p;
+        if (peer > 0) fmt::print("peer-read remote experts (B = {} < epn): {}\n", cfg.num_slots(), peer);
+        fmt::print("moved entries (computed away from home): {} ({:.2f}%), crossing entries (away from source): {} "
+                   "({:.2f}%)\n",
+                   plan.cost.moved_entries, 100.0 * plan.cost.moved_entries / std::max<int64_t>(1, N),
+                   plan.cost.crossing_rows, 100.0 * plan.cost.crossing_rows / std::max<int64_t>(1, N));
+        const double expert_bytes = 3.0 * opt.H * opt.ffn_hidden * 2;
+        int64_t prefetched = 0;
+        for (int32_t c : plan.copies_received) prefetched += c;
+        fmt::print("\nlink bytes (H = {}, H' = {}):\n", opt.H, opt.ffn_hidden);
+        if (in.routing) {
+            const TokenTraffic tt = token_traffic(plan, *in.routing, dst);
+            const auto row_bytes = [&](int64_t rows, int64_t entries) {
+                return static_cast<double>(rows) * opt.H * 2 + static_cast<double>(entries) * 4;
+            };
+            fmt::print("  dispatch tokens   EvenEP {:>10} ({} rows + {} weights)   conventional EP {:>10} ({} rows)\n",
+                       human_bytes(row_bytes(tt.evenep_rows, tt.evenep_entries)), tt.evenep_rows, tt.evenep_entries,
+                       human_bytes(row_bytes(tt.conventional_rows, tt.conventional_entries)), tt.conventional_rows);
+            fmt::print("  combine partials  EvenEP {:>10} (fp32 rows)            conventional EP {:>10}\n",
+                       human_bytes(static_cast<double>(tt.evenep_rows) * opt.H * 4),
+                       human_bytes(static_cast<double>(tt.conventional_rows) * opt.H * 4));
+        } else {
+            fmt::print("  dispatch tokens   EvenEP <= {} (no routing given: {} crossing entries, no dedup)\n",
+                       human_bytes(static_cast<double>(plan.cost.crossing_rows) * (opt.H * 2 + 4)),
+                       plan.cost.crossing_rows);
+        }
+        fmt::print("  prefetch weights  {} ({} copies x 3*H*H'*2 B)   gradient reduce {} (fp32)\n",
+                   human_bytes(prefetched * expert_bytes), prefetched, human_bytes(prefetched * expert_bytes * 2));
+        fmt::print("\nplanner time: median {:.1f} us over {} runs (all ranks' plan, one thread)", median(times) * 1e6,
+                   times.size());
+        if (in.routing) fmt::print("; dst per rank {:.1f} us", dst_seconds * 1e6);
+        fmt::print("\n");
+    }
+
+    if (!opt.json_file.empty()) {
+        std::ofstream f(opt.json_file);
+        EVENEP_CHECK(f.good(), "--json: cannot open '", opt.json_file, "' for writing");
+        f << plan_to_json(plan, dst) << "\n";
+        EVENEP_CHECK(f.good(), "--json: writing '", opt.json_file, "' failed");
+        if (!opt.quiet) fmt::print("plan written to {}\n", opt.json_file);
+    }
+    if (opt.check) {
+        ValidationReport report = validate_plan(plan);
+        if (report.ok() && in.routing) report = validate_dst(plan, *in.routing, dst);
+        if (!report.ok()) {
+            fmt::print(stderr, "check: FAILED\n{}\n", report.summary());
+            throw Error(ErrorKind::kInternal, "plan check failed");
+        }
+        fmt::print("check: OK (validator: balance, conservation, bound, layout, copies, counters{})\n",
+                   in.routing ? ", dst" : "");
+    }
+}
+
+}  // namespace
+
+void register_plan(CLI::App& app) {
+    auto opt = std::make_shared<PlanOptions>();
+    CLI::App* cmd = app.add_subcommand(
+        "plan",
+        "Plan one step: per-rank load before/after balancing, copies, crossing rows, link bytes, planner time.\n"
+        "Routing comes from a generator (default: the MoonEP benchmark point R=8 E=384 K=8 S=8192, maxvio 1),\n"
+        "a histogram file (--tpe) or a routing file (--routing).");
+    opt->routing.add_to(*cmd);
+    cmd->add_option("--H", opt->H, "hidden size, for byte estimates")->capture_default_str();
+    cmd->add_option("--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H', for byte estimates")
+        ->capture_default_str();
+    cmd->add_option("--repeat", opt->repeat, "plan this many times and report the median time")->capture_default_str();
+    cmd->add_flag("--check", opt->check, "validate the plan (and dst) with the independent validator; exit 1 if bad");
+    cmd->add_flag("--quiet", opt->quiet, "print nothing but errors and the check line");
+    cmd->add_option("--json", opt->json_file, "write the plan as JSON (schema evenep.plan/1, docs/plan-schema.md)");
+    cmd->callback([opt] { run_plan(*opt); });
+}
+
 }  // namespace evenep::cli

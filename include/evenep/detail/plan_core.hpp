@@ -217,6 +217,7 @@ EVENEP_HOST_DEVICE inline bool plan_alloc_global_fill(const PlanDims& d, const P
 // ---------------------------------------------------------------------------------------------------------
 EVENEP_HOST_DEVICE inline bool plan_is_prefetched(const PlanDims& d, const int32_t* alloc, int rank, int e) {
     // e is prefetched on `rank` iff fewer than B remote experts of `rank` rank strictly before it.
+    if (d.B >= d.epn) return true;  // training: every remote expert (at most epn) has a slot
     const int64_t mine = alloc[static_cast<int64_t>(e) * d.R + rank];
     int before = 0;
     for (int f = 0; f < d.E; ++f) {

@@ -1,0 +1,153 @@
+// evenep/cpu/moe_layer.hpp — one MoE layer (SwiGLU experts) forward and backward through the EP data path on
+// the CPU, and the dense single-rank fp32 reference it is checked against.
+//
+// Expert e computes, for a token row x: g = x·W_gate[e], u = x·W_up[e], h = silu(g) ⊙ u, y = h·W_down[e];
+// the layer output is out[t] = sum_k topk_w[t,k] · y_{topk_idx[t,k]}(x_t) over unmasked entries.
+//
+// Precision of the EP path (bf16 storage, fp32 math; "bf16(v)" is round-to-nearest-even):
+//   forward   g_b = bf16(x·Wg), u_b = bf16(x·Wu), h_b = bf16(silu(g_b)·u_b), y_b = bf16(h_b·Wd);
+//             out = combine(y_b, apply_weights) (fp32 accumulation, one bf16 rounding)
+//   backward  rows of grad_out arrive by combine_backward; per row: dw = <grad_row, y_b> (fp32),
+//             dy_b = bf16(w·grad_row); dWd += h_b^T·dy_b; dh = dy_b·Wd^T (fp32);
+//             dg_b = bf16(dh·u_b·silu'(g_b)), du_b = bf16(dh·silu(g_b)); dWg += x^T·dg_b; dWu += x^T·du_b;
+//             dx_b = bf16(dg_b·Wg^T + du_b·Wu^T); grad_x, grad_topk_w = dispatch_backward(dx_b, dw).
+//   Weight gradients accumulate in fp32: local experts into ExpertWeights::grad, copies into the pool's reduce
+//   buffer, then reduce_grad adds them home.
+// The dense reference does the same mathematics in fp32 without any intermediate rounding, on the same
+// bf16-valued inputs; kTolerances states how far the two may differ.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "evenep/buffer.hpp"
+#include "evenep/cpu/buffer.hpp"
+#include "evenep/cpu/expert_pool.hpp"
+#include "evenep/cpu/local_team.hpp"
+#include "evenep/detail/bf16.hpp"
+
+namespace evenep::cpu {
+
+// Seconds per phase on one rank (or the max over ranks).
+struct LayerTimes {
+    double plan = 0;               // tpe, histogram all-gather, planning, dst (part of dispatch)
+    double dispatch = 0;
+    double prefetch = 0;
+    double expert_forward = 0;     // grouped GEMMs + SwiGLU
+    double combine = 0;
+    double combine_backward = 0;
+    double expert_backward = 0;
+    double dispatch_backward = 0;
+    double reduce_grad = 0;
+    double total() const;          // sum of the phases except plan (contained in dispatch)
+    void max_with(const LayerTimes& o);
+};
+
+class MoeLayer {
+public:
+    // One rank's view of one MoE layer. The buffer and pool are shared with other layers; `weights` is this
+    // layer's. All three must outlive the layer and belong to the same rank and configuration.
+    MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights);
+
+    // Collective. out: [s*H]. Saves the activations backward needs (NvS rows each, sized once).
+    void forward(const DispatchArgs& args, std::span<Bf16> out);
+    // Collective, after forward. grad_out: [s*H] -> grad_x: [s*H], grad_topk_w: [s*K]. Expert weight gradients
+    // accumulate into the layer's ExpertWeights::grad (copies reduced home by reduce_grad before returning).
+    void backward(std::span<const Bf16> grad_out, std::span<Bf16> grad_x, std::span<float> grad_topk_w);
+
+    const DispatchHandle& handle() const { return handle_; }
+    const LayerTimes& times() const { return times_; }
+    // Transfers this rank performed in the last forward/backward, per phase.
+    const TrafficReport& traffic() const { return traffic_; }
+
+private:
+    Buffer& buffer_;
+    ExpertPool& pool_;
+    ExpertWeights& weights_;
+    DispatchHandle handle_;
+    bool has_forward_ = false;
+    // Saved activations, [NvS * dim] each.
+    std::vector<Bf16> x_rows_, g_rows_, u_rows_, h_rows_, y_rows_;
+    LayerTimes times_;
+    TrafficReport traffic_;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Group level: all ranks' inputs in, all ranks' outputs out (the oracle API).
+// ---------------------------------------------------------------------------------------------------------
+
+// All ranks' inputs of one MoE layer step.
+struct MoeProblem {
+    BufferConfig cfg;
+    std::vector<int32_t> s;                      // [R] tokens per rank
+    std::vector<std::vector<Bf16>> x;            // [R][s_r*H]
+    std::vector<std::vector<int32_t>> topk_idx;  // [R][s_r*K], -1 masked
+    std::vector<std::vector<float>> topk_w;      // [R][s_r*K]
+    std::vector<std::vector<Bf16>> grad_out;     // [R][s_r*H]
+    std::vector<Bf16> w_gate, w_up;              // [E, H, H'] (global expert order)
+    std::vector<Bf16> w_down;                    // [E, H', H]
+};
+
+// Deterministic data for a routing (topk_idx[r] has s[r]*K ids): x, grad_out ~ U(-1, 1); each weight matrix
+// ~ U(-1, 1)·sqrt(3/in); route weights positive and normalised per token over its unmasked entries.
+// Every value is a counter-based hash of (seed, tensor, index): the same on every platform.
+MoeProblem make_moe_problem(const BufferConfig& cfg, std::vector<std::vector<int32_t>> topk_idx,
+                            std::vector<int32_t> s, uint64_t seed);
+
+struct MoeRunOptions {
+    PlannerMode mode = PlannerMode::kOptimized;
+    bool backward = true;
+    std::chrono::milliseconds barrier_timeout = kDefaultBarrierTimeout;
+    int num_layers = 1;  // > 1: run the same step through that many layers sharing one Buffer and ExpertPool
+                         // (layers interleaved: all forwards, then all backwards in reverse); results of layer 0
+};
+
+struct MoeResult {
+    std::vector<std::vector<Bf16>> out;           // [R][s_r*H]
+    std::vector<std::vector<Bf16>> grad_x;        // [R][s_r*H] (backward)
+    std::vector<std::vector<float>> grad_topk_w;  // [R][s_r*K] (backward)
+    std::vector<float> grad_w_gate, grad_w_up, grad_w_down;  // [E*H*H'] fp32 at home after reduce_grad
+    Plan plan;
+    std::vector<std::vector<int32_t>> dst;        // [R][s_r*K]
+    TrafficReport traffic;                        // measured, summed over ranks
+    LayerTimes times;                             // max over ranks, per phase
+    BufferSizes sizes;
+};
+// Runs R virtual ranks (threads) through forward (and backward). Throws the lowest failing rank's error.
+MoeResult run_moe_layer(const MoeProblem& problem, const MoeRunOptions& options = {});
+
+struct DenseResult {
+    std::vector<std::vector<float>> out;          // [R][s_r*H]
+    std::vector<std::vector<float>> grad_x;       // [R][s_r*H]
+    std::vector<std::vector<float>> grad_topk_w;  // [R][s_r*K]
+    std::vector<float> grad_w_gate, grad_w_up, grad_w_down;
+};
+// The dense single-rank reference: fp32 mathematics, no intermediate rounding, experts processed in parallel
+// on `num_threads` threads (results independent of it).
+DenseResult dense_moe_reference(const MoeProblem& problem, bool backward, int num_threads = 2);
+
+// max |got - ref| and max |ref| over a tensor; rel = max_abs / max(max_ref, tiny).
+struct ErrorStats {
+    double max_abs = 0;
+    double max_ref = 0;
+    double rel() const;
+    bool nonfinite = false;  // got has a NaN/inf where ref is finite
+};
+ErrorStats compare(std::span<const Bf16> got, std::span<const float> ref);
+ErrorStats compare(std::span<const float> got, std::span<const float> ref);
+ErrorStats compare(const std::vector<std::vector<Bf16>>& got, const std::vector<std::vector<float>>& ref);
+ErrorStats compare(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& ref);
+
+// Tolerances of the EP path against the dense fp32 reference, as rel() = max_abs / max|ref| per tensor.
+struct Tolerances {
+    double out = 0;
+    double grad_x = 0;
+    double grad_topk_w = 0;
+    double grad_w = 0;  // each of the three expert weight gradients
+};
+Tolerances default_tolerances();
+
+}  // namespace evenep::cpu

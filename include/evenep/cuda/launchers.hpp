@@ -1,0 +1,50 @@
+// evenep/cuda/launchers.hpp — the kernel launchers of the CUDA backend (one .cu per family under src/cuda/kernels).
+//
+// Every launcher validates its arguments, derives the grid from the team and the SM budget, launches on `stream`
+// (last parameter) and checks cudaGetLastError(). None allocates or synchronises, so each is graph capturable.
+// Kernels that synchronise virtual ranks are cooperative launches covering every rank (co-residency).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+
+#include "evenep/cuda/layout.hpp"
+#include "evenep/cuda/team.hpp"
+#include "evenep/cuda/types.hpp"
+
+namespace evenep::cuda {
+
+// Launchers of rank-synchronising kernels take an SM budget (SMs per virtual rank; MoonEP's benchmark uses 32) and
+// return the blocks per rank they used: budget * blocks-per-SM, clamped so that all R * blocks blocks are
+// co-resident on the device (one launch covers every virtual rank; a block spinning on a flag never waits for an
+// unscheduled block). They throw when not even one block per rank fits.
+
+// Histogram -> all-gather -> every rank plans -> encoded dst of each rank's entries, in one cooperative launch.
+// d_io: device table [R] (topk_idx is read); s: [R] host ints; s_total: the group total when s differ, else -1
+// (stored in the gather rows, like the CPU backend). Bad expert ids are recorded in the team's error record.
+int launch_plan(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
+                int64_t s_total, bool locality, PlannerKernel kernel, int sm_budget, cudaStream_t stream);
+
+// Planning only, from the histograms already in each rank's contiguous tpe array (EpLayout::tpe): one block per
+// planning rank (ranks [rank_begin, rank_begin + num_ranks)). For tests and the planner benchmark.
+void launch_plan_only(const TeamView& team, const EpLayout& layout, std::span<const int32_t> s, bool locality,
+                      PlannerKernel kernel, int rank_begin, int num_ranks, cudaStream_t stream);
+
+int launch_dispatch(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
+                     int sm_budget, cudaStream_t stream);
+
+int launch_combine(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
+                    bool apply_weights, CombineMode mode, int sm_budget, cudaStream_t stream);
+
+// Barrier test kernel: `rounds` team barriers at Phase::kTest; each round every rank writes its round number
+// into every peer's word [rank] of `board` ([R][R] int32 per rank at offset `board_off`) and, after the barrier,
+// checks what its peers wrote; mismatches are counted into errors[rank] (device [R]).
+int launch_barrier_test(const TeamView& team, size_t board_off, int rounds, int sm_budget, int32_t* d_errors,
+                         cudaStream_t stream);
+
+// Device-to-device copy with 16-byte vectors (the copy-bandwidth anchor); bytes % 16 == 0.
+void launch_copy_vec16(void* dst, const void* src, size_t bytes, int num_blocks, cudaStream_t stream);
+
+}  // namespace evenep::cuda

@@ -1,0 +1,169 @@
+// evenep/cuda/layout.hpp — the layout of one virtual rank's symmetric allocation, defined once for host and device.
+//
+// Every offset is a pure function of (R, E, K, S, tp, B, H, blocks per rank) — never of the
+// routing (SPEC invariant 4). Host code sizes the allocation with total_bytes; kernels address objects through
+// the same offsets (STYLE: buffer layout defined once, in an EVENEP_HOST_DEVICE struct).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "evenep/detail/buffer_layout.hpp"
+#include "evenep/detail/host_device.hpp"
+#include "evenep/detail/layout.hpp"
+#include "evenep/detail/plan_core.hpp"
+
+namespace evenep::cuda {
+
+inline constexpr size_t kLayoutAlign = 256;
+
+EVENEP_HOST_DEVICE constexpr size_t align_bytes(size_t x, size_t a = kLayoutAlign) { return (x + a - 1) / a * a; }
+
+// Byte offsets of a plan's arrays inside the rank's allocation (sizes as in evenep/plan.hpp), plus the planner's
+// workspace. Each rank holds its own copy of the whole plan (decentralised planning, SPEC §3).
+struct PlanOffsets {
+    size_t s, cost, expert_load, load_before, crossing_out, q, alloc, local_keep, rest_prefix, cap_prefix, seg_row,
+        group_expert, group_count, cu_seqlens, group_slot, copies, remote_experts, copies_received, copies_pushed,
+        peer_reads, group_source;
+    size_t work64, work32;             // planner workspace (int64 / int32 words)
+    size_t num_work64, num_work32;     // their sizes in words
+};
+
+// Planner workspace, carved from work64/work32 (see plan_block.cuh for how each part is used).
+struct PlanWorkOffsets {
+    // int64 words
+    size_t balance, z, remaining, excess, deficit, avail, cost_acc, total;
+    // int32 words
+    size_t cand, fill_remote, cost_pushed, cost_remote, misc;
+    EVENEP_HOST_DEVICE static constexpr PlanWorkOffsets make(int R, int E) {
+        PlanWorkOffsets w{};
+        size_t o = 0;
+        w.balance = o, o += R;
+        w.z = o, o += static_cast<size_t>(R) * R;
+        w.remaining = o, o += E;
+        w.excess = o, o += 2 * static_cast<size_t>(R);
+        w.deficit = o, o += 2 * static_cast<size_t>(R);
+        w.avail = o, o += 2 * static_cast<size_t>(E);
+        w.cost_acc = o, o += 3 * 4;
+        w.total = o, o += 2;
+        size_t p = 0;
+        w.cand = p, p += 2 * static_cast<size_t>(E) * R;
+        w.fill_remote = p, p += 2 * static_cast<size_t>(R);
+        w.cost_pushed = p, p += 3 * static_cast<size_t>(R);
+        w.cost_remote = p, p += 3 * static_cast<size_t>(R);
+        w.misc = p, p += 16;
+        return w;
+    }
+    EVENEP_HOST_DEVICE static constexpr size_t num_words64(int R, int E) {
+        return static_cast<size_t>(R) * R + 5 * static_cast<size_t>(R) + 3 * static_cast<size_t>(E) + 14;
+    }
+    EVENEP_HOST_DEVICE static constexpr size_t num_words32(int R, int E) {
+        // The serial planner kernel (planner.cpp's workspace) needs 4*E*R + 4*R; the block planner less.
+        return 4 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
+    }
+};
+
+// One virtual rank's allocation: the communication buffer shared with the CPU backend (detail::BufferLayout:
+// recv_x, recv_w, recv_next, recv_ret, gather, stage — same offsets, same encodings), followed by what the GPU
+// keeps on the device instead of the host: the plan arrays, the planner workspace, the contiguous gathered
+// histogram, the per-block histograms and the encoded destinations.
+struct EpLayout {
+    int R, E, K, S, tp, B, epn, G, H;
+    int max_blocks;       // blocks per rank the plan kernel may use (per-block histogram chunks)
+    int64_t nvs;          // receive rows per rank (SPEC invariant 4)
+    detail::BufferLayout buf;
+    size_t tpe;           // [R*E] int32: every rank's histogram, contiguous (the plan's tpe)
+    size_t hist;          // [max_blocks*E] int32: per-block histograms, then their exclusive prefix over blocks
+    size_t dst;           // [S*K] int32: encoded destinations of this rank's entries (SPEC §3.4)
+    PlanOffsets plan;
+    size_t total_bytes;
+
+    EVENEP_HOST_DEVICE static EpLayout make(int R, int E, int K, int S, int tp, int B, int H, int max_blocks) {
+        EpLayout l{};
+        l.R = R, l.E = E, l.K = K, l.S = S, l.tp = tp, l.B = B, l.epn = E / R, l.G = 2 * (E / R), l.H = H;
+        l.max_blocks = max_blocks;
+        l.buf = detail::BufferLayout::make(R, E, K, S, tp, H);
+        l.nvs = l.buf.num_recv_rows;
+        size_t o = static_cast<size_t>(l.buf.total_bytes);
+        auto take = [&o](size_t bytes) {
+            const size_t at = o;
+            o = align_bytes(o + bytes);
+            return at;
+        };
+        const size_t RE = static_cast<size_t>(R) * E, RG = static_cast<size_t>(R) * l.G;
+        l.tpe = take(4 * RE);
+        l.hist = take(4 * static_cast<size_t>(max_blocks) * E);
+        l.dst = take(4 * static_cast<size_t>(S) * K);
+        PlanOffsets& p = l.plan;
+        p.s = take(4 * static_cast<size_t>(R));
+        p.cost = take(8 * 4);
+        p.expert_load = take(8 * static_cast<size_t>(E));
+        p.load_before = take(8 * static_cast<size_t>(R));
+        p.crossing_out = take(8 * static_cast<size_t>(R));
+        p.q = take(4 * static_cast<size_t>(R));
+        p.alloc = take(4 * RE);
+        p.local_keep = take(4 * RE);
+        p.rest_prefix = take(4 * static_cast<size_t>(E) * (R + 1));
+        p.cap_prefix = take(4 * static_cast<size_t>(E) * (R + 1));
+        p.seg_row = take(4 * RE);
+        p.group_expert = take(4 * RG);
+        p.group_count = take(4 * RG);
+        p.cu_seqlens = take(4 * RG);
+        p.group_slot = take(4 * RG);
+        p.copies = take(4 * static_cast<size_t>(R) * (B > 0 ? B : 1));
+        p.remote_experts = take(4 * static_cast<size_t>(R));
+        p.copies_received = take(4 * static_cast<size_t>(R));
+        p.copies_pushed = take(4 * static_cast<size_t>(R));
+        p.peer_reads = take(4 * static_cast<size_t>(R));
+        p.group_source = take(RG);
+        p.num_work64 = PlanWorkOffsets::num_words64(R, E);
+        p.num_work32 = PlanWorkOffsets::num_words32(R, E);
+        p.work64 = take(8 * p.num_work64);
+        p.work32 = take(4 * p.num_work32);
+        l.total_bytes = o;
+        return l;
+    }
+
+    // Regions of the communication buffer, as byte offsets.
+    EVENEP_HOST_DEVICE size_t recv_x() const { return static_cast<size_t>(buf.recv_x_offset); }
+    EVENEP_HOST_DEVICE size_t recv_w() const { return static_cast<size_t>(buf.recv_w_offset); }
+    EVENEP_HOST_DEVICE size_t recv_next() const { return static_cast<size_t>(buf.recv_next_offset); }
+    EVENEP_HOST_DEVICE size_t recv_ret() const { return static_cast<size_t>(buf.recv_ret_offset); }
+    EVENEP_HOST_DEVICE size_t gather() const { return static_cast<size_t>(buf.gather_offset); }
+    EVENEP_HOST_DEVICE size_t stage() const { return static_cast<size_t>(buf.stage_offset); }
+
+    EVENEP_HOST_DEVICE detail::PlanDims dims(bool locality) const {
+        return detail::PlanDims{R, E, epn, G, B, tp, locality};
+    }
+
+    template <typename T>
+    EVENEP_HOST_DEVICE static T* at(char* base, size_t off) {
+        return reinterpret_cast<T*>(base + off);
+    }
+
+    EVENEP_HOST_DEVICE detail::PlanArrays plan_arrays(char* base) const {
+        const PlanOffsets& p = plan;
+        return detail::PlanArrays{at<int64_t>(base, p.expert_load),    at<int64_t>(base, p.load_before),
+                                  at<int32_t>(base, p.q),              at<int32_t>(base, p.alloc),
+                                  at<int32_t>(base, p.local_keep),     at<int32_t>(base, p.rest_prefix),
+                                  at<int32_t>(base, p.cap_prefix),     at<int32_t>(base, p.seg_row),
+                                  at<int32_t>(base, p.group_expert),   at<int32_t>(base, p.group_count),
+                                  at<int32_t>(base, p.cu_seqlens),     at<int8_t>(base, p.group_source),
+                                  at<int32_t>(base, p.group_slot),     at<int32_t>(base, p.copies),
+                                  at<int32_t>(base, p.remote_experts), at<int32_t>(base, p.copies_received),
+                                  at<int32_t>(base, p.copies_pushed),  at<int32_t>(base, p.peer_reads),
+                                  at<int64_t>(base, p.crossing_out)};
+    }
+
+    EVENEP_HOST_DEVICE detail::PlanRouteView route_view(char* base) const {
+        return detail::PlanRouteView{R,
+                                     E,
+                                     nvs,
+                                     at<int32_t>(base, plan.local_keep),
+                                     at<int32_t>(base, plan.rest_prefix),
+                                     at<int32_t>(base, plan.cap_prefix),
+                                     at<int32_t>(base, plan.seg_row)};
+    }
+};
+
+}  // namespace evenep::cuda

@@ -1,0 +1,28 @@
+// evenep/cuda/types.hpp — small value types of the CUDA backend's interface.
+#pragma once
+
+#include <cstdint>
+
+namespace evenep::cuda {
+
+// Caller-owned device pointers of one virtual rank; bound once (DeviceEp::bind), read by the kernels.
+struct RankIo {
+    const uint16_t* x = nullptr;        // [S, H] bf16 dispatch input (rows >= s_r unused)
+    const int32_t* topk_idx = nullptr;  // [S, K] expert ids, -1 masked
+    const float* topk_w = nullptr;      // [S, K] fp32 route weights
+    uint16_t* out = nullptr;            // [S, H] bf16 combine output
+    float* out_w = nullptr;             // [S, K] fp32 gathered route weights (nullptr: not gathered)
+};
+
+enum class PlannerKernel : int {
+    kParallel = 0,  // the warp-specialised block planner (src/cuda/device/plan_block.cuh)
+    kSerial = 1,    // plan_core.hpp's sequential functions on one thread (the bit-exactness reference; slow)
+};
+
+enum class CombineMode : int {
+    kPull = 0,          // each source rank reads its entries' rows through the peer pointers, one pass
+    kPushPartials = 1,  // each destination pre-sums a token's duplicates in fp32 and writes one fp32 partial per
+                        // (token, destination rank) to the source, which adds the partials (SPEC §4.2 Beyond)
+};
+
+}  // namespace evenep::cuda

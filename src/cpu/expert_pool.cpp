@@ -1,0 +1,261 @@
+// Expert weights, prefetch slots and gradient reduction (evenep/cpu/expert_pool.hpp).
+//
+// Synchronisation:
+//   prefetch_weight  barrier "start" (homes' weights are final); each rank pulls its own slots.
+//   reduce_grad      barrier "start" (every rank's slot gradients are final); each home pulls and zeroes the
+//                    slots holding its experts; barrier "slots consumed" (no rank writes a slot gradient again
+//                    before its home has read and zeroed it).
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "evenep/cpu/expert_pool.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "evenep/error.hpp"
+
+namespace evenep::cpu {
+namespace {
+
+BufferConfig validated(const BufferConfig& cfg) {
+    cfg.validate();
+    return cfg;
+}
+
+struct LocalStatus {
+    bool ok = true;
+    ErrorKind kind = ErrorKind::kInvalidArgument;
+    std::string message;
+    template <typename F>
+    void run(F&& checks) {
+        try {
+            checks();
+        } catch (const Error& e) {
+            ok = false;
+            kind = e.kind();
+            message = e.what();
+        }
+    }
+    void throw_if_failed(int first_bad, const char* call) const {
+        if (!ok) throw Error(kind, message);
+        if (first_bad >= 0)
+            throw Error(ErrorKind::kInvalidArgument, "peer rank " + std::to_string(first_bad) +
+                                                         " reported invalid input to " + call + "; nothing was moved");
+    }
+};
+
+void check_plan(const Plan& plan, const BufferConfig& cfg, int rank, const char* call) {
+    const Config& a = plan.cfg;
+    const Config& b = cfg.cfg;
+    EVENEP_CHECK(a.R == b.R && a.E == b.E && a.num_slots() == b.num_slots(), call, ": rank ", rank,
+                 ": the plan is for ", a.to_string(), ", the pool for ", b.to_string());
+    EVENEP_CHECK(plan.copies.size() == static_cast<size_t>(a.R) * a.num_slots(), call, ": rank ", rank,
+                 ": the plan's copies table has ", plan.copies.size(), " slots, expected R*B = ",
+                 static_cast<int64_t>(a.R) * a.num_slots());
+}
+
+void check_layer(const ExpertWeights& layer, const BufferConfig& cfg, int rank, const char* call) {
+    const BufferConfig& c = layer.config();
+    EVENEP_CHECK(layer.rank() == rank, call, ": rank ", rank, " was given the layer of rank ", layer.rank());
+    EVENEP_CHECK(c.cfg.R == cfg.cfg.R && c.cfg.E == cfg.cfg.E && c.H == cfg.H && c.ffn_hidden == cfg.ffn_hidden,
+                 call, ": rank ", rank, ": the layer is ", c.to_string(), ", the pool ", cfg.to_string());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// ExpertWeights
+// ---------------------------------------------------------------------------------------------------------
+ExpertWeights::ExpertWeights(Team& team, const BufferConfig& cfg)
+    : team_(team), cfg_(validated(cfg)), layout_(cfg_.weights_layout()), rank_(team.rank()) {
+    EVENEP_CHECK(team.size() == cfg_.cfg.R, "expert weights: team size ", team.size(), " differs from R = ",
+                 cfg_.cfg.R);
+    window_ = team_.alloc_symmetric(static_cast<size_t>(layout_.num_bytes()), "evenep.cpu.expert_weights");
+    peers_.resize(cfg_.cfg.R);
+    for (int p = 0; p < cfg_.cfg.R; ++p) peers_[p] = team_.peer_base(window_, p);
+    grads_.assign(static_cast<size_t>(detail::kNumProjections * layout_.epn * layout_.expert_elems()), 0.0f);
+}
+
+ExpertWeights::~ExpertWeights() { team_.free_symmetric(window_); }
+
+std::span<Bf16> ExpertWeights::weight(int proj, int local_expert) {
+    EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && local_expert >= 0 && local_expert < layout_.epn,
+                 "expert weights: projection ", proj, ", local expert ", local_expert, " out of range");
+    ++version_;
+    return {reinterpret_cast<Bf16*>(peers_[rank_] + layout_.weight(proj, local_expert)),
+            static_cast<size_t>(layout_.expert_elems())};
+}
+
+std::span<const Bf16> ExpertWeights::weight(int proj, int local_expert) const {
+    return {peer_weight(proj, rank_, local_expert), static_cast<size_t>(layout_.expert_elems())};
+}
+
+const Bf16* ExpertWeights::peer_weight(int proj, int peer, int local_expert) const {
+    EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && local_expert >= 0 && local_expert < layout_.epn &&
+                     peer >= 0 && peer < cfg_.cfg.R,
+                 "expert weights: projection ", proj, ", rank ", peer, ", local expert ", local_expert,
+                 " out of range");
+    return reinterpret_cast<const Bf16*>(peers_[peer] + layout_.weight(proj, local_expert));
+}
+
+std::span<float> ExpertWeights::grad(int proj, int local_expert) {
+    EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && local_expert >= 0 && local_expert < layout_.epn,
+                 "expert weights: projection ", proj, ", local expert ", local_expert, " out of range");
+    const size_t n = static_cast<size_t>(layout_.expert_elems());
+    return {grads_.data() + (static_cast<size_t>(proj) * layout_.epn + local_expert) * n, n};
+}
+
+std::span<const float> ExpertWeights::grad(int proj, int local_expert) const {
+    return const_cast<ExpertWeights*>(this)->grad(proj, local_expert);
+}
+
+void ExpertWeights::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+
+// ---------------------------------------------------------------------------------------------------------
+// ExpertPool
+// ---------------------------------------------------------------------------------------------------------
+ExpertPool::ExpertPool(Team& team, const BufferConfig& cfg)
+    : team_(team), cfg_(validated(cfg)), layout_(cfg_.pool_layout()), rank_(team.rank()), traffic_(cfg_.cfg.R) {
+    EVENEP_CHECK(team.size() == cfg_.cfg.R, "expert pool: team size ", team.size(), " differs from R = ",
+                 cfg_.cfg.R);
+    window_ = team_.alloc_symmetric(static_cast<size_t>(layout_.num_bytes()), "evenep.cpu.expert_pool");
+    peers_.resize(cfg_.cfg.R);
+    for (int p = 0; p < cfg_.cfg.R; ++p) peers_[p] = team_.peer_base(window_, p);
+    slots_.assign(static_cast<size_t>(layout_.B), SlotContent{});
+}
+
+ExpertPool::~ExpertPool() { team_.free_symmetric(window_); }
+
+std::span<Bf16> ExpertPool::slot_weight(int proj, int slot) {
+    EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && slot >= 0 && slot < layout_.B,
+                 "expert pool: projection ", proj, ", slot ", slot, " out of range (B = ", layout_.B, ")");
+    return {reinterpret_cast<Bf16*>(peers_[rank_] + layout_.slot_w(proj, slot)),
+            static_cast<size_t>(layout_.expert_elems())};
+}
+
+std::span<float> ExpertPool::slot_grad(int proj, int slot) {
+    EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && slot >= 0 && slot < layout_.B,
+                 "expert pool: projection ", proj, ", slot ", slot, " out of range (B = ", layout_.B, ")");
+    return {reinterpret_cast<float*>(peers_[rank_] + layout_.slot_grad(proj, slot)),
+            static_cast<size_t>(layout_.expert_elems())};
+}
+
+std::span<const float> ExpertPool::slot_grad(int proj, int slot) const {
+    return const_cast<ExpertPool*>(this)->slot_grad(proj, slot);
+}
+
+void ExpertPool::prefetch_weight(const Plan& plan, const ExpertWeights& layer) {
+    const int R = cfg_.cfg.R, B = static_cast<int>(layout_.B), epn = cfg_.cfg.epn();
+    traffic_ = PhaseTraffic(R);
+    LocalStatus status;
+    status.run([&] {
+        check_plan(plan, cfg_, rank_, "prefetch_weight");
+        check_layer(layer, cfg_, rank_, "prefetch_weight");
+    });
+    const int bad = team_.barrier("prefetch_weight: start", status.ok);
+    status.throw_if_failed(bad, "prefetch_weight");
+    const int64_t n = layout_.expert_elems();
+    for (int b = 0; b < B; ++b) {
+        const int32_t e = plan.copies[static_cast<size_t>(rank_) * B + b];
+        if (e < 0) continue;
+        SlotContent& sc = slots_[b];
+        if (sc.expert == e && sc.layer == &layer && sc.version == layer.version()) continue;
+        const int home = e / epn;
+        EVENEP_ASSERT(home != rank_, "prefetch_weight: rank ", rank_, " slot ", b, " holds its own expert ", e);
+        for (int p = 0; p < detail::kNumProjections; ++p)
+            std::memcpy(slot_weight(p, b).data(), layer.peer_weight(p, home, e % epn), static_cast<size_t>(n) * 2);
+        sc = SlotContent{e, &layer, layer.version()};
+        traffic_.rows += 1;
+        traffic_.move(home, rank_, detail::kNumProjections * n * 2);
+    }
+}
+
+void ExpertPool::reduce_grad(const Plan& plan, ExpertWeights& layer) {
+    const int R = cfg_.cfg.R, B = static_cast<int>(layout_.B), epn = cfg_.cfg.epn();
+    traffic_ = PhaseTraffic(R);
+    LocalStatus status;
+    status.run([&] {
+        check_plan(plan, cfg_, rank_, "reduce_grad");
+        check_layer(layer, cfg_, rank_, "reduce_grad");
+    });
+    const int bad = team_.barrier("reduce_grad: start", status.ok);
+    status.throw_if_failed(bad, "reduce_grad");
+    const int64_t n = layout_.expert_elems();
+    for (int le = 0; le < epn; ++le) {
+        const int32_t e = rank_ * epn + le;
+        for (int r = 0; r < R; ++r)
+            for (int b = 0; b < B; ++b) {
+                if (plan.copies[static_cast<size_t>(r) * B + b] != e) continue;
+                for (int p = 0; p < detail::kNumProjections; ++p) {
+                    float* src = reinterpret_cast<float*>(peers_[r] + layout_.slot_grad(p, b));
+                    float* dst = layer.grad(p, le).data();
+                    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+                    std::fill(src, src + n, 0.0f);
+                }
+                traffic_.rows += 1;
+                traffic_.move(r, rank_, detail::kNumProjections * n * 4);
+            }
+    }
+    team_.barrier("reduce_grad: slots consumed");
+}
+
+void ExpertPool::weight_table(const Plan& plan, const ExpertWeights& layer, int proj,
+                              std::vector<const Bf16*>& out) const {
+    const int G = plan.G(), epn = cfg_.cfg.epn();
+    out.assign(G, nullptr);
+    for (int g = 0; g < G; ++g) {
+        const size_t i = static_cast<size_t>(rank_) * G + g;
+        const int32_t e = plan.group_expert[i];
+        switch (plan.group_source[i]) {
+            case WeightSource::kEmpty:
+                break;
+            case WeightSource::kLocal:
+                out[g] = layer.weight(proj, e - rank_ * epn).data();
+                break;
+            case WeightSource::kSlot: {
+                const int b = plan.group_slot[i];
+                EVENEP_CHECK(b >= 0 && b < layout_.B, "weight table: rank ", rank_, ", group ", g, ": slot ", b,
+                             " out of range");
+                const SlotContent& sc = slots_[b];
+                EVENEP_CHECK(sc.expert == e && sc.layer == &layer && sc.version == layer.version(),
+                             "weight table: rank ", rank_, ", group ", g, ": slot ", b, " does not hold expert ", e,
+                             " of this layer (call prefetch_weight with this plan and layer first)");
+                out[g] = reinterpret_cast<const Bf16*>(peers_[rank_] + layout_.slot_w(proj, b));
+                break;
+            }
+            case WeightSource::kPeer:
+                out[g] = layer.peer_weight(proj, e / epn, e % epn);
+                break;
+        }
+    }
+}
+
+void ExpertPool::grad_table(const Plan& plan, ExpertWeights& layer, int proj, std::vector<float*>& out) {
+    const int G = plan.G(), epn = cfg_.cfg.epn();
+    out.assign(G, nullptr);
+    for (int g = 0; g < G; ++g) {
+        const size_t i = static_cast<size_t>(rank_) * G + g;
+        const int32_t e = plan.group_expert[i];
+        switch (plan.group_source[i]) {
+            case WeightSource::kEmpty:
+                break;
+            case WeightSource::kLocal:
+                out[g] = layer.grad(proj, e - rank_ * epn).data();
+                break;
+            case WeightSource::kSlot:
+                out[g] = slot_grad(proj, plan.group_slot[i]).data();
+                break;
+            case WeightSource::kPeer:
+                EVENEP_CHECK(false, "grad table: rank ", rank_, ", group ", g, ": expert ", e,
+                             " is read through the peer mapping (B = ", layout_.B, " < epn = ", epn,
+                             "); training needs B = epn");
+        }
+    }
+}
+
+}  // namespace evenep::cpu

@@ -1,0 +1,42 @@
+// The copy-bandwidth anchor: a plain device-to-device copy with 16-byte vectors, several loads in flight per thread.
+#include <cuda_runtime.h>
+
+#include "cuda/device/vec.cuh"
+#include "cuda/kernels/launch.cuh"
+#include "evenep/cuda/launchers.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+inline constexpr int kCopyThreads = 512;
+inline constexpr int kCopyUnroll = 4;
+
+__global__ void __launch_bounds__(kCopyThreads) copy_vec16_kernel(uint4* dst, const uint4* src, size_t num_vec) {
+    const size_t stride = static_cast<size_t>(gridDim.x) * kCopyThreads * kCopyUnroll;
+    for (size_t base = static_cast<size_t>(blockIdx.x) * kCopyThreads * kCopyUnroll + threadIdx.x; base < num_vec;
+         base += stride) {
+        uint4 buf[kCopyUnroll];
+#pragma unroll
+        for (int u = 0; u < kCopyUnroll; ++u) {
+            const size_t v = base + static_cast<size_t>(u) * kCopyThreads;
+            if (v < num_vec) buf[u] = device::ld_nc_v4(src + v);
+        }
+#pragma unroll
+        for (int u = 0; u < kCopyUnroll; ++u) {
+            const size_t v = base + static_cast<size_t>(u) * kCopyThreads;
+            if (v < num_vec) device::st_v4(dst + v, buf[u]);
+        }
+    }
+}
+
+}  // namespace
+
+void launch_copy_vec16(void* dst, const void* src, size_t bytes, int num_blocks, cudaStream_t stream) {
+    EVENEP_CHECK(bytes % 16 == 0, "copy: ", bytes, " bytes is not a multiple of 16");
+    EVENEP_CHECK(num_blocks >= 1, "copy: num_blocks = ", num_blocks);
+    copy_vec16_kernel<<<num_blocks, kCopyThreads, 0, stream>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src),
+                                                               bytes / 16);
+    check_launch(stream);
+}
+
+}  // namespace evenep::cuda

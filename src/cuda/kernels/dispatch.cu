@@ -1,0 +1,152 @@
+// dispatch (SPEC §4.1): every token row is read once and written once per destination rank straight into its final
+// row of that rank's receive buffer; every entry's route weight goes to its row; the destination then copies the
+// payload row into the token's duplicate rows locally and zeroes the padding rows.
+//
+// One cooperative launch for all virtual ranks, a warp per token:
+//   A. source:       read the token's K codes; per entry store recv_w[row], recv_next (next row of the same
+//                    (token, destination) chain) and recv_ret (chain heads: the return address of the token's
+//                    combine partial; others kRetDuplicate) — encodings of evenep/detail/buffer_layout.hpp;
+//                    stream the x row in 16-byte vectors, kUnroll per lane in flight, to every chain head row.
+//   A'. destination: padding rows of the rank's own groups: zero payload and weight, kChainEnd, kRetPadding.
+//   -- team barrier (kDispatchSent): every payload row, weight and link has arrived
+//   B. destination:  for each payload row with a chain, copy it into the chain's rows.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cuda/device/data_path.cuh"
+#include "cuda/kernels/launch.cuh"
+#include "evenep/cuda/launchers.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+using device::DataParams;
+using device::kBf16PerVec;
+using device::kWarpSize;
+
+inline constexpr int kDispatchThreads = 512;
+inline constexpr int kDispatchUnroll = 4;  // 16-byte vectors in flight per lane
+
+template <int kThreads, int kUnroll>
+__global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams p) {
+    constexpr int kWarps = kThreads / kWarpSize;
+    const device::RankCtx c = device::rank_ctx(p.blocks_per_rank);
+    const EpLayout& L = p.lay;
+    const int K = L.K, H = L.H;
+    const int lane = threadIdx.x % kWarpSize;
+    const int gw = c.block * kWarps + static_cast<int>(threadIdx.x) / kWarpSize, num_warps = c.num_blocks * kWarps;
+    char* const* peers = p.team.peers;
+    char* base = peers[c.rank];
+    const int s = p.s[c.rank];
+    const RankIo io = p.io[c.rank];
+    const int32_t* dst = EpLayout::at<int32_t>(base, L.dst);
+    const int num_vec = H / kBf16PerVec;
+
+    // ---- A. Source: weights, chain links, payload rows. ----
+    for (int t = gw; t < s; t += num_warps) {
+        const device::TokenEntries te = device::load_token_entries(dst + static_cast<int64_t>(t) * K, K, L.nvs, lane);
+        const unsigned later = te.same & ~((2u << lane) - 1u);  // same destination rank, higher k
+        const int next_lane = later ? __ffs(later) - 1 : lane;
+        const int32_t next_row = __shfl_sync(0xffffffffu, te.row, next_lane);
+        // Staging units before this head's partial: one per earlier head, one more per earlier multi-entry head.
+        const unsigned multi = __ballot_sync(0xffffffffu, te.payload && __popc(te.same) >= 2);
+        const unsigned lt = device::lanemask_lt();
+        if (te.live) {
+            char* db = peers[te.drank];
+            EpLayout::at<float>(db, L.recv_w())[te.row] = io.topk_w[static_cast<int64_t>(t) * K + lane];
+            EpLayout::at<int32_t>(db, L.recv_next())[te.row] = later ? next_row : detail::kChainEnd;
+            const int64_t unit = static_cast<int64_t>(t) * L.buf.units_per_token + __popc(te.payloads & lt) +
+                                 __popc(multi & lt);
+            EpLayout::at<int32_t>(db, L.recv_ret())[te.row] =
+                te.payload ? detail::encode_ret(c.rank, unit, L.buf.stage_units()) : detail::kRetDuplicate;
+        }
+        const uint16_t* xrow = io.x + static_cast<int64_t>(t) * H;
+        for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
+            uint4 buf[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int v = v0 + u * kWarpSize + lane;
+                if (v < num_vec) buf[u] = device::ld_nc_v4(xrow + static_cast<int64_t>(v) * kBf16PerVec);
+            }
+            for (unsigned m = te.payloads; m; m &= m - 1) {
+                const int pl = __ffs(m) - 1;
+                const int prank = __shfl_sync(0xffffffffu, te.drank, pl);
+                const int32_t prow = __shfl_sync(0xffffffffu, te.row, pl);
+                uint16_t* drow = EpLayout::at<uint16_t>(peers[prank], L.recv_x()) + static_cast<int64_t>(prow) * H;
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    const int v = v0 + u * kWarpSize + lane;
+                    if (v < num_vec) device::st_v4(drow + static_cast<int64_t>(v) * kBf16PerVec, buf[u]);
+                }
+            }
+        }
+    }
+
+    // ---- A'. Destination: padding rows are zero (payload and weight). ----
+    uint16_t* recv_x = EpLayout::at<uint16_t>(base, L.recv_x());
+    float* recv_w = EpLayout::at<float>(base, L.recv_w());
+    int32_t* next = EpLayout::at<int32_t>(base, L.recv_next());
+    int32_t* ret = EpLayout::at<int32_t>(base, L.recv_ret());
+    device::for_each_padding_row(L, base, c.rank, gw, num_warps, [&](int32_t row) {
+        uint16_t* drow = recv_x + static_cast<int64_t>(row) * H;
+        for (int v = lane; v < num_vec; v += kWarpSize)
+            device::st_v4(drow + static_cast<int64_t>(v) * kBf16PerVec, make_uint4(0, 0, 0, 0));
+        if (lane == 0) {
+            recv_w[row] = 0.0f;
+            next[row] = detail::kChainEnd;
+            ret[row] = detail::kRetPadding;
+        }
+    });
+
+    if (!device::barrier(p.team, c, Phase::kDispatchSent, true)) return;
+
+    // ---- B. Destination: duplicate fill from each payload row into its chain. ----
+    device::for_each_entry_row(L, base, c.rank, gw, num_warps, [&](int32_t row) {
+        const int32_t first = next[row];
+        if (ret[row] < 0 || first == detail::kChainEnd) return;  // a duplicate row, or a head without duplicates
+        const uint16_t* srow = recv_x + static_cast<int64_t>(row) * H;
+        for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
+            uint4 buf[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int v = v0 + u * kWarpSize + lane;
+                if (v < num_vec) buf[u] = device::ld_v4(srow + static_cast<int64_t>(v) * kBf16PerVec);
+            }
+            for (int32_t d = first; d != detail::kChainEnd; d = next[d]) {
+                uint16_t* drow = recv_x + static_cast<int64_t>(d) * H;
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    const int v = v0 + u * kWarpSize + lane;
+                    if (v < num_vec) device::st_v4(drow + static_cast<int64_t>(v) * kBf16PerVec, buf[u]);
+                }
+            }
+        }
+    });
+}
+
+}  // namespace
+
+int launch_dispatch(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
+                    int sm_budget, cudaStream_t stream) {
+    EVENEP_CHECK(static_cast<int>(s.size()) == layout.R, "dispatch: s has ", s.size(), " values, expected R = ",
+                 layout.R);
+    EVENEP_CHECK(layout.H % kBf16PerVec == 0, "dispatch: hidden size H = ", layout.H,
+                 " must be a multiple of 8 (16-byte rows)");
+    DataParams p{};
+    p.team = team;
+    p.lay = layout;
+    p.io = d_io;
+    for (int r = 0; r < layout.R; ++r) {
+        EVENEP_CHECK(s[r] >= 1 && s[r] <= layout.S, "dispatch: rank ", r, ": s = ", s[r], " outside [1, S = ",
+                     layout.S, "]");
+        p.s[r] = s[r];
+    }
+    auto kernel = dispatch_kernel<kDispatchThreads, kDispatchUnroll>;
+    const int nb = clamp_co_resident(kernel, kDispatchThreads, 0, layout.R, sm_budget);
+    p.blocks_per_rank = nb;
+    launch_cooperative(kernel, layout.R * nb, kDispatchThreads, 0, stream, p);
+    return nb;
+}
+
+}  // namespace evenep::cuda

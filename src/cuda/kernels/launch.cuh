@@ -1,0 +1,63 @@
+// Host-side launch helpers shared by the kernel files: cooperative launch, co-residency clamp, error check.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "evenep/cuda/check.hpp"
+#include "evenep/error.hpp"
+
+namespace evenep::cuda {
+
+// Blocks per virtual rank for an SM budget of `sm_budget` SMs per rank: sm_budget * (blocks of `kernel` one SM
+// holds), clamped to max_blocks and so that num_ranks * blocks blocks fit on the current device at once
+// (co-residency). With R virtual ranks on one GPU the clamp usually wins: the ranks share the GPU's SMs.
+template <typename Kernel>
+int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, int sm_budget,
+                      int max_blocks = 1 << 30) {
+    int device = 0, num_sms = 0, per_sm = 0;
+    EVENEP_CUDA_CHECK(cudaGetDevice(&device));
+    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    EVENEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    const int capacity = per_sm * num_sms;
+    EVENEP_CHECK(sm_budget >= 1, "launch: SM budget = ", sm_budget, " must be >= 1");
+    EVENEP_CHECK(capacity >= num_ranks, "launch: ", num_ranks, " virtual ranks need ", num_ranks,
+                 " co-resident blocks but the device holds only ", capacity, " (", per_sm, " per SM x ", num_sms,
+                 " SMs)");
+    const long long want = static_cast<long long>(sm_budget) * per_sm;
+    return static_cast<int>(std::min<long long>({want, static_cast<long long>(max_blocks), capacity / num_ranks}));
+}
+
+// Cooperative launch (all blocks co-resident; valid inside stream capture), then cudaGetLastError().
+template <typename... KernelArgs, typename... Args>
+void launch_cooperative(void (*kernel)(KernelArgs...), int grid, int threads, size_t smem, cudaStream_t stream,
+                        Args&&... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeCooperative;
+    attr[0].val.cooperative = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    EVENEP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+#ifdef EVENEP_SYNC_CHECK
+    EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+#endif
+}
+
+inline void check_launch(cudaStream_t stream) {
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+#ifdef EVENEP_SYNC_CHECK
+    EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+#else
+    (void)stream;
+#endif
+}
+
+}  // namespace evenep::cuda

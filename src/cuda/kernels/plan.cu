@@ -1,0 +1,244 @@
+// The GPU planner: histogram of topk_idx -> all-gather through the team -> every rank plans from the gathered
+// histograms (decentralised, SPEC §3) -> encoded destinations of the rank's own entries (SPEC §3.3, §3.4).
+//
+// One cooperative launch covers every virtual rank; blocks [r*nb, (r+1)*nb) act for rank r. Phases:
+//   1. histogram   block b counts the entries of its token chunk [b*chunk, (b+1)*chunk) into hist[b][E]
+//   -- rank barrier (kPlanHistogram)
+//   2. gather      per expert: exclusive prefix of hist over blocks (kept for phase 4); the total is stored into
+//                  the rank's row (s, s_total, tpe[E]) of every peer's gather area (remote stores)
+//   -- team barrier (kPlanGather): every rank holds every rank's histogram
+//   3. plan        block 0 of the rank copies the gathered rows into the contiguous tpe[R*E] and plans from it
+//   -- rank barrier (kPlanReady)
+//   4. dst         block b walks its chunk in (token, k) order: per-warp histograms give each entry its
+//                  position among the rank's entries of its expert; plan_entry_dst maps it; then per token the
+//                  later entries for an already used destination rank are encoded as duplicates.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "cuda/device/plan_block.cuh"
+#include "cuda/device/team.cuh"
+#include "cuda/device/vec.cuh"
+#include "cuda/kernels/launch.cuh"
+#include "evenep/cuda/launchers.hpp"
+#include "evenep/detail/layout.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+using device::kFullMask;
+using device::kWarpSize;
+
+inline constexpr int kPlanThreads = 512;
+
+struct PlanParams {
+    TeamView team;
+    EpLayout lay;
+    const RankIo* io;
+    int32_t s[kMaxVirtualRanks];
+    int blocks_per_rank;
+    int locality;
+    int rank_begin;  // plan_only: first planning rank
+    int32_t s_total; // group total when the ranks' s differ, else -1 (stored in the gather rows)
+};
+
+template <int kThreads, bool kParallel>
+__device__ void plan_rank(const PlanParams& p, int rank) {
+    const EpLayout& L = p.lay;
+    char* base = p.team.peers[rank];
+    const detail::PlanDims d = L.dims(p.locality != 0);
+    const detail::PlanArrays a = L.plan_arrays(base);
+    const int32_t* tpe = EpLayout::at<int32_t>(base, L.tpe);
+    int32_t* s_out = EpLayout::at<int32_t>(base, L.plan.s);
+    for (int r = threadIdx.x; r < L.R; r += blockDim.x) s_out[r] = p.s[r];
+    __syncthreads();
+    int64_t* cost = EpLayout::at<int64_t>(base, L.plan.cost);
+    int64_t* w64 = EpLayout::at<int64_t>(base, L.plan.work64);
+    int32_t* w32 = EpLayout::at<int32_t>(base, L.plan.work32);
+    if constexpr (kParallel) {
+        device::plan_block_parallel<kThreads>(d, tpe, a, cost, w64, w32, p.team, rank);
+    } else {
+        device::plan_block_serial(d, tpe, a, cost, w64, w32);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int r = 0; r < L.R; ++r)
+                if (a.remote_experts[r] > L.epn)
+                    device::record_error(p.team, DeviceErrorKind::kInternal, rank, -1, Phase::kPlanReady, -1, -1,
+                                         a.remote_experts[r], L.epn, 0);
+    }
+}
+
+template <int kThreads, bool kParallel>
+__global__ void __launch_bounds__(kThreads) plan_only_kernel(const PlanParams p) {
+    plan_rank<kThreads, kParallel>(p, p.rank_begin + static_cast<int>(blockIdx.x));
+}
+
+// Dynamic shared memory: hist[E] + per-warp hist[kWarps][E] (int32).
+template <int kThreads, bool kParallel>
+__global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p) {
+    constexpr int kWarps = kThreads / kWarpSize;
+    extern __shared__ int32_t smem[];
+    const device::RankCtx c = device::rank_ctx(p.blocks_per_rank);
+    const EpLayout& L = p.lay;
+    const int E = L.E, K = L.K, R = L.R;
+    const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+    char* const* peers = p.team.peers;
+    char* base = peers[c.rank];
+    const int s = p.s[c.rank];
+    const int32_t* idx = p.io[c.rank].topk_idx;
+    int32_t* hist = EpLayout::at<int32_t>(base, L.hist);
+    const int64_t row_ints = L.buf.gather_row_ints();
+    const int chunk = (s + c.num_blocks - 1) / c.num_blocks;
+    const int t0 = min(s, c.block * chunk), t1 = min(s, t0 + chunk);
+
+    // ---- Phase 1: histogram of the block's chunk. ----
+    int32_t* bh = smem;
+    for (int e = tid; e < E; e += kThreads) bh[e] = 0;
+    __syncthreads();
+    for (int64_t i = static_cast<int64_t>(t0) * K + tid; i < static_cast<int64_t>(t1) * K; i += kThreads) {
+        const int32_t e = idx[i];
+        if (e == -1) continue;
+        if (e < -1 || e >= E) {
+            device::record_error(p.team, DeviceErrorKind::kBadExpertId, c.rank, -1, Phase::kPlanHistogram,
+                                 static_cast<int>(i / K), static_cast<int>(i % K), e, E, 0);
+            continue;
+        }
+        atomicAdd(bh + e, 1);
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += kThreads) hist[static_cast<int64_t>(c.block) * E + e] = bh[e];
+    if (!device::barrier(p.team, c, Phase::kPlanHistogram, false)) return;
+
+    // ---- Phase 2: prefix over blocks; the rank's total goes to every peer's gathered table. ----
+    for (int e = c.block * kThreads + tid; e < E; e += c.num_blocks * kThreads) {
+        int32_t run = 0;
+        for (int b = 0; b < c.num_blocks; ++b) {
+            const int32_t v = hist[static_cast<int64_t>(b) * E + e];
+            hist[static_cast<int64_t>(b) * E + e] = run;
+            run += v;
+        }
+        for (int q = 0; q < R; ++q)
+            EpLayout::at<int32_t>(peers[q], L.gather())[c.rank * row_ints + 2 + e] = run;
+    }
+    if (c.block == 0 && tid < R) {
+        int32_t* row = EpLayout::at<int32_t>(peers[tid], L.gather()) + c.rank * row_ints;
+        row[0] = s;
+        row[1] = p.s_total;
+    }
+    if (!device::barrier(p.team, c, Phase::kPlanGather, true)) return;
+
+    // ---- Phase 3: the rank's plan, on its block 0, from its copy of the gathered rows. ----
+    if (c.block == 0) {
+        const int32_t* gathered = EpLayout::at<const int32_t>(base, L.gather());
+        int32_t* tpe = EpLayout::at<int32_t>(base, L.tpe);
+        for (int i = tid; i < R * E; i += kThreads) tpe[i] = gathered[(i / E) * row_ints + 2 + i % E];
+        __syncthreads();
+        plan_rank<kThreads, kParallel>(p, c.rank);
+    }
+    if (!device::barrier(p.team, c, Phase::kPlanReady, false)) return;
+
+    // ---- Phase 4: encoded destinations of the chunk. ----
+    const detail::PlanRouteView view = L.route_view(base);
+    int32_t* dst = EpLayout::at<int32_t>(base, L.dst);
+    int32_t* wh = smem + E + warp * E;  // this warp's running position per expert
+    const int wchunk = (t1 - t0 + kWarps - 1) / kWarps;
+    const int wt0 = min(t1, t0 + warp * wchunk), wt1 = min(t1, wt0 + wchunk);
+    for (int e = lane; e < E; e += kWarpSize) wh[e] = 0;
+    __syncwarp();
+    for (int64_t i = static_cast<int64_t>(wt0) * K + lane; i < static_cast<int64_t>(wt1) * K; i += kWarpSize) {
+        const int32_t e = idx[i];
+        if (e >= 0) atomicAdd(wh + e, 1);
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += kThreads) {
+        int32_t run = hist[static_cast<int64_t>(c.block) * E + e];
+        for (int w = 0; w < kWarps; ++w) {
+            int32_t* slot = smem + E + w * E + e;
+            const int32_t v = *slot;
+            *slot = run;
+            run += v;
+        }
+    }
+    __syncthreads();
+    const int64_t i_end = static_cast<int64_t>(wt1) * K;
+    for (int64_t i0 = static_cast<int64_t>(wt0) * K; i0 < i_end; i0 += kWarpSize) {
+        const int64_t i = i0 + lane;
+        const int32_t e = i < i_end ? idx[i] : -1;
+        const unsigned group = __match_any_sync(kFullMask, e >= 0 ? e : -2 - lane);
+        int32_t pos = 0;
+        if (e >= 0) pos = wh[e] + __popc(group & device::lanemask_lt());
+        __syncwarp();
+        if (e >= 0 && (group & device::lanemask_lt()) == 0) wh[e] += __popc(group);
+        __syncwarp();
+        if (i < i_end) dst[i] = e >= 0 ? detail::plan_entry_dst(view, c.rank, e, pos) : detail::kMaskedDst;
+    }
+    __syncwarp();
+    // Dedup (SPEC §3.4): per token, the first entry per destination rank keeps dst, later ones store -dst-1.
+    for (int t = wt0 + lane; t < wt1; t += kWarpSize) {
+        int32_t* row = dst + static_cast<int64_t>(t) * K;
+        for (int k = 1; k < K; ++k) {
+            const int32_t code = row[k];
+            if (detail::is_masked(code)) continue;
+            const int64_t rk = code / L.nvs;
+            bool dup = false;
+            for (int j = 0; j < k && !dup; ++j) {
+                const int32_t cj = row[j];
+                dup = !detail::is_masked(cj) && detail::decode_dst(cj) / L.nvs == rk;
+            }
+            if (dup) row[k] = detail::encode_duplicate(code);
+        }
+    }
+}
+
+PlanParams make_params(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
+                       int64_t s_total, bool locality) {
+    EVENEP_CHECK(static_cast<int>(s.size()) == layout.R, "plan: s has ", s.size(), " values, expected R = ", layout.R);
+    EVENEP_CHECK(team.num_ranks == layout.R, "plan: team has ", team.num_ranks, " ranks, layout ", layout.R);
+    PlanParams p{};
+    p.team = team;
+    p.lay = layout;
+    p.io = d_io;
+    for (int r = 0; r < layout.R; ++r) {
+        EVENEP_CHECK(s[r] >= 1 && s[r] <= layout.S, "plan: rank ", r, ": s = ", s[r], " outside [1, S = ", layout.S,
+                     "]");
+        p.s[r] = s[r];
+    }
+    p.locality = locality ? 1 : 0;
+    p.s_total = static_cast<int32_t>(s_total);
+    return p;
+}
+
+template <bool kParallel>
+int launch_plan_impl(PlanParams p, int sm_budget, cudaStream_t stream) {
+    auto kernel = plan_team_kernel<kPlanThreads, kParallel>;
+    const size_t smem = sizeof(int32_t) * p.lay.E * (1 + kPlanThreads / kWarpSize);
+    EVENEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const int nb = clamp_co_resident(kernel, kPlanThreads, smem, p.lay.R, sm_budget, p.lay.max_blocks);
+    p.blocks_per_rank = nb;
+    launch_cooperative(kernel, p.lay.R * nb, kPlanThreads, smem, stream, p);
+    return nb;
+}
+
+}  // namespace
+
+int launch_plan(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
+                int64_t s_total, bool locality, PlannerKernel kernel, int sm_budget, cudaStream_t stream) {
+    const PlanParams p = make_params(team, layout, d_io, s, s_total, locality);
+    return kernel == PlannerKernel::kParallel ? launch_plan_impl<true>(p, sm_budget, stream)
+                                              : launch_plan_impl<false>(p, sm_budget, stream);
+}
+
+void launch_plan_only(const TeamView& team, const EpLayout& layout, std::span<const int32_t> s, bool locality,
+                      PlannerKernel kernel, int rank_begin, int num_ranks, cudaStream_t stream) {
+    PlanParams p = make_params(team, layout, nullptr, s, -1, locality);
+    EVENEP_CHECK(rank_begin >= 0 && num_ranks >= 1 && rank_begin + num_ranks <= layout.R, "plan: ranks [",
+                 rank_begin, ", ", rank_begin + num_ranks, ") outside [0, R = ", layout.R, ")");
+    p.rank_begin = rank_begin;
+    if (kernel == PlannerKernel::kParallel)
+        plan_only_kernel<kPlanThreads, true><<<num_ranks, kPlanThreads, 0, stream>>>(p);
+    else
+        plan_only_kernel<kPlanThreads, false><<<num_ranks, kPlanThreads, 0, stream>>>(p);
+    check_launch(stream);
+}
+
+}  // namespace evenep::cuda

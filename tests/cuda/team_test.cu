@@ -1,0 +1,117 @@
+// GPU tests of the local device team (evenep/cuda/team.hpp): barrier ordering and timeouts.
+//
+// Cases:
+//   BarrierTest.OrdersWritesAcrossRanks/R{1,2,8,32}_budget{1,4}  every rank writes into every peer's board before a
+//       team barrier; after it every rank sees every peer's word of the current round (50 rounds)
+//   BarrierTest.TimeoutReportsMissingRank    rank 2 never arrives: check() throws Error(kTimeout) naming rank 2 and the
+//       phase; the team is usable afterwards (a clean run passes)
+//   BarrierTest.RankLocalSkipStillNamesPeer  the faulty rank is the last one: the message names it, not a local wait
+//   BarrierDeathTest.TimeoutTrapsAndHostNamesRank  TimeoutAction::kTrap: the kernel traps; the host still reads the
+//       record from mapped memory and names the missing rank
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+
+#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/team.hpp"
+#include "evenep/error.hpp"
+#include "gpu_testing.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+using testing::DeviceArray;
+
+// Runs `rounds` barrier rounds on a fresh team; returns the total mismatch count.
+int run_rounds(LocalTeam& team, int rounds, int sm_budget) {
+    DeviceArray<int32_t> errors(team.size());
+    launch_barrier_test(team.view(), 0, rounds, sm_budget, errors.get(), nullptr);
+    team.check(nullptr);
+    int total = 0;
+    for (int32_t e : errors.download()) total += e;
+    return total;
+}
+
+class BarrierTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(BarrierTest, OrdersWritesAcrossRanks) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const auto [R, budget] = GetParam();
+    LocalTeam team(R, 4 * static_cast<size_t>(R));
+    EXPECT_EQ(run_rounds(team, 50, budget), 0) << "R=" << R << " budget=" << budget;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, BarrierTest,
+                         ::testing::Combine(::testing::Values(1, 2, 8, 32), ::testing::Values(1, 4)),
+                         [](const auto& info) {
+                             return "R" + std::to_string(std::get<0>(info.param)) + "_budget" +
+                                    std::to_string(std::get<1>(info.param));
+                         });
+
+TEST(BarrierTimeoutTest, TimeoutReportsMissingRank) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    TeamOptions opt;
+    opt.timeout_ms = 100;
+    LocalTeam team(4, 16, opt);
+    team.inject_fault(2, Phase::kTest);
+    DeviceArray<int32_t> errors(4);
+    launch_barrier_test(team.view(), 0, 3, 2, errors.get(), nullptr);
+    try {
+        team.check(nullptr);
+        FAIL() << "expected a barrier timeout";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kTimeout) << e.what();
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("missing rank 2"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("phase 'test'"), std::string::npos) << msg;
+    }
+    team.inject_fault(-1, Phase::kNone);
+    EXPECT_EQ(run_rounds(team, 10, 2), 0) << "the team must be usable after a timeout";
+}
+
+TEST(BarrierTimeoutTest, RankLocalSkipStillNamesPeer) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    TeamOptions opt;
+    opt.timeout_ms = 100;
+    LocalTeam team(8, 32, opt);
+    team.inject_fault(7, Phase::kTest);
+    DeviceArray<int32_t> errors(8);
+    launch_barrier_test(team.view(), 0, 1, 4, errors.get(), nullptr);
+    try {
+        team.check(nullptr);
+        FAIL() << "expected a barrier timeout";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+        EXPECT_NE(std::string(e.what()).find("missing rank 7"), std::string::npos) << e.what();
+    }
+}
+
+// The statement of the death test: trap, then report what the host read and abort.
+void trap_and_report() {
+    TeamOptions opt;
+    opt.timeout_ms = 50;
+    opt.on_timeout = TimeoutAction::kTrap;
+    LocalTeam team(4, 16, opt);
+    team.inject_fault(1, Phase::kTest);
+    DeviceArray<int32_t> errors(4);
+    launch_barrier_test(team.view(), 0, 1, 1, errors.get(), nullptr);
+    try {
+        team.check(nullptr);
+    } catch (const Error& e) {
+        std::fprintf(stderr, "caught: %s\n", e.what());
+        std::fflush(stderr);
+    }
+    std::abort();
+}
+
+TEST(BarrierDeathTest, TimeoutTrapsAndHostNamesRank) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_DEATH(trap_and_report(), "caught: barrier timeout.*missing rank 1.*device trapped");
+}
+
+}  // namespace
+}  // namespace evenep::cuda
