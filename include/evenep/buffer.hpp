@@ -47,13 +47,13 @@ struct BufferConfig {
 // Bytes of every buffer of one rank.
 struct BufferSizes {
     // Communication buffer (symmetric), one per EP group, independent of the routing (SPEC invariant 4).
-    int64_t recv_x = 0;       // NvS * H * 2
-    int64_t recv_w = 0;       // NvS * 4
-    int64_t recv_meta = 0;    // NvS * 8 (chain link + return address)
-    int64_t gather = 0;       // R * (E+2) * 4
-    int64_t stage = 0;        // S * min(K, 2R) * H * 2 (combine partials)
-    int64_t comm_total = 0;   // the whole aligned buffer (BufferLayout::num_bytes)
-    int64_t workspace = 0;    // local, per dispatch handle: dst + saved route weights, S * K * 8
+    int64_t recv_x = 0;      // NvS * H * 2
+    int64_t recv_w = 0;      // NvS * 4
+    int64_t recv_meta = 0;   // NvS * 8 (chain link + return address)
+    int64_t gather = 0;      // R * (E+2) * 4
+    int64_t stage = 0;       // S * min(K, 2R) * H * 2 (combine partials)
+    int64_t comm_total = 0;  // the whole aligned buffer (BufferLayout::num_bytes)
+    int64_t workspace = 0;   // local, per dispatch handle: dst + saved route weights, S * K * 8
     // Process-wide expert pool (symmetric), shared by all MoE layers.
     int64_t pool_slots = 0;   // B * 3 * H * H' * 2 (bf16 prefetch slots)
     int64_t pool_reduce = 0;  // B * 3 * H * H' * 4 (fp32 slot gradients)
@@ -111,11 +111,13 @@ struct TrafficReport {
 
 // EvenEP traffic from the plan and every rank's encoded destinations dst[r] ([s_r*K], compute_dst).
 // `training` adds the backward phases and reduce_grad.
-TrafficReport evenep_traffic(const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, int ffn_hidden,
-                             bool training);
+TrafficReport evenep_traffic(
+    const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, int ffn_hidden, bool training);
 
 // Conventional EP (no copies) for the same routing: topk_idx[r] is [s_r*K], -1 masked.
-TrafficReport conventional_traffic(const Config& cfg, const std::vector<std::vector<int32_t>>& topk_idx, int H,
+TrafficReport conventional_traffic(const Config& cfg,
+                                   const std::vector<std::vector<int32_t>>& topk_idx,
+                                   int H,
                                    bool training);
 
 }  // namespace evenep

@@ -27,7 +27,7 @@ struct SymmetricWindow {
 };
 
 class Team {
-public:
+  public:
     virtual ~Team() = default;
 
     virtual int rank() const = 0;

@@ -50,6 +50,9 @@ namespace {
 
 inline constexpr int kMaxExactRanks = 8;
 inline constexpr int kMaxExactExperts = 64;
+// Stage 2 (the secondary objective) runs for at most this share of the time limit: the secondary cost is
+// reported, the primary one is what the quality figures measure.
+inline constexpr double kSecondaryShare = 0.25;
 
 void check_exact_inputs(const Config& cfg, std::span<const int32_t> tpe, std::span<const int32_t> s) {
     cfg.validate();
@@ -355,9 +358,13 @@ StageResult solve_stage(const Instance& in, Stage stage, int64_t bound, const st
     Cbc_setLogLevel(model, 0);
     Cbc_setParameter(model, "log", "0");
     Cbc_setParameter(model, "slog", "0");
+    Cbc_setParameter(model, "timeMode", "elapsed");  // the limit is wall-clock time (CBC's default is CPU time)
     Cbc_setMaximumSeconds(model, seconds);
     // Every objective is integral (integer columns, integer coefficients): a gap below 1 proves optimality.
     Cbc_setAllowableGap(model, 0.5);
+    // Proximity search (local branching around the incumbent) finds the spanning-tree-like plans that reach the
+    // lower bound far sooner than the default heuristics (measured: 4x less time on R = 8 instances).
+    Cbc_setParameter(model, "proximity", "on");
     if (const char* ps = std::getenv("EXACT_PARAMS")) {  // TEMP experiment
         std::string all(ps);
         size_t pos = 0;
@@ -370,7 +377,7 @@ StageResult solve_stage(const Instance& in, Stage stage, int64_t bound, const st
             pos = end + 1;
         }
     }
-    if (std::getenv("EXACT_LOG")) Cbc_setLogLevel(model, 1);
+    if (std::getenv("EXACT_LOG")) { Cbc_setLogLevel(model, 1); Cbc_setParameter(model, "log", "1"); }
     const std::vector<double> values = start_values(in, c, start);
     std::vector<int> idx(static_cast<size_t>(c.num));
     for (int j = 0; j < c.num; ++j) idx[j] = j;
@@ -501,7 +508,8 @@ ExactResult solve_exact(const Config& cfg, std::span<const int32_t> tpe, std::sp
             result.optimal = first.optimal;
         }
         // Stage 2: the secondary objective with the primary held at its value.
-        const double left = time_limit_s - elapsed();
+        const double frac = std::getenv("EXACT_S2FRAC") ? std::atof(std::getenv("EXACT_S2FRAC")) : kSecondaryShare;
+        const double left = std::min(time_limit_s - elapsed(), frac * time_limit_s);
         if (left > 0.01) {
             const Stage stage = copies_first ? Stage::kCrossing : Stage::kTrafficCopies;
             const StageResult second = solve_stage(in, stage, primary_of(best_cost, objective), best, left);

@@ -110,8 +110,7 @@ struct TokenDests {
 };
 
 void check_config_match(const Config& a, const Config& b, int rank) {
-    EVENEP_CHECK(a.R == b.R && a.E == b.E && a.K == b.K && a.S == b.S && a.tp == b.tp &&
-                     a.num_slots() == b.num_slots(),
+    EVENEP_CHECK(a.R == b.R && a.E == b.E && a.K == b.K && a.S == b.S && a.tp == b.tp && a.num_slots() == b.num_slots(),
                  "rank ", rank, ": the handle's plan is for ", a.to_string(), ", the buffer for ", b.to_string());
 }
 
@@ -154,7 +153,6 @@ std::span<const int32_t> Buffer::recv_ret() const {
 }
 
 DispatchHandle Buffer::dispatch(const DispatchArgs& a) {
-    const auto t0 = std::chrono::steady_clock::now();
     const Config& cfg = cfg_.cfg;
     const int R = cfg.R, E = cfg.E, K = cfg.K, H = cfg_.H;
     traffic_ = PhaseTraffic(R);
@@ -197,37 +195,18 @@ DispatchHandle Buffer::dispatch(const DispatchArgs& a) {
     const int bad = team_.barrier("dispatch: histogram all-gather", status.ok);
     status.throw_if_failed(bad, "dispatch");
 
-    // Every rank reads the same gathered rows and makes the same decisions from here on.
-    const int64_t row_ints = layout_.gather_row_ints();
-    const int32_t* gathered = at<int32_t>(rank_, layout_.gather_offset);
-    int64_t sum_s = 0;
-    for (int r = 0; r < R; ++r) {
-        const int32_t* row = gathered + r * row_ints;
-        s_scratch_[r] = row[0];
-        sum_s += row[0];
-        std::copy(row + 2, row + 2 + E, tpe_scratch_.begin() + static_cast<int64_t>(r) * E);
-    }
-    for (int r = 1; r < R; ++r)
-        EVENEP_CHECK(gathered[r * row_ints + 1] == gathered[1], "dispatch: rank ", r, " passes s_total = ",
-                     gathered[r * row_ints + 1], " but rank 0 passes ", gathered[1]);
-    if (gathered[1] < 0) {
-        for (int r = 1; r < R; ++r)
-            EVENEP_CHECK(s_scratch_[r] == s_scratch_[0], "dispatch: rank ", r, " passes s = ", s_scratch_[r],
-                         " but rank 0 passes s = ", s_scratch_[0],
-                         "; pass s_total (the group total) when ranks have different token counts");
-    } else {
-        EVENEP_CHECK(sum_s == gathered[1], "dispatch: the ranks pass ", sum_s, " tokens in total but s_total = ",
-                     gathered[1]);
-    }
-
+    // Every rank reads the same gathered rows and makes the same decisions from here on. A group-level error
+    // found here is found by every rank; they meet once more before throwing, so that no rank can start its next
+    // dispatch (writing into the gather areas) while another is still reading them.
     DispatchHandle h;
-    h.rank = rank_;
-    h.s = a.s;
-    planner_.plan(tpe_scratch_, s_scratch_, h.plan);
-    h.dst.resize(static_cast<size_t>(a.s) * K);
-    compute_dst(h.plan, rank_, a.topk_idx, h.dst);
-    h.topk_w.assign(a.topk_w.begin(), a.topk_w.end());
-    plan_seconds_ = seconds_since(t0);
+    const auto t_plan = std::chrono::steady_clock::now();
+    try {
+        plan_from_gather(a, h);
+    } catch (const Error&) {
+        team_.barrier("dispatch: failed after the all-gather");
+        throw;
+    }
+    plan_seconds_ = seconds_since(t_plan);
 
     write_payloads(h, a.x);
     team_.barrier("dispatch: rows written");
@@ -254,6 +233,40 @@ void Buffer::dispatch(DispatchHandle& h, std::span<const Bf16> x) {
     fill_local_rows(h);
     h.id = g_next_handle_id.fetch_add(1);
     filled_id_ = h.id;
+}
+
+// After the all-gather: checks the group's (s, s_total), plans, and computes this rank's destinations.
+void Buffer::plan_from_gather(const DispatchArgs& a, DispatchHandle& h) {
+    const Config& cfg = cfg_.cfg;
+    const int R = cfg.R, E = cfg.E, K = cfg.K;
+    const int64_t row_ints = layout_.gather_row_ints();
+    const int32_t* gathered = at<int32_t>(rank_, layout_.gather_offset);
+    int64_t sum_s = 0;
+    for (int r = 0; r < R; ++r) {
+        const int32_t* row = gathered + r * row_ints;
+        s_scratch_[r] = row[0];
+        sum_s += row[0];
+        std::copy(row + 2, row + 2 + E, tpe_scratch_.begin() + static_cast<int64_t>(r) * E);
+    }
+    for (int r = 1; r < R; ++r)
+        EVENEP_CHECK(gathered[r * row_ints + 1] == gathered[1], "dispatch: rank ", r,
+                     " passes s_total = ", gathered[r * row_ints + 1], " but rank 0 passes ", gathered[1]);
+    if (gathered[1] < 0) {
+        for (int r = 1; r < R; ++r)
+            EVENEP_CHECK(s_scratch_[r] == s_scratch_[0], "dispatch: rank ", r, " passes s = ", s_scratch_[r],
+                         " but rank 0 passes s = ", s_scratch_[0],
+                         "; pass s_total (the group total) when ranks have different token counts");
+    } else {
+        EVENEP_CHECK(sum_s == gathered[1], "dispatch: the ranks pass ", sum_s,
+                     " tokens in total but s_total = ", gathered[1]);
+    }
+
+    h.rank = rank_;
+    h.s = a.s;
+    planner_.plan(tpe_scratch_, s_scratch_, h.plan);
+    h.dst.resize(static_cast<size_t>(a.s) * K);
+    compute_dst(h.plan, rank_, a.topk_idx, h.dst);
+    h.topk_w.assign(a.topk_w.begin(), a.topk_w.end());
 }
 
 // Source side of dispatch: every entry's record, and the token row once per destination rank.
@@ -284,8 +297,7 @@ void Buffer::write_payloads(const DispatchHandle& h, std::span<const Bf16> x) {
             int32_t ret = detail::kRetDuplicate;
             if (detail::is_payload(code)) {
                 const int j = td.index_of(d);
-                ret = detail::encode_ret(rank_, static_cast<int64_t>(t) * units_per_token + td.unit[j],
-                                         units_per_rank);
+                ret = detail::encode_ret(rank_, static_cast<int64_t>(t) * units_per_token + td.unit[j], units_per_rank);
                 std::memcpy(at<Bf16>(d, layout_.recv_x_offset) + row * H, x.data() + static_cast<int64_t>(t) * H,
                             static_cast<size_t>(row_bytes));
                 if (d != rank_) {
@@ -333,8 +345,10 @@ void Buffer::fill_local_rows(const DispatchHandle& h) {
 
 void Buffer::combine(const DispatchHandle& h, const CombineArgs& a) { combine_impl(h, a, {}, "combine"); }
 
-void Buffer::dispatch_backward(const DispatchHandle& h, std::span<const Bf16> grad_recv_x,
-                               std::span<const float> grad_recv_w, std::span<Bf16> grad_x,
+void Buffer::dispatch_backward(const DispatchHandle& h,
+                               std::span<const Bf16> grad_recv_x,
+                               std::span<const float> grad_recv_w,
+                               std::span<Bf16> grad_x,
                                std::span<float> grad_topk_w) {
     CombineArgs a;
     a.y = grad_recv_x;
@@ -344,7 +358,9 @@ void Buffer::dispatch_backward(const DispatchHandle& h, std::span<const Bf16> gr
     combine_impl(h, a, grad_recv_w, "dispatch_backward");
 }
 
-void Buffer::combine_impl(const DispatchHandle& h, const CombineArgs& a, std::span<const float> new_recv_w,
+void Buffer::combine_impl(const DispatchHandle& h,
+                          const CombineArgs& a,
+                          std::span<const float> new_recv_w,
                           const char* call) {
     const Config& cfg = cfg_.cfg;
     const int R = cfg.R, K = cfg.K, G = cfg.num_groups();
@@ -359,11 +375,11 @@ void Buffer::combine_impl(const DispatchHandle& h, const CombineArgs& a, std::sp
         check_config_match(h.plan.cfg, cfg, rank_);
         EVENEP_CHECK(h.id != 0 && h.id == filled_id_, call, ": rank ", rank_,
                      ": the handle is not the one of the last dispatch into this buffer");
-        EVENEP_CHECK(a.out.size() == static_cast<size_t>(h.s) * H, call, ": rank ", rank_, ": out has ",
-                     a.out.size(), " values, expected s*H = ", static_cast<int64_t>(h.s) * H);
+        EVENEP_CHECK(a.out.size() == static_cast<size_t>(h.s) * H, call, ": rank ", rank_, ": out has ", a.out.size(),
+                     " values, expected s*H = ", static_cast<int64_t>(h.s) * H);
         EVENEP_CHECK(a.gathered_w.empty() || a.gathered_w.size() == static_cast<size_t>(h.s) * K, call, ": rank ",
-                     rank_, ": gathered weights have ", a.gathered_w.size(), " slots, expected s*K = ",
-                     static_cast<int64_t>(h.s) * K);
+                     rank_, ": gathered weights have ", a.gathered_w.size(),
+                     " slots, expected s*K = ", static_cast<int64_t>(h.s) * K);
         EVENEP_CHECK(a.y.empty() || a.y.size() == static_cast<size_t>(nvs * H), call, ": rank ", rank_,
                      ": expert outputs have ", a.y.size(), " values, expected NvS*H = ", nvs * H);
         EVENEP_CHECK(new_recv_w.empty() || new_recv_w.size() == static_cast<size_t>(nvs), call, ": rank ", rank_,
@@ -377,8 +393,7 @@ void Buffer::combine_impl(const DispatchHandle& h, const CombineArgs& a, std::sp
     const int32_t* next = at<int32_t>(rank_, layout_.recv_next_offset);
     const int32_t* ret = at<int32_t>(rank_, layout_.recv_ret_offset);
     const int32_t rows_used = h.plan.rows_used(rank_);
-    if (!new_recv_w.empty() && new_recv_w.data() != w)
-        std::copy(new_recv_w.begin(), new_recv_w.begin() + rows_used, w);
+    if (!new_recv_w.empty() && new_recv_w.data() != w) std::copy(new_recv_w.begin(), new_recv_w.begin() + rows_used, w);
 
     // Phase A (destination): one partial per chain, pushed into the source's staging area.
     float* acc = acc_scratch_.data();
@@ -389,7 +404,8 @@ void Buffer::combine_impl(const DispatchHandle& h, const CombineArgs& a, std::sp
             const int32_t r = ret[row];
             if (r < 0) continue;
             const int src = detail::ret_rank(r, units_per_rank);
-            std::byte* slot = at<std::byte>(src, layout_.stage_offset) + detail::ret_unit(r, units_per_rank) * unit_bytes;
+            std::byte* slot =
+                at<std::byte>(src, layout_.stage_offset) + detail::ret_unit(r, units_per_rank) * unit_bytes;
             const bool single = next[row] == detail::kChainEnd;
             if (single) {
                 std::memcpy(slot, y + row * H, static_cast<size_t>(unit_bytes));

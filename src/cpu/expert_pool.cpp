@@ -14,6 +14,7 @@
 #include "evenep/cpu/expert_pool.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -55,15 +56,15 @@ void check_plan(const Plan& plan, const BufferConfig& cfg, int rank, const char*
     EVENEP_CHECK(a.R == b.R && a.E == b.E && a.num_slots() == b.num_slots(), call, ": rank ", rank,
                  ": the plan is for ", a.to_string(), ", the pool for ", b.to_string());
     EVENEP_CHECK(plan.copies.size() == static_cast<size_t>(a.R) * a.num_slots(), call, ": rank ", rank,
-                 ": the plan's copies table has ", plan.copies.size(), " slots, expected R*B = ",
-                 static_cast<int64_t>(a.R) * a.num_slots());
+                 ": the plan's copies table has ", plan.copies.size(),
+                 " slots, expected R*B = ", static_cast<int64_t>(a.R) * a.num_slots());
 }
 
 void check_layer(const ExpertWeights& layer, const BufferConfig& cfg, int rank, const char* call) {
     const BufferConfig& c = layer.config();
     EVENEP_CHECK(layer.rank() == rank, call, ": rank ", rank, " was given the layer of rank ", layer.rank());
-    EVENEP_CHECK(c.cfg.R == cfg.cfg.R && c.cfg.E == cfg.cfg.E && c.H == cfg.H && c.ffn_hidden == cfg.ffn_hidden,
-                 call, ": rank ", rank, ": the layer is ", c.to_string(), ", the pool ", cfg.to_string());
+    EVENEP_CHECK(c.cfg.R == cfg.cfg.R && c.cfg.E == cfg.cfg.E && c.H == cfg.H && c.ffn_hidden == cfg.ffn_hidden, call,
+                 ": rank ", rank, ": the layer is ", c.to_string(), ", the pool ", cfg.to_string());
 }
 
 }  // namespace
@@ -73,20 +74,34 @@ void check_layer(const ExpertWeights& layer, const BufferConfig& cfg, int rank, 
 // ---------------------------------------------------------------------------------------------------------
 ExpertWeights::ExpertWeights(Team& team, const BufferConfig& cfg)
     : team_(team), cfg_(validated(cfg)), layout_(cfg_.weights_layout()), rank_(team.rank()) {
-    EVENEP_CHECK(team.size() == cfg_.cfg.R, "expert weights: team size ", team.size(), " differs from R = ",
-                 cfg_.cfg.R);
+    EVENEP_CHECK(team.size() == cfg_.cfg.R, "expert weights: team size ", team.size(),
+                 " differs from R = ", cfg_.cfg.R);
     window_ = team_.alloc_symmetric(static_cast<size_t>(layout_.num_bytes()), "evenep.cpu.expert_weights");
     peers_.resize(cfg_.cfg.R);
     for (int p = 0; p < cfg_.cfg.R; ++p) peers_[p] = team_.peer_base(window_, p);
+    version_window_ = team_.alloc_symmetric(sizeof(uint64_t), "evenep.cpu.expert_weights.version");
+    versions_.resize(cfg_.cfg.R);
+    for (int p = 0; p < cfg_.cfg.R; ++p)
+        versions_[p] = reinterpret_cast<uint64_t*>(team_.peer_base(version_window_, p));
+    std::atomic_ref<uint64_t>(*versions_[rank_]).store(1, std::memory_order_relaxed);
     grads_.assign(static_cast<size_t>(detail::kNumProjections * layout_.epn * layout_.expert_elems()), 0.0f);
 }
 
-ExpertWeights::~ExpertWeights() { team_.free_symmetric(window_); }
+ExpertWeights::~ExpertWeights() {
+    team_.free_symmetric(version_window_);
+    team_.free_symmetric(window_);
+}
+
+uint64_t ExpertWeights::version(int peer) const {
+    EVENEP_CHECK(peer >= 0 && peer < cfg_.cfg.R, "expert weights: rank ", peer, " out of range");
+    // Relaxed: the barriers of the collective calls order it with respect to the weights themselves.
+    return std::atomic_ref<uint64_t>(*versions_[peer]).load(std::memory_order_relaxed);
+}
 
 std::span<Bf16> ExpertWeights::weight(int proj, int local_expert) {
     EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && local_expert >= 0 && local_expert < layout_.epn,
                  "expert weights: projection ", proj, ", local expert ", local_expert, " out of range");
-    ++version_;
+    std::atomic_ref<uint64_t>(*versions_[rank_]).fetch_add(1, std::memory_order_relaxed);
     return {reinterpret_cast<Bf16*>(peers_[rank_] + layout_.weight(proj, local_expert)),
             static_cast<size_t>(layout_.expert_elems())};
 }
@@ -121,8 +136,7 @@ void ExpertWeights::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f);
 // ---------------------------------------------------------------------------------------------------------
 ExpertPool::ExpertPool(Team& team, const BufferConfig& cfg)
     : team_(team), cfg_(validated(cfg)), layout_(cfg_.pool_layout()), rank_(team.rank()), traffic_(cfg_.cfg.R) {
-    EVENEP_CHECK(team.size() == cfg_.cfg.R, "expert pool: team size ", team.size(), " differs from R = ",
-                 cfg_.cfg.R);
+    EVENEP_CHECK(team.size() == cfg_.cfg.R, "expert pool: team size ", team.size(), " differs from R = ", cfg_.cfg.R);
     window_ = team_.alloc_symmetric(static_cast<size_t>(layout_.num_bytes()), "evenep.cpu.expert_pool");
     peers_.resize(cfg_.cfg.R);
     for (int p = 0; p < cfg_.cfg.R; ++p) peers_[p] = team_.peer_base(window_, p);
@@ -164,12 +178,13 @@ void ExpertPool::prefetch_weight(const Plan& plan, const ExpertWeights& layer) {
         const int32_t e = plan.copies[static_cast<size_t>(rank_) * B + b];
         if (e < 0) continue;
         SlotContent& sc = slots_[b];
-        if (sc.expert == e && sc.layer == &layer && sc.version == layer.version()) continue;
         const int home = e / epn;
+        const uint64_t version = layer.version(home);
+        if (sc.expert == e && sc.layer == &layer && sc.version == version) continue;
         EVENEP_ASSERT(home != rank_, "prefetch_weight: rank ", rank_, " slot ", b, " holds its own expert ", e);
         for (int p = 0; p < detail::kNumProjections; ++p)
             std::memcpy(slot_weight(p, b).data(), layer.peer_weight(p, home, e % epn), static_cast<size_t>(n) * 2);
-        sc = SlotContent{e, &layer, layer.version()};
+        sc = SlotContent{e, &layer, version};
         traffic_.rows += 1;
         traffic_.move(home, rank_, detail::kNumProjections * n * 2);
     }
@@ -204,7 +219,9 @@ void ExpertPool::reduce_grad(const Plan& plan, ExpertWeights& layer) {
     team_.barrier("reduce_grad: slots consumed");
 }
 
-void ExpertPool::weight_table(const Plan& plan, const ExpertWeights& layer, int proj,
+void ExpertPool::weight_table(const Plan& plan,
+                              const ExpertWeights& layer,
+                              int proj,
                               std::vector<const Bf16*>& out) const {
     const int G = plan.G(), epn = cfg_.cfg.epn();
     out.assign(G, nullptr);
@@ -222,7 +239,7 @@ void ExpertPool::weight_table(const Plan& plan, const ExpertWeights& layer, int 
                 EVENEP_CHECK(b >= 0 && b < layout_.B, "weight table: rank ", rank_, ", group ", g, ": slot ", b,
                              " out of range");
                 const SlotContent& sc = slots_[b];
-                EVENEP_CHECK(sc.expert == e && sc.layer == &layer && sc.version == layer.version(),
+                EVENEP_CHECK(sc.expert == e && sc.layer == &layer && sc.version == layer.version(e / epn),
                              "weight table: rank ", rank_, ", group ", g, ": slot ", b, " does not hold expert ", e,
                              " of this layer (call prefetch_weight with this plan and layer first)");
                 out[g] = reinterpret_cast<const Bf16*>(peers_[rank_] + layout_.slot_w(proj, b));

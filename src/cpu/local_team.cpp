@@ -42,7 +42,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 struct LocalTeamGroup::State {
     struct Window {
         std::string name;
-        std::vector<size_t> bytes;        // [R] requested by each rank (0: not yet)
+        std::vector<size_t> bytes;         // [R] requested by each rank (0: not yet)
         std::vector<AlignedBytes> memory;  // [R]
         std::vector<char> released;        // [R]
     };
@@ -106,8 +106,8 @@ struct LocalTeamGroup::State {
             for (int r = 1; r < size; ++r) {
                 if (phase[r] != phase[0]) {
                     std::ostringstream os;
-                    os << "barrier: ranks are in different collective calls: rank 0 in '" << phase[0] << "', rank "
-                       << r << " in '" << phase[r] << "'";
+                    os << "barrier: ranks are in different collective calls: rank 0 in '" << phase[0] << "', rank " << r
+                       << " in '" << phase[r] << "'";
                     o.failed = true;
                     o.kind = ErrorKind::kRuntime;
                     o.error = os.str();
@@ -126,9 +126,8 @@ struct LocalTeamGroup::State {
             for (int r = 0; r < size; ++r) (arrived[r] ? present : missing).push_back(r);
             std::ostringstream os;
             os << "barrier timeout in phase '" << phase_name << "': rank" << (missing.size() > 1 ? "s " : " ")
-               << rank_list(missing) << " did not arrive within "
-               << timeout.count() << " ms (arrived: rank" << (present.size() > 1 ? "s " : " ") << rank_list(present)
-               << ")";
+               << rank_list(missing) << " did not arrive within " << timeout.count() << " ms (arrived: rank"
+               << (present.size() > 1 ? "s " : " ") << rank_list(present) << ")";
             Outcome o;
             o.failed = true;
             o.kind = ErrorKind::kTimeout;
@@ -147,7 +146,7 @@ struct LocalTeamGroup::State {
 namespace {
 
 class LocalTeam final : public Team {
-public:
+  public:
     LocalTeam(LocalTeamGroup::State* state, int rank) : state_(state), rank_(rank) {}
 
     int rank() const override { return rank_; }
@@ -177,9 +176,13 @@ public:
         barrier("alloc_symmetric: " + std::string(name), true);
         std::lock_guard<std::mutex> lk(state_->mu);
         const auto& win = state_->windows[w.id];
-        for (int r = 0; r < state_->size; ++r)
-            EVENEP_CHECK(win.bytes[r] == bytes, "alloc_symmetric '", name, "': rank ", r, " asked for ",
-                         win.bytes[r], " bytes but rank ", rank_, " for ", bytes);
+        bool same = true;
+        std::ostringstream sizes;
+        for (int r = 0; r < state_->size; ++r) {
+            same = same && win.bytes[r] == bytes;
+            sizes << (r ? ", " : "") << "rank " << r << ": " << win.bytes[r];
+        }
+        EVENEP_CHECK(same, "alloc_symmetric '", name, "': ranks asked for different sizes (", sizes.str(), " bytes)");
         return w;
     }
 
@@ -209,7 +212,7 @@ public:
         return state_->timeout;
     }
 
-private:
+  private:
     LocalTeamGroup::State* state_;
     int rank_;
 };
@@ -234,8 +237,7 @@ LocalTeamGroup::~LocalTeamGroup() = default;
 int LocalTeamGroup::size() const { return state_->size; }
 
 Team& LocalTeamGroup::team(int rank) {
-    EVENEP_CHECK(rank >= 0 && rank < state_->size, "LocalTeamGroup: rank ", rank, " outside [0, ", state_->size,
-                 ")");
+    EVENEP_CHECK(rank >= 0 && rank < state_->size, "LocalTeamGroup: rank ", rank, " outside [0, ", state_->size, ")");
     return *state_->teams[rank];
 }
 

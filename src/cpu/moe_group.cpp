@@ -33,9 +33,9 @@ void check_problem(const MoeProblem& p) {
     p.cfg.validate();
     const Config& c = p.cfg.cfg;
     const size_t R = c.R, H = p.cfg.H, K = c.K, E = c.E, F = p.cfg.ffn_hidden;
-    EVENEP_CHECK(p.s.size() == R && p.x.size() == R && p.topk_idx.size() == R && p.topk_w.size() == R &&
-                     p.grad_out.size() == R,
-                 "moe problem: per-rank arrays must have R = ", R, " entries");
+    EVENEP_CHECK(
+        p.s.size() == R && p.x.size() == R && p.topk_idx.size() == R && p.topk_w.size() == R && p.grad_out.size() == R,
+        "moe problem: per-rank arrays must have R = ", R, " entries");
     for (size_t r = 0; r < R; ++r) {
         const size_t s = static_cast<size_t>(p.s[r]);
         EVENEP_CHECK(p.x[r].size() == s * H && p.topk_idx[r].size() == s * K && p.topk_w[r].size() == s * K &&
@@ -50,8 +50,10 @@ float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
 
 }  // namespace
 
-MoeProblem make_moe_problem(const BufferConfig& cfg, std::vector<std::vector<int32_t>> topk_idx,
-                            std::vector<int32_t> s, uint64_t seed) {
+MoeProblem make_moe_problem(const BufferConfig& cfg,
+                            std::vector<std::vector<int32_t>> topk_idx,
+                            std::vector<int32_t> s,
+                            uint64_t seed) {
     cfg.validate();
     const Config& c = cfg.cfg;
     const int R = c.R, K = c.K, H = cfg.H, F = cfg.ffn_hidden, E = c.E;
@@ -66,8 +68,8 @@ MoeProblem make_moe_problem(const BufferConfig& cfg, std::vector<std::vector<int
     p.grad_out.resize(R);
     for (int r = 0; r < R; ++r) {
         const size_t sr = static_cast<size_t>(p.s[r]);
-        EVENEP_CHECK(p.topk_idx[r].size() == sr * K, "moe problem: rank ", r, ": topk_idx has ",
-                     p.topk_idx[r].size(), " ids, expected s*K = ", sr * K);
+        EVENEP_CHECK(p.topk_idx[r].size() == sr * K, "moe problem: rank ", r, ": topk_idx has ", p.topk_idx[r].size(),
+                     " ids, expected s*K = ", sr * K);
         p.x[r].resize(sr * H);
         p.grad_out[r].resize(sr * H);
         for (size_t i = 0; i < sr * H; ++i) {
@@ -179,10 +181,10 @@ MoeResult run_moe_layer(const MoeProblem& p, const MoeRunOptions& opt) {
         PhaseTraffic* mine[] = {&res.traffic.gather,           &res.traffic.dispatch,          &res.traffic.combine,
                                 &res.traffic.combine_backward, &res.traffic.dispatch_backward, &res.traffic.prefetch,
                                 &res.traffic.reduce_grad};
-        const PhaseTraffic* theirs[] = {&traffic[r].gather,           &traffic[r].dispatch,
-                                        &traffic[r].combine,          &traffic[r].combine_backward,
-                                        &traffic[r].dispatch_backward, &traffic[r].prefetch,
-                                        &traffic[r].reduce_grad};
+        const PhaseTraffic* theirs[] = {
+            &traffic[r].gather,           &traffic[r].dispatch,          &traffic[r].combine,
+            &traffic[r].combine_backward, &traffic[r].dispatch_backward, &traffic[r].prefetch,
+            &traffic[r].reduce_grad};
         for (size_t i = 0; i < std::size(mine); ++i) mine[i]->add(*theirs[i]);
     }
     res.traffic.max_rank_entries = traffic[0].max_rank_entries;

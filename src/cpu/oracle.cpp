@@ -27,7 +27,8 @@ void check_tokens(const BufferConfig& cfg, const std::vector<RankTokens>& tokens
 
 }  // namespace
 
-GroupDispatchResult dispatch_group(const BufferConfig& cfg, const std::vector<RankTokens>& tokens,
+GroupDispatchResult dispatch_group(const BufferConfig& cfg,
+                                   const std::vector<RankTokens>& tokens,
                                    const OracleOptions& options) {
     check_tokens(cfg, tokens);
     const int R = cfg.cfg.R;
@@ -61,8 +62,10 @@ GroupDispatchResult dispatch_group(const BufferConfig& cfg, const std::vector<Ra
     return res;
 }
 
-GroupCombineResult combine_group(const BufferConfig& cfg, const std::vector<RankTokens>& tokens,
-                                 const std::vector<std::vector<Bf16>>& y, bool apply_weights,
+GroupCombineResult combine_group(const BufferConfig& cfg,
+                                 const std::vector<RankTokens>& tokens,
+                                 const std::vector<std::vector<Bf16>>& y,
+                                 bool apply_weights,
                                  const OracleOptions& options) {
     check_tokens(cfg, tokens);
     const int R = cfg.cfg.R, K = cfg.cfg.K;

@@ -17,7 +17,8 @@ constexpr int64_t kGatheredWeightBytes = 4;
 
 void add_gather(const Config& cfg, PhaseTraffic& t) {
     for (int r = 0; r < cfg.R; ++r)
-        for (int p = 0; p < cfg.R; ++p) t.move(r, p, static_cast<int64_t>(cfg.E + 2) * 4);  // BufferLayout::gather_row_ints
+        for (int p = 0; p < cfg.R; ++p)
+            t.move(r, p, static_cast<int64_t>(cfg.E + 2) * 4);  // BufferLayout::gather_row_ints
 }
 
 }  // namespace
@@ -92,16 +93,16 @@ int64_t PhaseTraffic::max_rank_bytes() const {
 
 PhaseTraffic TrafficReport::total() const {
     PhaseTraffic t(static_cast<int>(gather.send_bytes.size()));
-    for (const PhaseTraffic* p : {&gather, &dispatch, &combine, &combine_backward, &dispatch_backward, &prefetch,
-                                  &reduce_grad})
+    for (const PhaseTraffic* p :
+         {&gather, &dispatch, &combine, &combine_backward, &dispatch_backward, &prefetch, &reduce_grad})
         t.add(*p);
     return t;
 }
 
 int64_t TrafficReport::total_bytes() const { return total().bytes; }
 
-TrafficReport evenep_traffic(const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, int ffn_hidden,
-                             bool training) {
+TrafficReport evenep_traffic(
+    const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, int ffn_hidden, bool training) {
     const Config& cfg = plan.cfg;
     const int R = cfg.R, K = cfg.K, B = cfg.num_slots(), epn = cfg.epn();
     const int64_t nvs = cfg.recv_rows();
@@ -173,7 +174,9 @@ TrafficReport evenep_traffic(const Plan& plan, const std::vector<std::vector<int
     return rep;
 }
 
-TrafficReport conventional_traffic(const Config& cfg, const std::vector<std::vector<int32_t>>& topk_idx, int H,
+TrafficReport conventional_traffic(const Config& cfg,
+                                   const std::vector<std::vector<int32_t>>& topk_idx,
+                                   int H,
                                    bool training) {
     cfg.validate();
     const int R = cfg.R, K = cfg.K, epn = cfg.epn();

@@ -37,9 +37,9 @@ inline uint64_t cpu_mix(uint64_t z) {
 inline Bf16 tag(int r, int t, int c) {
     if (c == 0) return Bf16{static_cast<uint16_t>(r)};
     if (c == 1) return Bf16{static_cast<uint16_t>(t)};
-    return Bf16{static_cast<uint16_t>(cpu_mix((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^
-                                              static_cast<uint64_t>(c)) &
-                                      0x3FFF)};
+    return Bf16{static_cast<uint16_t>(
+        cpu_mix((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^ static_cast<uint64_t>(c)) &
+        0x3FFF)};
 }
 
 // "row of (rank r, token t)" for a row that matches some tag, else its first two columns.
@@ -110,9 +110,11 @@ inline std::vector<std::vector<int>> row_kinds(const Plan& plan) {
 // SPEC §4.2 written out loop by loop: per token, the entries on each destination rank pre-summed in fp32 in k
 // order (p = 0; p += v_k), then acc = 0; acc += partial in the order of the destinations' first k; a partial of
 // one entry is the bf16 value itself (times w in fp32 with apply_weights). y[d]: [NvS*H] on rank d.
-inline std::vector<std::vector<Bf16>> reference_combine(const Plan& plan, const std::vector<std::vector<int32_t>>& dst,
+inline std::vector<std::vector<Bf16>> reference_combine(const Plan& plan,
+                                                        const std::vector<std::vector<int32_t>>& dst,
                                                         const std::vector<std::vector<Bf16>>& y,
-                                                        const std::vector<std::vector<float>>& topk_w, int H,
+                                                        const std::vector<std::vector<float>>& topk_w,
+                                                        int H,
                                                         bool apply_weights) {
     const int R = plan.R(), K = plan.cfg.K;
     const int64_t nvs = plan.cfg.recv_rows();

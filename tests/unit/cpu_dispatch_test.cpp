@@ -5,7 +5,7 @@
 //       tagged rows (rank, token, column) land in every entry's row, duplicates included; weights per entry;
 //       every row of every segment is hit exactly once; padding rows zero (payload and weight); chain metadata
 //       (head return address names the source, duplicates reachable from their head); traffic equals the model.
-//   Dispatch/TaggedPayloads.RepeatedRunsBitwise/<...>      two group dispatches: identical plan, dst and buffers.
+//   Dispatch/RepeatedRuns.Bitwise/<config>_<mode>          two group dispatches: identical plan, dst and buffers.
 //   CpuDispatch.PlanReuseBitwise                          dispatch(h, x) reproduces the rows of dispatch(args)
 //                                                          bit for bit; with new x, the new rows.
 //   CpuDispatch.StaleRowsAndPaddingAfterSecondDispatch     a second routing in the same buffer: padding zero.
@@ -39,18 +39,17 @@ struct DispatchCase {
 
 std::vector<DispatchCase> dispatch_cases() {
     return {
-        {"R4_E8_K2_tp1", buffer_config(4, 8, 2, 6, 1)},
-        {"R4_E16_K4_tp4", buffer_config(4, 16, 4, 23, 4)},
-        {"R8_E32_K6_tp8", buffer_config(8, 32, 6, 13, 8, 24)},
-        {"R2_E8_K6_tp3_dups", buffer_config(2, 8, 6, 9, 3)},
-        {"R2_E4_K4_allExperts", buffer_config(2, 4, 4, 5, 2)},
-        {"R1_E4_K2", buffer_config(1, 4, 2, 7, 2)},
+        {"R4_E8_K2_tp1", buffer_config(4, 8, 2, 6, 1)},        {"R4_E16_K4_tp4", buffer_config(4, 16, 4, 23, 4)},
+        {"R8_E32_K6_tp8", buffer_config(8, 32, 6, 13, 8, 24)}, {"R2_E8_K6_tp3_dups", buffer_config(2, 8, 6, 9, 3)},
+        {"R2_E4_K4_allExperts", buffer_config(2, 4, 4, 5, 2)}, {"R1_E4_K2", buffer_config(1, 4, 2, 7, 2)},
     };
 }
 
 using Param = std::tuple<int, PlannerMode, int>;  // case index, mode, routing index (of test_routings)
 
-void check_dispatch(const BufferConfig& cfg, const Routing& routing, const std::vector<cpu::RankTokens>& tokens,
+void check_dispatch(const BufferConfig& cfg,
+                    const Routing& routing,
+                    const std::vector<cpu::RankTokens>& tokens,
                     const cpu::GroupDispatchResult& res) {
     const int R = cfg.cfg.R, K = cfg.cfg.K, H = cfg.H;
     const int64_t nvs = cfg.cfg.recv_rows();
@@ -74,9 +73,9 @@ void check_dispatch(const BufferConfig& cfg, const Routing& routing, const std::
                 ++hits[d][row];
                 const Bf16* got = res.recv_x[d].data() + row * H;
                 for (int c = 0; c < H; ++c)
-                    ASSERT_EQ(got[c], tag(r, t, c)) << "rank " << d << " row " << row << " column " << c << " holds "
-                                                    << testing::describe_row(got) << ", expected rank " << r
-                                                    << " token " << t << " (k " << k << ")";
+                    ASSERT_EQ(got[c], tag(r, t, c))
+                        << "rank " << d << " row " << row << " column " << c << " holds " << testing::describe_row(got)
+                        << ", expected rank " << r << " token " << t << " (k " << k << ")";
                 EXPECT_EQ(res.recv_w[d][row], tokens[r].topk_w[i]) << "weight of rank " << r << " token " << t;
                 const int32_t ret = res.recv_ret[d][row];
                 if (detail::is_payload(code)) {
@@ -126,12 +125,14 @@ TEST_P(TaggedPayloads, EveryEntryAndPadding) {
     check_dispatch(dc.cfg, named.routing, tokens, res);
 }
 
-TEST_P(TaggedPayloads, RepeatedRunsBitwise) {
-    const auto [ci, mode, ri] = GetParam();
-    if (ri > 2) GTEST_SKIP() << "determinism is checked on the first routings of each config";
+class RepeatedRuns : public ::testing::TestWithParam<std::tuple<int, PlannerMode>> {};
+
+TEST_P(RepeatedRuns, Bitwise) {
+    const auto [ci, mode] = GetParam();
     const DispatchCase dc = dispatch_cases()[ci];
     const uint64_t seed = 2000 + ci;
-    const auto named = testing::test_routings(dc.cfg.cfg, seed)[ri];
+    const auto named = testing::test_routings(dc.cfg.cfg, seed)[0];
+    SCOPED_TRACE("seed " + std::to_string(seed) + " " + dc.cfg.to_string());
     const auto tokens = testing::random_tokens(dc.cfg, named.routing, seed);
     cpu::OracleOptions opt;
     opt.mode = mode;
@@ -156,11 +157,21 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
     return dc.name + "_" + std::string(to_string(mode)) + "_" + routing;
 }
 
-INSTANTIATE_TEST_SUITE_P(Dispatch, TaggedPayloads,
+INSTANTIATE_TEST_SUITE_P(Dispatch,
+                         TaggedPayloads,
                          ::testing::Combine(::testing::Range(0, 6),
                                             ::testing::Values(PlannerMode::kReference, PlannerMode::kOptimized),
                                             ::testing::Range(0, 9)),
                          param_name);
+
+INSTANTIATE_TEST_SUITE_P(Dispatch,
+                         RepeatedRuns,
+                         ::testing::Combine(::testing::Range(0, 6),
+                                            ::testing::Values(PlannerMode::kReference, PlannerMode::kOptimized)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, PlannerMode>>& info) {
+                             return dispatch_cases()[std::get<0>(info.param)].name + "_" +
+                                    std::string(to_string(std::get<1>(info.param)));
+                         });
 
 // Runs fn(rank, buffer) on R threads with one Buffer per rank.
 template <typename F>

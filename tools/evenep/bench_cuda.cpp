@@ -1,5 +1,201 @@
-// placeholder: filled in by the CUDA backend's owner
+// `evenep bench dispatch|combine|prefetch|reduce|gpu-plan|gpu-copy|gpu-suite`: the GPU benchmarks (R virtual ranks on
+// one GPU). Each run measures the copy-bandwidth anchor first and reports every kernel against it. Method and
+// formulas: docs/benchmarks.md. Without a CUDA build the subcommands exist and say that they need one.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
 #include "commands.hpp"
+#include "evenep/config.hpp"
+#include "evenep/error.hpp"
+#if defined(EVENEP_HAVE_CUDA)
+#include "evenep/cuda/bench.hpp"
+#endif
+
 namespace evenep::cli {
-void register_bench_cuda(CLI::App& bench) { (void)bench; }
+namespace {
+
+struct GpuBenchOptions {
+    int R = 8, E = 384, K = 8, S = 8192, H = 7168, ffn_hidden = 2048, tp = 128;
+    std::vector<double> maxvios{0.2, 1, 10, 20};
+    uint64_t seed = 1;
+    int sm_budget = 32;
+    int warmup = 5, iters = 20;
+    bool check = false;
+    std::string planner = "optimized";
+    int projections = 1;
+    double copy_mib = 2048;
+    std::string json_file;
+    std::string npy_dir;  // gpu-suite: rank 0's routing per point, for the PyTorch anchor
+};
+
+void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
+    if (shape_flags) {
+        cmd->add_option("--R", o.R, "virtual ranks")->capture_default_str();
+        cmd->add_option("--E", o.E, "routed experts")->capture_default_str();
+        cmd->add_option("--K", o.K, "top-k")->capture_default_str();
+        cmd->add_option("--S", o.S, "tokens per rank")->capture_default_str();
+        cmd->add_option("--H", o.H, "hidden size")->capture_default_str();
+        cmd->add_option("--ffn-hidden", o.ffn_hidden, "expert intermediate size H'")->capture_default_str();
+        cmd->add_option("--tp", o.tp, "token padding")->capture_default_str();
+        cmd->add_option("--maxvio", o.maxvios, "target maxvio values")->capture_default_str();
+        cmd->add_option("--seed", o.seed, "routing seed")->capture_default_str();
+        cmd->add_option("--planner", o.planner, "reference or optimized")->capture_default_str();
+        cmd->add_option("--projections", o.projections, "prefetch/reduce: projections per copy (1..3)")
+            ->capture_default_str();
+    }
+    cmd->add_option("--sm-budget", o.sm_budget, "SMs per virtual rank (clamped to co-residency)")->capture_default_str();
+    cmd->add_option("--warmup", o.warmup, "untimed runs")->capture_default_str();
+    cmd->add_option("--iters", o.iters, "timed runs (median reported)")->capture_default_str();
+    cmd->add_flag("--check", o.check, "verify results first and report #wrong");
+    cmd->add_option("--copy-mib", o.copy_mib, "size of the copy-bandwidth anchor buffer")->capture_default_str();
+    cmd->add_option("--json", o.json_file, "write all rows as JSON");
+}
+
+#if defined(EVENEP_HAVE_CUDA)
+
+using cuda::BenchConfig;
+using cuda::BenchRow;
+
+nlohmann::json to_json(const BenchRow& r) {
+    return nlohmann::json{{"op", r.op},         {"shape", r.shape},       {"maxvio", r.maxvio},
+                          {"min_us", r.min_us}, {"median_us", r.median_us}, {"mean_us", r.mean_us},
+                          {"max_us", r.max_us}, {"bytes", r.bytes},       {"gbps", r.gbps},
+                          {"frac_copy", r.frac_copy}, {"wrong", r.wrong}, {"blocks_per_rank", r.blocks_per_rank},
+                          {"iters", r.iters},   {"note", r.note}};
+}
+
+void print_header() {
+    fmt::print("{:<22} {:<26} {:>6} {:>10} {:>10} {:>10} {:>9} {:>8} {:>6} {:>6} {:>5}\n", "op", "shape", "maxvio",
+               "p50 us", "min us", "max us", "MB", "GB/s", "%copy", "wrong", "blk/r");
+}
+
+void print_row(const BenchRow& r) {
+    fmt::print("{:<22} {:<26} {:>6.2f} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.1f} {:>8.0f} {:>6.1f} {:>6} {:>5}\n", r.op,
+               r.shape, r.maxvio, r.median_us, r.min_us, r.max_us, r.bytes / 1e6, r.gbps, 100.0 * r.frac_copy,
+               r.wrong < 0 ? std::string("-") : std::to_string(r.wrong), r.blocks_per_rank);
+}
+
+struct Shape {
+    const char* name;
+    int R, E, K, S, H, ffn_hidden;
+};
+
+// Runs `ops` at every maxvio of every shape; prints, collects JSON; returns the number of wrong results.
+int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const std::vector<std::string>& ops) {
+    fmt::print("device: {}\n", cuda::device_summary());
+    nlohmann::json out{{"device", cuda::device_summary()}, {"rows", nlohmann::json::array()}};
+    const std::vector<BenchRow> anchors = cuda::bench_copy(static_cast<size_t>(o.copy_mib * (1 << 20)), o.warmup,
+                                                           o.iters);
+    const double copy_gbps = cuda::copy_anchor_gbps(anchors);
+    print_header();
+    for (const BenchRow& r : anchors) {
+        print_row(r);
+        out["rows"].push_back(to_json(r));
+    }
+    out["copy_gbps"] = copy_gbps;
+    int64_t wrong = 0;
+    for (const Shape& sh : shapes)
+        for (double mv : o.maxvios) {
+            BenchConfig bc;
+            bc.R = sh.R, bc.E = sh.E, bc.K = sh.K, bc.S = sh.S, bc.H = sh.H, bc.ffn_hidden = sh.ffn_hidden;
+            bc.tp = o.tp;
+            bc.maxvio = mv;
+            bc.seed = o.seed;
+            bc.sm_budget = o.sm_budget;
+            bc.warmup = o.warmup;
+            bc.iters = o.iters;
+            bc.check = o.check;
+            bc.mode = parse_planner_mode(o.planner);
+            bc.expert_projections = o.projections;
+            if (!o.npy_dir.empty())
+                bc.routing_npy = fmt::format("{}/routing_{}_maxvio{}.npy", o.npy_dir, sh.name, mv);
+            for (const BenchRow& r : cuda::bench_point(bc, ops, copy_gbps)) {
+                print_row(r);
+                std::fflush(stdout);
+                nlohmann::json j = to_json(r);
+                j["shape_name"] = sh.name;
+                j["target_maxvio"] = mv;
+                out["rows"].push_back(j);
+                if (r.wrong > 0) wrong += r.wrong;
+            }
+        }
+    if (!o.json_file.empty()) {
+        std::ofstream f(o.json_file);
+        EVENEP_CHECK(f.good(), "bench: cannot write ", o.json_file);
+        f << out.dump(2) << "\n";
+    }
+    if (o.check) fmt::print("check: {} wrong\n", wrong);
+    return wrong;
+}
+
+void finish(int64_t wrong) {
+    EVENEP_CHECK_KIND(ErrorKind::kRuntime, wrong == 0, "bench: --check found ", wrong, " wrong results");
+}
+
+#endif  // EVENEP_HAVE_CUDA
+
+void add_gpu_command(CLI::App& bench, const char* name, const char* help, std::vector<std::string> ops,
+                     bool plan_only) {
+    auto opt = std::make_shared<GpuBenchOptions>();
+    CLI::App* cmd = bench.add_subcommand(name, help);
+    add_common(cmd, *opt, true);
+    cmd->callback([opt, ops, plan_only, name] {
+#if defined(EVENEP_HAVE_CUDA)
+        GpuBenchOptions o = *opt;
+        const int H = plan_only ? 8 : o.H;  // the planner does not touch rows
+        finish(run(o, {{"custom", o.R, o.E, o.K, o.S, H, o.ffn_hidden}}, ops));
+#else
+        (void)ops, (void)plan_only;
+        EVENEP_CHECK_KIND(ErrorKind::kRuntime, false, "bench ", name,
+                          ": needs a CUDA build (this evenep was built without the CUDA backend)");
+#endif
+    });
+}
+
+}  // namespace
+
+void register_bench_cuda(CLI::App& bench) {
+    add_gpu_command(bench, "dispatch", "GPU dispatch over R virtual ranks vs the copy bandwidth", {"dispatch"}, false);
+    add_gpu_command(bench, "combine", "GPU combine (pull, push partials, weighted) vs the copy bandwidth",
+                    {"combine"}, false);
+    add_gpu_command(bench, "prefetch", "GPU prefetch_weight vs the copy bandwidth", {"prefetch"}, false);
+    add_gpu_command(bench, "reduce", "GPU reduce_grad vs the copy bandwidth", {"reduce"}, false);
+    add_gpu_command(bench, "gpu-plan", "GPU planner: one rank's plan from gathered histograms, and the fused plan",
+                    {"plan"}, true);
+
+    auto opt = std::make_shared<GpuBenchOptions>();
+    CLI::App* suite = bench.add_subcommand(
+        "gpu-suite", "every GPU benchmark at the MoonEP point (R=8 S=8192 E=384 K=8 H=7168 H'=2048) and the K3 shape "
+                     "(E=896 K=16 H=3584), maxvio 0.2/1/10/20");
+    add_common(suite, *opt, false);
+    suite->add_option("--maxvio", opt->maxvios, "target maxvio values")->capture_default_str();
+    suite->add_option("--npy-dir", opt->npy_dir, "write rank 0's routing of every point here (PyTorch anchor)");
+    suite->add_option("--projections", opt->projections, "prefetch/reduce: projections per copy")->capture_default_str();
+    suite->callback([opt] {
+#if defined(EVENEP_HAVE_CUDA)
+        finish(run(*opt,
+                   {{"moonep", 8, 384, 8, 8192, 7168, 2048}, {"k3", 8, 896, 16, 8192, 3584, 2048}},
+                   {"plan", "dispatch", "combine", "prefetch", "reduce"}));
+#else
+        EVENEP_CHECK_KIND(ErrorKind::kRuntime, false, "bench gpu-suite: needs a CUDA build");
+#endif
+    });
+    auto copy_opt = std::make_shared<GpuBenchOptions>();
+    CLI::App* copy = bench.add_subcommand("gpu-copy", "device-to-device copy bandwidth anchors");
+    add_common(copy, *copy_opt, false);
+    copy->callback([copy_opt] {
+#if defined(EVENEP_HAVE_CUDA)
+        GpuBenchOptions o = *copy_opt;
+        o.maxvios.clear();
+        finish(run(o, {}, {}));
+#else
+        EVENEP_CHECK_KIND(ErrorKind::kRuntime, false, "bench gpu-copy: needs a CUDA build");
+#endif
+    });
+}
+
 }  // namespace evenep::cli

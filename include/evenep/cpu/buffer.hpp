@@ -43,22 +43,22 @@
 namespace evenep::cpu {
 
 struct DispatchArgs {
-    int s = 0;                              // tokens of this rank, 1..S
-    std::span<const Bf16> x;                // [s*H]
-    std::span<const int32_t> topk_idx;      // [s*K], -1 = masked
-    std::span<const float> topk_w;          // [s*K] route weights (masked entries ignored)
-    int64_t s_total = -1;                   // sum of s over ranks when they differ; -1: every rank passes the same s
-    std::span<const int32_t> tpe = {};      // optional caller histogram [E], checked against topk_idx
+    int s = 0;                          // tokens of this rank, 1..S
+    std::span<const Bf16> x;            // [s*H]
+    std::span<const int32_t> topk_idx;  // [s*K], -1 = masked
+    std::span<const float> topk_w;      // [s*K] route weights (masked entries ignored)
+    int64_t s_total = -1;               // sum of s over ranks when they differ; -1: every rank passes the same s
+    std::span<const int32_t> tpe = {};  // optional caller histogram [E], checked against topk_idx
 };
 
 // What one dispatch decided, owned by the caller and passed to combine and the backward calls (plan reuse).
 struct DispatchHandle {
-    Plan plan;                    // the group plan (identical on every rank)
-    std::vector<int32_t> dst;     // [s*K] encoded destinations of this rank's entries (SPEC §3.4)
-    std::vector<float> topk_w;    // [s*K] route weights as dispatched
+    Plan plan;                  // the group plan (identical on every rank)
+    std::vector<int32_t> dst;   // [s*K] encoded destinations of this rank's entries (SPEC §3.4)
+    std::vector<float> topk_w;  // [s*K] route weights as dispatched
     int rank = -1;
     int s = 0;
-    uint64_t id = 0;              // stamp of the dispatch that last filled the buffer with this handle's rows
+    uint64_t id = 0;  // stamp of the dispatch that last filled the buffer with this handle's rows
 
     int num_groups() const { return plan.G(); }
     // This rank's receive-buffer groups: [G] inclusive padded end rows, rows holding entries, expert ids.
@@ -67,21 +67,21 @@ struct DispatchHandle {
     std::span<const int32_t> group_expert() const { return group_span(plan.group_expert); }
     int32_t rows_used() const { return plan.rows_used(rank); }
 
-private:
+  private:
     std::span<const int32_t> group_span(const std::vector<int32_t>& v) const {
         return std::span<const int32_t>(v).subspan(static_cast<size_t>(rank) * plan.G(), plan.G());
     }
 };
 
 struct CombineArgs {
-    std::span<const Bf16> y = {};         // [NvS*H] expert outputs on this rank; empty: the buffer's recv_x
-    bool apply_weights = false;           // multiply each entry by its route weight
-    std::span<Bf16> out;                  // [s*H]
-    std::span<float> gathered_w = {};     // optional [s*K]: recv_w of each entry's row, 0 for masked entries
+    std::span<const Bf16> y = {};      // [NvS*H] expert outputs on this rank; empty: the buffer's recv_x
+    bool apply_weights = false;        // multiply each entry by its route weight
+    std::span<Bf16> out;               // [s*H]
+    std::span<float> gathered_w = {};  // optional [s*K]: recv_w of each entry's row, 0 for masked entries
 };
 
 class Buffer {
-public:
+  public:
     // Collective. Throws evenep::Error on a bad config or a team whose size differs from cfg.R.
     Buffer(Team& team, const BufferConfig& cfg, PlannerMode mode = PlannerMode::kOptimized);
     ~Buffer();
@@ -107,8 +107,11 @@ public:
     // grad_recv_x: [NvS*H] gradient rows on this rank (empty: the buffer's recv_x); grad_recv_w: [NvS] gradient
     // of each row's route weight (empty: the buffer's recv_w as it is). grad_x: [s*H]; grad_topk_w: [s*K] or
     // empty.
-    void dispatch_backward(const DispatchHandle& h, std::span<const Bf16> grad_recv_x,
-                           std::span<const float> grad_recv_w, std::span<Bf16> grad_x, std::span<float> grad_topk_w);
+    void dispatch_backward(const DispatchHandle& h,
+                           std::span<const Bf16> grad_recv_x,
+                           std::span<const float> grad_recv_w,
+                           std::span<Bf16> grad_x,
+                           std::span<float> grad_topk_w);
 
     // Zero-copy views of this rank's receive buffer: [NvS*H] rows and [NvS] weights in group order.
     std::span<Bf16> recv_x();
@@ -121,18 +124,22 @@ public:
     // group figure). The all-gather of the last dispatch is reported separately.
     const PhaseTraffic& last_traffic() const { return traffic_; }
     const PhaseTraffic& last_gather_traffic() const { return gather_traffic_; }
-    // Seconds spent planning (tpe, all-gather, plan, dst) in the last planning dispatch.
+    // Seconds spent planning (checks of the gathered (s, tpe), plan, dst) in the last planning dispatch, without
+    // the all-gather itself.
     double last_plan_seconds() const { return plan_seconds_; }
 
-private:
+  private:
     template <typename T>
     T* at(int peer, int64_t offset) const {
         return reinterpret_cast<T*>(peers_[static_cast<size_t>(peer)] + offset);
     }
+    void plan_from_gather(const DispatchArgs& a, DispatchHandle& h);
     void write_payloads(const DispatchHandle& h, std::span<const Bf16> x);
     void fill_local_rows(const DispatchHandle& h);
     // combine; with new_recv_w non-empty, first replaces this rank's recv_w rows (dispatch_backward).
-    void combine_impl(const DispatchHandle& h, const CombineArgs& a, std::span<const float> new_recv_w,
+    void combine_impl(const DispatchHandle& h,
+                      const CombineArgs& a,
+                      std::span<const float> new_recv_w,
                       const char* call);
 
     Team& team_;
@@ -143,13 +150,13 @@ private:
     SymmetricWindow window_;
     std::vector<std::byte*> peers_;  // [R] base of every rank's copy
     uint64_t next_id_ = 1;
-    uint64_t filled_id_ = 0;         // id of the handle whose rows are in the buffer (0: none)
+    uint64_t filled_id_ = 0;  // id of the handle whose rows are in the buffer (0: none)
     PhaseTraffic traffic_;
     PhaseTraffic gather_traffic_;
     double plan_seconds_ = 0;
-    std::vector<int32_t> tpe_scratch_;   // [R*E]
-    std::vector<int32_t> s_scratch_;     // [R]
-    std::vector<float> acc_scratch_;     // [H]
+    std::vector<int32_t> tpe_scratch_;  // [R*E]
+    std::vector<int32_t> s_scratch_;    // [R]
+    std::vector<float> acc_scratch_;    // [H]
 };
 
 }  // namespace evenep::cpu

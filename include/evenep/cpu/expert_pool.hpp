@@ -9,7 +9,8 @@
 //
 //   prefetch_weight(plan, layer)  every rank pulls, for each slot b with copies[rank][b] = e >= 0, expert e's
 //                                 three matrices from home(e) into slot b. Slots with copies = -1 are untouched.
-//                                 A slot that already holds expert e of the same layer at the same weight version
+//                                 A slot that already holds expert e of the same layer at the home rank's current
+//                                 weight version
 //                                 is not copied again (the backward pass re-prefetches after other layers used
 //                                 the shared pool, and copies nothing when none did).
 //   reduce_grad(plan, layer)      every home rank h, for each rank r ascending and slot b ascending with
@@ -34,7 +35,7 @@
 namespace evenep::cpu {
 
 class ExpertWeights {
-public:
+  public:
     // Collective (allocates the symmetric weights). Weights and gradients start at zero.
     ExpertWeights(Team& team, const BufferConfig& cfg);
     ~ExpertWeights();
@@ -53,22 +54,24 @@ public:
     std::span<float> grad(int proj, int local_expert);
     std::span<const float> grad(int proj, int local_expert) const;
     void zero_grad();
-    // Incremented by every mutable weight() access (see ExpertPool::prefetch_weight).
-    uint64_t version() const { return version_; }
+    // Weight version of rank `peer`'s experts of this layer: incremented by every mutable weight() access on
+    // that rank (kept in symmetric memory so the ranks holding copies can see it; see prefetch_weight).
+    uint64_t version(int peer) const;
 
-private:
-    uint64_t version_ = 1;
+  private:
     Team& team_;
     BufferConfig cfg_;
     detail::ExpertWeightsLayout layout_;
     int rank_ = 0;
     SymmetricWindow window_;
+    SymmetricWindow version_window_;  // one uint64_t per rank
     std::vector<std::byte*> peers_;
-    std::vector<float> grads_;  // [3][epn][in*out]
+    std::vector<uint64_t*> versions_;  // [R]
+    std::vector<float> grads_;         // [3][epn][in*out]
 };
 
 class ExpertPool {
-public:
+  public:
     // Collective. Slots and reduce buffers start at zero.
     ExpertPool(Team& team, const BufferConfig& cfg);
     ~ExpertPool();
@@ -96,7 +99,7 @@ public:
 
     const PhaseTraffic& last_traffic() const { return traffic_; }
 
-private:
+  private:
     Team& team_;
     BufferConfig cfg_;
     detail::ExpertPoolLayout layout_;
@@ -104,9 +107,9 @@ private:
     SymmetricWindow window_;
     std::vector<std::byte*> peers_;
     struct SlotContent {
-        int32_t expert = -1;                  // expert last prefetched into the slot, -1 if none
+        int32_t expert = -1;                   // expert last prefetched into the slot, -1 if none
         const ExpertWeights* layer = nullptr;  // its layer
-        uint64_t version = 0;                 // the layer's weight version at the copy
+        uint64_t version = 0;                  // the home rank's weight version at the copy
     };
     std::vector<SlotContent> slots_;  // [B]
     PhaseTraffic traffic_;

@@ -24,13 +24,19 @@ struct GroupedGemmShape {
 // out[row, o] (fp32, row stride out_dim) = (accumulate ? out[row, o] : 0) + sum_i in[row, i] * W_g(i, o), for
 // every used row of every group. W_g = weights[g]: stored [in_dim, out_dim] row-major, or [out_dim, in_dim]
 // when `transposed` (the product then uses W_g^T). Empty groups may have a null weight. in: [rows, in_dim] bf16.
-void grouped_gemm(const GroupedGemmShape& shape, std::span<const Bf16* const> weights, bool transposed,
-                  std::span<const Bf16> in, std::span<float> out, bool accumulate);
+void grouped_gemm(const GroupedGemmShape& shape,
+                  std::span<const Bf16* const> weights,
+                  bool transposed,
+                  std::span<const Bf16> in,
+                  std::span<float> out,
+                  bool accumulate);
 
 // Weight gradient: grads[g][i, o] += sum over the used rows of group g, ascending, of a[row, i] * b[row, o]
 // (fp32). a: [rows, a_dim] bf16, b: [rows, b_dim] bf16, grads[g]: [a_dim, b_dim] fp32 (null for empty groups).
 // shape.in_dim = a_dim, shape.out_dim = b_dim.
-void grouped_gemm_wgrad(const GroupedGemmShape& shape, std::span<const Bf16> a, std::span<const Bf16> b,
+void grouped_gemm_wgrad(const GroupedGemmShape& shape,
+                        std::span<const Bf16> a,
+                        std::span<const Bf16> b,
                         std::span<float* const> grads);
 
 // Dense helpers on fp32 (the building blocks; exposed for the dense reference and tests):

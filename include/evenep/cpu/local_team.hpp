@@ -23,7 +23,7 @@ namespace evenep::cpu {
 inline constexpr std::chrono::milliseconds kDefaultBarrierTimeout{120000};
 
 class LocalTeamGroup {
-public:
+  public:
     explicit LocalTeamGroup(int size, std::chrono::milliseconds barrier_timeout = kDefaultBarrierTimeout);
     ~LocalTeamGroup();
     LocalTeamGroup(const LocalTeamGroup&) = delete;
@@ -37,7 +37,7 @@ public:
 
     struct State;  // implementation (src/cpu/local_team.cpp)
 
-private:
+  private:
     std::unique_ptr<State> state_;
 };
 

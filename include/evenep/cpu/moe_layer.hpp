@@ -33,21 +33,21 @@ namespace evenep::cpu {
 
 // Seconds per phase on one rank (or the max over ranks).
 struct LayerTimes {
-    double plan = 0;               // tpe, histogram all-gather, planning, dst (part of dispatch)
+    double plan = 0;  // planning and dst from the gathered histograms (part of dispatch)
     double dispatch = 0;
     double prefetch = 0;
-    double expert_forward = 0;     // grouped GEMMs + SwiGLU
+    double expert_forward = 0;  // grouped GEMMs + SwiGLU
     double combine = 0;
     double combine_backward = 0;
     double expert_backward = 0;
     double dispatch_backward = 0;
     double reduce_grad = 0;
-    double total() const;          // sum of the phases except plan (contained in dispatch)
+    double total() const;  // sum of the phases except plan (contained in dispatch)
     void max_with(const LayerTimes& o);
 };
 
 class MoeLayer {
-public:
+  public:
     // One rank's view of one MoE layer. The buffer and pool are shared with other layers; `weights` is this
     // layer's. All three must outlive the layer and belong to the same rank and configuration.
     MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights);
@@ -63,7 +63,7 @@ public:
     // Transfers this rank performed in the last forward/backward, per phase.
     const TrafficReport& traffic() const { return traffic_; }
 
-private:
+  private:
     Buffer& buffer_;
     ExpertPool& pool_;
     ExpertWeights& weights_;
@@ -94,8 +94,10 @@ struct MoeProblem {
 // Deterministic data for a routing (topk_idx[r] has s[r]*K ids): x, grad_out ~ U(-1, 1); each weight matrix
 // ~ U(-1, 1)·sqrt(3/in); route weights positive and normalised per token over its unmasked entries.
 // Every value is a counter-based hash of (seed, tensor, index): the same on every platform.
-MoeProblem make_moe_problem(const BufferConfig& cfg, std::vector<std::vector<int32_t>> topk_idx,
-                            std::vector<int32_t> s, uint64_t seed);
+MoeProblem make_moe_problem(const BufferConfig& cfg,
+                            std::vector<std::vector<int32_t>> topk_idx,
+                            std::vector<int32_t> s,
+                            uint64_t seed);
 
 struct MoeRunOptions {
     PlannerMode mode = PlannerMode::kOptimized;
@@ -106,14 +108,14 @@ struct MoeRunOptions {
 };
 
 struct MoeResult {
-    std::vector<std::vector<Bf16>> out;           // [R][s_r*H]
-    std::vector<std::vector<Bf16>> grad_x;        // [R][s_r*H] (backward)
-    std::vector<std::vector<float>> grad_topk_w;  // [R][s_r*K] (backward)
+    std::vector<std::vector<Bf16>> out;                      // [R][s_r*H]
+    std::vector<std::vector<Bf16>> grad_x;                   // [R][s_r*H] (backward)
+    std::vector<std::vector<float>> grad_topk_w;             // [R][s_r*K] (backward)
     std::vector<float> grad_w_gate, grad_w_up, grad_w_down;  // [E*H*H'] fp32 at home after reduce_grad
     Plan plan;
-    std::vector<std::vector<int32_t>> dst;        // [R][s_r*K]
-    TrafficReport traffic;                        // measured, summed over ranks
-    LayerTimes times;                             // max over ranks, per phase
+    std::vector<std::vector<int32_t>> dst;  // [R][s_r*K]
+    TrafficReport traffic;                  // measured, summed over ranks
+    LayerTimes times;                       // max over ranks, per phase
     BufferSizes sizes;
 };
 // Runs R virtual ranks (threads) through forward (and backward). Throws the lowest failing rank's error.

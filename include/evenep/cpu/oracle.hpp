@@ -37,9 +37,9 @@ struct GroupDispatchResult {
 };
 
 struct GroupCombineResult {
-    std::vector<std::vector<Bf16>> out;           // [R][s_r*H]
-    std::vector<std::vector<float>> gathered_w;   // [R][s_r*K]
-    PhaseTraffic traffic;                         // combine, summed over ranks
+    std::vector<std::vector<Bf16>> out;          // [R][s_r*H]
+    std::vector<std::vector<float>> gathered_w;  // [R][s_r*K]
+    PhaseTraffic traffic;                        // combine, summed over ranks
 };
 
 struct OracleOptions {
@@ -49,13 +49,16 @@ struct OracleOptions {
 };
 
 // Plans and dispatches every rank's tokens. Throws the lowest failing rank's error.
-GroupDispatchResult dispatch_group(const BufferConfig& cfg, const std::vector<RankTokens>& tokens,
+GroupDispatchResult dispatch_group(const BufferConfig& cfg,
+                                   const std::vector<RankTokens>& tokens,
                                    const OracleOptions& options = {});
 
 // Dispatches, then combines y[r] ([NvS*H] expert outputs of rank r; an empty y means: combine the dispatched
 // rows themselves, in place). gathered_w holds the gathered route weights.
-GroupCombineResult combine_group(const BufferConfig& cfg, const std::vector<RankTokens>& tokens,
-                                 const std::vector<std::vector<Bf16>>& y, bool apply_weights,
+GroupCombineResult combine_group(const BufferConfig& cfg,
+                                 const std::vector<RankTokens>& tokens,
+                                 const std::vector<std::vector<Bf16>>& y,
+                                 bool apply_weights,
                                  const OracleOptions& options = {});
 
 }  // namespace evenep::cpu

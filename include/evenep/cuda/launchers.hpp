@@ -38,11 +38,28 @@ int launch_dispatch(const TeamView& team, const EpLayout& layout, const RankIo* 
 int launch_combine(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
                     bool apply_weights, CombineMode mode, int sm_budget, cudaStream_t stream);
 
+// Expert regions of every rank (see evenep/cuda/experts.hpp): bases is a device table [R].
+struct ExpertsView {
+    char* const* bases;
+    size_t weights, slots, slot_grads, grads;  // byte offsets of [P][n][elems] regions
+    int num_projections;
+    int64_t elems;
+};
+
+// prefetch_weight and reduce_grad (experts.hpp); the copies table is read from each rank's plan copy.
+int launch_prefetch_weight(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
+                           cudaStream_t stream);
+int launch_reduce_grad(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
+                       cudaStream_t stream);
+
 // Barrier test kernel: `rounds` team barriers at Phase::kTest; each round every rank writes its round number
 // into every peer's word [rank] of `board` ([R][R] int32 per rank at offset `board_off`) and, after the barrier,
 // checks what its peers wrote; mismatches are counted into errors[rank] (device [R]).
 int launch_barrier_test(const TeamView& team, size_t board_off, int rounds, int sm_budget, int32_t* d_errors,
                          cudaStream_t stream);
+
+// Fills n bf16 values with a hash of (seed, index) mapped to U(-1, 1) (benchmark inputs; deterministic).
+void launch_fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, cudaStream_t stream);
 
 // Device-to-device copy with 16-byte vectors (the copy-bandwidth anchor); bytes % 16 == 0.
 void launch_copy_vec16(void* dst, const void* src, size_t bytes, int num_blocks, cudaStream_t stream);

@@ -60,8 +60,8 @@ struct BufferLayout {
     int64_t recv_x_offset = 0, recv_w_offset = 0, recv_next_offset = 0, recv_ret_offset = 0;
     int64_t gather_offset = 0, stage_offset = 0, total_bytes = 0;
 
-    EVENEP_HOST_DEVICE static constexpr BufferLayout make(int64_t R, int64_t E, int64_t K, int64_t S, int64_t tp,
-                                                          int64_t H) {
+    EVENEP_HOST_DEVICE static constexpr BufferLayout make(
+        int64_t R, int64_t E, int64_t K, int64_t S, int64_t tp, int64_t H) {
         BufferLayout l{};
         l.R = R;
         l.E = E;
@@ -105,12 +105,8 @@ inline constexpr int kNumProjections = 3;
 inline constexpr int kProjGate = 0;
 inline constexpr int kProjUp = 1;
 inline constexpr int kProjDown = 2;
-EVENEP_HOST_DEVICE constexpr int64_t proj_in_dim(int proj, int64_t H, int64_t F) {
-    return proj == kProjDown ? F : H;
-}
-EVENEP_HOST_DEVICE constexpr int64_t proj_out_dim(int proj, int64_t H, int64_t F) {
-    return proj == kProjDown ? H : F;
-}
+EVENEP_HOST_DEVICE constexpr int64_t proj_in_dim(int proj, int64_t H, int64_t F) { return proj == kProjDown ? F : H; }
+EVENEP_HOST_DEVICE constexpr int64_t proj_out_dim(int proj, int64_t H, int64_t F) { return proj == kProjDown ? H : F; }
 
 // One rank's process-wide expert pool, shared by all MoE layers: per projection B prefetch slots (bf16 weights)
 // and the fp32 reduce buffer of the slots' weight gradients. The group-wide view of a reduce buffer is

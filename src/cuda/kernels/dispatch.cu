@@ -61,6 +61,7 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
             EpLayout::at<int32_t>(db, L.recv_ret())[te.row] =
                 te.payload ? detail::encode_ret(c.rank, unit, L.buf.stage_units()) : detail::kRetDuplicate;
         }
+        if (te.payloads == 0) continue;  // a fully masked token: nothing to send, its row is not read
         const uint16_t* xrow = io.x + static_cast<int64_t>(t) * H;
         for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
             uint4 buf[kUnroll];

@@ -4,6 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "evenep/cuda/check.hpp"
@@ -14,19 +17,45 @@ namespace evenep::cuda {
 // Blocks per virtual rank for an SM budget of `sm_budget` SMs per rank: sm_budget * (blocks of `kernel` one SM
 // holds), clamped to max_blocks and so that num_ranks * blocks blocks fit on the current device at once
 // (co-residency). With R virtual ranks on one GPU the clamp usually wins: the ranks share the GPU's SMs.
+// The occupancy query runs once per (device, kernel, threads, smem); later calls (graph capture) only read the cache.
 template <typename Kernel>
 int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, int sm_budget,
                       int max_blocks = 1 << 30) {
-    int device = 0, num_sms = 0, per_sm = 0;
-    EVENEP_CUDA_CHECK(cudaGetDevice(&device));
-    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    EVENEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    const int capacity = per_sm * num_sms;
     EVENEP_CHECK(sm_budget >= 1, "launch: SM budget = ", sm_budget, " must be >= 1");
+    struct Key {
+        int device;
+        const void* kernel;
+        int threads;
+        size_t smem;
+        bool operator<(const Key& o) const {
+            return std::tie(device, kernel, threads, smem) < std::tie(o.device, o.kernel, o.threads, o.smem);
+        }
+    };
+    static std::mutex mutex;
+    static std::map<Key, std::pair<int, int>> cache;  // -> (blocks per SM, SMs)
+    int device = 0;
+    EVENEP_CUDA_CHECK(cudaGetDevice(&device));
+    const Key key{device, reinterpret_cast<const void*>(kernel), threads, smem};
+    std::pair<int, int> occ;
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = cache.find(key);
+        if (it == cache.end()) {
+            int num_sms = 0, per_sm = 0;
+            EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+            if (smem > 48 * 1024)
+                EVENEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(smem)));
+            EVENEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+            it = cache.emplace(key, std::make_pair(per_sm, num_sms)).first;
+        }
+        occ = it->second;
+    }
+    const int capacity = occ.first * occ.second;
     EVENEP_CHECK(capacity >= num_ranks, "launch: ", num_ranks, " virtual ranks need ", num_ranks,
-                 " co-resident blocks but the device holds only ", capacity, " (", per_sm, " per SM x ", num_sms,
+                 " co-resident blocks but the device holds only ", capacity, " (", occ.first, " per SM x ", occ.second,
                  " SMs)");
-    const long long want = static_cast<long long>(sm_budget) * per_sm;
+    const long long want = static_cast<long long>(sm_budget) * occ.first;
     return static_cast<int>(std::min<long long>({want, static_cast<long long>(max_blocks), capacity / num_ranks}));
 }
 

@@ -212,7 +212,6 @@ template <bool kParallel>
 int launch_plan_impl(PlanParams p, int sm_budget, cudaStream_t stream) {
     auto kernel = plan_team_kernel<kPlanThreads, kParallel>;
     const size_t smem = sizeof(int32_t) * p.lay.E * (1 + kPlanThreads / kWarpSize);
-    EVENEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     const int nb = clamp_co_resident(kernel, kPlanThreads, smem, p.lay.R, sm_budget, p.lay.max_blocks);
     p.blocks_per_rank = nb;
     launch_cooperative(kernel, p.lay.R * nb, kPlanThreads, smem, stream, p);

@@ -1,0 +1,59 @@
+// evenep/cuda/bench.hpp — GPU benchmarks behind `evenep bench` (host functions; method and formulas in
+// docs/benchmarks.md).
+//
+// Every timing is a CUDA-event pair around one launch on a dedicated stream, repeated `iters` times after
+// `warmup` untimed runs; rows report min/median/mean/max in microseconds. Bandwidth is bytes actually read plus
+// written by the kernel (counted from the plan and the routing, all virtual ranks together) over the median time,
+// and the fraction is that over the copy-bandwidth anchor measured in the same process.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "evenep/config.hpp"
+#include "evenep/cuda/types.hpp"
+
+namespace evenep::cuda {
+
+struct BenchConfig {
+    int R = 8, E = 384, K = 8, S = 8192, H = 7168, ffn_hidden = 2048, tp = 128;
+    double maxvio = 1.0;  // target maxvio of the lognormal routing (SPEC §7)
+    uint64_t seed = 1;
+    int sm_budget = 32;   // SMs per virtual rank (clamped: the R ranks share one GPU)
+    int warmup = 5, iters = 20;
+    bool check = false;   // verify first (sampled rows, full plan and dst), report #wrong
+    PlannerMode mode = PlannerMode::kOptimized;
+    int expert_projections = 1;  // prefetch/reduce: projections moved per copy (3 = gate, up, down)
+    std::string routing_npy;     // if set, rank 0's routing [1, S, K] int32 is written here (PyTorch anchor)
+};
+
+struct BenchRow {
+    std::string op;        // copy_memcpy, copy_kernel, plan_rank, plan_rank_serial, plan_fused, dispatch,
+                           // combine_pull, combine_push, combine_pull_weighted, prefetch, reduce
+    std::string shape;     // "R8 E384 K8 S8192 H7168"
+    double maxvio = 0;     // achieved maxvio of the routing (0 for anchors)
+    double min_us = 0, median_us = 0, mean_us = 0, max_us = 0;
+    double bytes = 0;      // read + written by the launch, all virtual ranks
+    double gbps = 0;       // bytes / median, GB/s (1e9)
+    double frac_copy = 0;  // gbps / copy anchor
+    int64_t wrong = -1;    // --check: mismatches found, -1: not checked
+    int blocks_per_rank = 0;
+    int iters = 0;
+    std::string note;
+};
+
+// Copy anchors over `bytes` bytes: cudaMemcpyAsync device-to-device and the 16-byte vector copy kernel.
+std::vector<BenchRow> bench_copy(size_t bytes, int warmup, int iters);
+// The best copy bandwidth of `anchors` (GB/s).
+double copy_anchor_gbps(const std::vector<BenchRow>& anchors);
+
+// One benchmark point: builds the routing, then runs the named ops (any of plan, dispatch, combine, prefetch,
+// reduce; "plan" gives plan_rank, plan_rank_serial and plan_fused; "combine" gives pull, push, pull weighted).
+// Throws evenep::Error on a CUDA error or a failed device check.
+std::vector<BenchRow> bench_point(const BenchConfig& cfg, const std::vector<std::string>& ops, double copy_gbps);
+
+// Device name, SM count, memory clock etc. in one line.
+std::string device_summary();
+
+}  // namespace evenep::cuda

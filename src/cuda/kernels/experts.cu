@@ -1,0 +1,211 @@
+// prefetch_weight and reduce_grad (SPEC §4.4; contract in evenep/cuda/experts.hpp).
+//
+// Both kernels cover every virtual rank in one cooperative launch and deal work items out over all blocks:
+// an item is (expert with at least one copy, projection, tile of kTileVec 16-byte vectors). Each block first
+// derives, from its rank's copy of copies[R][B], the list of distinct copied experts (the first slot entry of each
+// expert, in (rank, slot) order) into shared memory; per item it lists the expert's slot entries in ascending
+// (rank, slot) order, then every thread moves kUnroll vectors with all loads in flight before the stores.
+//   prefetch: load the home rank's weight tile once, store it into every slot that holds the expert.
+//   reduce:   acc = home gradient tile; acc += each slot gradient tile in (rank, slot) order; store acc; zero the
+//             consumed slot tiles.
+// NOTE: in the local flavour the items of one expert are spread over all ranks' blocks (the GPU is shared); with
+// one GPU per rank the same items would run on the owner's blocks (owner push) or the holder's (pull).
+#include <cuda_runtime.h>
+
+#include <climits>
+
+#include "cuda/device/team.cuh"
+#include "cuda/device/vec.cuh"
+#include "cuda/kernels/launch.cuh"
+#include "evenep/cuda/launchers.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+using device::kWarpSize;
+
+inline constexpr int kExpertThreads = 512;
+inline constexpr int kExpertUnroll = 4;
+inline constexpr int kTileVec = kExpertThreads * kExpertUnroll;  // 16-byte vectors per item (32 KiB)
+inline constexpr int kMaxSlotEntries = 4096;                     // R*B handled per block (shared memory)
+
+struct ExpertParams {
+    TeamView team;
+    EpLayout lay;
+    ExpertsView ex;
+    int blocks_per_rank;
+};
+
+// Shared-memory lists: the copied experts (their first slot entry) and, per item, the slot entries of one expert.
+struct SlotLists {
+    int num_experts;
+    int first_entry[kMaxSlotEntries];  // slot entry (r*B + b) of each distinct copied expert, ascending
+    int num_dests;
+    int dests[kMaxSlotEntries];
+};
+
+// Builds lists.first_entry from the copies table (ascending entry order). Every thread flags its entries (into
+// lists.dests as scratch); warp 0 compacts. Ends with __syncthreads.
+__device__ void build_expert_list(const int32_t* copies, int num_entries, SlotLists& lists) {
+    for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
+        const int32_t e = copies[i];
+        bool first = e >= 0;
+        for (int j = 0; j < i && first; ++j) first = copies[j] != e;
+        lists.dests[i] = first ? 1 : 0;
+    }
+    __syncthreads();
+    if (threadIdx.x < kWarpSize) {
+        const int lane = threadIdx.x;
+        int n = 0;
+        for (int i0 = 0; i0 < num_entries; i0 += kWarpSize) {
+            const int i = i0 + lane;
+            const bool first = i < num_entries && lists.dests[i] != 0;
+            const unsigned m = __ballot_sync(0xffffffffu, first);
+            if (first) lists.first_entry[n + __popc(m & device::lanemask_lt())] = i;
+            n += __popc(m);
+        }
+        if (lane == 0) lists.num_experts = n;
+    }
+    __syncthreads();
+}
+
+// Lists the slot entries holding expert e, ascending (warp 0).
+__device__ void build_dest_list(const int32_t* copies, int num_entries, int32_t e, SlotLists& lists) {
+    if (threadIdx.x >= kWarpSize) return;
+    const int lane = threadIdx.x;
+    int n = 0;
+    for (int i0 = 0; i0 < num_entries; i0 += kWarpSize) {
+        const int i = i0 + lane;
+        const bool hit = i < num_entries && copies[i] == e;
+        const unsigned m = __ballot_sync(0xffffffffu, hit);
+        if (hit) lists.dests[n + __popc(m & device::lanemask_lt())] = i;
+        n += __popc(m);
+    }
+    if (lane == 0) lists.num_dests = n;
+}
+
+template <bool kPrefetch>
+__global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertParams p) {
+    __shared__ SlotLists lists;
+    const device::RankCtx c = device::rank_ctx(p.blocks_per_rank);
+    const EpLayout& L = p.lay;
+    const ExpertsView& X = p.ex;
+    const int B = L.B, epn = L.epn, num_entries = L.R * B;
+    const int32_t* copies = EpLayout::at<int32_t>(p.team.peers[c.rank], L.plan.copies);
+    if constexpr (!kPrefetch) {
+        if (!device::barrier(p.team, c, Phase::kReduceReady, true)) return;
+    }
+    build_expert_list(copies, num_entries, lists);
+    const int elem_bytes = kPrefetch ? 2 : 4;
+    const int64_t num_vec = X.elems * elem_bytes / 16;  // host checks elems*elem_bytes % 16 == 0
+    const int64_t tiles = (num_vec + kTileVec - 1) / kTileVec;
+    const int64_t num_items = static_cast<int64_t>(lists.num_experts) * X.num_projections * tiles;
+    const int64_t num_blocks = static_cast<int64_t>(gridDim.x);
+    int32_t listed = -1;  // expert whose slot entries lists.dests holds (uniform over the block)
+    for (int64_t item = blockIdx.x; item < num_items; item += num_blocks) {
+        const int ei = static_cast<int>(item / (X.num_projections * tiles));
+        const int proj = static_cast<int>(item / tiles % X.num_projections);
+        const int64_t tile = item % tiles;
+        const int32_t e = copies[lists.first_entry[ei]];
+        if (e != listed) {
+            __syncthreads();  // the previous item's readers of lists.dests are done
+            build_dest_list(copies, num_entries, e, lists);
+            __syncthreads();
+            listed = e;
+        }
+        const int home = e / epn, local = e % epn;
+        const int n = lists.num_dests;
+        const int64_t v0 = tile * kTileVec + threadIdx.x;
+        if constexpr (kPrefetch) {
+            const uint4* src = reinterpret_cast<const uint4*>(
+                X.bases[home] + X.weights + (static_cast<int64_t>(proj) * epn + local) * X.elems * 2);
+            uint4 buf[kExpertUnroll];
+#pragma unroll
+            for (int u = 0; u < kExpertUnroll; ++u) {
+                const int64_t v = v0 + u * kExpertThreads;
+                if (v < num_vec) buf[u] = device::ld_nc_v4(src + v);
+            }
+            for (int d = 0; d < n; ++d) {
+                const int entry = lists.dests[d], r = entry / B, b = entry % B;
+                uint4* dst = reinterpret_cast<uint4*>(X.bases[r] + X.slots +
+                                                      (static_cast<int64_t>(proj) * B + b) * X.elems * 2);
+#pragma unroll
+                for (int u = 0; u < kExpertUnroll; ++u) {
+                    const int64_t v = v0 + u * kExpertThreads;
+                    if (v < num_vec) device::st_v4(dst + v, buf[u]);
+                }
+            }
+        } else {
+            float4* grad = reinterpret_cast<float4*>(X.bases[home] + X.grads +
+                                                     (static_cast<int64_t>(proj) * epn + local) * X.elems * 4);
+            float4 acc[kExpertUnroll];
+#pragma unroll
+            for (int u = 0; u < kExpertUnroll; ++u) {
+                const int64_t v = v0 + u * kExpertThreads;
+                if (v < num_vec) acc[u] = grad[v];
+            }
+            for (int d = 0; d < n; ++d) {
+                const int entry = lists.dests[d], r = entry / B, b = entry % B;
+                float4* sg = reinterpret_cast<float4*>(X.bases[r] + X.slot_grads +
+                                                       (static_cast<int64_t>(proj) * B + b) * X.elems * 4);
+                float4 in[kExpertUnroll];
+#pragma unroll
+                for (int u = 0; u < kExpertUnroll; ++u) {
+                    const int64_t v = v0 + u * kExpertThreads;
+                    if (v < num_vec) in[u] = sg[v];
+                }
+#pragma unroll
+                for (int u = 0; u < kExpertUnroll; ++u) {
+                    const int64_t v = v0 + u * kExpertThreads;
+                    if (v >= num_vec) continue;
+                    acc[u].x = __fadd_rn(acc[u].x, in[u].x);
+                    acc[u].y = __fadd_rn(acc[u].y, in[u].y);
+                    acc[u].z = __fadd_rn(acc[u].z, in[u].z);
+                    acc[u].w = __fadd_rn(acc[u].w, in[u].w);
+                    sg[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kExpertUnroll; ++u) {
+                const int64_t v = v0 + u * kExpertThreads;
+                if (v < num_vec) grad[v] = acc[u];
+            }
+        }
+    }
+    (void)device::barrier(p.team, c, kPrefetch ? Phase::kPrefetchDone : Phase::kReduceDone, true);
+}
+
+template <bool kPrefetch>
+int launch_experts(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
+                   cudaStream_t stream) {
+    const char* name = kPrefetch ? "prefetch_weight" : "reduce_grad";
+    EVENEP_CHECK(layout.R * layout.B <= kMaxSlotEntries, name, ": R*B = ", layout.R * layout.B, " slot entries exceed ",
+                 kMaxSlotEntries);
+    EVENEP_CHECK(experts.num_projections >= 1 && experts.num_projections <= 3, name, ": num_projections = ",
+                 experts.num_projections);
+    EVENEP_CHECK(experts.elems > 0 && experts.elems % 8 == 0, name, ": elements per expert matrix = ", experts.elems,
+                 " must be a positive multiple of 8 (16-byte vectors)");
+    ExpertParams p{};
+    p.team = team;
+    p.lay = layout;
+    p.ex = experts;
+    auto kernel = experts_kernel<kPrefetch>;
+    const int nb = clamp_co_resident(kernel, kExpertThreads, 0, layout.R, sm_budget);
+    p.blocks_per_rank = nb;
+    launch_cooperative(kernel, layout.R * nb, kExpertThreads, 0, stream, p);
+    return nb;
+}
+
+}  // namespace
+
+int launch_prefetch_weight(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
+                           cudaStream_t stream) {
+    return launch_experts<true>(team, layout, experts, sm_budget, stream);
+}
+
+int launch_reduce_grad(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
+                       cudaStream_t stream) {
+    return launch_experts<false>(team, layout, experts, sm_budget, stream);
+}
+
+}  // namespace evenep::cuda

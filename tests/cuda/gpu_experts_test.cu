@@ -1,0 +1,198 @@
+// GPU tests of prefetch_weight and reduce_grad (evenep/cuda/experts.hpp) against their definition, bit for bit.
+//
+// Cases:
+//   ExpertsTest.PrefetchAndReduce/<shape>  a skewed routing's plan (copies on several ranks); every slot holding an
+//       expert equals its home weights, unused slots keep their sentinel; every home gradient equals
+//       g + slot(r0,b0) + slot(r1,b1) + ... in ascending (rank, slot) fp32 order, consumed slots are zero, unused
+//       slot gradients and gradients of uncopied experts are untouched. Shapes: 3 projections x 64 elements,
+//       1 projection x 40008 elements (several 32 KiB tiles and a partial one), B < epn (inference), R = 8.
+//   ExpertsTest.ReduceTwiceIsDeterministic  the same inputs reduced twice give the same bits
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/plan_testing.hpp"
+#include "evenep/cuda/ep.hpp"
+#include "evenep/cuda/experts.hpp"
+#include "evenep/detail/bf16.hpp"
+#include "evenep/routing.hpp"
+#include "gpu_testing.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+using testing::GroupIo;
+using testing::TestRng;
+
+struct Shape {
+    int R, E, B, P;
+    int64_t elems;
+    const char* name;
+};
+
+struct Fixture {
+    Config cfg;
+    std::unique_ptr<DeviceEp> ep;
+    std::unique_ptr<GroupIo> io;
+    std::unique_ptr<DeviceExperts> ex;
+    Plan plan;
+};
+
+std::vector<float> host_floats(size_t n, uint64_t seed) {
+    TestRng rng(seed);
+    std::vector<float> v(n);
+    for (float& f : v) f = static_cast<float>(rng.uniform() * 2.0 - 1.0);
+    return v;
+}
+
+std::vector<uint16_t> host_bf16(size_t n, uint64_t seed) {
+    const std::vector<float> f = host_floats(n, seed);
+    std::vector<uint16_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]).bits;
+    return v;
+}
+
+template <typename T>
+void put(T* dev, const std::vector<T>& v) {
+    EVENEP_CUDA_CHECK(cudaMemcpy(dev, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <typename T>
+std::vector<T> get(const T* dev, size_t n) {
+    std::vector<T> v(n);
+    EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
+Fixture make_fixture(const Shape& sh) {
+    Fixture f;
+    f.cfg.R = sh.R;
+    f.cfg.E = sh.E;
+    f.cfg.K = 4;
+    f.cfg.S = 64;
+    f.cfg.tp = 8;
+    f.cfg.B = sh.B;
+    f.ep = std::make_unique<DeviceEp>(f.cfg, 8);
+    f.io = std::make_unique<GroupIo>(sh.R, f.cfg.S, f.cfg.K, 8);
+    testing::RoutingOptions ro;
+    ro.skew = 3.0;
+    const Routing routing = testing::random_routing(f.cfg, 99, ro);
+    for (int r = 0; r < sh.R; ++r) f.io->idx[r].upload(routing.topk_idx[r]);
+    f.ep->bind(f.io->io);
+    f.ep->plan(routing.s, nullptr);
+    f.ep->check(nullptr);
+    f.plan = f.ep->download_plan(0);
+    ExpertsShape es;
+    es.num_projections = sh.P;
+    es.elems = sh.elems;
+    f.ex = std::make_unique<DeviceExperts>(*f.ep, es);
+    return f;
+}
+
+class ExpertsTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(ExpertsTest, PrefetchAndReduce) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Shape sh = GetParam();
+    Fixture f = make_fixture(sh);
+    const int R = sh.R, epn = f.cfg.epn(), B = f.cfg.num_slots();
+    const size_t n = static_cast<size_t>(sh.elems);
+    int num_copies = 0;
+    for (int32_t e : f.plan.copies) num_copies += e >= 0;
+    ASSERT_GT(num_copies, 0) << "the routing must produce copies";
+    // Inputs: random weights and gradients, sentinel slots.
+    for (int r = 0; r < R; ++r)
+        for (int p = 0; p < sh.P; ++p) {
+            for (int g = 0; g < epn; ++g) {
+                put(f.ex->weight(r, p, g), host_bf16(n, 1000 + (r * 3 + p) * 97 + g));
+                put(f.ex->grad(r, p, g), host_floats(n, 5000 + (r * 3 + p) * 97 + g));
+            }
+            for (int b = 0; b < B; ++b) {
+                put(f.ex->slot(r, p, b), std::vector<uint16_t>(n, 0x7FC1));
+                put(f.ex->slot_grad(r, p, b), host_floats(n, 9000 + (r * 3 + p) * 97 + b));
+            }
+        }
+    f.ex->prefetch_weight(*f.ep, nullptr);
+    f.ep->check(nullptr);
+    for (int r = 0; r < R; ++r)
+        for (int b = 0; b < B; ++b) {
+            const int32_t e = f.plan.copies[static_cast<size_t>(r) * B + b];
+            for (int p = 0; p < sh.P; ++p) {
+                const std::vector<uint16_t> got = get(f.ex->slot(r, p, b), n);
+                const std::vector<uint16_t> want =
+                    e >= 0 ? get(f.ex->weight(e / epn, p, e % epn), n) : std::vector<uint16_t>(n, 0x7FC1);
+                ASSERT_EQ(got, want) << sh.name << ": slot " << b << " of rank " << r << " (expert " << e
+                                     << ") projection " << p;
+            }
+        }
+    // Expected gradients on the host, in the contract's order.
+    std::vector<std::vector<float>> want_grad(static_cast<size_t>(R) * sh.P * epn);
+    std::vector<std::vector<float>> want_slot(static_cast<size_t>(R) * sh.P * B);
+    for (int r = 0; r < R; ++r)
+        for (int p = 0; p < sh.P; ++p) {
+            for (int g = 0; g < epn; ++g) want_grad[(r * sh.P + p) * epn + g] = get(f.ex->grad(r, p, g), n);
+            for (int b = 0; b < B; ++b) want_slot[(r * sh.P + p) * B + b] = get(f.ex->slot_grad(r, p, b), n);
+        }
+    for (int r = 0; r < R; ++r)
+        for (int b = 0; b < B; ++b) {
+            const int32_t e = f.plan.copies[static_cast<size_t>(r) * B + b];
+            if (e < 0) continue;
+            for (int p = 0; p < sh.P; ++p) {
+                std::vector<float>& g = want_grad[((e / epn) * sh.P + p) * epn + e % epn];
+                std::vector<float>& s = want_slot[(r * sh.P + p) * B + b];
+                for (size_t i = 0; i < n; ++i) g[i] = g[i] + s[i];
+                std::fill(s.begin(), s.end(), 0.0f);
+            }
+        }
+    f.ex->reduce_grad(*f.ep, nullptr);
+    f.ep->check(nullptr);
+    for (int r = 0; r < R; ++r)
+        for (int p = 0; p < sh.P; ++p) {
+            for (int g = 0; g < epn; ++g) {
+                const std::vector<float> got = get(f.ex->grad(r, p, g), n);
+                ASSERT_EQ(std::memcmp(got.data(), want_grad[(r * sh.P + p) * epn + g].data(), n * 4), 0)
+                    << sh.name << ": gradient of expert " << r * epn + g << " projection " << p;
+            }
+            for (int b = 0; b < B; ++b) {
+                const std::vector<float> got = get(f.ex->slot_grad(r, p, b), n);
+                ASSERT_EQ(std::memcmp(got.data(), want_slot[(r * sh.P + p) * B + b].data(), n * 4), 0)
+                    << sh.name << ": slot gradient " << b << " of rank " << r << " projection " << p;
+            }
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, ExpertsTest,
+                         ::testing::Values(Shape{4, 16, -1, 3, 64, "R4_E16_P3_small"},
+                                           Shape{4, 16, -1, 1, 40008, "R4_E16_P1_multitile"},
+                                           Shape{4, 32, 3, 2, 136, "R4_E32_B3_inference"},
+                                           Shape{8, 64, -1, 1, 1024, "R8_E64_P1"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ExpertsDeterminismTest, ReduceTwiceIsDeterministic) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Shape sh{4, 16, -1, 1, 4096, "determinism"};
+    std::vector<std::vector<float>> first;
+    for (int run = 0; run < 2; ++run) {
+        Fixture f = make_fixture(sh);
+        const int epn = f.cfg.epn(), B = f.cfg.num_slots();
+        for (int r = 0; r < sh.R; ++r) {
+            for (int g = 0; g < epn; ++g) put(f.ex->grad(r, 0, g), host_floats(4096, 11 + r * 31 + g));
+            for (int b = 0; b < B; ++b) put(f.ex->slot_grad(r, 0, b), host_floats(4096, 77 + r * 31 + b));
+        }
+        f.ex->reduce_grad(*f.ep, nullptr);
+        f.ep->check(nullptr);
+        std::vector<std::vector<float>> grads;
+        for (int r = 0; r < sh.R; ++r)
+            for (int g = 0; g < epn; ++g) grads.push_back(get(f.ex->grad(r, 0, g), 4096));
+        if (run == 0)
+            first = grads;
+        else
+            for (size_t i = 0; i < grads.size(); ++i)
+                ASSERT_EQ(std::memcmp(grads[i].data(), first[i].data(), 4096 * 4), 0) << "gradient " << i;
+    }
+}
+
+}  // namespace
+}  // namespace evenep::cuda

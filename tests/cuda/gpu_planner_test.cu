@@ -1,0 +1,254 @@
+// GPU planner tests: every plan array, the costs and every encoded destination bit-identical to the CPU planner.
+//
+// Cases:
+//   GpuPlannerTest.RandomHistogramsMatchCpu/{parallel,serial}_{optimized,reference}  random configurations
+//       (R 1..16, epn 1..48, K, tp, B <= epn) and skewed histograms, every rank's plan copy vs make_plan
+//   FusedPlanTest.FusedPathMatchesCpu/<routing>  histogram on device + all-gather + plan + dst from topk_idx, for the
+//       library's routings (lognormal, round robin, every adversarial kind incl. masked and unequal s_r), both modes
+//   GpuPlannerRoutingTest.RandomRoutingsMatchCpu  random routings with masks, unequal s, hot subsets, small and large tp
+//   GpuPlannerRoutingTest.Theorem2                the Theorem-2 routing: plan equal and rank 0 holds >= the bound
+//   GpuPlannerRoutingTest.BenchmarkPointsMatchCpu   MoonEP point (R=8 E=384 K=8 S=8192) at maxvio 0.2/1/10/20 and the K3
+//       shape (E=896 K=16), both modes
+//   GpuPlannerRoutingTest.BadExpertIdNamesRankTokenK  an id >= E: Error(kInvalidArgument) naming rank, token, k, value;
+//       the next plan succeeds
+//   GpuPlannerRoutingTest.GatherTimeoutNamesMissingRank  rank 3 never reaches the all-gather barrier: Error(kTimeout)
+//       naming rank 3; the next plan succeeds and matches the CPU
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/cpu_testing.hpp"
+#include "common/plan_testing.hpp"
+#include "evenep/cuda/ep.hpp"
+#include "evenep/error.hpp"
+#include "evenep/plan.hpp"
+#include "evenep/routing.hpp"
+#include "gpu_testing.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+using testing::GroupIo;
+
+// Streams every argument into one string (GCC 12's -Wrestrict misfires on chains of std::string operator+).
+template <typename... Args>
+std::string testing_cat(const Args&... args) {
+    std::ostringstream os;
+    ((os << args), ...);
+    return os.str();
+}
+using testing::plan_diff;
+
+Config make_cfg(int R, int E, int K, int S, int tp, int B = -1) {
+    Config c;
+    c.R = R;
+    c.E = E;
+    c.K = K;
+    c.S = S;
+    c.tp = tp;
+    c.B = B;
+    return c;
+}
+
+// Plans `routing` through the fused device path and compares every rank's plan copy and dst with the CPU.
+void expect_fused_equal(const Config& cfg, const Routing& routing, PlannerMode mode, const std::string& what,
+                        PlannerKernel kernel = PlannerKernel::kParallel) {
+    EpOptions opt;
+    opt.mode = mode;
+    opt.planner_kernel = kernel;
+    opt.sm_budget = 4;
+    DeviceEp ep(cfg, 8, opt);
+    GroupIo io(cfg.R, cfg.S, cfg.K, 8);
+    for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
+    ep.bind(io.io);
+    int64_t s_total = 0;
+    bool equal_s = true;
+    for (int r = 0; r < cfg.R; ++r) {
+        s_total += routing.s[r];
+        equal_s = equal_s && routing.s[r] == routing.s[0];
+    }
+    ep.plan(routing.s, nullptr, equal_s ? -1 : s_total);
+    ep.check(nullptr);
+    const Plan cpu = make_plan(cfg, mode, routing.tpe(), routing.s);
+    const auto cpu_dst = testing::all_dst(cpu, routing);
+    for (int r = 0; r < cfg.R; ++r) {
+        const Plan gpu = ep.download_plan(r);
+        ASSERT_EQ(plan_diff(gpu, cpu), "") << what << ": rank " << r << "'s plan copy";
+        const std::vector<int32_t> dst = ep.download_dst(r);
+        ASSERT_EQ(dst.size(), cpu_dst[r].size());
+        for (size_t i = 0; i < dst.size(); ++i)
+            ASSERT_EQ(dst[i], cpu_dst[r][i]) << what << ": rank " << r << " token " << i / cfg.K << " k "
+                                             << i % cfg.K;
+    }
+}
+
+class GpuPlannerTest : public ::testing::TestWithParam<std::tuple<PlannerKernel, PlannerMode>> {};
+
+TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const auto [kernel, mode] = GetParam();
+    const int num_instances = kernel == PlannerKernel::kParallel ? 160 : 40;
+    testing::TestRng rng(20251129);
+    std::printf("seed 20251129, %d instances\n", num_instances);
+    const int ranks[] = {1, 2, 3, 4, 5, 8, 8, 16};
+    const int epns[] = {1, 2, 3, 4, 6, 8, 16, 48};
+    for (int it = 0; it < num_instances; ++it) {
+        const int R = ranks[rng.below(8)], epn = epns[rng.below(8)];
+        const int E = R * epn, K = rng.between(1, std::min(8, E)), S = rng.between(1, 64);
+        const int tp = rng.chance(0.5) ? 1 : rng.between(2, 16);
+        const int B = rng.chance(0.25) ? rng.between(0, epn) : -1;
+        const Config cfg = make_cfg(R, E, K, S, tp, B);
+        std::vector<int32_t> s(R);
+        for (int r = 0; r < R; ++r) s[r] = rng.chance(0.5) ? S : rng.between(1, S);
+        const double skew = rng.chance(0.3) ? 0.0 : rng.uniform() * 3.0;
+        const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), skew);
+        EpOptions opt;
+        opt.mode = mode;
+        opt.planner_kernel = kernel;
+        DeviceEp ep(cfg, 8, opt);
+        ep.plan_from_tpe(tpe, s, nullptr);
+        ep.check(nullptr);
+        const Plan cpu = make_plan(cfg, mode, tpe, s);
+        for (int r = 0; r < R; ++r)
+            ASSERT_EQ(plan_diff(ep.download_plan(r), cpu), "")
+                << "instance " << it << " " << cfg.to_string() << " skew " << skew << ": rank " << r;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, GpuPlannerTest,
+    ::testing::Combine(::testing::Values(PlannerKernel::kParallel, PlannerKernel::kSerial),
+                       ::testing::Values(PlannerMode::kOptimized, PlannerMode::kReference)),
+    [](const auto& info) {
+        return testing_cat(std::get<0>(info.param) == PlannerKernel::kParallel ? "parallel" : "serial", "_",
+                           to_string(std::get<1>(info.param)));
+    });
+
+class FusedPlanTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(FusedPlanTest, FusedPathMatchesCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Config cfg = make_cfg(4, 32, 4, 96, 8);
+    const auto routings = testing::test_routings(cfg, 7);
+    const int i = GetParam();
+    if (i >= static_cast<int>(routings.size())) GTEST_SKIP() << "no routing " << i;
+    for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+        expect_fused_equal(cfg, routings[i].routing, mode, testing_cat(routings[i].name, "/", to_string(mode)));
+    expect_fused_equal(cfg, routings[i].routing, PlannerMode::kOptimized, testing_cat(routings[i].name, "/serial"),
+                       PlannerKernel::kSerial);
+}
+
+INSTANTIATE_TEST_SUITE_P(Routings, FusedPlanTest, ::testing::Range(0, 9), [](const auto& info) {
+    const Config cfg = make_cfg(4, 32, 4, 96, 8);
+    const auto routings = testing::test_routings(cfg, 7);
+    return info.param < static_cast<int>(routings.size()) ? routings[info.param].name
+                                                          : testing_cat("r", info.param);
+});
+
+TEST(GpuPlannerRoutingTest, RandomRoutingsMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    testing::TestRng rng(77);
+    std::printf("seed 77\n");
+    for (int it = 0; it < 24; ++it) {
+        const int R = 1 << rng.below(4), epn = rng.between(1, 6), E = R * epn;
+        const int K = rng.between(1, std::min(6, E)), S = rng.between(1, 80), tp = rng.chance(0.5) ? 1 : 16;
+        const Config cfg = make_cfg(R, E, K, S, tp);
+        testing::RoutingOptions ro;
+        ro.skew = rng.uniform() * 3;
+        ro.mask_prob = rng.chance(0.5) ? 0.3 : 0.0;
+        ro.unequal_s = rng.chance(0.5);
+        if (rng.chance(0.3)) ro.num_hot = std::max(1, E / 3), ro.hot_first = rng.below(E - ro.num_hot + 1);
+        const Routing routing = testing::random_routing(cfg, rng.next(), ro);
+        const PlannerMode mode = rng.chance(0.5) ? PlannerMode::kOptimized : PlannerMode::kReference;
+        expect_fused_equal(cfg, routing, mode, testing_cat("instance ", it, " ", cfg.to_string(), " ",
+                                                           testing::describe(ro)));
+        if (HasFatalFailure()) return;
+    }
+}
+
+TEST(GpuPlannerRoutingTest, Theorem2) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Config cfg = make_cfg(4, 8, 2, 64, 1);
+    const Routing routing = testing::theorem2_routing(cfg, 4);
+    expect_fused_equal(cfg, routing, PlannerMode::kReference, "theorem2");
+    DeviceEp ep(cfg, 8);
+    GroupIo io(cfg.R, cfg.S, cfg.K, 8);
+    for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
+    ep.bind(io.io);
+    ep.plan(routing.s, nullptr);
+    ep.check(nullptr);
+    EXPECT_GE(ep.download_plan(0).remote_experts[0], theorem2_lower_bound(cfg.E, cfg.R));
+}
+
+TEST(GpuPlannerRoutingTest, BenchmarkPointsMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Config moon = make_cfg(8, 384, 8, 8192, 128);
+    for (double maxvio : {0.2, 1.0, 10.0, 20.0}) {
+        const Routing routing = make_target_maxvio(RoutingSpec{8, 384, 8, 8192, 1}, maxvio);
+        for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+            expect_fused_equal(moon, routing, mode, testing_cat("moonep maxvio ", maxvio));
+    }
+    const Config k3 = make_cfg(8, 896, 16, 2048, 128);
+    const Routing routing = make_target_maxvio(RoutingSpec{8, 896, 16, 2048, 3}, 5.0);
+    for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+        expect_fused_equal(k3, routing, mode, "k3 maxvio 5");
+}
+
+TEST(GpuPlannerRoutingTest, BadExpertIdNamesRankTokenK) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Config cfg = make_cfg(2, 8, 4, 16, 4);
+    Routing routing = make_round_robin(RoutingSpec{2, 8, 4, 16, 1});
+    DeviceEp ep(cfg, 8);
+    GroupIo io(cfg.R, cfg.S, cfg.K, 8);
+    std::vector<int32_t> bad = routing.topk_idx[1];
+    bad[3 * 4 + 2] = 99;
+    io.idx[0].upload(routing.topk_idx[0]);
+    io.idx[1].upload(bad);
+    ep.bind(io.io);
+    ep.plan(routing.s, nullptr);
+    try {
+        ep.check(nullptr);
+        FAIL() << "expected an invalid expert id error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find("rank 1, token 3, k 2: expert id 99"), std::string::npos) << e.what();
+    }
+    io.idx[1].upload(routing.topk_idx[1]);
+    ep.plan(routing.s, nullptr);
+    ep.check(nullptr);
+    EXPECT_EQ(plan_diff(ep.download_plan(1), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)), "");
+}
+
+TEST(GpuPlannerRoutingTest, GatherTimeoutNamesMissingRank) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Config cfg = make_cfg(4, 16, 2, 32, 4);
+    const Routing routing = make_lognormal(RoutingSpec{4, 16, 2, 32, 5}, 1.0);
+    EpOptions opt;
+    opt.team.timeout_ms = 100;
+    DeviceEp ep(cfg, 8, opt);
+    GroupIo io(cfg.R, cfg.S, cfg.K, 8);
+    for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
+    ep.bind(io.io);
+    ep.team().inject_fault(3, Phase::kPlanGather);
+    ep.plan(routing.s, nullptr);
+    try {
+        ep.check(nullptr);
+        FAIL() << "expected a barrier timeout";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("missing rank 3"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("plan/gather"), std::string::npos) << msg;
+    }
+    ep.team().inject_fault(-1, Phase::kNone);
+    ep.plan(routing.s, nullptr);
+    ep.check(nullptr);
+    EXPECT_EQ(plan_diff(ep.download_plan(2), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)), "");
+}
+
+}  // namespace
+}  // namespace evenep::cuda

@@ -1,0 +1,180 @@
+// `evenep demo` end to end (the CLI binary built next to the tests).
+//
+// Cases:
+//   CpuDemo.SmallRunPassesAndDumps     a small skewed run exits 0 with "result: PASS" and equal entries on every
+//                                      rank; --json holds the figures; --dump writes the arrays, and `out`
+//                                      recomputed here in double from the dumped x, topk_idx, topk_w and weights
+//                                      agrees within the bf16 tolerance.
+//   CpuDemo.ModesAndAdversarialRoutings   --planner reference, --adversarial unequal_s / masked / theorem2 pass.
+//   CpuDemo.PlanOnlyAtLargeShape       --plan-only at E=384 K=8 H=7168 prints the byte table without running.
+//   CpuDemo.RoutingFile                --routing FILE.npy (int32 [R,S,K]) is used as given.
+//   CpuDemo.BadInputExitsTwo           E % R != 0, H % 8 != 0, a float32 routing file, a histogram file: exit 2.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "evenep/io.hpp"
+#include "evenep/routing.hpp"
+
+namespace evenep {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+    int exit_code = -1;
+    std::string output;
+};
+
+CliRun run_cli(const std::string& args) {
+    const std::string cmd = std::string(EVENEP_CLI_PATH) + " " + args + " 2>&1";
+    CliRun run;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) return run;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.output.append(buf, n);
+    const int status = pclose(p);
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run;
+}
+
+fs::path temp_dir(const std::string& name) {
+    const fs::path d = fs::temp_directory_path() / ("evenep_cpu_demo_test_" + std::to_string(getpid()) + "_" + name);
+    fs::remove_all(d);
+    fs::create_directories(d);
+    return d;
+}
+
+std::vector<float> load_f32(const fs::path& p, std::vector<int64_t>* shape = nullptr) {
+    const NpyArray a = read_npy(p.string());
+    EXPECT_EQ(a.dtype, "<f4") << p;
+    if (shape) *shape = a.shape;
+    std::vector<float> v(a.data.size() / 4);
+    std::memcpy(v.data(), a.data.data(), a.data.size());
+    return v;
+}
+
+TEST(CpuDemo, SmallRunPassesAndDumps) {
+    const fs::path dir = temp_dir("small");
+    const CliRun run = run_cli("demo --R 4 --E 16 --K 4 --S 32 --H 32 --ffn-hidden 16 --maxvio 3 --seed 5 --json " +
+                               (dir / "demo.json").string() + " --dump " + (dir / "arrays").string());
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("result: PASS"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("equal entries on every rank: yes"), std::string::npos) << run.output;
+
+    std::ifstream jf(dir / "demo.json");
+    const nlohmann::json j = nlohmann::json::parse(jf);
+    EXPECT_TRUE(j["pass"].get<bool>());
+    EXPECT_TRUE(j["traffic_counted_equals_model"].get<bool>());
+    EXPECT_EQ(j["config"]["R"].get<int>(), 4);
+    const auto q = j["balance"]["evenep_entries"].get<std::vector<int64_t>>();
+    for (int64_t v : q) EXPECT_EQ(v, 32 * 4);
+    EXPECT_GT(j["traffic"]["dispatch (fwd)"]["evenep"]["bytes"].get<int64_t>(), 0);
+
+    // Recompute out[r,t] = sum_k w * (silu(x Wg) * (x Wu)) Wd in double from the dumped arrays.
+    const fs::path a = dir / "arrays";
+    std::vector<int64_t> xs, ws, ds;
+    const auto x = load_f32(a / "x.npy", &xs);
+    const auto w = load_f32(a / "topk_w.npy");
+    const auto wg = load_f32(a / "w_gate.npy", &ws);
+    const auto wu = load_f32(a / "w_up.npy");
+    const auto wd = load_f32(a / "w_down.npy", &ds);
+    const auto out = load_f32(a / "out.npy");
+    const NpyArray idx_arr = read_npy((a / "topk_idx.npy").string());
+    ASSERT_EQ(idx_arr.dtype, "<i4");
+    std::vector<int32_t> idx(idx_arr.data.size() / 4);
+    std::memcpy(idx.data(), idx_arr.data.data(), idx_arr.data.size());
+    ASSERT_EQ(xs, (std::vector<int64_t>{4, 32, 32}));
+    ASSERT_EQ(ws, (std::vector<int64_t>{16, 32, 16}));
+    ASSERT_EQ(ds, (std::vector<int64_t>{16, 16, 32}));
+    const int R = 4, S = 32, K = 4, H = 32, F = 16;
+    double max_err = 0, max_ref = 0;
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < S; ++t) {
+            std::vector<double> acc(H, 0.0);
+            const float* xr = &x[(static_cast<size_t>(r) * S + t) * H];
+            for (int k = 0; k < K; ++k) {
+                const int e = idx[(static_cast<size_t>(r) * S + t) * K + k];
+                if (e < 0) continue;
+                std::vector<double> h(F);
+                for (int f = 0; f < F; ++f) {
+                    double g = 0, u = 0;
+                    for (int i = 0; i < H; ++i) {
+                        g += xr[i] * static_cast<double>(wg[(static_cast<size_t>(e) * H + i) * F + f]);
+                        u += xr[i] * static_cast<double>(wu[(static_cast<size_t>(e) * H + i) * F + f]);
+                    }
+                    h[f] = g / (1 + std::exp(-g)) * u;
+                }
+                const double wk = w[(static_cast<size_t>(r) * S + t) * K + k];
+                for (int i = 0; i < H; ++i) {
+                    double y = 0;
+                    for (int f = 0; f < F; ++f) y += h[f] * wd[(static_cast<size_t>(e) * F + f) * H + i];
+                    acc[i] += wk * y;
+                }
+            }
+            for (int i = 0; i < H; ++i) {
+                max_err = std::max(max_err, std::abs(acc[i] - out[(static_cast<size_t>(r) * S + t) * H + i]));
+                max_ref = std::max(max_ref, std::abs(acc[i]));
+            }
+        }
+    ASSERT_GT(max_ref, 0);
+    EXPECT_LE(max_err / max_ref, 2e-2) << "max error " << max_err << ", max |ref| " << max_ref;
+    for (const char* f : {"grad_out.npy", "grad_x.npy", "grad_topk_w.npy"}) EXPECT_TRUE(fs::exists(a / f)) << f;
+    fs::remove_all(dir);
+}
+
+TEST(CpuDemo, ModesAndAdversarialRoutings) {
+    for (const std::string& extra :
+         std::vector<std::string>{"--planner reference --maxvio 2", "--adversarial unequal_s", "--adversarial masked",
+                                  "--adversarial theorem2 --planner reference"}) {
+        const CliRun run = run_cli("demo --R 4 --E 16 --K 3 --S 24 --H 16 --ffn-hidden 8 --tp 4 " + extra);
+        EXPECT_EQ(run.exit_code, 0) << extra << "\n" << run.output;
+        EXPECT_NE(run.output.find("result: PASS"), std::string::npos) << extra << "\n" << run.output;
+    }
+}
+
+TEST(CpuDemo, PlanOnlyAtLargeShape) {
+    const CliRun run = run_cli("demo --plan-only --R 8 --E 384 --K 8 --S 1024 --H 7168 --ffn-hidden 2048 --maxvio 10");
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("prefetch_weight"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("equal entries on every rank: yes"), std::string::npos) << run.output;
+    EXPECT_EQ(run.output.find("correctness"), std::string::npos) << "plan-only must not run the layer";
+}
+
+TEST(CpuDemo, RoutingFile) {
+    const fs::path dir = temp_dir("routing");
+    const Routing routing = make_lognormal({4, 8, 2, 16, 11}, 1.2);
+    write_routing_npy((dir / "r.npy").string(), routing);
+    const CliRun run = run_cli("demo --routing " + (dir / "r.npy").string() + " --E 8 --H 16 --ffn-hidden 8 --tp 2");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("routing from"), std::string::npos) << run.output;
+    fs::remove_all(dir);
+}
+
+TEST(CpuDemo, BadInputExitsTwo) {
+    const fs::path dir = temp_dir("bad");
+    const std::vector<float> f(4 * 8 * 2, 1.0f);
+    write_npy((dir / "float.npy").string(), "<f4", {4, 8, 2}, f.data(), f.size() * 4);
+    write_tpe_json((dir / "tpe.json").string(), TpeFile{2, 4, 1, 2, {2, 2}, {1, 1, 0, 0, 0, 0, 1, 1}});
+    for (const std::string& args : std::vector<std::string>{"demo --R 4 --E 10", "demo --R 4 --E 16 --H 12",
+                                                            "demo --routing " + (dir / "float.npy").string() + " --E 8",
+                                                            "demo --tpe " + (dir / "tpe.json").string()}) {
+        const CliRun run = run_cli(args);
+        EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.output;
+        EXPECT_NE(run.output.find("error"), std::string::npos) << args << "\n" << run.output;
+    }
+    fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace evenep
