@@ -17,8 +17,9 @@
 // Each objective is lexicographic and solved in two stages, each stage a fresh model:
 //   kTotalCopies          1: min sum y                   2: max sum m  s.t. sum y <= stage-1 copies
 //   kMaxRankCopyTraffic   1: min t                       2: min sum y  s.t. t <= stage-1 traffic
-// Stage 1 gets the whole time limit, stage 2 what is left. ExactResult::optimal reports whether stage 1 (the
-// primary objective, ExactResult::objective) was proved optimal; stage 2 only ever improves the secondary cost.
+// Stage 1 gets the whole (wall-clock) time limit, stage 2 what is left of it, at most kSecondaryShare of it.
+// ExactResult::optimal reports whether stage 1 (the primary objective, ExactResult::objective) was proved
+// optimal; stage 2 only ever improves the secondary cost.
 // Both stages start from a known plan (stage 1: the cheaper of the two planners'; stage 2: stage 1's), so the
 // answer is never worse than the planners even when the limit stops the search.
 // Valid lower-bound rows (they cut no integer solution, they only tighten the LP relaxation) make most
@@ -34,8 +35,6 @@
 #include <cstdio>
 #include <functional>
 #include <vector>
-#include <cstdlib>
-#include <string>
 
 #include "evenep/detail/plan_core.hpp"
 #include "evenep/error.hpp"
@@ -365,25 +364,11 @@ StageResult solve_stage(const Instance& in, Stage stage, int64_t bound, const st
     // Proximity search (local branching around the incumbent) finds the spanning-tree-like plans that reach the
     // lower bound far sooner than the default heuristics (measured: 4x less time on R = 8 instances).
     Cbc_setParameter(model, "proximity", "on");
-    if (const char* ps = std::getenv("EXACT_PARAMS")) {  // TEMP experiment
-        std::string all(ps);
-        size_t pos = 0;
-        while (pos < all.size()) {
-            size_t end = all.find(',', pos);
-            if (end == std::string::npos) end = all.size();
-            const std::string kv = all.substr(pos, end - pos);
-            const size_t eq = kv.find('=');
-            Cbc_setParameter(model, kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str());
-            pos = end + 1;
-        }
-    }
-    if (std::getenv("EXACT_LOG")) { Cbc_setLogLevel(model, 1); Cbc_setParameter(model, "log", "1"); }
     const std::vector<double> values = start_values(in, c, start);
     std::vector<int> idx(static_cast<size_t>(c.num));
     for (int j = 0; j < c.num; ++j) idx[j] = j;
     Cbc_setMIPStartI(model, c.num, idx.data(), values.data());
     Cbc_solve(model);
-    if (std::getenv("EXACT_DEBUG")) std::fprintf(stderr, "stage %d: cols %d opt %d obj %g bound %g nodes %d\n", (int)stage, c.num, Cbc_isProvenOptimal(model), Cbc_getObjValue(model), Cbc_getBestPossibleObjValue(model), Cbc_getNodeCount(model));
     StageResult out;
     const double* sol = Cbc_bestSolution(model);
     if (sol == nullptr) return out;
@@ -496,7 +481,7 @@ ExactResult solve_exact(const Config& cfg, std::span<const int32_t> tpe, std::sp
             solve_stage(in, copies_first ? Stage::kCopies : Stage::kTraffic, 0, best, time_limit_s);
         if (first.found) {
             const detail::PlanCostValues c = cost_of_alloc(in, first.alloc);
-            // The copies counted from x never exceed sum y (the stage's objective for kCopies).
+            // Costs counted from x never exceed those counted from y (the stage's objective): y >= [x > 0].
             EVENEP_ASSERT(primary_of(c, objective) <= std::llround(first.objective), "exact: solution has ",
                           primary_of(c, objective), " in its primary cost, the solver claims ", first.objective);
             if (primary_of(c, objective) < primary_of(best_cost, objective) ||
@@ -508,8 +493,7 @@ ExactResult solve_exact(const Config& cfg, std::span<const int32_t> tpe, std::sp
             result.optimal = first.optimal;
         }
         // Stage 2: the secondary objective with the primary held at its value.
-        const double frac = std::getenv("EXACT_S2FRAC") ? std::atof(std::getenv("EXACT_S2FRAC")) : kSecondaryShare;
-        const double left = std::min(time_limit_s - elapsed(), frac * time_limit_s);
+        const double left = std::min(time_limit_s - elapsed(), kSecondaryShare * time_limit_s);
         if (left > 0.01) {
             const Stage stage = copies_first ? Stage::kCrossing : Stage::kTrafficCopies;
             const StageResult second = solve_stage(in, stage, primary_of(best_cost, objective), best, left);

@@ -2,6 +2,7 @@
 // The algorithm itself lives in evenep/detail/plan_core.hpp, shared with the GPU planner.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "evenep/detail/plan_core.hpp"
 #include "evenep/error.hpp"
@@ -131,9 +132,15 @@ void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Pla
         detail::plan_cost_of(d, tpe.data(), out.alloc.data(), i1, i2, i3, ref_cost);
         best_cost = ref_cost;
         int32_t* best = out.alloc.data();
-        for (int variant = 0; variant < 2; ++variant) {
+        static const bool experiment = std::getenv("EVENEP_PLANNER_EXPERIMENT") != nullptr;  // TEMPORARY
+        for (int variant = 0; variant < (experiment ? 3 : 2); ++variant) {
             int32_t* alloc = cand + static_cast<size_t>(variant) * E * R;
-            if (!detail::plan_alloc_global_fill(d, a, tpe.data(), variant == 1, balance, w1, wE, i1, alloc)) continue;
+            if (variant == 2) {
+                if (!detail::plan_alloc_chain(d, a, i1, alloc)) continue;
+            } else if (!detail::plan_alloc_global_fill(d, a, tpe.data(), variant == 1, balance, w1, wE, i1, alloc,
+                                                       experiment)) {
+                continue;
+            }
             detail::PlanCostValues c{};
             if (!detail::plan_cost_of(d, tpe.data(), alloc, i1, i2, i3, c)) continue;
             if (c.max_rank_copy_traffic > ref_cost.max_rank_copy_traffic || c.total_copies > ref_cost.total_copies)

@@ -3,7 +3,8 @@
 // Synchronisation (every collective call):
 //   dispatch           [write own (s, s_total, tpe) row into every peer's gather area]
 //                      barrier "all-gather" (also exchanges each rank's input status)
-//                      plan, dst; write rows + per-entry records into peers' buffers
+//                      plan, dst (a group-level error found here: one more barrier, then every rank throws);
+//                      write rows + per-entry records into peers' buffers
 //                      barrier "rows written"; zero own padding rows, fill own duplicate rows
 //   dispatch (reuse)   barrier "start"; write; barrier "rows written"; fill
 //   combine            barrier "start"; push partials to sources' staging; barrier "partials staged";
@@ -36,7 +37,8 @@ namespace {
 
 std::atomic<uint64_t> g_next_handle_id{1};
 
-// Runs `checks`; returns the error it threw (or nullopt), so that the status can go through the barrier.
+// A rank's own input checks: run before the call's first barrier, their outcome travels through it (one ok bit
+// per rank), so that every rank throws together and none is left waiting at a later barrier.
 struct LocalStatus {
     bool ok = true;
     ErrorKind kind = ErrorKind::kInvalidArgument;

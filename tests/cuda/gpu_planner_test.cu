@@ -8,7 +8,7 @@
 //   GpuPlannerRoutingTest.RandomRoutingsMatchCpu  random routings with masks, unequal s, hot subsets, small and large tp
 //   GpuPlannerRoutingTest.Theorem2                the Theorem-2 routing: plan equal and rank 0 holds >= the bound
 //   GpuPlannerRoutingTest.BenchmarkPointsMatchCpu   MoonEP point (R=8 E=384 K=8 S=8192) at maxvio 0.2/1/10/20 and the K3
-//       shape (E=896 K=16), both modes
+//       shape (E=896 K=16) at R=8 and R=64 (planner state in global memory), both modes
 //   GpuPlannerRoutingTest.BadExpertIdNamesRankTokenK  an id >= E: Error(kInvalidArgument) naming rank, token, k, value;
 //       the next plan succeeds
 //   GpuPlannerRoutingTest.GatherTimeoutNamesMissingRank  rank 3 never reaches the all-gather barrier: Error(kTimeout)
@@ -196,6 +196,11 @@ TEST(GpuPlannerRoutingTest, BenchmarkPointsMatchCpu) {
     const Routing routing = make_target_maxvio(RoutingSpec{8, 896, 16, 2048, 3}, 5.0);
     for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
         expect_fused_equal(k3, routing, mode, "k3 maxvio 5");
+    // R = 64: the planner state and the route tables no longer fit in shared memory (global-memory paths).
+    const Config k3_64 = make_cfg(64, 896, 16, 256, 128);
+    const Routing routing64 = make_lognormal(RoutingSpec{64, 896, 16, 256, 4}, 1.0);
+    for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+        expect_fused_equal(k3_64, routing64, mode, "k3 R=64");
 }
 
 TEST(GpuPlannerRoutingTest, BadExpertIdNamesRankTokenK) {

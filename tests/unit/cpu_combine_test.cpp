@@ -36,14 +36,18 @@ struct CombineCase {
 };
 
 std::vector<CombineCase> combine_cases() {
+    // clang-format off
     return {
         {"R4_E8_K2_tp1", buffer_config(4, 8, 2, 6, 1)},
         {"R4_E16_K4_tp4", buffer_config(4, 16, 4, 23, 4)},
         {"R8_E32_K6_tp8", buffer_config(8, 32, 6, 13, 8, 24)},
         {"R2_E8_K6_tp3_dups", buffer_config(2, 8, 6, 9, 3)},
         {"R1_E4_K2", buffer_config(1, 4, 2, 7, 2)},
+        {"R2_E32_K32_maxK", buffer_config(2, 32, 32, 3, 2)},
     };
+    // clang-format on
 }
+const int kNumCombineCases = static_cast<int>(combine_cases().size());
 
 cpu::OracleOptions options_for(const Routing& routing, PlannerMode mode) {
     cpu::OracleOptions opt;
@@ -109,7 +113,7 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Combine,
                          SpecFormula,
-                         ::testing::Combine(::testing::Range(0, 5),
+                         ::testing::Combine(::testing::Range(0, kNumCombineCases),
                                             ::testing::Values(PlannerMode::kReference, PlannerMode::kOptimized),
                                             ::testing::Range(0, 9),
                                             ::testing::Bool()),

@@ -38,12 +38,19 @@ struct DispatchCase {
 };
 
 std::vector<DispatchCase> dispatch_cases() {
+    // clang-format off
     return {
-        {"R4_E8_K2_tp1", buffer_config(4, 8, 2, 6, 1)},        {"R4_E16_K4_tp4", buffer_config(4, 16, 4, 23, 4)},
-        {"R8_E32_K6_tp8", buffer_config(8, 32, 6, 13, 8, 24)}, {"R2_E8_K6_tp3_dups", buffer_config(2, 8, 6, 9, 3)},
-        {"R2_E4_K4_allExperts", buffer_config(2, 4, 4, 5, 2)}, {"R1_E4_K2", buffer_config(1, 4, 2, 7, 2)},
+        {"R4_E8_K2_tp1", buffer_config(4, 8, 2, 6, 1)},
+        {"R4_E16_K4_tp4", buffer_config(4, 16, 4, 23, 4)},
+        {"R8_E32_K6_tp8", buffer_config(8, 32, 6, 13, 8, 24)},
+        {"R2_E8_K6_tp3_dups", buffer_config(2, 8, 6, 9, 3)},
+        {"R2_E4_K4_allExperts", buffer_config(2, 4, 4, 5, 2)},
+        {"R1_E4_K2", buffer_config(1, 4, 2, 7, 2)},
+        {"R2_E32_K32_maxK", buffer_config(2, 32, 32, 3, 2)},
     };
+    // clang-format on
 }
+const int kNumDispatchCases = static_cast<int>(dispatch_cases().size());
 
 using Param = std::tuple<int, PlannerMode, int>;  // case index, mode, routing index (of test_routings)
 
@@ -159,14 +166,14 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Dispatch,
                          TaggedPayloads,
-                         ::testing::Combine(::testing::Range(0, 6),
+                         ::testing::Combine(::testing::Range(0, kNumDispatchCases),
                                             ::testing::Values(PlannerMode::kReference, PlannerMode::kOptimized),
                                             ::testing::Range(0, 9)),
                          param_name);
 
 INSTANTIATE_TEST_SUITE_P(Dispatch,
                          RepeatedRuns,
-                         ::testing::Combine(::testing::Range(0, 6),
+                         ::testing::Combine(::testing::Range(0, kNumDispatchCases),
                                             ::testing::Values(PlannerMode::kReference, PlannerMode::kOptimized)),
                          [](const ::testing::TestParamInfo<std::tuple<int, PlannerMode>>& info) {
                              return dispatch_cases()[std::get<0>(info.param)].name + "_" +

@@ -127,7 +127,7 @@ TEST_P(DenseReference, WithinTolerance) {
 
 INSTANTIATE_TEST_SUITE_P(MoeLayer,
                          DenseReference,
-                         ::testing::Combine(::testing::Range(0, 5),
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(layer_cases().size())),
                                             ::testing::Values(PlannerMode::kReference, PlannerMode::kOptimized)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                              return layer_cases()[std::get<0>(info.param)].name + "_" +

@@ -26,7 +26,7 @@ struct GpuBenchOptions {
     int warmup = 5, iters = 20;
     bool check = false;
     std::string planner = "optimized";
-    int projections = 1;
+    int projections = 3;
     double copy_mib = 2048;
     std::string json_file;
     std::string npy_dir;  // gpu-suite: rank 0's routing per point, for the PyTorch anchor

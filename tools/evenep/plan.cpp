@@ -8,7 +8,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
-#include "evenep/detail/layout.hpp"
+#include "evenep/buffer.hpp"
 #include "evenep/error.hpp"
 #include "evenep/io.hpp"
 #include "evenep/plan.hpp"
@@ -26,44 +26,6 @@ struct PlanOptions {
     bool quiet = false;
     std::string json_file;
 };
-
-// Token rows that cross a rank boundary with payload dedup (one row per token and distinct remote destination),
-// for EvenEP (from dst) and for conventional EP (destination = home of each expert).
-struct TokenTraffic {
-    int64_t evenep_rows = 0, conventional_rows = 0;
-    int64_t evenep_entries = 0, conventional_entries = 0;
-};
-
-TokenTraffic token_traffic(const Plan& plan, const Routing& routing, const std::vector<std::vector<int32_t>>& dst) {
-    TokenTraffic t;
-    const int K = plan.cfg.K;
-    const int64_t rows = plan.cfg.recv_rows();
-    for (int r = 0; r < plan.R(); ++r) {
-        for (int tok = 0; tok < routing.s[r]; ++tok) {
-            int homes[detail::kMaxTopK];
-            int num_homes = 0;
-            for (int k = 0; k < K; ++k) {
-                const size_t i = static_cast<size_t>(tok) * K + k;
-                const int32_t code = dst[r][i];
-                if (detail::is_masked(code)) continue;
-                const int dr = static_cast<int>(detail::decode_dst(code) / rows);
-                if (dr != r) {
-                    ++t.evenep_entries;
-                    if (detail::is_payload(code)) ++t.evenep_rows;
-                }
-                const int home = plan.cfg.home(routing.topk_idx[r][i]);
-                if (home != r) {
-                    ++t.conventional_entries;
-                    if (std::find(homes, homes + num_homes, home) == homes + num_homes) {
-                        homes[num_homes++] = home;
-                        ++t.conventional_rows;
-                    }
-                }
-            }
-        }
-    }
-    return t;
-}
 
 void run_plan(const PlanOptions& opt) {
     RoutingInput in = resolve_routing(opt.routing);
@@ -126,28 +88,34 @@ void run_plan(const PlanOptions& opt) {
                    "({:.2f}%)\n",
                    plan.cost.moved_entries, 100.0 * plan.cost.moved_entries / std::max<int64_t>(1, N),
                    plan.cost.crossing_rows, 100.0 * plan.cost.crossing_rows / std::max<int64_t>(1, N));
-        const double expert_bytes = 3.0 * opt.H * opt.ffn_hidden * 2;
-        int64_t prefetched = 0;
-        for (int32_t c : plan.copies_received) prefetched += c;
-        fmt::print("\nlink bytes (H = {}, H' = {}):\n", opt.H, opt.ffn_hidden);
+        fmt::print("\nlink bytes of one training step (H = {}, H' = {}; formulas in docs/data-path.md):\n", opt.H,
+                   opt.ffn_hidden);
         if (in.routing) {
-            const TokenTraffic tt = token_traffic(plan, *in.routing, dst);
-            const auto row_bytes = [&](int64_t rows, int64_t entries) {
-                return static_cast<double>(rows) * opt.H * 2 + static_cast<double>(entries) * 4;
+            const TrafficReport ev = evenep_traffic(plan, dst, opt.H, opt.ffn_hidden, /*training=*/true);
+            const TrafficReport cv = conventional_traffic(cfg, in.routing->topk_idx, opt.H, /*training=*/true);
+            fmt::print("  {:<18} {:>12} {:>14}   {:>12} {:>14}\n", "phase", "EvenEP", "busiest rank", "conv. EP",
+                       "busiest rank");
+            const auto row = [](const char* name, const PhaseTraffic& a, const PhaseTraffic& b) {
+                fmt::print("  {:<18} {:>12} {:>14}   {:>12} {:>14}\n", name, human_bytes(a.bytes),
+                           human_bytes(a.max_rank_bytes()), human_bytes(b.bytes), human_bytes(b.max_rank_bytes()));
             };
-            fmt::print("  dispatch tokens   EvenEP {:>10} ({} rows + {} weights)   conventional EP {:>10} ({} rows)\n",
-                       human_bytes(row_bytes(tt.evenep_rows, tt.evenep_entries)), tt.evenep_rows, tt.evenep_entries,
-                       human_bytes(row_bytes(tt.conventional_rows, tt.conventional_entries)), tt.conventional_rows);
-            fmt::print("  combine partials  EvenEP {:>10} (fp32 rows)            conventional EP {:>10}\n",
-                       human_bytes(static_cast<double>(tt.evenep_rows) * opt.H * 4),
-                       human_bytes(static_cast<double>(tt.conventional_rows) * opt.H * 4));
+            row("dispatch", ev.dispatch, cv.dispatch);
+            row("combine", ev.combine, cv.combine);
+            row("combine_backward", ev.combine_backward, cv.combine_backward);
+            row("dispatch_backward", ev.dispatch_backward, cv.dispatch_backward);
+            row("prefetch_weight", ev.prefetch, cv.prefetch);
+            row("reduce_grad", ev.reduce_grad, cv.reduce_grad);
+            row("total", ev.total(), cv.total());
         } else {
-            fmt::print("  dispatch tokens   EvenEP <= {} (no routing given: {} crossing entries, no dedup)\n",
+            int64_t prefetched = 0;
+            for (int32_t c : plan.copies_received) prefetched += c;
+            const double expert_bytes = 3.0 * opt.H * opt.ffn_hidden * 2;
+            fmt::print("  dispatch tokens   <= {} (no routing given: {} crossing entries, before dedup)\n",
                        human_bytes(static_cast<double>(plan.cost.crossing_rows) * (opt.H * 2 + 4)),
                        plan.cost.crossing_rows);
+            fmt::print("  prefetch weights  {} ({} copies x 3*H*H'*2 B), reduce_grad {} (fp32)\n",
+                       human_bytes(prefetched * expert_bytes), prefetched, human_bytes(prefetched * expert_bytes * 2));
         }
-        fmt::print("  prefetch weights  {} ({} copies x 3*H*H'*2 B)   gradient reduce {} (fp32)\n",
-                   human_bytes(prefetched * expert_bytes), prefetched, human_bytes(prefetched * expert_bytes * 2));
         fmt::print("\nplanner time: median {:.1f} us over {} runs (all ranks' plan, one thread)", median(times) * 1e6,
                    times.size());
         if (in.routing) fmt::print("; dst per rank {:.1f} us", dst_seconds * 1e6);

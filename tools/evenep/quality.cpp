@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
+#include <cstdio>
 #include <fstream>
-#include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -27,7 +27,7 @@ namespace evenep::cli {
 namespace {
 
 inline constexpr double kCopiesBar = 1.10;  // mean optimized / optimum total copies must not exceed this
-inline constexpr int kDefaultCases = 60;
+inline constexpr int kDefaultCases = 180;
 inline constexpr int kQuickCases = 12;
 inline constexpr int kPlanTimingReps = 20;
 
@@ -44,7 +44,7 @@ struct QualityOptions {
 struct CaseKind {
     std::string name;
     double target_maxvio = -1;             // >= 0: lognormal at this target
-    std::optional<Adversarial> adversarial;  // else adversarial, else round-robin
+    std::optional<Adversarial> adversarial;  // else this adversarial kind, else round-robin
 };
 
 std::vector<CaseKind> corpus_kinds() {

@@ -103,8 +103,9 @@ struct MoeRunOptions {
     PlannerMode mode = PlannerMode::kOptimized;
     bool backward = true;
     std::chrono::milliseconds barrier_timeout = kDefaultBarrierTimeout;
-    int num_layers = 1;  // > 1: run the same step through that many layers sharing one Buffer and ExpertPool
-                         // (layers interleaved: all forwards, then all backwards in reverse); results of layer 0
+    // > 1: that many layers with the same weights and inputs share one Buffer and one ExpertPool; all forwards
+    // run first, then all backwards in reverse order (as in training). The results are layer 0's.
+    int num_layers = 1;
 };
 
 struct MoeResult {

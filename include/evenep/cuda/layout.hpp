@@ -27,6 +27,8 @@ struct PlanOffsets {
         peer_reads, group_source;
     size_t work64, work32;             // planner workspace (int64 / int32 words)
     size_t num_work64, num_work32;     // their sizes in words
+    size_t scratch;                    // PlanScratchLayout bytes (the block planner's state when not in smem)
+    size_t timing;                     // [16] int64: phase timestamps and loop counts of the last block plan
 };
 
 // Planner workspace, carved from work64/work32 (see plan_block.cuh for how each part is used).
@@ -60,6 +62,33 @@ struct PlanWorkOffsets {
     EVENEP_HOST_DEVICE static constexpr size_t num_words32(int R, int E) {
         // The serial planner kernel (planner.cpp's workspace) needs 4*E*R + 4*R; the block planner less.
         return 4 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
+    }
+};
+
+// The block planner's hot state (plan_block.cuh) as one byte range: in dynamic shared memory when it fits (the
+// kernels check against the device's opt-in limit), else carved the same way from the rank's global workspace.
+struct PlanScratchLayout {
+    size_t balance, z, remaining, excess, deficit, avail;  // int64
+    size_t tpe, alloc, cand, fill_remote, cost_pushed, cost_remote;  // int32
+    size_t total;
+    EVENEP_HOST_DEVICE static constexpr PlanScratchLayout make(int R, int E) {
+        PlanScratchLayout l{};
+        const size_t r = static_cast<size_t>(R), e = static_cast<size_t>(E);
+        size_t o = 0;
+        l.balance = o, o += 8 * r;
+        l.z = o, o += 8 * r * r;
+        l.remaining = o, o += 8 * e;
+        l.excess = o, o += 16 * r;
+        l.deficit = o, o += 16 * r;
+        l.avail = o, o += 16 * e;
+        l.tpe = o, o += 4 * r * e;
+        l.alloc = o, o += 4 * r * e;
+        l.cand = o, o += 8 * r * e;
+        l.fill_remote = o, o += 8 * r;
+        l.cost_pushed = o, o += 12 * r;
+        l.cost_remote = o, o += 12 * r;
+        l.total = (o + 15) / 16 * 16;
+        return l;
     }
 };
 
@@ -120,6 +149,8 @@ struct EpLayout {
         p.num_work32 = PlanWorkOffsets::num_words32(R, E);
         p.work64 = take(8 * p.num_work64);
         p.work32 = take(4 * p.num_work32);
+        p.scratch = take(PlanScratchLayout::make(R, E).total);
+        p.timing = take(8 * 16);
         l.total_bytes = o;
         return l;
     }

@@ -79,6 +79,13 @@ struct TeamView {
     int32_t trap_on_timeout;
     int32_t fault_rank;   // test hook: this rank never arrives at barrier `fault_phase` (-1: none)
     int32_t fault_phase;
+    // Which ranks' blocks one launch holds and at which scope ranks synchronise. The local team: every rank
+    // (rank_begin 0, launch_ranks R), GPU scope, flags in `flags`. The NCCL team (evenep/cuda/nccl_team.hpp): its
+    // own rank only, system scope, inbound flags of rank dst at inbox[dst][0..R) in dst's window.
+    int32_t rank_begin;
+    int32_t launch_ranks;
+    int32_t system_scope;
+    uint32_t* const* inbox;  // device table [R] or nullptr (then flags[dst*R + src])
 };
 
 struct TeamOptions {

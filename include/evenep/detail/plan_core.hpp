@@ -150,7 +150,8 @@ EVENEP_HOST_DEVICE inline void plan_alloc_reference(const PlanDims& d, const Pla
 // ---------------------------------------------------------------------------------------------------------
 EVENEP_HOST_DEVICE inline bool plan_alloc_global_fill(const PlanDims& d, const PlanArrays& a, const int32_t* tpe,
                                                       bool best_fit, int64_t* excess, int64_t* deficit,
-                                                      int64_t* avail, int32_t* remote, int32_t* alloc) {
+                                                      int64_t* avail, int32_t* remote, int32_t* alloc,
+                                                      bool overshoot = false) {
     const int R = d.R, E = d.E;
     for (int r = 0; r < R; ++r) {
         const int64_t b = a.load_before[r] - a.q[r];
@@ -197,6 +198,33 @@ EVENEP_HOST_DEVICE inline bool plan_alloc_global_fill(const PlanDims& d, const P
                 best_local = local;
             }
         }
+        if (best < 0 && overshoot) {
+            // Overshoot: no piece within its donor's excess fills the receiver, so take a piece that does and let its
+            // donor become a receiver of the difference (one more copy later instead of more than epn pieces here).
+            // The smallest such expert wins (ties: more of the receiver's own tokens, then lower id).
+            for (int e = 0; e < E; ++e) {
+                const int h = e / d.epn;
+                if (excess[h] <= 0 || avail[e] < need) continue;
+                if (alloc[static_cast<int64_t>(e) * R + u] > 0) continue;
+                const int32_t local = tpe[static_cast<int64_t>(u) * E + e];
+                if (best < 0 || avail[e] < best_piece || (avail[e] == best_piece && local > best_local)) {
+                    best = e;
+                    best_piece = avail[e];
+                    best_local = local;
+                }
+            }
+            if (best >= 0) {
+                const int h = best / d.epn;
+                avail[best] -= need;
+                deficit[h] += need - excess[h];  // need > excess[h], else the first pass would have found it
+                excess[h] = 0;
+                deficit[u] = 0;
+                remote[u] += 1;
+                alloc[static_cast<int64_t>(best) * R + h] -= static_cast<int32_t>(need);
+                alloc[static_cast<int64_t>(best) * R + u] += static_cast<int32_t>(need);
+                continue;
+            }
+        }
         if (best < 0) return false;
         const int h = best / d.epn;
         const int64_t moved = imin64(best_piece, need);
@@ -208,6 +236,60 @@ EVENEP_HOST_DEVICE inline bool plan_alloc_global_fill(const PlanDims& d, const P
         alloc[static_cast<int64_t>(best) * R + u] += static_cast<int32_t>(moved);
     }
     return true;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Phase 2c: a chain (optimized mode candidate, aimed at cost 1). The ranks whose balance is not zero are sorted
+// by balance, largest surplus first (ties: lower rank), and each passes on to the next what it has beyond its quota
+// plus what it received: rank i+1 holds copies of rank i's experts only, so every rank receives from at most one
+// rank and pushes to at most one, in as few pieces as its largest experts allow. Fails (returns false) when a
+// rank would receive more than its quota. Workspace: order[R] (int32).
+// ---------------------------------------------------------------------------------------------------------
+EVENEP_HOST_DEVICE inline bool plan_alloc_chain(const PlanDims& d, const PlanArrays& a, int32_t* order,
+                                                int32_t* alloc) {
+    const int R = d.R;
+    int n = 0;
+    for (int r = 0; r < R; ++r) {
+        const int64_t b = a.load_before[r] - a.q[r];
+        if (b == 0) continue;
+        // Insertion by (balance descending, rank ascending).
+        int i = n++;
+        while (i > 0) {
+            const int o = order[i - 1];
+            const int64_t bo = a.load_before[o] - a.q[o];
+            if (bo > b || (bo == b && o < r)) break;
+            order[i] = o;
+            --i;
+        }
+        order[i] = r;
+    }
+    plan_alloc_home(d, a.expert_load, alloc);
+    int64_t flow = 0;  // entries the current rank received from its predecessor
+    for (int i = 0; i + 1 < n; ++i) {
+        const int r = order[i], next = order[i + 1];
+        if (flow > a.q[r]) return false;
+        int64_t give = flow + (a.load_before[r] - a.q[r]);
+        if (give < 0) return false;
+        flow = give;
+        while (give > 0) {
+            int e = -1;
+            int64_t most = 0;
+            for (int g = 0; g < d.epn; ++g) {
+                const int f = r * d.epn + g;
+                const int64_t left = alloc[static_cast<int64_t>(f) * R + r];
+                if (left > most && alloc[static_cast<int64_t>(f) * R + next] == 0) {
+                    e = f;
+                    most = left;
+                }
+            }
+            if (e < 0) return false;
+            const int64_t moved = imin64(most, give);
+            alloc[static_cast<int64_t>(e) * R + r] -= static_cast<int32_t>(moved);
+            alloc[static_cast<int64_t>(e) * R + next] += static_cast<int32_t>(moved);
+            give -= moved;
+        }
+    }
+    return n == 0 || flow <= a.q[order[n - 1]];
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -77,102 +77,80 @@ __device__ inline void plan_block_serial(const PlanDims& d, const int32_t* tpe, 
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Warp reductions with the sequential code's tie rule (lowest index wins among equal keys).
+// Warp reductions with the sequential code's tie rule (lowest index wins among equal keys), on redux.sync.
+// NOTE: every quantity reduced here (balances, deficits, quotas, remaining entries, pieces, local counts) is bounded
+// by the group's entry count N < 2^31 (Config::validate keeps R*NvS inside int32), so a 32-bit key orders it.
 // ---------------------------------------------------------------------------------------------------------
-__device__ __forceinline__ void warp_argmax(int64_t& v, int& i) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const int64_t ov = __shfl_xor_sync(kFullMask, v, off);
-        const int oi = __shfl_xor_sync(kFullMask, i, off);
-        if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
-    }
+__device__ __forceinline__ unsigned order_key(int64_t v) {
+    return static_cast<unsigned>(static_cast<int32_t>(v)) ^ 0x80000000u;
 }
 
-__device__ __forceinline__ void warp_argmin(int64_t& v, int& i) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const int64_t ov = __shfl_xor_sync(kFullMask, v, off);
-        const int oi = __shfl_xor_sync(kFullMask, i, off);
-        if (ov < v || (ov == v && oi < i)) v = ov, i = oi;
+// First index of the maximum (kMax) or minimum of x[0..n) (the sequential "if (x[r] > x[best]) best = r").
+template <bool kMax>
+__device__ __forceinline__ int warp_first_extreme(const int64_t* x, int n, int lane) {
+    int64_t v = 0;
+    int i = -1;
+    for (int r = lane; r < n; r += kWarpSize) {
+        const int64_t xr = x[r];
+        if (i < 0 || (kMax ? xr > v : xr < v)) v = xr, i = r;
     }
+    const unsigned key = i < 0 ? 0u : (kMax ? order_key(v) : ~order_key(v));
+    const unsigned best = __reduce_max_sync(kFullMask, key);
+    return static_cast<int>(
+        __reduce_min_sync(kFullMask, i >= 0 && key == best ? static_cast<unsigned>(i) : 0xffffffffu));
 }
 
-// First index of the maximum of x[0..n) (the sequential "if (x[r] > x[best]) best = r" from 0).
 __device__ __forceinline__ int warp_first_max(const int64_t* x, int n, int lane) {
-    int64_t v = LLONG_MIN;
-    int i = INT_MAX;
-    for (int r = lane; r < n; r += kWarpSize)
-        if (x[r] > v) v = x[r], i = r;
-    warp_argmax(v, i);
-    return i;
+    return warp_first_extreme<true>(x, n, lane);
 }
 
-// A candidate piece of plan_alloc_global_fill and its key.
-struct FillCand {
-    int e;  // INT_MAX: none
-    int64_t piece;
-    int fills;
-    int32_t local;
-};
-
-// plan_alloc_global_fill's "better" (x strictly better than y), both valid.
-__device__ __forceinline__ bool fill_better(const FillCand& x, const FillCand& y, bool best_fit) {
-    if (best_fit && x.fills != y.fills) return x.fills > y.fills;
-    if (best_fit && x.fills) return x.piece < y.piece || (x.piece == y.piece && x.local > y.local);
-    return x.piece > y.piece || (x.piece == y.piece && x.local > y.local);
-}
-
-__device__ __forceinline__ FillCand warp_best_cand(FillCand c, bool best_fit) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        FillCand o;
-        o.e = __shfl_xor_sync(kFullMask, c.e, off);
-        o.piece = __shfl_xor_sync(kFullMask, c.piece, off);
-        o.fills = __shfl_xor_sync(kFullMask, c.fills, off);
-        o.local = __shfl_xor_sync(kFullMask, c.local, off);
-        bool take;
-        if (o.e == INT_MAX) take = false;
-        else if (c.e == INT_MAX) take = true;
-        else if (fill_better(o, c, best_fit)) take = true;
-        else if (fill_better(c, o, best_fit)) take = false;
-        else take = o.e < c.e;
-        if (take) c = o;
-    }
-    return c;
+// plan_alloc_global_fill's order of candidates as (primary, local) keys, larger is better, lower expert id on
+// ties: best_fit: pieces that fill the receiver first, the smallest of those, else the largest piece;
+// otherwise the largest piece; then the receiver's own entries of the expert. primary 0 means no candidate.
+__device__ __forceinline__ unsigned fill_primary(int64_t piece, bool fills, bool best_fit) {
+    const unsigned p = static_cast<unsigned>(piece);  // 1 <= piece < 2^31
+    return best_fit && fills ? 0x80000000u | (0x7fffffffu - p) : p;
 }
 
 // plan_alloc_global_fill on one warp. excess/deficit/remote/avail/alloc initialised by the caller
 // (excess/deficit from balance, remote 0, avail = T_e, alloc = home). Returns the same bool.
 __device__ inline bool warp_global_fill(const PlanDims& d, const int32_t* tpe, bool best_fit, int64_t* excess,
-                                        int64_t* deficit, int64_t* avail, int32_t* remote, int32_t* alloc, int lane) {
+                                        int64_t* deficit, int64_t* avail, int32_t* remote, int32_t* alloc, int lane,
+                                        int& iterations) {
     const int R = d.R, E = d.E;
-    for (;;) {
+    for (;; ++iterations) {
         const int u = warp_first_max(deficit, R, lane);
         const int64_t need = deficit[u];
         if (need <= 0) return true;
         const bool must_fill = remote[u] + 1 >= d.epn;
-        FillCand best{INT_MAX, 0, 0, -1};
+        unsigned bp = 0, bl = 0;  // this lane's best (primary, local); ascending e keeps the lowest id on ties
+        int be = -1;
         for (int e = lane; e < E; e += kWarpSize) {
             const int h = e / d.epn;
-            if (excess[h] <= 0 || avail[e] <= 0) continue;
+            const int64_t ex = excess[h], av = avail[e];
+            if (ex <= 0 || av <= 0) continue;
             if (alloc[static_cast<int64_t>(e) * R + u] > 0) continue;
-            const int64_t piece = detail::imin64(avail[e], excess[h]);
-            const int fills = piece >= need ? 1 : 0;
+            const int64_t piece = detail::imin64(av, ex);
+            const bool fills = piece >= need;
             if (must_fill && !fills) continue;
-            const FillCand c{e, piece, fills, tpe[static_cast<int64_t>(u) * E + e]};
-            if (best.e == INT_MAX || fill_better(c, best, best_fit)) best = c;
+            const unsigned cp = fill_primary(piece, fills, best_fit);
+            const unsigned cl = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
+            if (cp > bp || (cp == bp && cl > bl)) bp = cp, bl = cl, be = e;
         }
-        best = warp_best_cand(best, best_fit);
-        if (best.e == INT_MAX) return false;
+        const unsigned pmax = __reduce_max_sync(kFullMask, bp);
+        if (pmax == 0) return false;
+        const unsigned lmax = __reduce_max_sync(kFullMask, bp == pmax ? bl : 0u);
+        const int best = static_cast<int>(
+            __reduce_min_sync(kFullMask, bp == pmax && bl == lmax ? static_cast<unsigned>(be) : 0xffffffffu));
         if (lane == 0) {
-            const int h = best.e / d.epn;
-            const int64_t moved = detail::imin64(best.piece, need);
-            avail[best.e] -= moved;
+            const int h = best / d.epn;
+            const int64_t moved = detail::imin64(detail::imin64(avail[best], excess[h]), need);
+            avail[best] -= moved;
             excess[h] -= moved;
             deficit[u] -= moved;
             remote[u] += 1;
-            alloc[static_cast<int64_t>(best.e) * R + h] -= static_cast<int32_t>(moved);
-            alloc[static_cast<int64_t>(best.e) * R + u] += static_cast<int32_t>(moved);
+            alloc[static_cast<int64_t>(best) * R + h] -= static_cast<int32_t>(moved);
+            alloc[static_cast<int64_t>(best) * R + u] += static_cast<int32_t>(moved);
         }
         __syncwarp();  // orders lane 0's updates before the next iteration's reads
     }
@@ -181,26 +159,53 @@ __device__ inline bool warp_global_fill(const PlanDims& d, const int32_t* tpe, b
 // ---------------------------------------------------------------------------------------------------------
 // The parallel planner. kThreads >= 128 (warp 0: reference transfers, warps 1-2: the two global fills).
 // ---------------------------------------------------------------------------------------------------------
+// The block planner's state (PlanScratchLayout) carved from `base` (shared or global memory).
+struct PlanScratch {
+    int64_t *balance, *z, *remaining, *excess, *deficit, *avail;
+    int32_t *tpe, *alloc, *cand, *fill_remote, *cost_pushed, *cost_remote;
+};
+
+__device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
+    const PlanScratchLayout l = PlanScratchLayout::make(R, E);
+    return PlanScratch{reinterpret_cast<int64_t*>(base + l.balance),   reinterpret_cast<int64_t*>(base + l.z),
+                       reinterpret_cast<int64_t*>(base + l.remaining), reinterpret_cast<int64_t*>(base + l.excess),
+                       reinterpret_cast<int64_t*>(base + l.deficit),   reinterpret_cast<int64_t*>(base + l.avail),
+                       reinterpret_cast<int32_t*>(base + l.tpe),       reinterpret_cast<int32_t*>(base + l.alloc),
+                       reinterpret_cast<int32_t*>(base + l.cand),      reinterpret_cast<int32_t*>(base + l.fill_remote),
+                       reinterpret_cast<int32_t*>(base + l.cost_pushed),
+                       reinterpret_cast<int32_t*>(base + l.cost_remote)};
+}
+
+// timing (optional, [16]): thread 0 stores %globaltimer at each phase boundary into [0..8) and loop counts into
+// [8..16) (fill iterations of both candidates, reference transfers, split pieces).
 template <int kThreads>
-__device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict__ tpe, const PlanArrays& a,
-                                    int64_t* cost_out, int64_t* w64, int32_t* w32, const TeamView& team, int rank) {
+__device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict__ tpe_in, const PlanArrays& a,
+                                    int64_t* cost_out, const PlanScratch& sc, const TeamView& team, int rank,
+                                    int64_t* timing) {
     static_assert(kThreads >= 128 && kThreads % kWarpSize == 0, "plan_block_parallel needs >= 4 whole warps");
     constexpr int kWarps = kThreads / kWarpSize;
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int R = d.R, E = d.E, epn = d.epn, G = d.G, B = d.B;
     const size_t ER = static_cast<size_t>(E) * R;
     const bool optimized = d.locality;
-    const PlanWorkOffsets o = PlanWorkOffsets::make(R, E);
-    int64_t* balance = w64 + o.balance;
-    int64_t* z = w64 + o.z;
-    int64_t* remaining = w64 + o.remaining;
-    int64_t* excess = w64 + o.excess;    // [2][R]
-    int64_t* deficit = w64 + o.deficit;  // [2][R]
-    int64_t* avail = w64 + o.avail;      // [2][E]
-    int32_t* cand = w32 + o.cand;        // [2][E*R]
-    int32_t* fill_remote = w32 + o.fill_remote;  // [2][R]
-    int32_t* cost_pushed = w32 + o.cost_pushed;  // [3][R]
-    int32_t* cost_remote = w32 + o.cost_remote;  // [3][R]
+    int64_t* balance = sc.balance;
+    int64_t* z = sc.z;
+    int64_t* remaining = sc.remaining;
+    int64_t* excess = sc.excess;    // [2][R]
+    int64_t* deficit = sc.deficit;  // [2][R]
+    int64_t* avail = sc.avail;      // [2][E]
+    int32_t* cand = sc.cand;        // [2][E*R]
+    int32_t* fill_remote = sc.fill_remote;  // [2][R]
+    int32_t* cost_pushed = sc.cost_pushed;  // [3][R]
+    int32_t* cost_remote = sc.cost_remote;  // [3][R]
+    int32_t* alloc = sc.alloc;      // the working alloc (copied to alloc at the end)
+    const int32_t* tpe = sc.tpe;
+    auto stamp = [&](int i) {
+        if (timing != nullptr && tid == 0) timing[i] = static_cast<int64_t>(global_timer_ns());
+    };
+    stamp(0);
+    if (sc.tpe != tpe_in)
+        for (size_t i = tid; i < static_cast<size_t>(R) * E; i += kThreads) sc.tpe[i] = tpe_in[i];
 
     __shared__ unsigned long long s_acc[3][3];  // per candidate: total_copies, crossing_rows, moved_entries
     __shared__ unsigned long long s_total;
@@ -233,12 +238,13 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         a.crossing_out[r] = 0;
     }
     __syncthreads();
+    stamp(1);
 
     // ---- Phase 2a: initial state of the reference greedy and of both global fills. ----
     for (size_t i = tid; i < ER; i += kThreads) {
         const int e = static_cast<int>(i / R), r = static_cast<int>(i % R);
         const int32_t home = r == e / epn ? static_cast<int32_t>(a.expert_load[e]) : 0;
-        a.alloc[i] = home;
+        alloc[i] = home;
         if (optimized) cand[i] = cand[ER + i] = home;
     }
     for (int e = tid; e < E; e += kThreads) {
@@ -257,19 +263,14 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
             }
     }
     __syncthreads();
+    stamp(2);
 
     // ---- Phase 2b: warp 0 runs the rank-level transfers; warps 1 and 2 the two global fills. ----
     if (warp == 0) {
         for (;;) {
-            int64_t hv = LLONG_MIN, uv = LLONG_MAX;
-            int h = INT_MAX, u = INT_MAX;
-            for (int r = lane; r < R; r += kWarpSize) {
-                if (balance[r] > hv) hv = balance[r], h = r;
-                if (balance[r] < uv) uv = balance[r], u = r;
-            }
-            warp_argmax(hv, h);
-            warp_argmin(uv, u);
-            if (hv <= 0) break;
+            const int h = warp_first_extreme<true>(balance, R, lane);
+            const int u = warp_first_extreme<false>(balance, R, lane);
+            if (balance[h] <= 0) break;
             if (lane == 0) {
                 const int64_t amount = -balance[u];
                 z[h * R + u] += amount;
@@ -280,11 +281,14 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         }
     } else if (optimized && (warp == 1 || warp == 2)) {
         const int v = warp - 1;
+        int iterations = 0;
         const bool ok = warp_global_fill(d, tpe, v == 1, excess + v * R, deficit + v * R, avail + v * E,
-                                         fill_remote + v * R, cand + v * ER, lane);
+                                         fill_remote + v * R, cand + v * ER, lane, iterations);
         if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
+        if (lane == 0 && timing != nullptr) timing[8 + v] = iterations;
     }
     __syncthreads();
+    stamp(3);
 
     // ---- Phase 2c: expert split of the reference plan, one warp per donor (donors touch disjoint state). ----
     for (int h = warp; h < R; h += kWarps) {
@@ -298,13 +302,14 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
             if (lane == 0) {
                 remaining[e] -= moved;
                 zh[dst] -= moved;
-                a.alloc[static_cast<int64_t>(e) * R + h] -= static_cast<int32_t>(moved);
-                a.alloc[static_cast<int64_t>(e) * R + dst] += static_cast<int32_t>(moved);
+                alloc[static_cast<int64_t>(e) * R + h] -= static_cast<int32_t>(moved);
+                alloc[static_cast<int64_t>(e) * R + dst] += static_cast<int32_t>(moved);
             }
             __syncwarp();
         }
     }
     __syncthreads();
+    stamp(4);
 
     // ---- Phase 2d (optimized): costs of the three candidates (plan_cost_of), then the choice of planner.cpp. ----
     if (optimized) {
@@ -313,7 +318,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         for (int i = tid; i < 3 * E; i += kThreads) {
             const int c = i / E, e = i % E;
             if (c > 0 && !s_fill_ok[c - 1]) continue;
-            const int32_t* X = c == 0 ? a.alloc : cand + (c - 1) * ER;
+            const int32_t* X = c == 0 ? alloc : cand + (c - 1) * ER;
             const int h = e / epn;
             int64_t rest_lo = 0, cap_lo = 0, crossing = 0, copies = 0, moved = 0;
             for (int r = 0; r < R; ++r) {
@@ -364,12 +369,14 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         __syncthreads();
         if (s_best != 0) {
             const int32_t* src = cand + (s_best - 1) * ER;
-            for (size_t i = tid; i < ER; i += kThreads) a.alloc[i] = src[i];
+            for (size_t i = tid; i < ER; i += kThreads) alloc[i] = src[i];
         }
         __syncthreads();
         if (tid < 3) s_acc[0][tid] = 0;  // reused below for the final costs
         __syncthreads();
     }
+
+    stamp(5);
 
     // ---- Phase 3a: locality keep, prefixes, crossing rows and moved entries (plan_finalize), thread per expert. ----
     for (int e = tid; e < E; e += kThreads) {
@@ -378,9 +385,9 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
         int64_t moved = 0;
         for (int r = 0; r < R; ++r) {
-            const int32_t keep = static_cast<int32_t>(detail::plan_local_keep(d, tpe, a.alloc, e, r));
+            const int32_t keep = static_cast<int32_t>(detail::plan_local_keep(d, tpe, alloc, e, r));
             const int32_t t_re = tpe[static_cast<int64_t>(r) * E + e];
-            const int32_t a_er = a.alloc[static_cast<int64_t>(e) * R + r];
+            const int32_t a_er = alloc[static_cast<int64_t>(e) * R + r];
             a.local_keep[static_cast<int64_t>(e) * R + r] = keep;
             rp[r] = rest;
             cp[r] = cap;
@@ -416,7 +423,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         __syncwarp();
         for (int g = lane; g < epn; g += kWarpSize) {
             const int e = r * epn + g;
-            const int32_t cnt = a.alloc[static_cast<int64_t>(e) * R + r];
+            const int32_t cnt = alloc[static_cast<int64_t>(e) * R + r];
             if (cnt > 0) ge[g] = e, gc[g] = cnt, gs[g] = detail::kSourceLocal;
         }
         // Remote experts in ascending id: a stable warp compaction.
@@ -424,13 +431,13 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         for (int e0 = 0; e0 < E; e0 += kWarpSize) {
             const int e = e0 + lane;
             int32_t cnt = 0;
-            if (e < E && e / epn != r) cnt = a.alloc[static_cast<int64_t>(e) * R + r];
+            if (e < E && e / epn != r) cnt = alloc[static_cast<int64_t>(e) * R + r];
             const unsigned m = __ballot_sync(kFullMask, cnt > 0);
             if (cnt > 0) {
                 const int g = next + __popc(m & lanemask_lt());
                 if (g < G) {
                     ge[g] = e, gc[g] = cnt;
-                    gs[g] = detail::plan_is_prefetched(d, a.alloc, r, e) ? detail::kSourceSlot : detail::kSourcePeer;
+                    gs[g] = detail::plan_is_prefetched(d, alloc, r, e) ? detail::kSourceSlot : detail::kSourcePeer;
                 }
             }
             next += __popc(m);
@@ -475,6 +482,9 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         }
     }
     __syncthreads();
+    stamp(6);
+    if (alloc != a.alloc)
+        for (size_t i = tid; i < ER; i += kThreads) a.alloc[i] = alloc[i];
 
     // ---- Phase 3c: copies pushed per home rank, then the costs. ----
     for (int i = tid; i < R * B; i += kThreads) {
@@ -498,6 +508,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         cost_out[3] = static_cast<int64_t>(s_acc[0][2]);
     }
     __syncthreads();
+    stamp(7);
 }
 
 }  // namespace evenep::cuda::device

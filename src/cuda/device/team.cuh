@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "cuda/device/lsa_sync.cuh"
 #include "evenep/cuda/team.hpp"
 
 namespace evenep::cuda::device {
@@ -47,9 +48,10 @@ struct RankCtx {
     int num_blocks;   // blocks per rank
 };
 
-__device__ __forceinline__ RankCtx rank_ctx(int blocks_per_rank) {
-    return RankCtx{static_cast<int>(blockIdx.x) / blocks_per_rank, static_cast<int>(blockIdx.x) % blocks_per_rank,
-                   blocks_per_rank};
+// The launch holds the blocks of ranks [t.rank_begin, t.rank_begin + t.launch_ranks), blocks_per_rank each.
+__device__ __forceinline__ RankCtx rank_ctx(const TeamView& t, int blocks_per_rank) {
+    return RankCtx{t.rank_begin + static_cast<int>(blockIdx.x) / blocks_per_rank,
+                   static_cast<int>(blockIdx.x) % blocks_per_rank, blocks_per_rank};
 }
 
 // Records a failure once (first caller wins), then raises the abort flag. Any thread may call it.
@@ -84,9 +86,9 @@ template <typename Ready>
 __device__ bool wait_acquire(const TeamView& t, const uint32_t* p, Ready ready, int rank, int peer, Phase phase,
                              uint64_t timeout_ns) {
     const uint64_t start = global_timer_ns();
-    uint32_t backoff = 32;
+    uint32_t backoff = 16;
     for (;;) {
-        const uint32_t v = ld_acquire(p);
+        const uint32_t v = peer >= 0 ? team_flag_load(t, p) : ld_acquire(p);
         if (ready(v)) return true;
         if (aborted(t)) return false;
         const uint64_t waited = global_timer_ns() - start;
@@ -99,7 +101,7 @@ __device__ bool wait_acquire(const TeamView& t, const uint32_t* p, Ready ready, 
             return false;
         }
         __nanosleep(backoff);
-        if (backoff < 1024) backoff *= 2;
+        if (backoff < 256) backoff *= 2;
     }
 }
 
@@ -124,14 +126,15 @@ __device__ inline bool barrier(const TeamView& t, const RankCtx& c, Phase phase,
                 // Last block of the rank: every block's writes are visible here (their fences precede their adds).
                 t.local_arrive[c.rank] = 0;  // nobody adds again before gen moves (ordered by the release below)
                 if (team) {
-                    __threadfence();
-                    // flags[p][me]: one arrival of `me` for `p`; publishes everything this rank wrote so far.
-                    for (int p = 0; p < R; ++p) red_release_add(t.flags + static_cast<size_t>(p) * R + c.rank, 1u);
+                    team_fence(t);
+                    // flag (p <- me): one arrival of `me` for `p`; publishes everything this rank wrote so far.
+                    for (int p = 0; p < R; ++p) team_flag_arrive(t, team_flag(t, p, c.rank));
                     for (int p = 0; p < R && ok; ++p) {
-                        uint32_t* f = t.flags + static_cast<size_t>(c.rank) * R + p;
+                        uint32_t* f = team_flag(t, c.rank, p);
                         ok = wait_acquire(t, f, [](uint32_t v) { return v != 0; }, c.rank, p, phase, t.timeout_ns);
-                        if (ok) atomicSub(f, 1u);  // consume one arrival of p (a counting semaphore)
+                        if (ok) team_flag_consume(t, f);  // consume one arrival of p (a counting semaphore)
                     }
+                    team_fence(t);
                 }
                 __threadfence();
                 st_release(gen_p, gen + 1);  // releases the rank's blocks; publishes the team's writes to them

@@ -14,7 +14,7 @@ inline constexpr int kBarrierThreads = 128;
 
 __global__ void __launch_bounds__(kBarrierThreads)
     barrier_test_kernel(const TeamView team, size_t board_off, int rounds, int blocks_per_rank, int32_t* errors) {
-    const device::RankCtx c = device::rank_ctx(blocks_per_rank);
+    const device::RankCtx c = device::rank_ctx(team, blocks_per_rank);
     const int R = team.num_ranks;
     const int tid = threadIdx.x + c.block * kBarrierThreads;
     for (int round = 1; round <= rounds; ++round) {
@@ -39,8 +39,8 @@ __global__ void __launch_bounds__(kBarrierThreads)
 int launch_barrier_test(const TeamView& team, size_t board_off, int rounds, int sm_budget, int32_t* d_errors,
                         cudaStream_t stream) {
     EVENEP_CHECK(rounds >= 1, "barrier test: rounds = ", rounds, " must be >= 1");
-    const int nb = clamp_co_resident(barrier_test_kernel, kBarrierThreads, 0, team.num_ranks, sm_budget);
-    launch_cooperative(barrier_test_kernel, team.num_ranks * nb, kBarrierThreads, 0, stream, team, board_off, rounds,
+    const int nb = clamp_co_resident(barrier_test_kernel, kBarrierThreads, 0, team.launch_ranks, sm_budget);
+    launch_cooperative(barrier_test_kernel, team.launch_ranks * nb, kBarrierThreads, 0, stream, team, board_off, rounds,
                        nb, d_errors);
     return nb;
 }

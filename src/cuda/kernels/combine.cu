@@ -88,7 +88,7 @@ __device__ __forceinline__ void gather_weights(const device::TokenEntries& te, c
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) combine_pull_kernel(const DataParams p) {
     constexpr int kWarps = kThreads / kWarpSize;
-    const device::RankCtx c = device::rank_ctx(p.blocks_per_rank);
+    const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
     if (!device::barrier(p.team, c, Phase::kCombineReady, true)) return;
     const EpLayout& L = p.lay;
     const int K = L.K, H = L.H, num_vec = H / kBf16PerVec;
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(const DataParams
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams p) {
     constexpr int kWarps = kThreads / kWarpSize;
-    const device::RankCtx c = device::rank_ctx(p.blocks_per_rank);
+    const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
     if (!device::barrier(p.team, c, Phase::kCombineReady, true)) return;
     const EpLayout& L = p.lay;
     const int K = L.K, H = L.H, num_vec = H / kBf16PerVec;
@@ -265,14 +265,14 @@ int launch_combine(const TeamView& team, const EpLayout& layout, const RankIo* d
     int nb = 0;
     if (mode == CombineMode::kPull) {
         auto kernel = combine_pull_kernel<kCombineThreads, kCombineUnroll>;
-        nb = clamp_co_resident(kernel, kCombineThreads, 0, layout.R, sm_budget);
+        nb = clamp_co_resident(kernel, kCombineThreads, 0, team.launch_ranks, sm_budget);
         p.blocks_per_rank = nb;
-        launch_cooperative(kernel, layout.R * nb, kCombineThreads, 0, stream, p);
+        launch_cooperative(kernel, team.launch_ranks * nb, kCombineThreads, 0, stream, p);
     } else {
         auto kernel = combine_push_kernel<kCombineThreads, kCombineUnroll>;
-        nb = clamp_co_resident(kernel, kCombineThreads, 0, layout.R, sm_budget);
+        nb = clamp_co_resident(kernel, kCombineThreads, 0, team.launch_ranks, sm_budget);
         p.blocks_per_rank = nb;
-        launch_cooperative(kernel, layout.R * nb, kCombineThreads, 0, stream, p);
+        launch_cooperative(kernel, team.launch_ranks * nb, kCombineThreads, 0, stream, p);
     }
     return nb;
 }

@@ -31,7 +31,7 @@ inline constexpr int kDispatchUnroll = 4;  // 16-byte vectors in flight per lane
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams p) {
     constexpr int kWarps = kThreads / kWarpSize;
-    const device::RankCtx c = device::rank_ctx(p.blocks_per_rank);
+    const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
     const EpLayout& L = p.lay;
     const int K = L.K, H = L.H;
     const int lane = threadIdx.x % kWarpSize;
@@ -144,9 +144,9 @@ int launch_dispatch(const TeamView& team, const EpLayout& layout, const RankIo* 
         p.s[r] = s[r];
     }
     auto kernel = dispatch_kernel<kDispatchThreads, kDispatchUnroll>;
-    const int nb = clamp_co_resident(kernel, kDispatchThreads, 0, layout.R, sm_budget);
+    const int nb = clamp_co_resident(kernel, kDispatchThreads, 0, team.launch_ranks, sm_budget);
     p.blocks_per_rank = nb;
-    launch_cooperative(kernel, layout.R * nb, kDispatchThreads, 0, stream, p);
+    launch_cooperative(kernel, team.launch_ranks * nb, kDispatchThreads, 0, stream, p);
     return nb;
 }
 

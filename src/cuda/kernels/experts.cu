@@ -27,7 +27,10 @@ using device::kWarpSize;
 inline constexpr int kExpertThreads = 512;
 inline constexpr int kExpertUnroll = 4;
 inline constexpr int kTileVec = kExpertThreads * kExpertUnroll;  // 16-byte vectors per item (32 KiB)
-inline constexpr int kMaxSlotEntries = 4096;                     // R*B handled per block (shared memory)
+inline constexpr int kReduceUnroll = 2;                          // reduce: vectors per thread per item ...
+inline constexpr int kReduceDestBatch = 4;                       // ... times slot gradients loaded at once
+inline constexpr int kMaxSlotEntries = 2048;                     // R*B handled per block (shared memory)
+inline constexpr int kMaxExperts = 4096;
 
 struct ExpertParams {
     TeamView team;
@@ -42,16 +45,17 @@ struct SlotLists {
     int first_entry[kMaxSlotEntries];  // slot entry (r*B + b) of each distinct copied expert, ascending
     int num_dests;
     int dests[kMaxSlotEntries];
+    int first_of[kMaxExperts];         // lowest slot entry holding each expert (INT_MAX: none)
 };
 
-// Builds lists.first_entry from the copies table (ascending entry order). Every thread flags its entries (into
-// lists.dests as scratch); warp 0 compacts. Ends with __syncthreads.
-__device__ void build_expert_list(const int32_t* copies, int num_entries, SlotLists& lists) {
+// Builds lists.first_entry from the copies table (ascending entry order): the lowest entry of every expert by an
+// atomicMin per entry, then a warp compaction. Ends with __syncthreads.
+__device__ void build_expert_list(const int32_t* copies, int num_entries, int num_experts, SlotLists& lists) {
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) lists.first_of[e] = INT_MAX;
+    __syncthreads();
     for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
         const int32_t e = copies[i];
-        bool first = e >= 0;
-        for (int j = 0; j < i && first; ++j) first = copies[j] != e;
-        lists.dests[i] = first ? 1 : 0;
+        if (e >= 0) atomicMin(&lists.first_of[e], i);
     }
     __syncthreads();
     if (threadIdx.x < kWarpSize) {
@@ -59,7 +63,8 @@ __device__ void build_expert_list(const int32_t* copies, int num_entries, SlotLi
         int n = 0;
         for (int i0 = 0; i0 < num_entries; i0 += kWarpSize) {
             const int i = i0 + lane;
-            const bool first = i < num_entries && lists.dests[i] != 0;
+            const int32_t e = i < num_entries ? copies[i] : -1;
+            const bool first = e >= 0 && lists.first_of[e] == i;
             const unsigned m = __ballot_sync(0xffffffffu, first);
             if (first) lists.first_entry[n + __popc(m & device::lanemask_lt())] = i;
             n += __popc(m);
@@ -87,7 +92,7 @@ __device__ void build_dest_list(const int32_t* copies, int num_entries, int32_t 
 template <bool kPrefetch>
 __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertParams p) {
     __shared__ SlotLists lists;
-    const device::RankCtx c = device::rank_ctx(p.blocks_per_rank);
+    const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
     const EpLayout& L = p.lay;
     const ExpertsView& X = p.ex;
     const int B = L.B, epn = L.epn, num_entries = L.R * B;
@@ -95,7 +100,7 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
     if constexpr (!kPrefetch) {
         if (!device::barrier(p.team, c, Phase::kReduceReady, true)) return;
     }
-    build_expert_list(copies, num_entries, lists);
+    build_expert_list(copies, num_entries, L.E, lists);
     const int elem_bytes = kPrefetch ? 2 : 4;
     const int64_t num_vec = X.elems * elem_bytes / 16;  // host checks elems*elem_bytes % 16 == 0
     const int64_t tiles = (num_vec + kTileVec - 1) / kTileVec;
@@ -136,39 +141,54 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
                 }
             }
         } else {
+            // fp32 tiles: kTileVec vectors per item, kReduceUnroll per thread per pass, kReduceDestBatch slot
+            // gradients in flight before their adds (in ascending (rank, slot) order).
             float4* grad = reinterpret_cast<float4*>(X.bases[home] + X.grads +
                                                      (static_cast<int64_t>(proj) * epn + local) * X.elems * 4);
-            float4 acc[kExpertUnroll];
+            for (int64_t pass = 0; pass < kExpertUnroll / kReduceUnroll; ++pass) {
+                const int64_t vb = tile * kTileVec + pass * kExpertThreads * kReduceUnroll + threadIdx.x;
+                float4 acc[kReduceUnroll];
 #pragma unroll
-            for (int u = 0; u < kExpertUnroll; ++u) {
-                const int64_t v = v0 + u * kExpertThreads;
-                if (v < num_vec) acc[u] = grad[v];
-            }
-            for (int d = 0; d < n; ++d) {
-                const int entry = lists.dests[d], r = entry / B, b = entry % B;
-                float4* sg = reinterpret_cast<float4*>(X.bases[r] + X.slot_grads +
-                                                       (static_cast<int64_t>(proj) * B + b) * X.elems * 4);
-                float4 in[kExpertUnroll];
+                for (int u = 0; u < kReduceUnroll; ++u) {
+                    const int64_t v = vb + u * kExpertThreads;
+                    if (v < num_vec) acc[u] = grad[v];
+                }
+                for (int d0 = 0; d0 < n; d0 += kReduceDestBatch) {
+                    float4* sg[kReduceDestBatch];
+                    float4 in[kReduceDestBatch][kReduceUnroll];
 #pragma unroll
-                for (int u = 0; u < kExpertUnroll; ++u) {
-                    const int64_t v = v0 + u * kExpertThreads;
-                    if (v < num_vec) in[u] = sg[v];
+                    for (int j = 0; j < kReduceDestBatch; ++j) {
+                        sg[j] = nullptr;
+                        if (d0 + j >= n) continue;
+                        const int entry = lists.dests[d0 + j], r = entry / B, b = entry % B;
+                        sg[j] = reinterpret_cast<float4*>(X.bases[r] + X.slot_grads +
+                                                          (static_cast<int64_t>(proj) * B + b) * X.elems * 4);
+#pragma unroll
+                        for (int u = 0; u < kReduceUnroll; ++u) {
+                            const int64_t v = vb + u * kExpertThreads;
+                            if (v < num_vec) in[j][u] = sg[j][v];
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < kReduceDestBatch; ++j) {
+                        if (sg[j] == nullptr) continue;
+#pragma unroll
+                        for (int u = 0; u < kReduceUnroll; ++u) {
+                            const int64_t v = vb + u * kExpertThreads;
+                            if (v >= num_vec) continue;
+                            acc[u].x = __fadd_rn(acc[u].x, in[j][u].x);
+                            acc[u].y = __fadd_rn(acc[u].y, in[j][u].y);
+                            acc[u].z = __fadd_rn(acc[u].z, in[j][u].z);
+                            acc[u].w = __fadd_rn(acc[u].w, in[j][u].w);
+                            sg[j][v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        }
+                    }
                 }
 #pragma unroll
-                for (int u = 0; u < kExpertUnroll; ++u) {
-                    const int64_t v = v0 + u * kExpertThreads;
-                    if (v >= num_vec) continue;
-                    acc[u].x = __fadd_rn(acc[u].x, in[u].x);
-                    acc[u].y = __fadd_rn(acc[u].y, in[u].y);
-                    acc[u].z = __fadd_rn(acc[u].z, in[u].z);
-                    acc[u].w = __fadd_rn(acc[u].w, in[u].w);
-                    sg[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int u = 0; u < kReduceUnroll; ++u) {
+                    const int64_t v = vb + u * kExpertThreads;
+                    if (v < num_vec) grad[v] = acc[u];
                 }
-            }
-#pragma unroll
-            for (int u = 0; u < kExpertUnroll; ++u) {
-                const int64_t v = v0 + u * kExpertThreads;
-                if (v < num_vec) grad[v] = acc[u];
             }
         }
     }
@@ -181,6 +201,7 @@ int launch_experts(const TeamView& team, const EpLayout& layout, const ExpertsVi
     const char* name = kPrefetch ? "prefetch_weight" : "reduce_grad";
     EVENEP_CHECK(layout.R * layout.B <= kMaxSlotEntries, name, ": R*B = ", layout.R * layout.B, " slot entries exceed ",
                  kMaxSlotEntries);
+    EVENEP_CHECK(layout.E <= kMaxExperts, name, ": E = ", layout.E, " exceeds ", kMaxExperts);
     EVENEP_CHECK(experts.num_projections >= 1 && experts.num_projections <= 3, name, ": num_projections = ",
                  experts.num_projections);
     EVENEP_CHECK(experts.elems > 0 && experts.elems % 8 == 0, name, ": elements per expert matrix = ", experts.elems,
@@ -190,9 +211,9 @@ int launch_experts(const TeamView& team, const EpLayout& layout, const ExpertsVi
     p.lay = layout;
     p.ex = experts;
     auto kernel = experts_kernel<kPrefetch>;
-    const int nb = clamp_co_resident(kernel, kExpertThreads, 0, layout.R, sm_budget);
+    const int nb = clamp_co_resident(kernel, kExpertThreads, 0, team.launch_ranks, sm_budget);
     p.blocks_per_rank = nb;
-    launch_cooperative(kernel, layout.R * nb, kExpertThreads, 0, stream, p);
+    launch_cooperative(kernel, team.launch_ranks * nb, kExpertThreads, 0, stream, p);
     return nb;
 }
 

@@ -40,7 +40,12 @@ struct PlanParams {
     int locality;
     int rank_begin;  // plan_only: first planning rank
     int32_t s_total; // group total when the ranks' s differ, else -1 (stored in the gather rows)
+    int scratch_in_smem;  // the block planner's state lives in dynamic shared memory (else the global workspace)
+    int route_in_smem;    // phase 4 reads the route tables from shared memory
 };
+
+// Dynamic shared memory of both plan kernels (one declaration: the two kernels share this translation unit).
+extern __shared__ __align__(16) unsigned char plan_smem[];
 
 template <int kThreads, bool kParallel>
 __device__ void plan_rank(const PlanParams& p, int rank) {
@@ -56,7 +61,12 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
     int64_t* w64 = EpLayout::at<int64_t>(base, L.plan.work64);
     int32_t* w32 = EpLayout::at<int32_t>(base, L.plan.work32);
     if constexpr (kParallel) {
-        device::plan_block_parallel<kThreads>(d, tpe, a, cost, w64, w32, p.team, rank);
+        char* scratch_base = p.scratch_in_smem ? reinterpret_cast<char*>(plan_smem) : base + L.plan.scratch;
+        device::PlanScratch sc = device::carve_scratch(scratch_base, L.R, L.E);
+        if (!p.scratch_in_smem) sc.tpe = const_cast<int32_t*>(tpe);  // already in place: no copy
+        device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank,
+                                              EpLayout::at<int64_t>(base, L.plan.timing));
+        (void)w64, (void)w32;
     } else {
         device::plan_block_serial(d, tpe, a, cost, w64, w32);
         __syncthreads();
@@ -73,12 +83,13 @@ __global__ void __launch_bounds__(kThreads) plan_only_kernel(const PlanParams p)
     plan_rank<kThreads, kParallel>(p, p.rank_begin + static_cast<int>(blockIdx.x));
 }
 
-// Dynamic shared memory: hist[E] + per-warp hist[kWarps][E] (int32).
+// Dynamic shared memory: hist[E] + per-warp hist[kWarps][E] (int32) in phases 1 and 4; block 0's planner state
+// (PlanScratchLayout) in phase 3 when it fits.
 template <int kThreads, bool kParallel>
 __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p) {
     constexpr int kWarps = kThreads / kWarpSize;
-    extern __shared__ int32_t smem[];
-    const device::RankCtx c = device::rank_ctx(p.blocks_per_rank);
+    int32_t* smem = reinterpret_cast<int32_t*>(plan_smem);
+    const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
     const EpLayout& L = p.lay;
     const int E = L.E, K = L.K, R = L.R;
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -90,6 +101,10 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
     const int64_t row_ints = L.buf.gather_row_ints();
     const int chunk = (s + c.num_blocks - 1) / c.num_blocks;
     const int t0 = min(s, c.block * chunk), t1 = min(s, t0 + chunk);
+    // Rank 0's block 0 stamps the phases into timing[10..15) (benchmark breakdown; one store each).
+    int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
+    const bool stamps = c.rank == 0 && c.block == 0 && tid == 0;
+    if (stamps) timing[10] = static_cast<int64_t>(device::global_timer_ns());
 
     // ---- Phase 1: histogram of the block's chunk. ----
     int32_t* bh = smem;
@@ -108,14 +123,22 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
     __syncthreads();
     for (int e = tid; e < E; e += kThreads) hist[static_cast<int64_t>(c.block) * E + e] = bh[e];
     if (!device::barrier(p.team, c, Phase::kPlanHistogram, false)) return;
+    if (stamps) timing[11] = static_cast<int64_t>(device::global_timer_ns());
 
     // ---- Phase 2: prefix over blocks; the rank's total goes to every peer's gathered table. ----
     for (int e = c.block * kThreads + tid; e < E; e += c.num_blocks * kThreads) {
         int32_t run = 0;
-        for (int b = 0; b < c.num_blocks; ++b) {
-            const int32_t v = hist[static_cast<int64_t>(b) * E + e];
-            hist[static_cast<int64_t>(b) * E + e] = run;
-            run += v;
+        constexpr int kBatch = 8;  // loads in flight before the prefix stores
+        for (int b0 = 0; b0 < c.num_blocks; b0 += kBatch) {
+            int32_t v[kBatch];
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j)
+                v[j] = b0 + j < c.num_blocks ? hist[static_cast<int64_t>(b0 + j) * E + e] : 0;
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) {
+                if (b0 + j < c.num_blocks) hist[static_cast<int64_t>(b0 + j) * E + e] = run;
+                run += v[j];
+            }
         }
         for (int q = 0; q < R; ++q)
             EpLayout::at<int32_t>(peers[q], L.gather())[c.rank * row_ints + 2 + e] = run;
@@ -126,6 +149,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
         row[1] = p.s_total;
     }
     if (!device::barrier(p.team, c, Phase::kPlanGather, true)) return;
+    if (stamps) timing[12] = static_cast<int64_t>(device::global_timer_ns());
 
     // ---- Phase 3: the rank's plan, on its block 0, from its copy of the gathered rows. ----
     if (c.block == 0) {
@@ -136,9 +160,21 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
         plan_rank<kThreads, kParallel>(p, c.rank);
     }
     if (!device::barrier(p.team, c, Phase::kPlanReady, false)) return;
+    if (stamps) timing[13] = static_cast<int64_t>(device::global_timer_ns());
 
     // ---- Phase 4: encoded destinations of the chunk. ----
-    const detail::PlanRouteView view = L.route_view(base);
+    detail::PlanRouteView view = L.route_view(base);
+    if (p.route_in_smem) {
+        // The route tables plan_entry_dst walks (keep, both prefixes, seg_row), staged after the histograms.
+        int32_t* keep = smem + E * (1 + kWarps);
+        int32_t* rp = keep + E * R;
+        int32_t* cp = rp + E * (R + 1);
+        int32_t* seg = cp + E * (R + 1);
+        for (int i = tid; i < E * R; i += kThreads) keep[i] = view.local_keep[i], seg[i] = view.seg_row[i];
+        for (int i = tid; i < E * (R + 1); i += kThreads) rp[i] = view.rest_prefix[i], cp[i] = view.cap_prefix[i];
+        view.local_keep = keep, view.rest_prefix = rp, view.cap_prefix = cp, view.seg_row = seg;
+        __syncthreads();
+    }
     int32_t* dst = EpLayout::at<int32_t>(base, L.dst);
     int32_t* wh = smem + E + warp * E;  // this warp's running position per expert
     const int wchunk = (t1 - t0 + kWarps - 1) / kWarps;
@@ -188,6 +224,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
             if (dup) row[k] = detail::encode_duplicate(code);
         }
     }
+    if (stamps) timing[14] = static_cast<int64_t>(device::global_timer_ns());
 }
 
 PlanParams make_params(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
@@ -208,13 +245,34 @@ PlanParams make_params(const TeamView& team, const EpLayout& layout, const RankI
     return p;
 }
 
+// Whether the block planner's state fits in dynamic shared memory (with 2 KiB left for static shared memory).
+int max_dynamic_smem() {
+    static int optin = -1;  // per process (single device)
+    if (optin < 0) {
+        int device = 0;
+        EVENEP_CUDA_CHECK(cudaGetDevice(&device));
+        EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    }
+    return optin;
+}
+
+bool scratch_fits_smem(const EpLayout& L) {
+    return PlanScratchLayout::make(L.R, L.E).total + 2048 <= static_cast<size_t>(max_dynamic_smem());
+}
+
 template <bool kParallel>
 int launch_plan_impl(PlanParams p, int sm_budget, cudaStream_t stream) {
     auto kernel = plan_team_kernel<kPlanThreads, kParallel>;
-    const size_t smem = sizeof(int32_t) * p.lay.E * (1 + kPlanThreads / kWarpSize);
-    const int nb = clamp_co_resident(kernel, kPlanThreads, smem, p.lay.R, sm_budget, p.lay.max_blocks);
+    const size_t E = p.lay.E, R = p.lay.R;
+    size_t smem = sizeof(int32_t) * E * (1 + kPlanThreads / kWarpSize);
+    const size_t route = sizeof(int32_t) * E * (4 * R + 2);
+    p.route_in_smem = smem + route + 2048 <= static_cast<size_t>(max_dynamic_smem()) ? 1 : 0;
+    if (p.route_in_smem) smem += route;
+    p.scratch_in_smem = kParallel && scratch_fits_smem(p.lay) ? 1 : 0;
+    if (p.scratch_in_smem) smem = std::max(smem, PlanScratchLayout::make(p.lay.R, p.lay.E).total);
+    const int nb = clamp_co_resident(kernel, kPlanThreads, smem, p.team.launch_ranks, sm_budget, p.lay.max_blocks);
     p.blocks_per_rank = nb;
-    launch_cooperative(kernel, p.lay.R * nb, kPlanThreads, smem, stream, p);
+    launch_cooperative(kernel, p.team.launch_ranks * nb, kPlanThreads, smem, stream, p);
     return nb;
 }
 
@@ -233,10 +291,19 @@ void launch_plan_only(const TeamView& team, const EpLayout& layout, std::span<co
     EVENEP_CHECK(rank_begin >= 0 && num_ranks >= 1 && rank_begin + num_ranks <= layout.R, "plan: ranks [",
                  rank_begin, ", ", rank_begin + num_ranks, ") outside [0, R = ", layout.R, ")");
     p.rank_begin = rank_begin;
-    if (kernel == PlannerKernel::kParallel)
-        plan_only_kernel<kPlanThreads, true><<<num_ranks, kPlanThreads, 0, stream>>>(p);
-    else
+    if (kernel == PlannerKernel::kParallel) {
+        p.scratch_in_smem = scratch_fits_smem(layout) ? 1 : 0;
+        const size_t smem = p.scratch_in_smem ? PlanScratchLayout::make(layout.R, layout.E).total : 0;
+        auto k = plan_only_kernel<kPlanThreads, true>;
+        static size_t smem_set = 48 * 1024;  // largest dynamic smem already allowed for k (single device)
+        if (smem > smem_set) {
+            EVENEP_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+            smem_set = smem;
+        }
+        k<<<num_ranks, kPlanThreads, smem, stream>>>(p);
+    } else {
         plan_only_kernel<kPlanThreads, false><<<num_ranks, kPlanThreads, 0, stream>>>(p);
+    }
     check_launch(stream);
 }
 

@@ -81,6 +81,10 @@ LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& op
         view_.record = d_record;
         view_.fault_rank = -1;
         view_.fault_phase = 0;
+        view_.rank_begin = 0;
+        view_.launch_ranks = num_ranks;
+        view_.system_scope = 0;
+        view_.inbox = nullptr;
         set_timeout_ms(options.timeout_ms);
         set_timeout_action(options.on_timeout);
     } catch (...) {
