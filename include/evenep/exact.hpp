@@ -16,7 +16,8 @@ enum class ExactObjective {
 };
 
 struct ExactResult {
-    bool optimal = false;          // solver proved optimality within the time limit
+    bool optimal = false;          // solver proved the primary objective optimal within the time limit
+                                   // (the secondary cost, e.g. crossing rows, is best effort)
     int64_t objective = 0;         // primary objective value of the best solution found
     int64_t total_copies = 0;
     int64_t max_rank_copy_traffic = 0;

@@ -96,15 +96,14 @@ int64_t Plan::total_entries() const {
 
 Planner::Planner(const Config& cfg, PlannerMode mode) : cfg_(cfg), mode_(mode) {
     cfg_.validate();
-    const size_t R = cfg_.R, E = cfg_.E;
-    work64_.resize(R * R + 3 * R + E);
-    work32_.resize(4 * E * R + 4 * R);
+    work64_.resize(detail::plan_work64_size(cfg_.R, cfg_.E));
+    work32_.resize(detail::plan_work32_size(cfg_.R, cfg_.E));
     size_plan(scratch_, cfg_);
 }
 
 void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Plan& out) {
     check_inputs(cfg_, tpe, s);
-    const int R = cfg_.R, E = cfg_.E;
+    const int R = cfg_.R;
     size_plan(out, cfg_);
     out.cfg = cfg_;
     out.mode = mode_;
@@ -114,45 +113,8 @@ void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Pla
     detail::PlanArrays a = arrays_of(out);
     detail::plan_loads_and_quotas(d, tpe.data(), a);
 
-    int64_t* balance = work64_.data();
-    int64_t* z = balance + R;
-    int64_t* w1 = z + static_cast<size_t>(R) * R;  // [R]
-    int64_t* w2 = w1 + R;                           // [R]
-    int64_t* wE = w2 + R;                           // [E]
-    int32_t* cand = work32_.data();                 // 3 candidate alloc matrices [E*R]
-    int32_t* i1 = cand + 4 * static_cast<size_t>(E) * R;
-    int32_t* i2 = i1 + R;
-    int32_t* i3 = i2 + R;
-
-    detail::plan_alloc_reference(d, a, balance, z, wE, out.alloc.data());
-    if (mode_ == PlannerMode::kOptimized) {
-        // Candidates: the reference plan and two global constructions; keep the cheapest (SPEC §3.1 order) among
-        // those no worse than the reference on costs 1 and 2.
-        detail::PlanCostValues ref_cost{}, best_cost{};
-        detail::plan_cost_of(d, tpe.data(), out.alloc.data(), i1, i2, i3, ref_cost);
-        best_cost = ref_cost;
-        int32_t* best = out.alloc.data();
-        static const bool experiment = std::getenv("EVENEP_PLANNER_EXPERIMENT") != nullptr;  // TEMPORARY
-        for (int variant = 0; variant < (experiment ? 3 : 2); ++variant) {
-            int32_t* alloc = cand + static_cast<size_t>(variant) * E * R;
-            if (variant == 2) {
-                if (!detail::plan_alloc_chain(d, a, i1, alloc)) continue;
-            } else if (!detail::plan_alloc_global_fill(d, a, tpe.data(), variant == 1, balance, w1, wE, i1, alloc,
-                                                       experiment)) {
-                continue;
-            }
-            detail::PlanCostValues c{};
-            if (!detail::plan_cost_of(d, tpe.data(), alloc, i1, i2, i3, c)) continue;
-            if (c.max_rank_copy_traffic > ref_cost.max_rank_copy_traffic || c.total_copies > ref_cost.total_copies)
-                continue;
-            if (detail::plan_cost_less(c, best_cost)) {
-                best_cost = c;
-                best = alloc;
-            }
-        }
-        if (best != out.alloc.data()) std::copy(best, best + static_cast<size_t>(E) * R, out.alloc.begin());
-        (void)w2;
-    }
+    static const bool legacy = std::getenv("EVENEP_PLANNER_EXPERIMENT") == nullptr;  // TEMPORARY
+    detail::plan_alloc_mode(d, a, tpe.data(), detail::PlanWork{work64_.data(), work32_.data()}, legacy);
     detail::PlanCostValues cost{};
     detail::plan_finalize(d, tpe.data(), a, cost);
     for (int r = 0; r < R; ++r)

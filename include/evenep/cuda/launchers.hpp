@@ -28,9 +28,10 @@ int launch_plan(const TeamView& team, const EpLayout& layout, const RankIo* d_io
                 int64_t s_total, bool locality, PlannerKernel kernel, int sm_budget, cudaStream_t stream);
 
 // Planning only, from the histograms already in each rank's contiguous tpe array (EpLayout::tpe): one block per
-// planning rank (ranks [rank_begin, rank_begin + num_ranks)). For tests and the planner benchmark.
+// planning rank (ranks [rank_begin, rank_begin + num_ranks)). For tests and the planner benchmark; `repeat` > 1
+// plans again inside the launch (the phase stamps in EpLayout::plan.timing then show warm caches).
 void launch_plan_only(const TeamView& team, const EpLayout& layout, std::span<const int32_t> s, bool locality,
-                      PlannerKernel kernel, int rank_begin, int num_ranks, cudaStream_t stream);
+                      PlannerKernel kernel, int rank_begin, int num_ranks, cudaStream_t stream, int repeat = 1);
 
 int launch_dispatch(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
                      int sm_budget, cudaStream_t stream);

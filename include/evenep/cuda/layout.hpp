@@ -28,7 +28,7 @@ struct PlanOffsets {
     size_t work64, work32;             // planner workspace (int64 / int32 words)
     size_t num_work64, num_work32;     // their sizes in words
     size_t scratch;                    // PlanScratchLayout bytes (the block planner's state when not in smem)
-    size_t timing;                     // [16] int64: phase timestamps and loop counts of the last block plan
+    size_t timing;                     // [24] int64: phase timestamps and loop counts (benchmark breakdown)
 };
 
 // Planner workspace, carved from work64/work32 (see plan_block.cuh for how each part is used).
@@ -67,9 +67,11 @@ struct PlanWorkOffsets {
 
 // The block planner's hot state (plan_block.cuh) as one byte range: in dynamic shared memory when it fits (the
 // kernels check against the device's opt-in limit), else carved the same way from the rank's global workspace.
+inline constexpr int kPlanMaxWarps = 16;  // warps of the block planner (512 threads)
+
 struct PlanScratchLayout {
-    size_t balance, z, remaining, excess, deficit, avail;  // int64
-    size_t tpe, alloc, cand, fill_remote, cost_pushed, cost_remote;  // int32
+    size_t balance, z, remaining, excess, deficit, avail, expert_load;  // int64
+    size_t tpe, alloc, cand, fill_remote, cost_pushed, cost_remote, groups;  // int32
     size_t total;
     EVENEP_HOST_DEVICE static constexpr PlanScratchLayout make(int R, int E) {
         PlanScratchLayout l{};
@@ -81,12 +83,14 @@ struct PlanScratchLayout {
         l.excess = o, o += 16 * r;
         l.deficit = o, o += 16 * r;
         l.avail = o, o += 16 * e;
+        l.expert_load = o, o += 8 * e;
         l.tpe = o, o += 4 * r * e;
         l.alloc = o, o += 4 * r * e;
         l.cand = o, o += 8 * r * e;
         l.fill_remote = o, o += 8 * r;
         l.cost_pushed = o, o += 12 * r;
         l.cost_remote = o, o += 12 * r;
+        l.groups = o, o += 4 * static_cast<size_t>(kPlanMaxWarps) * 5 * (2 * (e / r));  // per warp: 5 x [G]
         l.total = (o + 15) / 16 * 16;
         return l;
     }
@@ -150,7 +154,7 @@ struct EpLayout {
         p.work64 = take(8 * p.num_work64);
         p.work32 = take(4 * p.num_work32);
         p.scratch = take(PlanScratchLayout::make(R, E).total);
-        p.timing = take(8 * 16);
+        p.timing = take(8 * 24);
         l.total_bytes = o;
         return l;
     }

@@ -118,6 +118,7 @@ public:
     void reduce_grad(NcclEp& ep, cudaStream_t stream, int channel = 1);
     int last_blocks_per_rank() const { return last_blocks_; }
     const DeviceExperts::Offsets& offsets() const { return off_; }
+    const NcclWindowView& window() const { return *window_; }  // every rank's regions (peers) and this rank's
 
 private:
     char* at(size_t region, int n, int proj, int index, size_t elem_bytes) const;

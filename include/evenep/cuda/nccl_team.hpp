@@ -101,8 +101,10 @@ struct NcclWindowView {
 class NcclTeam {
 public:
     // Collective over the group (every rank constructs its team with the same bytes_per_rank and options):
-    // cudaSetDevice(boot.local_rank), ncclCommInitRankConfig, the main window of bytes_per_rank bytes (plus the
-    // barrier flags) and the device communicator. options.device is ignored (the device is boot.local_rank).
+    // cudaSetDevice(boot.local_rank); the team's communicator, split (ncclCommSplit) from the group's root
+    // communicator, which the process's first team creates from the unique id (ncclCommInitRankConfig; an id
+    // bootstraps one communicator) and keeps until exit; the main window of bytes_per_rank bytes (plus the barrier
+    // flags) and the device communicator. options.device is ignored (the device is boot.local_rank).
     // Sets NCCL_NVLS_ENABLE=0 in the environment when it is unset (no NVLink multicast). Throws evenep::Error with
     // one clear message when NCCL is older than 2.28, a window cannot be registered, or some rank is not load/store
     // accessible from this one (no GPU peer access).
@@ -143,6 +145,9 @@ public:
     // for the others (host barriers before and after), so the team is usable again after a timeout.
     void recover();
 
+    // Collective: one team barrier on the device, on `stream` (the kernels' protocol and timeout; e.g. to start
+    // every rank's timed region together). Asynchronous.
+    void device_barrier(cudaStream_t stream, int channel = 0);
     // Collective host barrier through NCCL (an all-reduce of one word), then a device synchronisation.
     void host_barrier();
     // Collective: every rank's `mine` ([n] values, n equal on every rank), concatenated in rank order ([R*n]).

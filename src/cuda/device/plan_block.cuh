@@ -161,8 +161,8 @@ __device__ inline bool warp_global_fill(const PlanDims& d, const int32_t* tpe, b
 // ---------------------------------------------------------------------------------------------------------
 // The block planner's state (PlanScratchLayout) carved from `base` (shared or global memory).
 struct PlanScratch {
-    int64_t *balance, *z, *remaining, *excess, *deficit, *avail;
-    int32_t *tpe, *alloc, *cand, *fill_remote, *cost_pushed, *cost_remote;
+    int64_t *balance, *z, *remaining, *excess, *deficit, *avail, *expert_load;
+    int32_t *tpe, *alloc, *cand, *fill_remote, *cost_pushed, *cost_remote, *groups;
 };
 
 __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
@@ -170,14 +170,16 @@ __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
     return PlanScratch{reinterpret_cast<int64_t*>(base + l.balance),   reinterpret_cast<int64_t*>(base + l.z),
                        reinterpret_cast<int64_t*>(base + l.remaining), reinterpret_cast<int64_t*>(base + l.excess),
                        reinterpret_cast<int64_t*>(base + l.deficit),   reinterpret_cast<int64_t*>(base + l.avail),
+                       reinterpret_cast<int64_t*>(base + l.expert_load),
                        reinterpret_cast<int32_t*>(base + l.tpe),       reinterpret_cast<int32_t*>(base + l.alloc),
                        reinterpret_cast<int32_t*>(base + l.cand),      reinterpret_cast<int32_t*>(base + l.fill_remote),
                        reinterpret_cast<int32_t*>(base + l.cost_pushed),
-                       reinterpret_cast<int32_t*>(base + l.cost_remote)};
+                       reinterpret_cast<int32_t*>(base + l.cost_remote),
+                       reinterpret_cast<int32_t*>(base + l.groups)};
 }
 
-// timing (optional, [16]): thread 0 stores %globaltimer at each phase boundary into [0..8) and loop counts into
-// [8..16) (fill iterations of both candidates, reference transfers, split pieces).
+// timing (optional, [24]): thread 0 stores %globaltimer at each phase boundary into [0..9) and loop counts into
+// [9..12) (fill iterations of both candidates, most split pieces of one donor).
 template <int kThreads>
 __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict__ tpe_in, const PlanArrays& a,
                                     int64_t* cost_out, const PlanScratch& sc, const TeamView& team, int rank,
@@ -204,6 +206,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         if (timing != nullptr && tid == 0) timing[i] = static_cast<int64_t>(global_timer_ns());
     };
     stamp(0);
+    if (timing != nullptr && tid == 0) timing[11] = 0;
     if (sc.tpe != tpe_in)
         for (size_t i = tid; i < static_cast<size_t>(R) * E; i += kThreads) sc.tpe[i] = tpe_in[i];
 
@@ -222,6 +225,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
             int64_t t = 0;
             for (int r = 0; r < R; ++r) t += tpe[static_cast<int64_t>(r) * E + e];
             a.expert_load[e] = t;
+            sc.expert_load[e] = t;
             part += static_cast<unsigned long long>(t);
         }
 #pragma unroll
@@ -232,9 +236,11 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
     const int64_t total = static_cast<int64_t>(s_total);
     for (int r = tid; r < R; r += kThreads) {
         int64_t l = 0;
-        for (int g = 0; g < epn; ++g) l += a.expert_load[r * epn + g];
+        for (int g = 0; g < epn; ++g) l += sc.expert_load[r * epn + g];
+        const int32_t q = static_cast<int32_t>(total / R + (r < total % R ? 1 : 0));
         a.load_before[r] = l;
-        a.q[r] = static_cast<int32_t>(total / R + (r < total % R ? 1 : 0));
+        a.q[r] = q;
+        sc.balance[r] = l - q;  // load_before - q: the rank's balance
         a.crossing_out[r] = 0;
     }
     __syncthreads();
@@ -243,18 +249,17 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
     // ---- Phase 2a: initial state of the reference greedy and of both global fills. ----
     for (size_t i = tid; i < ER; i += kThreads) {
         const int e = static_cast<int>(i / R), r = static_cast<int>(i % R);
-        const int32_t home = r == e / epn ? static_cast<int32_t>(a.expert_load[e]) : 0;
+        const int32_t home = r == e / epn ? static_cast<int32_t>(sc.expert_load[e]) : 0;
         alloc[i] = home;
         if (optimized) cand[i] = cand[ER + i] = home;
     }
     for (int e = tid; e < E; e += kThreads) {
-        remaining[e] = a.expert_load[e];
-        if (optimized) avail[e] = avail[E + e] = a.expert_load[e];
+        remaining[e] = sc.expert_load[e];
+        if (optimized) avail[e] = avail[E + e] = sc.expert_load[e];
     }
     for (int i = tid; i < R * R; i += kThreads) z[i] = 0;
     for (int r = tid; r < R; r += kThreads) {
-        const int64_t b = a.load_before[r] - a.q[r];
-        balance[r] = b;
+        const int64_t b = balance[r];  // written in phase 1
         if (optimized)
             for (int v = 0; v < 2; ++v) {
                 excess[v * R + r] = b > 0 ? b : 0;
@@ -271,6 +276,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
             const int h = warp_first_extreme<true>(balance, R, lane);
             const int u = warp_first_extreme<false>(balance, R, lane);
             if (balance[h] <= 0) break;
+            __syncwarp();  // every lane has read balance before lane 0 changes it
             if (lane == 0) {
                 const int64_t amount = -balance[u];
                 z[h * R + u] += amount;
@@ -285,7 +291,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         const bool ok = warp_global_fill(d, tpe, v == 1, excess + v * R, deficit + v * R, avail + v * E,
                                          fill_remote + v * R, cand + v * ER, lane, iterations);
         if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
-        if (lane == 0 && timing != nullptr) timing[8 + v] = iterations;
+        if (lane == 0 && timing != nullptr) timing[9 + v] = iterations;
     }
     __syncthreads();
     stamp(3);
@@ -293,12 +299,14 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
     // ---- Phase 2c: expert split of the reference plan, one warp per donor (donors touch disjoint state). ----
     for (int h = warp; h < R; h += kWarps) {
         int64_t* zh = z + h * R;
-        for (;;) {
+        int pieces = 0;
+        for (;; ++pieces) {
             const int dst = warp_first_max(zh, R, lane);
             if (zh[dst] <= 0) break;
             const int e = h * epn + warp_first_max(remaining + h * epn, epn, lane);
             const int64_t moved = detail::imin64(remaining[e], zh[dst]);
             if (moved <= 0) break;
+            __syncwarp();  // every lane has read remaining and zh before lane 0 changes them
             if (lane == 0) {
                 remaining[e] -= moved;
                 zh[dst] -= moved;
@@ -307,6 +315,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
             }
             __syncwarp();
         }
+        if (lane == 0 && timing != nullptr) atomicMax(reinterpret_cast<unsigned long long*>(timing + 11), pieces);
     }
     __syncthreads();
     stamp(4);
@@ -315,31 +324,43 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
     if (optimized) {
         for (int i = tid; i < 3 * R; i += kThreads) cost_pushed[i] = cost_remote[i] = 0;
         __syncthreads();
-        for (int i = tid; i < 3 * E; i += kThreads) {
-            const int c = i / E, e = i % E;
+        // Warp-uniform loops: per-warp sums (each < N < 2^31) before one 64-bit shared atomic per warp.
+        for (int c = 0; c < 3; ++c) {
             if (c > 0 && !s_fill_ok[c - 1]) continue;
             const int32_t* X = c == 0 ? alloc : cand + (c - 1) * ER;
-            const int h = e / epn;
-            int64_t rest_lo = 0, cap_lo = 0, crossing = 0, copies = 0, moved = 0;
-            for (int r = 0; r < R; ++r) {
-                const int64_t a_er = X[static_cast<int64_t>(e) * R + r];
-                const int64_t t_re = tpe[static_cast<int64_t>(r) * E + e];
-                const int64_t keep = detail::plan_local_keep(d, tpe, X, e, r);
-                const int64_t rest = t_re - keep, cap = a_er - keep;
-                const int64_t lo = detail::imax64(rest_lo, cap_lo), hi = detail::imin64(rest_lo + rest, cap_lo + cap);
-                crossing += t_re - (keep + (hi > lo ? hi - lo : 0));
-                rest_lo += rest;
-                cap_lo += cap;
-                if (r != h && a_er > 0) {
-                    atomicAdd(cost_remote + c * R + r, 1);
-                    copies += 1;
-                    moved += a_er;
-                    if (B >= epn || detail::plan_is_prefetched(d, X, r, e)) atomicAdd(cost_pushed + c * R + h, 1);
+            for (int e0 = warp * kWarpSize; e0 < E; e0 += kThreads) {
+                const int e = e0 + lane;
+                int64_t crossing = 0, copies = 0, moved = 0;
+                if (e < E) {
+                    const int h = e / epn;
+                    int64_t rest_lo = 0, cap_lo = 0;
+                    for (int r = 0; r < R; ++r) {
+                        const int64_t a_er = X[static_cast<int64_t>(e) * R + r];
+                        const int64_t t_re = tpe[static_cast<int64_t>(r) * E + e];
+                        const int64_t keep = detail::plan_local_keep(d, tpe, X, e, r);
+                        const int64_t rest = t_re - keep, cap = a_er - keep;
+                        const int64_t lo = detail::imax64(rest_lo, cap_lo),
+                                      hi = detail::imin64(rest_lo + rest, cap_lo + cap);
+                        crossing += t_re - (keep + (hi > lo ? hi - lo : 0));
+                        rest_lo += rest;
+                        cap_lo += cap;
+                        if (r != h && a_er > 0) {
+                            atomicAdd(cost_remote + c * R + r, 1);
+                            copies += 1;
+                            moved += a_er;
+                            if (B >= epn || detail::plan_is_prefetched(d, X, r, e)) atomicAdd(cost_pushed + c * R + h, 1);
+                        }
+                    }
+                }
+                const unsigned wc = __reduce_add_sync(kFullMask, static_cast<unsigned>(copies));
+                const unsigned wx = __reduce_add_sync(kFullMask, static_cast<unsigned>(crossing));
+                const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
+                if (lane == 0) {
+                    if (wc) atomicAdd(&s_acc[c][0], static_cast<unsigned long long>(wc));
+                    if (wx) atomicAdd(&s_acc[c][1], static_cast<unsigned long long>(wx));
+                    if (wm) atomicAdd(&s_acc[c][2], static_cast<unsigned long long>(wm));
                 }
             }
-            if (copies) atomicAdd(&s_acc[c][0], static_cast<unsigned long long>(copies));
-            if (crossing) atomicAdd(&s_acc[c][1], static_cast<unsigned long long>(crossing));
-            if (moved) atomicAdd(&s_acc[c][2], static_cast<unsigned long long>(moved));
         }
         __syncthreads();
         if (tid == 0) {
@@ -379,40 +400,53 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
     stamp(5);
 
     // ---- Phase 3a: locality keep, prefixes, crossing rows and moved entries (plan_finalize), thread per expert. ----
-    for (int e = tid; e < E; e += kThreads) {
+    for (int e0 = warp * kWarpSize; e0 < E; e0 += kThreads) {  // warp-uniform: per-warp sums before atomics
+        const int e = e0 + lane;
+        const bool valid = e < E;
         int32_t rest = 0, cap = 0;
         int32_t* rp = a.rest_prefix + static_cast<int64_t>(e) * (R + 1);
         int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
         int64_t moved = 0;
         for (int r = 0; r < R; ++r) {
-            const int32_t keep = static_cast<int32_t>(detail::plan_local_keep(d, tpe, alloc, e, r));
-            const int32_t t_re = tpe[static_cast<int64_t>(r) * E + e];
-            const int32_t a_er = alloc[static_cast<int64_t>(e) * R + r];
-            a.local_keep[static_cast<int64_t>(e) * R + r] = keep;
-            rp[r] = rest;
-            cp[r] = cap;
-            const int32_t rest_lo = rest, cap_lo = cap;
-            rest += t_re - keep;
-            cap += a_er - keep;
-            const int64_t lo = detail::imax64(rest_lo, cap_lo), hi = detail::imin64(rest, cap);
-            const int64_t stay = keep + (hi > lo ? hi - lo : 0);
-            const int64_t cross = t_re - stay;
-            if (cross) atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r),
-                                 static_cast<unsigned long long>(cross));
-            if (r != e / epn) moved += a_er;
+            int64_t cross = 0;
+            if (valid) {
+                const int32_t keep = static_cast<int32_t>(detail::plan_local_keep(d, tpe, alloc, e, r));
+                const int32_t t_re = tpe[static_cast<int64_t>(r) * E + e];
+                const int32_t a_er = alloc[static_cast<int64_t>(e) * R + r];
+                a.local_keep[static_cast<int64_t>(e) * R + r] = keep;
+                rp[r] = rest;
+                cp[r] = cap;
+                const int32_t rest_lo = rest, cap_lo = cap;
+                rest += t_re - keep;
+                cap += a_er - keep;
+                const int64_t lo = detail::imax64(rest_lo, cap_lo), hi = detail::imin64(rest, cap);
+                cross = t_re - (keep + (hi > lo ? hi - lo : 0));
+                if (r != e / epn) moved += a_er;
+            }
+            const unsigned wsum = __reduce_add_sync(kFullMask, static_cast<unsigned>(cross));  // < entries of r
+            if (lane == 0 && wsum)
+                atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r), static_cast<unsigned long long>(wsum));
         }
-        rp[R] = rest;
-        cp[R] = cap;
-        if (moved) atomicAdd(&s_acc[0][2], static_cast<unsigned long long>(moved));
+        if (valid) {
+            rp[R] = rest;
+            cp[R] = cap;
+        }
+        const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
+        if (lane == 0 && wm) atomicAdd(&s_acc[0][2], static_cast<unsigned long long>(wm));
     }
+    stamp(6);
 
     // ---- Phase 3b: segment layout, weight sources, slots, cu_seqlens, seg_row; one warp per rank. ----
+    // The group arrays are built in the warp's part of sc.groups (shared memory when the scratch is), then copied
+    // out: their read-after-write steps stay out of global memory.
+    static_assert(kWarps <= kPlanMaxWarps, "PlanScratchLayout::groups holds kPlanMaxWarps warps");
     for (int r = warp; r < R; r += kWarps) {
-        int32_t* ge = a.group_expert + static_cast<int64_t>(r) * G;
-        int32_t* gc = a.group_count + static_cast<int64_t>(r) * G;
-        int8_t* gs = a.group_source + static_cast<int64_t>(r) * G;
-        int32_t* gsl = a.group_slot + static_cast<int64_t>(r) * G;
-        int32_t* cu = a.cu_seqlens + static_cast<int64_t>(r) * G;
+        int32_t* tw = sc.groups + static_cast<int64_t>(warp) * 5 * G;
+        int32_t* ge = tw;
+        int32_t* gc = tw + G;
+        int32_t* gs = tw + 2 * G;
+        int32_t* gsl = tw + 3 * G;
+        int32_t* cu = tw + 4 * G;
         int32_t* seg = a.seg_row + static_cast<int64_t>(r) * E;
         int32_t* cs = a.copies + static_cast<int64_t>(r) * B;
         for (int g = lane; g < G; g += kWarpSize) {
@@ -447,7 +481,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         int slot = 0, peer = 0;
         for (int g0 = epn; g0 < G; g0 += kWarpSize) {
             const int g = g0 + lane;
-            const int8_t src = g < G ? gs[g] : detail::kSourceEmpty;
+            const int32_t src = g < G ? gs[g] : detail::kSourceEmpty;
             const unsigned ms = __ballot_sync(kFullMask, src == detail::kSourceSlot);
             const unsigned mp = __ballot_sync(kFullMask, src == detail::kSourcePeer);
             if (src == detail::kSourceSlot) {
@@ -472,8 +506,16 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
             end += __shfl_sync(kFullMask, v, kWarpSize - 1);
         }
         __syncwarp();
-        for (int g = lane; g < G; g += kWarpSize)
+        for (int g = lane; g < G; g += kWarpSize) {
             if (ge[g] >= 0) seg[ge[g]] = g == 0 ? 0 : cu[g - 1];
+            const int64_t o = static_cast<int64_t>(r) * G + g;
+            a.group_expert[o] = ge[g];
+            a.group_count[o] = gc[g];
+            a.group_source[o] = static_cast<int8_t>(gs[g]);
+            a.group_slot[o] = gsl[g];
+            a.cu_seqlens[o] = cu[g];
+        }
+        __syncwarp();  // the temporaries are rebuilt for the warp's next rank
         if (lane == 0) {
             a.remote_experts[r] = next - epn;
             a.copies_received[r] = slot;
@@ -482,7 +524,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         }
     }
     __syncthreads();
-    stamp(6);
+    stamp(7);
     if (alloc != a.alloc)
         for (size_t i = tid; i < ER; i += kThreads) a.alloc[i] = alloc[i];
 
@@ -508,7 +550,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
         cost_out[3] = static_cast<int64_t>(s_acc[0][2]);
     }
     __syncthreads();
-    stamp(7);
+    stamp(8);
 }
 
 }  // namespace evenep::cuda::device

@@ -27,8 +27,8 @@ using device::kWarpSize;
 inline constexpr int kExpertThreads = 512;
 inline constexpr int kExpertUnroll = 4;
 inline constexpr int kTileVec = kExpertThreads * kExpertUnroll;  // 16-byte vectors per item (32 KiB)
-inline constexpr int kReduceUnroll = 2;                          // reduce: vectors per thread per item ...
-inline constexpr int kReduceDestBatch = 4;                       // ... times slot gradients loaded at once
+inline constexpr int kReduceUnroll = 4;                          // reduce: vectors per thread per item ...
+inline constexpr int kReduceDestBatch = 2;                       // ... times slot gradients loaded at once
 inline constexpr int kMaxSlotEntries = 2048;                     // R*B handled per block (shared memory)
 inline constexpr int kMaxExperts = 4096;
 

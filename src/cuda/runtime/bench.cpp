@@ -328,8 +328,13 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
             }
         }
         const Stats fused = time_op([&] { ep.plan(routing.s, stream); }, stream, bc.warmup, bc.iters);
-        add("plan_fused", fused, 0, ep.last_blocks_per_rank(), wrong,
-            "histogram + all-gather + plan + dst, all ranks, one launch");
+        const std::vector<int64_t> tf = download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 24);
+        std::ostringstream fused_note;
+        fused_note << "histogram + all-gather + plan + dst, all ranks, one launch; rank 0 block 0 us: histogram "
+                   << (tf[17] - tf[16]) / 1e3 << ", gather " << (tf[18] - tf[17]) / 1e3 << ", plan " << (tf[19] - tf[18]) / 1e3
+                   << ", dst " << (tf[20] - tf[19]) / 1e3 << " (route staging " << (tf[21] - tf[19]) / 1e3 << ", walk "
+                   << (tf[22] - tf[21]) / 1e3 << ", dedup " << (tf[20] - tf[22]) / 1e3 << ")";
+        add("plan_fused", fused, 0, ep.last_blocks_per_rank(), wrong, fused_note.str());
         // One rank's planner alone: gathered histogram -> its plan (rank 0's copy).
         const std::vector<int32_t> tpe = routing.tpe();
         EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(0) + ep.layout().tpe, tpe.data(), tpe.size() * 4, cudaMemcpyHostToDevice));
@@ -344,13 +349,14 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
             },
             stream, bc.warmup, bc.iters);
         one.min_us /= kBatch, one.median_us /= kBatch, one.mean_us /= kBatch, one.max_us /= kBatch;
-        const std::vector<int64_t> ts = download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 16);
+        const std::vector<int64_t> ts = download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 24);
+        auto us = [&](int a, int b) { return (ts[b] - ts[a]) / 1e3; };
         std::ostringstream phases;
         phases << "one rank: gathered tpe -> plan, one block of 512 threads (mean of " << kBatch
-               << " back-to-back launches); phases us: loads " << (ts[1] - ts[0]) / 1e3 << ", init " << (ts[2] - ts[1]) / 1e3
-               << ", transfers+fills " << (ts[3] - ts[2]) / 1e3 << ", split " << (ts[4] - ts[3]) / 1e3 << ", costs "
-               << (ts[5] - ts[4]) / 1e3 << ", layout " << (ts[6] - ts[5]) / 1e3 << ", copies+costs " << (ts[7] - ts[6]) / 1e3
-               << "; fill iterations " << ts[8] << "/" << ts[9];
+               << " back-to-back launches); phases us: loads " << us(0, 1) << ", init " << us(1, 2)
+               << ", transfers+fills " << us(2, 3) << ", split " << us(3, 4) << ", costs " << us(4, 5) << ", prefixes "
+               << us(5, 6) << ", layout " << us(6, 7) << ", copies+costs " << us(7, 8) << "; fill iterations " << ts[9]
+               << "/" << ts[10] << ", split pieces (max donor) " << ts[11];
         int64_t wrong_one = -1;
         if (bc.check) {
             const Plan gp = ep.download_plan(0);
@@ -358,6 +364,21 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                         (gp.rest_prefix != plan.rest_prefix) + (gp.cap_prefix != plan.cap_prefix);
         }
         add("plan_rank", one, 0, 1, wrong_one, phases.str());
+        {
+            // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
+            launch_plan_only(ep.team().view(), ep.layout(), routing.s, locality, PlannerKernel::kParallel, 0, 1, stream, 2);
+            EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+            const std::vector<int64_t> tw =
+                download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 24);
+            auto wus = [&](int a, int b) { return (tw[b] - tw[a]) / 1e3; };
+            Stats warm;
+            warm.min_us = warm.median_us = warm.mean_us = warm.max_us = wus(0, 8);
+            std::ostringstream wn;
+            wn << "second plan in one launch (warm caches), from its stamps; phases us: loads " << wus(0, 1) << ", init "
+               << wus(1, 2) << ", transfers+fills " << wus(2, 3) << ", split " << wus(3, 4) << ", costs " << wus(4, 5)
+               << ", prefixes " << wus(5, 6) << ", layout " << wus(6, 7) << ", copies+costs " << wus(7, 8);
+            add("plan_rank_warm", warm, 0, 1, -1, wn.str());
+        }
         if (static_cast<int64_t>(R) * bc.E <= 8 * 1024) {  // the sequential reference is slow on one GPU thread
             const Stats serial = time_op(
                 [&] {

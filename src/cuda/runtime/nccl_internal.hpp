@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "evenep/cuda/team.hpp"
 #include "evenep/error.hpp"
 
 #if defined(EVENEP_HAVE_NCCL)
@@ -26,6 +27,9 @@
 namespace evenep::cuda::nccl_detail {
 
 #if defined(EVENEP_HAVE_NCCL)
+// One team barrier (Phase::kTest) on `stream`: one block per rank of the launch.
+void launch_team_sync(const TeamView& team, cudaStream_t stream);
+
 // Fills d_out[peer] (device table [num_ranks]) with ncclGetLsaPointer(window, 0, lsa_rank + peer - rank): every
 // rank's copy of `window` as mapped into this process. `window` is the ncclWindow_t of a registered window.
 void launch_lsa_peer_table(ncclWindow_t window, int rank, int lsa_rank, int num_ranks, char** d_out,

@@ -16,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -156,6 +158,26 @@ constexpr size_t kWindowAlign = NCCL_WIN_REQUIRED_ALIGNMENT;
 
 size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// The group's root communicator, one per (unique id, rank) and process: an NCCL unique id bootstraps exactly one
+// communicator, so every team of the process is split from it (ncclCommSplit, collective over the group in
+// construction order). Created by the first team, kept until the process exits (NOTE: deliberately never
+// destroyed: teardown at static-destruction time would race the CUDA runtime's own).
+ncclComm_t root_comm(const NcclBootstrap& boot) {
+    static std::mutex mutex;
+    static std::map<std::string, ncclComm_t> roots;
+    std::lock_guard<std::mutex> lock(mutex);
+    const std::string key = boot.unique_id + "/" + std::to_string(boot.rank) + "/" + std::to_string(boot.world_size);
+    auto it = roots.find(key);
+    if (it != roots.end()) return it->second;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    config.collnetEnable = 0;
+    ncclComm_t comm = nullptr;
+    EVENEP_NCCL_CHECK(ncclCommInitRankConfig(&comm, boot.world_size, from_hex(boot.unique_id), boot.rank, &config));
+    roots.emplace(key, comm);
+    return comm;
+}
+
 struct Window {
     void* mem = nullptr;
     ncclWindow_t win = nullptr;
@@ -184,7 +206,10 @@ struct NcclTeam::Impl {
     TeamOptions options;
     size_t bytes_per_rank = 0;
     ncclComm_t comm = nullptr;
+    // NOTE: NCCL fills the device communicator by its own version's layout; the slack keeps a newer 2.28.x library
+    // from writing past it (the fields read here, rank/nRanks/lsaRank/lsaSize, lead the struct in every 2.28).
     ncclDevComm devcomm{};
+    unsigned char devcomm_slack[4096] = {};
     bool devcomm_made = false;
     cudaStream_t stream = nullptr;
     std::vector<std::unique_ptr<Window>> windows;  // [0]: the main window
@@ -338,11 +363,16 @@ NcclTeam::NcclTeam(const NcclBootstrap& boot, size_t bytes_per_rank, const TeamO
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 1;
         config.collnetEnable = 0;
-        EVENEP_NCCL_CHECK(ncclCommInitRankConfig(&m.comm, R, from_hex(boot.unique_id), boot.rank, &config));
+        EVENEP_NCCL_CHECK(ncclCommSplit(root_comm(boot), 0, boot.rank, &m.comm, &config));
+        EVENEP_CHECK_KIND(ErrorKind::kRuntime, m.comm != nullptr, "nccl team: rank ", boot.rank,
+                          ": ncclCommSplit gave no communicator");
         // Device communicator: no multimem (NVLink multicast off), no NCCL barriers (EvenEP brings its own).
-        ncclDevCommRequirements reqs{};
-        reqs.lsaMultimem = false;
-        const ncclResult_t dc = ncclDevCommCreate(m.comm, &reqs, &m.devcomm);
+        struct {
+            ncclDevCommRequirements reqs;
+            unsigned char slack[4096];  // zeroed fields a newer 2.28.x library may read past our struct
+        } req_storage{};
+        req_storage.reqs.lsaMultimem = false;
+        const ncclResult_t dc = ncclDevCommCreate(m.comm, &req_storage.reqs, &m.devcomm);
         EVENEP_CHECK_KIND(ErrorKind::kRuntime, dc == ncclSuccess, "nccl team: rank ", boot.rank,
                           ": ncclDevCommCreate failed: ", ncclGetErrorString(dc), " (", ncclGetLastError(m.comm),
                           "); the device API needs NCCL >= 2.28 with symmetric memory support (CUDA VMM, "
@@ -408,6 +438,8 @@ const NcclWindowView& NcclTeam::alloc_window(size_t bytes) {
 }
 
 void NcclTeam::host_barrier() { impl_->host_barrier(); }
+
+void NcclTeam::device_barrier(cudaStream_t stream, int channel) { nccl_detail::launch_team_sync(view(channel), stream); }
 
 std::vector<int64_t> NcclTeam::all_gather(std::span<const int64_t> mine) {
     Impl& m = *impl_;
@@ -531,6 +563,7 @@ void NcclTeam::check(cudaStream_t) const { not_built(); }
 std::string NcclTeam::pending_error() const { not_built(); }
 void NcclTeam::recover() { not_built(); }
 void NcclTeam::host_barrier() { not_built(); }
+void NcclTeam::device_barrier(cudaStream_t, int) { not_built(); }
 std::vector<int64_t> NcclTeam::all_gather(std::span<const int64_t>) { not_built(); }
 void NcclTeam::inject_fault(int, Phase) { not_built(); }
 void NcclTeam::set_timeout_ms(double) { not_built(); }
