@@ -78,7 +78,10 @@ struct Plan {
 // once `out` has been used for the same configuration (its vectors are reused).
 class Planner {
 public:
-    Planner(const Config& cfg, PlannerMode mode);
+    // `extended_candidates` (optimized mode only): also try the overshooting, push-spreading and path candidates
+    // of plan_core.hpp (plan_alloc_mode). It lowers copies and the busiest rank's copy traffic (docs/quality.md) but
+    // is CPU-only for now: the GPU planner mirrors the default candidate set, so GPU runs must leave it off.
+    Planner(const Config& cfg, PlannerMode mode, bool extended_candidates = false);
 
     // tpe: [R*E] all ranks' histograms; s: [R] tokens per rank (1 <= s_r <= S, tpe row sums <= s_r*K).
     // Throws evenep::Error naming the rank and value on inconsistent input.
@@ -90,6 +93,7 @@ public:
 private:
     Config cfg_;
     PlannerMode mode_;
+    bool extended_;
     std::vector<int64_t> work64_;
     std::vector<int32_t> work32_;
     Plan scratch_;

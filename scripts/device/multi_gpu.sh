@@ -7,12 +7,14 @@
 #   source .devdeps/unpack.sh && scripts/device/multi_gpu.sh [--no-tests] [--no-bench] [--quick] [--ranks N]
 # NCCL: the system NCCL of the device image (2.28.3) rejects ncclDevCommCreate; the script builds and runs against
 # PyTorch's copy (python3 -c "import nvidia.nccl; print(nvidia.nccl.__path__[0])") unless EVENEP_NCCL_ROOT is set.
-# --quick benchmarks maxvio 1 and 20 only, with 10 iterations.
+# --quick benchmarks maxvio 1 and 20 only, with 10 iterations. TEST_TIMEOUT / BENCH_TIMEOUT bound the steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device-out}
 BUILD=${BUILD:-build-mgpu}
 JOBS=${JOBS:-$(nproc)}
+TEST_TIMEOUT=${TEST_TIMEOUT:-500}    # seconds per test binary
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-540}  # seconds for the benchmark
 mkdir -p "$OUT"
 run_tests=1 run_bench=1 quick=0 ranks=""
 while [ $# -gt 0 ]; do
@@ -46,7 +48,7 @@ t0=$(date +%s)
   nvidia-smi -L || true
   nvidia-smi topo -m || true
   echo "NCCL root: ${NCCL_ROOT_DIR:-<none>}"; ls "$NCCL_ROOT_DIR"/include "$NCCL_ROOT_DIR"/lib 2>/dev/null
-  grep -m1 "define NCCL_VERSION_CODE" "$NCCL_ROOT_DIR/include/nccl.h" "${EVENEP_NCCL_INCLUDE:-/nonexistent}/nccl.h" 2>/dev/null
+  grep -m1 "define NCCL_VERSION_CODE" "$NCCL_ROOT_DIR/include/nccl.h" "${EVENEP_NCCL_INCLUDE:-/none}/nccl.h" 2>/dev/null
   strings "$NCCL_ROOT_DIR/lib/libnccl.so.2" 2>/dev/null | grep -m1 -E "^NCCL version [0-9]"
   cmake -S . -B "$BUILD" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
     -DEVENEP_WERROR=${EVENEP_WERROR:-OFF} -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_BUILD_BENCH=OFF \
@@ -63,7 +65,7 @@ if [ $run_tests -eq 1 ]; then
   : > "$OUT/tests.log"
   for t in nccl_team_test nccl_ep_test; do
     echo "=== $t" >> "$OUT/tests.log"
-    EVENEP_MGPU_RANKS=$ranks timeout 500 "$BUILD/tests/$t" >> "$OUT/tests.log" 2>&1
+    EVENEP_MGPU_RANKS=$ranks timeout "$TEST_TIMEOUT" "$BUILD/tests/$t" >> "$OUT/tests.log" 2>&1
     rc=$?
     echo "=== $t rc=$rc" >> "$OUT/tests.log"
     [ $rc -ne 0 ] && status=1
@@ -77,7 +79,7 @@ fi
 if [ $run_bench -eq 1 ] && [ "$ranks" -ge 2 ]; then
   extra=()
   [ $quick -eq 1 ] && extra=(--maxvio 1 20 --iters 10)
-  timeout 540 "$BUILD/tools/evenep/evenep" launch -n "$ranks" --timeout 520 -- \
+  timeout "$BENCH_TIMEOUT" "$BUILD/tools/evenep/evenep" launch -n "$ranks" --timeout $(( BENCH_TIMEOUT - 10 )) -- \
     "$BUILD/tools/evenep/evenep" bench multi --check --json "$OUT/bench.json" "${extra[@]}" > "$OUT/bench.log" 2>&1 ||
     status=1
   echo "bench ($(( $(date +%s) - t0 )) s):"

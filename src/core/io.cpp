@@ -85,10 +85,11 @@ const Json& json_field(const Json& root, const std::string& where, const char* n
     return *it;
 }
 
-const Json& json_array(const Json& j, const std::string& where, const std::string& field, size_t size) {
+// Checks that `j` is an array of `size` entries. (Returns nothing: a reference return with temporary string
+// arguments trips GCC 13's -Wdangling-reference.)
+void check_json_array(const Json& j, const std::string& where, const std::string& field, size_t size) {
     EVENEP_CHECK(j.is_array(), where, ": field ", field, " must be an array, got ", json_type(j));
     EVENEP_CHECK(j.size() == size, where, ": field ", field, " has ", j.size(), " entries, expected ", size);
-    return j;
 }
 
 // --- .npy -------------------------------------------------------------------------------------------------------
@@ -333,7 +334,8 @@ TpeFile read_tpe_json(const std::string& path) {
     EVENEP_CHECK(f.K <= f.E, where, ": field \"K\" = ", f.K, " exceeds \"E\" = ", f.E);
     EVENEP_CHECK(f.S >= 1, where, ": field \"S\" = ", f.S, " must be >= 1");
 
-    const Json& s = json_array(json_field(root, where, "s"), where, "\"s\"", f.R);
+    const Json& s = json_field(root, where, "s");
+    check_json_array(s, where, "\"s\"", f.R);
     f.s.resize(f.R);
     for (int r = 0; r < f.R; ++r) {
         const std::string field = "\"s\"[" + std::to_string(r) + "]";
@@ -341,10 +343,12 @@ TpeFile read_tpe_json(const std::string& path) {
         EVENEP_CHECK(f.s[r] >= 1 && f.s[r] <= f.S, where, ": field ", field, " = ", f.s[r], " outside [1, S = ", f.S,
                      "]");
     }
-    const Json& tpe = json_array(json_field(root, where, "tpe"), where, "\"tpe\"", f.R);
+    const Json& tpe = json_field(root, where, "tpe");
+    check_json_array(tpe, where, "\"tpe\"", f.R);
     f.tpe.resize(static_cast<size_t>(f.R) * f.E);
     for (int r = 0; r < f.R; ++r) {
-        const Json& row = json_array(tpe[r], where, "\"tpe\"[" + std::to_string(r) + "]", f.E);
+        const Json& row = tpe[r];
+        check_json_array(row, where, "\"tpe\"[" + std::to_string(r) + "]", f.E);
         int64_t sum = 0;
         for (int e = 0; e < f.E; ++e) {
             const std::string field = "\"tpe\"[" + std::to_string(r) + "][" + std::to_string(e) + "]";

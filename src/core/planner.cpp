@@ -2,7 +2,6 @@
 // The algorithm itself lives in evenep/detail/plan_core.hpp, shared with the GPU planner.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "evenep/detail/plan_core.hpp"
 #include "evenep/error.hpp"
@@ -94,7 +93,8 @@ int64_t Plan::total_entries() const {
     return n;
 }
 
-Planner::Planner(const Config& cfg, PlannerMode mode) : cfg_(cfg), mode_(mode) {
+Planner::Planner(const Config& cfg, PlannerMode mode, bool extended_candidates)
+    : cfg_(cfg), mode_(mode), extended_(extended_candidates) {
     cfg_.validate();
     work64_.resize(detail::plan_work64_size(cfg_.R, cfg_.E));
     work32_.resize(detail::plan_work32_size(cfg_.R, cfg_.E));
@@ -113,8 +113,8 @@ void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Pla
     detail::PlanArrays a = arrays_of(out);
     detail::plan_loads_and_quotas(d, tpe.data(), a);
 
-    static const bool legacy = std::getenv("EVENEP_PLANNER_EXPERIMENT") == nullptr;  // TEMPORARY
-    detail::plan_alloc_mode(d, a, tpe.data(), detail::PlanWork{work64_.data(), work32_.data()}, legacy);
+    detail::plan_alloc_mode(d, a, tpe.data(), detail::PlanWork{work64_.data(), work32_.data()},
+                            /*legacy=*/!extended_);
     detail::PlanCostValues cost{};
     detail::plan_finalize(d, tpe.data(), a, cost);
     for (int r = 0; r < R; ++r)

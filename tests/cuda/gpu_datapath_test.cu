@@ -1,7 +1,8 @@
 // GPU data-path tests: dispatch and combine bit-identical to the CPU oracle (evenep/cpu/oracle.hpp).
 //
 // Cases:
-//   DatapathTest.MatchesOracle/<config>_<routing>  plan, dst, receive rows [0, rows_used), recv_w, recv_next, recv_ret of
+//   DatapathTest.MatchesOracle/<config>_<routing>  plan, dst, receive rows [0, rows_used), recv_w, recv_next, recv_ret
+//   of
 //       every rank equal to the oracle's; then an expert placeholder (y = bf16(0.75 x) in place) and combine in both
 //       modes (pull, push partials) with and without apply_weights: out and gathered weights equal to the oracle's.
 //       Routings: lognormal, round robin and every adversarial kind (masked entries, unequal s_r, all K entries on
@@ -104,8 +105,11 @@ void expect_dispatch_equal(const DeviceEp& ep, const cpu::GroupDispatchResult& o
     }
 }
 
-void expect_combine_equal(GpuGroup& g, const std::vector<cpu::RankTokens>& tokens, const BufferConfig& bc,
-                          const std::vector<std::vector<Bf16>>& y, const cpu::OracleOptions& oo,
+void expect_combine_equal(GpuGroup& g,
+                          const std::vector<cpu::RankTokens>& tokens,
+                          const BufferConfig& bc,
+                          const std::vector<std::vector<Bf16>>& y,
+                          const cpu::OracleOptions& oo,
                           const std::string& what) {
     const Config& cfg = bc.cfg;
     for (bool apply : {false, true}) {
@@ -117,14 +121,14 @@ void expect_combine_equal(GpuGroup& g, const std::vector<cpu::RankTokens>& token
             }
             g.ep.combine(apply, mode, nullptr);
             g.ep.check(nullptr);
-            const std::string w = cat(what, mode == CombineMode::kPull ? " pull" : " push",
-                                      apply ? " weighted" : " unweighted");
+            const std::string w =
+                cat(what, mode == CombineMode::kPull ? " pull" : " push", apply ? " weighted" : " unweighted");
             for (int r = 0; r < cfg.R; ++r) {
                 const int s = tokens[r].s;
                 const std::vector<uint16_t> out = g.io.out[r].download(static_cast<size_t>(s) * bc.H);
                 for (size_t i = 0; i < out.size(); ++i)
-                    ASSERT_EQ(out[i], oc.out[r][i].bits) << w << ": out rank " << r << " token " << i / bc.H
-                                                         << " col " << i % bc.H;
+                    ASSERT_EQ(out[i], oc.out[r][i].bits)
+                        << w << ": out rank " << r << " token " << i / bc.H << " col " << i % bc.H;
                 const std::vector<float> ow = g.io.out_w[r].download(static_cast<size_t>(s) * cfg.K);
                 for (size_t i = 0; i < ow.size(); ++i)
                     ASSERT_EQ(ow[i], oc.gathered_w[r][i]) << w << ": gathered w rank " << r << " entry " << i;
@@ -134,8 +138,8 @@ void expect_combine_equal(GpuGroup& g, const std::vector<cpu::RankTokens>& token
 }
 
 // Full check of one (config, routing): dispatch rows, then combine after the expert placeholder.
-void check_case(const BufferConfig& bc, const Routing& routing, PlannerMode mode, int sm_budget,
-                const std::string& what) {
+void check_case(
+    const BufferConfig& bc, const Routing& routing, PlannerMode mode, int sm_budget, const std::string& what) {
     const Config& cfg = bc.cfg;
     const auto tokens = testing::random_tokens(bc, routing, 11);
     cpu::OracleOptions oo;
@@ -170,8 +174,8 @@ std::string param_name(const DatapathParam& p) {
 
 std::vector<DatapathParam> datapath_params() {
     std::vector<DatapathParam> out;
-    const DatapathParam shapes[] = {{4, 32, 4, 96, 8, 40, 0}, {8, 64, 8, 64, 1, 16, 0}, {2, 8, 6, 48, 128, 24, 0},
-                                    {1, 4, 2, 32, 4, 8, 0}};
+    const DatapathParam shapes[] = {
+        {4, 32, 4, 96, 8, 40, 0}, {8, 64, 8, 64, 1, 16, 0}, {2, 8, 6, 48, 128, 24, 0}, {1, 4, 2, 32, 4, 8, 0}};
     for (DatapathParam p : shapes) {
         const size_t n = testing::test_routings(testing::buffer_config(p.R, p.E, p.K, p.S, p.tp, p.H).cfg, 3).size();
         for (size_t i = 0; i < n; ++i) {
@@ -195,8 +199,9 @@ TEST_P(DatapathTest, MatchesOracle) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Routings, DatapathTest, ::testing::ValuesIn(datapath_params()),
-                         [](const auto& info) { return param_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(Routings, DatapathTest, ::testing::ValuesIn(datapath_params()), [](const auto& info) {
+    return param_name(info.param);
+});
 
 TEST(DatapathFlowTest, SmBudgetDoesNotChangeResults) {
     EVENEP_SKIP_WITHOUT_DEVICE();
@@ -263,7 +268,8 @@ TEST(DatapathFlowTest, GraphCaptureReplay) {
         for (int r = 0; r < cfg.R; ++r) EVENEP_CUDA_CHECK(cudaMemset(g.io.out[r].get(), 0, g.io.out[r].size() * 2));
         EVENEP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
         g.ep.check(stream);
-        for (int r = 0; r < cfg.R; ++r) ASSERT_EQ(g.io.out[r].download(), eager[r]) << "replay " << rep << " rank " << r;
+        for (int r = 0; r < cfg.R; ++r)
+            ASSERT_EQ(g.io.out[r].download(), eager[r]) << "replay " << rep << " rank " << r;
     }
     // New routing and tokens in the same device buffers (same s): the replay plans again on the device.
     const Routing routing2 = make_lognormal(RoutingSpec{4, 32, 4, 128, 32}, 0.5);

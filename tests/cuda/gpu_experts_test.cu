@@ -163,7 +163,8 @@ TEST_P(ExpertsTest, PrefetchAndReduce) {
         }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ExpertsTest,
+INSTANTIATE_TEST_SUITE_P(Shapes,
+                         ExpertsTest,
                          ::testing::Values(Shape{4, 16, -1, 3, 64, "R4_E16_P3_small"},
                                            Shape{4, 16, -1, 1, 40008, "R4_E16_P1_multitile"},
                                            Shape{4, 32, 3, 2, 136, "R4_E32_B3_inference"},

@@ -5,9 +5,10 @@
 //       (R 1..16, epn 1..48, K, tp, B <= epn) and skewed histograms, every rank's plan copy vs make_plan
 //   FusedPlanTest.FusedPathMatchesCpu/<routing>  histogram on device + all-gather + plan + dst from topk_idx, for the
 //       library's routings (lognormal, round robin, every adversarial kind incl. masked and unequal s_r), both modes
-//   GpuPlannerRoutingTest.RandomRoutingsMatchCpu  random routings with masks, unequal s, hot subsets, small and large tp
-//   GpuPlannerRoutingTest.Theorem2                the Theorem-2 routing: plan equal and rank 0 holds >= the bound
-//   GpuPlannerRoutingTest.BenchmarkPointsMatchCpu   MoonEP point (R=8 E=384 K=8 S=8192) at maxvio 0.2/1/10/20 and the K3
+//   GpuPlannerRoutingTest.RandomRoutingsMatchCpu  random routings with masks, unequal s, hot subsets, small and large
+//   tp GpuPlannerRoutingTest.Theorem2                the Theorem-2 routing: plan equal and rank 0 holds >= the bound
+//   GpuPlannerRoutingTest.BenchmarkPointsMatchCpu   MoonEP point (R=8 E=384 K=8 S=8192) at maxvio 0.2/1/10/20 and the
+//   K3
 //       shape (E=896 K=16) at R=8 and R=64 (planner state in global memory), both modes
 //   GpuPlannerRoutingTest.BadExpertIdNamesRankTokenK  an id >= E: Error(kInvalidArgument) naming rank, token, k, value;
 //       the next plan succeeds
@@ -55,7 +56,10 @@ Config make_cfg(int R, int E, int K, int S, int tp, int B = -1) {
 }
 
 // Plans `routing` through the fused device path and compares every rank's plan copy and dst with the CPU.
-void expect_fused_equal(const Config& cfg, const Routing& routing, PlannerMode mode, const std::string& what,
+void expect_fused_equal(const Config& cfg,
+                        const Routing& routing,
+                        PlannerMode mode,
+                        const std::string& what,
                         PlannerKernel kernel = PlannerKernel::kParallel) {
     EpOptions opt;
     opt.mode = mode;
@@ -81,8 +85,7 @@ void expect_fused_equal(const Config& cfg, const Routing& routing, PlannerMode m
         const std::vector<int32_t> dst = ep.download_dst(r);
         ASSERT_EQ(dst.size(), cpu_dst[r].size());
         for (size_t i = 0; i < dst.size(); ++i)
-            ASSERT_EQ(dst[i], cpu_dst[r][i]) << what << ": rank " << r << " token " << i / cfg.K << " k "
-                                             << i % cfg.K;
+            ASSERT_EQ(dst[i], cpu_dst[r][i]) << what << ": rank " << r << " token " << i / cfg.K << " k " << i % cfg.K;
     }
 }
 
@@ -119,14 +122,15 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Kernels, GpuPlannerTest,
-    ::testing::Combine(::testing::Values(PlannerKernel::kParallel, PlannerKernel::kSerial),
-                       ::testing::Values(PlannerMode::kOptimized, PlannerMode::kReference)),
-    [](const auto& info) {
-        return testing_cat(std::get<0>(info.param) == PlannerKernel::kParallel ? "parallel" : "serial", "_",
-                           to_string(std::get<1>(info.param)));
-    });
+INSTANTIATE_TEST_SUITE_P(Kernels,
+                         GpuPlannerTest,
+                         ::testing::Combine(::testing::Values(PlannerKernel::kParallel, PlannerKernel::kSerial),
+                                            ::testing::Values(PlannerMode::kOptimized, PlannerMode::kReference)),
+                         [](const auto& info) {
+                             return testing_cat(
+                                 std::get<0>(info.param) == PlannerKernel::kParallel ? "parallel" : "serial", "_",
+                                 to_string(std::get<1>(info.param)));
+                         });
 
 class FusedPlanTest : public ::testing::TestWithParam<int> {};
 
@@ -145,8 +149,7 @@ TEST_P(FusedPlanTest, FusedPathMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Routings, FusedPlanTest, ::testing::Range(0, 9), [](const auto& info) {
     const Config cfg = make_cfg(4, 32, 4, 96, 8);
     const auto routings = testing::test_routings(cfg, 7);
-    return info.param < static_cast<int>(routings.size()) ? routings[info.param].name
-                                                          : testing_cat("r", info.param);
+    return info.param < static_cast<int>(routings.size()) ? routings[info.param].name : testing_cat("r", info.param);
 });
 
 TEST(GpuPlannerRoutingTest, RandomRoutingsMatchCpu) {
@@ -164,8 +167,8 @@ TEST(GpuPlannerRoutingTest, RandomRoutingsMatchCpu) {
         if (rng.chance(0.3)) ro.num_hot = std::max(1, E / 3), ro.hot_first = rng.below(E - ro.num_hot + 1);
         const Routing routing = testing::random_routing(cfg, rng.next(), ro);
         const PlannerMode mode = rng.chance(0.5) ? PlannerMode::kOptimized : PlannerMode::kReference;
-        expect_fused_equal(cfg, routing, mode, testing_cat("instance ", it, " ", cfg.to_string(), " ",
-                                                           testing::describe(ro)));
+        expect_fused_equal(cfg, routing, mode,
+                           testing_cat("instance ", it, " ", cfg.to_string(), " ", testing::describe(ro)));
         if (HasFatalFailure()) return;
     }
 }

@@ -44,7 +44,8 @@ TEST_P(BarrierTest, OrdersWritesAcrossRanks) {
     EXPECT_EQ(run_rounds(team, 50, budget), 0) << "R=" << R << " budget=" << budget;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, BarrierTest,
+INSTANTIATE_TEST_SUITE_P(Ranks,
+                         BarrierTest,
                          ::testing::Combine(::testing::Values(1, 2, 8, 32), ::testing::Values(1, 4)),
                          [](const auto& info) {
                              return "R" + std::to_string(std::get<0>(info.param)) + "_budget" +

@@ -12,8 +12,8 @@
 #include "evenep/detail/bf16.hpp"
 
 // Skips the current test when no CUDA device is usable (cudaGetDeviceCount fails or returns 0).
-#define EVENEP_SKIP_WITHOUT_DEVICE()                                             \
-    do {                                                                         \
+#define EVENEP_SKIP_WITHOUT_DEVICE()                                               \
+    do {                                                                           \
         if (!::evenep::cuda::device_available()) GTEST_SKIP() << "no CUDA device"; \
     } while (0)
 
@@ -22,7 +22,7 @@ namespace evenep::testing {
 // A device array of n T (at least one element), zero-filled.
 template <typename T>
 class DeviceArray {
-public:
+  public:
     explicit DeviceArray(size_t n = 0) : n_(n) {
         EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(T) * (n ? n : 1)));
         EVENEP_CUDA_CHECK(cudaMemset(ptr_, 0, sizeof(T) * (n ? n : 1)));
@@ -44,7 +44,7 @@ public:
     }
     std::vector<T> download() const { return download(n_); }
 
-private:
+  private:
     T* ptr_ = nullptr;
     size_t n_ = 0;
 };

@@ -44,14 +44,14 @@ namespace {
 
 using testing::DeviceArray;
 
-#define EVENEP_SKIP_WITHOUT_NCCL()                                                                  \
-    do {                                                                                            \
-        if (!::evenep::cuda::nccl_team_built()) GTEST_SKIP() << "this build has no NCCL team";      \
+#define EVENEP_SKIP_WITHOUT_NCCL()                                                             \
+    do {                                                                                       \
+        if (!::evenep::cuda::nccl_team_built()) GTEST_SKIP() << "this build has no NCCL team"; \
     } while (0)
 
 // Sets environment variables for the scope of one test and restores them afterwards.
 class ScopedEnv {
-public:
+  public:
     void set(const char* name, const char* value) {
         const char* old = std::getenv(name);
         saved_.push_back({name, old != nullptr, old ? old : ""});
@@ -69,7 +69,7 @@ public:
         }
     }
 
-private:
+  private:
     struct Saved {
         std::string name;
         bool had;
@@ -171,9 +171,8 @@ TEST(NcclTeamSingleTest, OneRankEpMatchesOracle) {
     ASSERT_EQ(testing::plan_diff(ep.download_plan(), od.plan), "");
     ASSERT_EQ(ep.download_dst(), od.dst[0]);
     const int64_t rows = od.plan.rows_used(0);
-    EXPECT_EQ(ep.download_recv_x(rows),
-              std::vector<uint16_t>(testing::bits_of(od.recv_x[0]).begin(),
-                                    testing::bits_of(od.recv_x[0]).begin() + rows * bc.H));
+    const std::vector<uint16_t> want_x = testing::bits_of(od.recv_x[0]);
+    EXPECT_EQ(ep.download_recv_x(rows), std::vector<uint16_t>(want_x.begin(), want_x.begin() + rows * bc.H));
     EXPECT_EQ(ep.download_recv_w(rows), std::vector<float>(od.recv_w[0].begin(), od.recv_w[0].begin() + rows));
     EXPECT_EQ(ep.download_recv_next(rows),
               std::vector<int32_t>(od.recv_next[0].begin(), od.recv_next[0].begin() + rows));
@@ -185,8 +184,8 @@ TEST(NcclTeamSingleTest, OneRankEpMatchesOracle) {
             ep.combine(apply, mode, nullptr);
             ep.check(nullptr);
             const std::vector<uint16_t> got = out.download(static_cast<size_t>(tokens[0].s) * bc.H);
-            EXPECT_EQ(got, testing::bits_of(oc.out[0])) << (apply ? "weighted " : "unweighted ")
-                                                        << (mode == CombineMode::kPull ? "pull" : "push");
+            EXPECT_EQ(got, testing::bits_of(oc.out[0]))
+                << (apply ? "weighted " : "unweighted ") << (mode == CombineMode::kPull ? "pull" : "push");
         }
     }
 }

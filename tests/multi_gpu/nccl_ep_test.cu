@@ -196,8 +196,11 @@ struct RankBuffers {
     Dev<int32_t> idx;
     Dev<float> w, out_w;
     RankBuffers(int S, int K, int H)
-        : x(static_cast<size_t>(S) * H), out(static_cast<size_t>(S) * H), idx(static_cast<size_t>(S) * K),
-          w(static_cast<size_t>(S) * K), out_w(static_cast<size_t>(S) * K) {}
+        : x(static_cast<size_t>(S) * H),
+          out(static_cast<size_t>(S) * H),
+          idx(static_cast<size_t>(S) * K),
+          w(static_cast<size_t>(S) * K),
+          out_w(static_cast<size_t>(S) * K) {}
     RankIo io() const { return RankIo{x.p, idx.p, w.p, out.p, out_w.p}; }
     void upload(const cpu::RankTokens& t) {
         x.upload(bits_of(t.x));
@@ -205,7 +208,6 @@ struct RankBuffers {
         w.upload(t.topk_w);
     }
 };
-
 
 // Counts elements of got[0, n) that differ bitwise from want; `first` receives the first such index.
 template <typename T>
@@ -245,9 +247,13 @@ void expect_dispatch_equal(NcclEp& ep, const cpu::GroupDispatchResult& od, const
     EXPECT_EQ(bad_r, 0) << what << ": rank " << r << " recv_ret row " << first;
 }
 
-void expect_combine_equal(NcclEp& ep, RankBuffers& b, const std::vector<cpu::RankTokens>& tokens,
-                          const BufferConfig& bc, const std::vector<std::vector<Bf16>>& y,
-                          const cpu::OracleOptions& oo, const std::string& what) {
+void expect_combine_equal(NcclEp& ep,
+                          RankBuffers& b,
+                          const std::vector<cpu::RankTokens>& tokens,
+                          const BufferConfig& bc,
+                          const std::vector<std::vector<Bf16>>& y,
+                          const cpu::OracleOptions& oo,
+                          const std::string& what) {
     const int r = ep.rank(), K = bc.cfg.K, s = tokens[r].s;
     for (bool apply : {false, true}) {
         const cpu::GroupCombineResult oc = cpu::combine_group(bc, tokens, y, apply, oo);
@@ -311,7 +317,8 @@ TEST_P(NcclEpGroupTest, MatchesOracle) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, NcclEpGroupTest,
+INSTANTIATE_TEST_SUITE_P(Shapes,
+                         NcclEpGroupTest,
                          ::testing::Values(EpShape{4, 4, 96, 8, 40, "E4R_K4_tp8"},
                                            EpShape{4, 6, 48, 128, 24, "E4R_K6_tp128"}),
                          [](const auto& info) { return std::string(info.param.name); });

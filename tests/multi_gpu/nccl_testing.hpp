@@ -64,11 +64,11 @@ inline bool run_group_from_parent() {
     return true;
 }
 
-#define EVENEP_RUN_AS_GROUP()                                                      \
-    do {                                                                           \
-        const std::string evenep_why_ = ::evenep::testing::group_skip_reason();    \
-        if (!evenep_why_.empty()) GTEST_SKIP() << evenep_why_;                      \
-        if (::evenep::testing::run_group_from_parent()) return;                    \
+#define EVENEP_RUN_AS_GROUP()                                                   \
+    do {                                                                        \
+        const std::string evenep_why_ = ::evenep::testing::group_skip_reason(); \
+        if (!evenep_why_.empty()) GTEST_SKIP() << evenep_why_;                  \
+        if (::evenep::testing::run_group_from_parent()) return;                 \
     } while (0)
 
 // FNV-1a over every array of a plan: equal plans give equal hashes (for comparing plans across ranks).

@@ -47,7 +47,8 @@ void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
         cmd->add_option("--projections", o.projections, "prefetch/reduce: projections per copy (1..3)")
             ->capture_default_str();
     }
-    cmd->add_option("--sm-budget", o.sm_budget, "SMs per virtual rank (clamped to co-residency)")->capture_default_str();
+    cmd->add_option("--sm-budget", o.sm_budget, "SMs per virtual rank (clamped to co-residency)")
+        ->capture_default_str();
     cmd->add_option("--warmup", o.warmup, "untimed runs")->capture_default_str();
     cmd->add_option("--iters", o.iters, "timed runs (median reported)")->capture_default_str();
     cmd->add_flag("--check", o.check, "verify results first and report #wrong");
@@ -61,11 +62,20 @@ using cuda::BenchConfig;
 using cuda::BenchRow;
 
 nlohmann::json to_json(const BenchRow& r) {
-    return nlohmann::json{{"op", r.op},         {"shape", r.shape},       {"maxvio", r.maxvio},
-                          {"min_us", r.min_us}, {"median_us", r.median_us}, {"mean_us", r.mean_us},
-                          {"max_us", r.max_us}, {"bytes", r.bytes},       {"gbps", r.gbps},
-                          {"frac_copy", r.frac_copy}, {"wrong", r.wrong}, {"blocks_per_rank", r.blocks_per_rank},
-                          {"iters", r.iters},   {"note", r.note}};
+    return nlohmann::json{{"op", r.op},
+                          {"shape", r.shape},
+                          {"maxvio", r.maxvio},
+                          {"min_us", r.min_us},
+                          {"median_us", r.median_us},
+                          {"mean_us", r.mean_us},
+                          {"max_us", r.max_us},
+                          {"bytes", r.bytes},
+                          {"gbps", r.gbps},
+                          {"frac_copy", r.frac_copy},
+                          {"wrong", r.wrong},
+                          {"blocks_per_rank", r.blocks_per_rank},
+                          {"iters", r.iters},
+                          {"note", r.note}};
 }
 
 void print_header() {
@@ -88,8 +98,8 @@ struct Shape {
 int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const std::vector<std::string>& ops) {
     fmt::print("device: {}\n", cuda::device_summary());
     nlohmann::json out{{"device", cuda::device_summary()}, {"rows", nlohmann::json::array()}};
-    const std::vector<BenchRow> anchors = cuda::bench_copy(static_cast<size_t>(o.copy_mib * (1 << 20)), o.warmup,
-                                                           o.iters);
+    const std::vector<BenchRow> anchors =
+        cuda::bench_copy(static_cast<size_t>(o.copy_mib * (1 << 20)), o.warmup, o.iters);
     const double copy_gbps = cuda::copy_anchor_gbps(anchors);
     print_header();
     for (const BenchRow& r : anchors) {
@@ -111,8 +121,7 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
             bc.check = o.check;
             bc.mode = parse_planner_mode(o.planner);
             bc.expert_projections = o.projections;
-            if (!o.npy_dir.empty())
-                bc.routing_npy = fmt::format("{}/routing_{}_maxvio{}.npy", o.npy_dir, sh.name, mv);
+            if (!o.npy_dir.empty()) bc.routing_npy = fmt::format("{}/routing_{}_maxvio{}.npy", o.npy_dir, sh.name, mv);
             for (const BenchRow& r : cuda::bench_point(bc, ops, copy_gbps)) {
                 print_row(r);
                 std::fflush(stdout);
@@ -138,8 +147,8 @@ void finish(int64_t wrong) {
 
 #endif  // EVENEP_HAVE_CUDA
 
-void add_gpu_command(CLI::App& bench, const char* name, const char* help, std::vector<std::string> ops,
-                     bool plan_only) {
+void add_gpu_command(
+    CLI::App& bench, const char* name, const char* help, std::vector<std::string> ops, bool plan_only) {
     auto opt = std::make_shared<GpuBenchOptions>();
     CLI::App* cmd = bench.add_subcommand(name, help);
     add_common(cmd, *opt, true);
@@ -160,8 +169,8 @@ void add_gpu_command(CLI::App& bench, const char* name, const char* help, std::v
 
 void register_bench_cuda(CLI::App& bench) {
     add_gpu_command(bench, "dispatch", "GPU dispatch over R virtual ranks vs the copy bandwidth", {"dispatch"}, false);
-    add_gpu_command(bench, "combine", "GPU combine (pull, push partials, weighted) vs the copy bandwidth",
-                    {"combine"}, false);
+    add_gpu_command(bench, "combine", "GPU combine (pull, push partials, weighted) vs the copy bandwidth", {"combine"},
+                    false);
     add_gpu_command(bench, "prefetch", "GPU prefetch_weight vs the copy bandwidth", {"prefetch"}, false);
     add_gpu_command(bench, "reduce", "GPU reduce_grad vs the copy bandwidth", {"reduce"}, false);
     add_gpu_command(bench, "gpu-plan", "GPU planner: one rank's plan from gathered histograms, and the fused plan",
@@ -169,16 +178,17 @@ void register_bench_cuda(CLI::App& bench) {
 
     auto opt = std::make_shared<GpuBenchOptions>();
     CLI::App* suite = bench.add_subcommand(
-        "gpu-suite", "every GPU benchmark at the MoonEP point (R=8 S=8192 E=384 K=8 H=7168 H'=2048) and the K3 shape "
-                     "(E=896 K=16 H=3584), maxvio 0.2/1/10/20");
+        "gpu-suite",
+        "every GPU benchmark at the MoonEP point (R=8 S=8192 E=384 K=8 H=7168 H'=2048) and the K3 shape "
+        "(E=896 K=16 H=3584), maxvio 0.2/1/10/20");
     add_common(suite, *opt, false);
     suite->add_option("--maxvio", opt->maxvios, "target maxvio values")->capture_default_str();
     suite->add_option("--npy-dir", opt->npy_dir, "write rank 0's routing of every point here (PyTorch anchor)");
-    suite->add_option("--projections", opt->projections, "prefetch/reduce: projections per copy")->capture_default_str();
+    suite->add_option("--projections", opt->projections, "prefetch/reduce: projections per copy")
+        ->capture_default_str();
     suite->callback([opt] {
 #if defined(EVENEP_HAVE_CUDA)
-        finish(run(*opt,
-                   {{"moonep", 8, 384, 8, 8192, 7168, 2048}, {"k3", 8, 896, 16, 8192, 3584, 2048}},
+        finish(run(*opt, {{"moonep", 8, 384, 8, 8192, 7168, 2048}, {"k3", 8, 896, 16, 8192, 3584, 2048}},
                    {"plan", "dispatch", "combine", "prefetch", "reduce"}));
 #else
         EVENEP_CHECK_KIND(ErrorKind::kRuntime, false, "bench gpu-suite: needs a CUDA build");

@@ -3,6 +3,7 @@
 // Method and formulas: docs/multi-gpu.md. Registered by register_bench_multi(bench) (called from main.cpp).
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -10,8 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "evenep/config.hpp"
 #include "evenep/error.hpp"
@@ -61,13 +60,13 @@ void print_table(const cuda::MultiBenchResult& res) {
     fmt::print("{:<30} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>6} {:>6} {:>5}\n", "op", "maxvio", "p50 us",
                "min us", "max us", "MB", "GB/s", "link MB", "link GB/s", "%p2p", "wrong", "blk/r");
     for (const cuda::MultiBenchRow& r : res.rows)
-        fmt::print("{:<30} {:>6.2f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>8.0f} {:>9.1f} {:>8.0f} {:>6.1f} {:>6} {:>5}\n",
-                   r.op, r.maxvio, r.median_us, r.min_us, r.max_us, r.bytes / 1e6, r.gbps, r.link_bytes / 1e6,
-                   r.link_gbps, 100.0 * r.frac_p2p, r.wrong < 0 ? std::string("-") : std::to_string(r.wrong),
-                   r.blocks_per_rank);
+        fmt::print(
+            "{:<30} {:>6.2f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>8.0f} {:>9.1f} {:>8.0f} {:>6.1f} {:>6} {:>5}\n",
+            r.op, r.maxvio, r.median_us, r.min_us, r.max_us, r.bytes / 1e6, r.gbps, r.link_bytes / 1e6, r.link_gbps,
+            100.0 * r.frac_p2p, r.wrong < 0 ? std::string("-") : std::to_string(r.wrong), r.blocks_per_rank);
     // Flatness across maxvio and the comparison with the baseline.
     std::map<std::string, std::pair<double, double>> range;  // op -> (min, max) of the median over maxvio
-    std::map<double, std::map<std::string, double>> at;       // maxvio -> op -> median
+    std::map<double, std::map<std::string, double>> at;      // maxvio -> op -> median
     for (const cuda::MultiBenchRow& r : res.rows) {
         if (r.maxvio <= 0) continue;
         auto [it, fresh] = range.emplace(r.op, std::make_pair(r.median_us, r.median_us));
@@ -133,8 +132,9 @@ void register_bench_multi(CLI::App& bench) {
         if (boot.rank == 0) {
             print_table(res);
             if (!o->json_file.empty()) {
-                nlohmann::json out{{"device", res.device},  {"ranks", res.R},          {"nccl_version", res.nccl_version},
-                                   {"p2p_gbps", res.p2p_gbps}, {"hbm_gbps", res.hbm_gbps}, {"rows", nlohmann::json::array()}};
+                nlohmann::json out{
+                    {"device", res.device},     {"ranks", res.R},           {"nccl_version", res.nccl_version},
+                    {"p2p_gbps", res.p2p_gbps}, {"hbm_gbps", res.hbm_gbps}, {"rows", nlohmann::json::array()}};
                 for (const cuda::MultiBenchRow& r : res.rows) out["rows"].push_back(to_json(r));
                 std::ofstream f(o->json_file);
                 EVENEP_CHECK(f.good(), "bench multi: cannot write ", o->json_file);

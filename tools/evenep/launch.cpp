@@ -4,14 +4,13 @@
 // EVENEP_NCCL_ID set (NVLink multicast off: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 // NVSHMEM_DISABLE_NVLS=1 where unset), waits for all of them, and on the first failure terminates the rest and exits
 // with that rank's exit code. Registered by register_launch (called from main.cpp).
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "evenep/error.hpp"
 #if defined(EVENEP_HAVE_CUDA)

@@ -24,13 +24,14 @@ struct PlanOptions {
     int repeat = 20;
     bool check = false;
     bool quiet = false;
+    bool extended = false;
     std::string json_file;
 };
 
 void run_plan(const PlanOptions& opt) {
     RoutingInput in = resolve_routing(opt.routing);
     const Config& cfg = in.cfg;
-    Planner planner(cfg, in.mode);
+    Planner planner(cfg, in.mode, opt.extended);
     Plan plan;
     std::vector<double> times;
     for (int i = 0; i < std::max(1, opt.repeat); ++i) {
@@ -156,6 +157,8 @@ void register_plan(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--repeat", opt->repeat, "plan this many times and report the median time")->capture_default_str();
     cmd->add_flag("--check", opt->check, "validate the plan (and dst) with the independent validator; exit 1 if bad");
+    cmd->add_flag("--extended", opt->extended,
+                  "optimized mode: also try the extended candidates (overshoot, push spreading, paths; CPU only)");
     cmd->add_flag("--quiet", opt->quiet, "print nothing but errors and the check line");
     cmd->add_option("--json", opt->json_file, "write the plan as JSON (schema evenep.plan/1, docs/plan-schema.md)");
     cmd->callback([opt] { run_plan(*opt); });

@@ -20,19 +20,19 @@ struct BenchConfig {
     int R = 8, E = 384, K = 8, S = 8192, H = 7168, ffn_hidden = 2048, tp = 128;
     double maxvio = 1.0;  // target maxvio of the lognormal routing (SPEC §7)
     uint64_t seed = 1;
-    int sm_budget = 32;   // SMs per virtual rank (clamped: the R ranks share one GPU)
+    int sm_budget = 32;  // SMs per virtual rank (clamped: the R ranks share one GPU)
     int warmup = 5, iters = 20;
-    bool check = false;   // verify first (sampled rows, full plan and dst), report #wrong
+    bool check = false;  // verify first (sampled rows, full plan and dst), report #wrong
     PlannerMode mode = PlannerMode::kOptimized;
     int expert_projections = 1;  // prefetch/reduce: projections moved per copy (3 = gate, up, down)
     std::string routing_npy;     // if set, rank 0's routing [1, S, K] int32 is written here (PyTorch anchor)
 };
 
 struct BenchRow {
-    std::string op;        // copy_memcpy, copy_kernel, plan_rank, plan_rank_serial, plan_fused, dispatch,
-                           // combine_pull, combine_push, combine_pull_weighted, prefetch, reduce
-    std::string shape;     // "R8 E384 K8 S8192 H7168"
-    double maxvio = 0;     // achieved maxvio of the routing (0 for anchors)
+    std::string op;     // copy_memcpy, copy_kernel, plan_rank, plan_rank_serial, plan_fused, dispatch,
+                        // combine_pull, combine_push, combine_pull_weighted, prefetch, reduce
+    std::string shape;  // "R8 E384 K8 S8192 H7168"
+    double maxvio = 0;  // achieved maxvio of the routing (0 for anchors)
     double min_us = 0, median_us = 0, mean_us = 0, max_us = 0;
     double bytes = 0;      // read + written by the launch, all virtual ranks
     double gbps = 0;       // bytes / median, GB/s (1e9)

@@ -7,13 +7,13 @@
 
 // EVENEP_CUDA_CHECK(expr): evaluates a cudaError_t expression once; throws evenep::Error(kRuntime) naming the
 // expression, the error name and its description when it is not cudaSuccess.
-#define EVENEP_CUDA_CHECK(expr)                                                                               \
-    do {                                                                                                      \
-        const cudaError_t evenep_cuda_err_ = (expr);                                                          \
-        if (evenep_cuda_err_ != cudaSuccess)                                                                  \
+#define EVENEP_CUDA_CHECK(expr)                                                                                    \
+    do {                                                                                                           \
+        const cudaError_t evenep_cuda_err_ = (expr);                                                               \
+        if (evenep_cuda_err_ != cudaSuccess)                                                                       \
             ::evenep::detail::throw_error(::evenep::ErrorKind::kRuntime, __FILE__, __LINE__, #expr, "CUDA error ", \
-                                          cudaGetErrorName(evenep_cuda_err_), " (",                           \
-                                          cudaGetErrorString(evenep_cuda_err_), ") in ", #expr);              \
+                                          cudaGetErrorName(evenep_cuda_err_), " (",                                \
+                                          cudaGetErrorString(evenep_cuda_err_), ") in ", #expr);                   \
     } while (0)
 
 namespace evenep::cuda {

@@ -41,7 +41,7 @@ struct EpOptions {
 };
 
 class DeviceEp {
-public:
+  public:
     // Allocates every rank's buffer (sized by EpLayout, independent of the routing). Throws evenep::Error on a
     // bad configuration (Config::validate, H % 8 != 0, index overflow of the return addresses) or a CUDA error.
     DeviceEp(const Config& cfg, int hidden, const EpOptions& options = {});
@@ -65,8 +65,11 @@ public:
     void plan(std::span<const int32_t> s, cudaStream_t stream, int64_t s_total = -1);
     // Plans from given histograms (tpe: [R*E], host), skipping the histogram and all-gather: for tests and the
     // planner benchmark. Uploads tpe synchronously, then launches one block per rank of [rank_begin, +num).
-    void plan_from_tpe(std::span<const int32_t> tpe, std::span<const int32_t> s, cudaStream_t stream,
-                       int rank_begin = 0, int num_ranks = -1);
+    void plan_from_tpe(std::span<const int32_t> tpe,
+                       std::span<const int32_t> s,
+                       cudaStream_t stream,
+                       int rank_begin = 0,
+                       int num_ranks = -1);
     void dispatch(cudaStream_t stream);
     void combine(bool apply_weights, CombineMode mode, cudaStream_t stream);
     // Synchronises `stream` and throws evenep::Error for anything the device recorded (see LocalTeam::check).
@@ -77,21 +80,21 @@ public:
     int last_blocks_per_rank() const { return last_blocks_; }
 
     // Device views of rank `rank`'s buffer.
-    uint16_t* recv_x(int rank) const;        // [NvS, H] bf16
-    float* recv_w(int rank) const;           // [NvS]
+    uint16_t* recv_x(int rank) const;           // [NvS, H] bf16
+    float* recv_w(int rank) const;              // [NvS]
     const int32_t* cu_seqlens(int rank) const;  // [G] inclusive padded ends of the rank's groups (its plan copy)
-    const int32_t* copies(int rank) const;   // [R*B] the plan's copies table (rank's copy)
+    const int32_t* copies(int rank) const;      // [R*B] the plan's copies table (rank's copy)
     char* base(int rank) const { return team_->base(rank); }
 
     // Host read-back (synchronous; tests and checks). The plan as rank `rank` computed it.
     Plan download_plan(int rank) const;
-    std::vector<int32_t> download_dst(int rank) const;          // [s_r*K]
+    std::vector<int32_t> download_dst(int rank) const;                    // [s_r*K]
     std::vector<uint16_t> download_recv_x(int rank, int64_t rows) const;  // [rows*H]
     std::vector<float> download_recv_w(int rank, int64_t rows) const;
     std::vector<int32_t> download_recv_next(int rank, int64_t rows) const;
     std::vector<int32_t> download_recv_ret(int rank, int64_t rows) const;
 
-private:
+  private:
     template <typename T>
     std::vector<T> download(int rank, size_t offset, size_t count) const;
 

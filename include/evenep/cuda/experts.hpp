@@ -38,7 +38,7 @@ struct ExpertsShape {
 };
 
 class DeviceExperts {
-public:
+  public:
     // Sized for ep's configuration (R, epn, B). Everything starts at zero.
     DeviceExperts(const DeviceEp& ep, const ExpertsShape& shape);
     ~DeviceExperts();
@@ -62,7 +62,7 @@ public:
     };
     const Offsets& offsets() const { return off_; }
 
-private:
+  private:
     char* at(int rank, size_t region, int n, int proj, int index, size_t elem_bytes) const;
 
     ExpertsShape shape_;

@@ -24,20 +24,44 @@ namespace evenep::cuda {
 // Histogram -> all-gather -> every rank plans -> encoded dst of each rank's entries, in one cooperative launch.
 // d_io: device table [R] (topk_idx is read); s: [R] host ints; s_total: the group total when s differ, else -1
 // (stored in the gather rows, like the CPU backend). Bad expert ids are recorded in the team's error record.
-int launch_plan(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
-                int64_t s_total, bool locality, PlannerKernel kernel, int sm_budget, cudaStream_t stream);
+int launch_plan(const TeamView& team,
+                const EpLayout& layout,
+                const RankIo* d_io,
+                std::span<const int32_t> s,
+                int64_t s_total,
+                bool locality,
+                PlannerKernel kernel,
+                int sm_budget,
+                cudaStream_t stream);
 
 // Planning only, from the histograms already in each rank's contiguous tpe array (EpLayout::tpe): one block per
 // planning rank (ranks [rank_begin, rank_begin + num_ranks)). For tests and the planner benchmark; `repeat` > 1
 // plans again inside the launch (the phase stamps in EpLayout::plan.timing then show warm caches).
-void launch_plan_only(const TeamView& team, const EpLayout& layout, std::span<const int32_t> s, bool locality,
-                      PlannerKernel kernel, int rank_begin, int num_ranks, cudaStream_t stream, int repeat = 1);
+void launch_plan_only(const TeamView& team,
+                      const EpLayout& layout,
+                      std::span<const int32_t> s,
+                      bool locality,
+                      PlannerKernel kernel,
+                      int rank_begin,
+                      int num_ranks,
+                      cudaStream_t stream,
+                      int repeat = 1);
 
-int launch_dispatch(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
-                     int sm_budget, cudaStream_t stream);
+int launch_dispatch(const TeamView& team,
+                    const EpLayout& layout,
+                    const RankIo* d_io,
+                    std::span<const int32_t> s,
+                    int sm_budget,
+                    cudaStream_t stream);
 
-int launch_combine(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
-                    bool apply_weights, CombineMode mode, int sm_budget, cudaStream_t stream);
+int launch_combine(const TeamView& team,
+                   const EpLayout& layout,
+                   const RankIo* d_io,
+                   std::span<const int32_t> s,
+                   bool apply_weights,
+                   CombineMode mode,
+                   int sm_budget,
+                   cudaStream_t stream);
 
 // Expert regions of every rank (see evenep/cuda/experts.hpp): bases is a device table [R].
 struct ExpertsView {
@@ -48,16 +72,16 @@ struct ExpertsView {
 };
 
 // prefetch_weight and reduce_grad (experts.hpp); the copies table is read from each rank's plan copy.
-int launch_prefetch_weight(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
-                           cudaStream_t stream);
-int launch_reduce_grad(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
-                       cudaStream_t stream);
+int launch_prefetch_weight(
+    const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget, cudaStream_t stream);
+int launch_reduce_grad(
+    const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget, cudaStream_t stream);
 
 // Barrier test kernel: `rounds` team barriers at Phase::kTest; each round every rank writes its round number
 // into every peer's word [rank] of `board` ([R][R] int32 per rank at offset `board_off`) and, after the barrier,
 // checks what its peers wrote; mismatches are counted into errors[rank] (device [R]).
-int launch_barrier_test(const TeamView& team, size_t board_off, int rounds, int sm_budget, int32_t* d_errors,
-                         cudaStream_t stream);
+int launch_barrier_test(
+    const TeamView& team, size_t board_off, int rounds, int sm_budget, int32_t* d_errors, cudaStream_t stream);
 
 // Fills n bf16 values with a hash of (seed, index) mapped to U(-1, 1) (benchmark inputs; deterministic).
 void launch_fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, cudaStream_t stream);

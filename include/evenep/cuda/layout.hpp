@@ -25,10 +25,10 @@ struct PlanOffsets {
     size_t s, cost, expert_load, load_before, crossing_out, q, alloc, local_keep, rest_prefix, cap_prefix, seg_row,
         group_expert, group_count, cu_seqlens, group_slot, copies, remote_experts, copies_received, copies_pushed,
         peer_reads, group_source;
-    size_t work64, work32;             // planner workspace (int64 / int32 words)
-    size_t num_work64, num_work32;     // their sizes in words
-    size_t scratch;                    // PlanScratchLayout bytes (the block planner's state when not in smem)
-    size_t timing;                     // [24] int64: phase timestamps and loop counts (benchmark breakdown)
+    size_t work64, work32;          // planner workspace (int64 / int32 words)
+    size_t num_work64, num_work32;  // their sizes in words
+    size_t scratch;                 // PlanScratchLayout bytes (the block planner's state when not in smem)
+    size_t timing;                  // [24] int64: phase timestamps and loop counts (benchmark breakdown)
 };
 
 // Planner workspace, carved from work64/work32 (see plan_block.cuh for how each part is used).
@@ -70,7 +70,7 @@ struct PlanWorkOffsets {
 inline constexpr int kPlanMaxWarps = 16;  // warps of the block planner (512 threads)
 
 struct PlanScratchLayout {
-    size_t balance, z, remaining, excess, deficit, avail, expert_load;  // int64
+    size_t balance, z, remaining, excess, deficit, avail, expert_load;       // int64
     size_t tpe, alloc, cand, fill_remote, cost_pushed, cost_remote, groups;  // int32
     size_t total;
     EVENEP_HOST_DEVICE static constexpr PlanScratchLayout make(int R, int E) {
@@ -102,12 +102,12 @@ struct PlanScratchLayout {
 // histogram, the per-block histograms and the encoded destinations.
 struct EpLayout {
     int R, E, K, S, tp, B, epn, G, H;
-    int max_blocks;       // blocks per rank the plan kernel may use (per-block histogram chunks)
-    int64_t nvs;          // receive rows per rank (SPEC invariant 4)
+    int max_blocks;  // blocks per rank the plan kernel may use (per-block histogram chunks)
+    int64_t nvs;     // receive rows per rank (SPEC invariant 4)
     detail::BufferLayout buf;
-    size_t tpe;           // [R*E] int32: every rank's histogram, contiguous (the plan's tpe)
-    size_t hist;          // [max_blocks*E] int32: per-block histograms, then their exclusive prefix over blocks
-    size_t dst;           // [S*K] int32: encoded destinations of this rank's entries (SPEC §3.4)
+    size_t tpe;   // [R*E] int32: every rank's histogram, contiguous (the plan's tpe)
+    size_t hist;  // [max_blocks*E] int32: per-block histograms, then their exclusive prefix over blocks
+    size_t dst;   // [S*K] int32: encoded destinations of this rank's entries (SPEC §3.4)
     PlanOffsets plan;
     size_t total_bytes;
 
@@ -178,15 +178,24 @@ struct EpLayout {
 
     EVENEP_HOST_DEVICE detail::PlanArrays plan_arrays(char* base) const {
         const PlanOffsets& p = plan;
-        return detail::PlanArrays{at<int64_t>(base, p.expert_load),    at<int64_t>(base, p.load_before),
-                                  at<int32_t>(base, p.q),              at<int32_t>(base, p.alloc),
-                                  at<int32_t>(base, p.local_keep),     at<int32_t>(base, p.rest_prefix),
-                                  at<int32_t>(base, p.cap_prefix),     at<int32_t>(base, p.seg_row),
-                                  at<int32_t>(base, p.group_expert),   at<int32_t>(base, p.group_count),
-                                  at<int32_t>(base, p.cu_seqlens),     at<int8_t>(base, p.group_source),
-                                  at<int32_t>(base, p.group_slot),     at<int32_t>(base, p.copies),
-                                  at<int32_t>(base, p.remote_experts), at<int32_t>(base, p.copies_received),
-                                  at<int32_t>(base, p.copies_pushed),  at<int32_t>(base, p.peer_reads),
+        return detail::PlanArrays{at<int64_t>(base, p.expert_load),
+                                  at<int64_t>(base, p.load_before),
+                                  at<int32_t>(base, p.q),
+                                  at<int32_t>(base, p.alloc),
+                                  at<int32_t>(base, p.local_keep),
+                                  at<int32_t>(base, p.rest_prefix),
+                                  at<int32_t>(base, p.cap_prefix),
+                                  at<int32_t>(base, p.seg_row),
+                                  at<int32_t>(base, p.group_expert),
+                                  at<int32_t>(base, p.group_count),
+                                  at<int32_t>(base, p.cu_seqlens),
+                                  at<int8_t>(base, p.group_source),
+                                  at<int32_t>(base, p.group_slot),
+                                  at<int32_t>(base, p.copies),
+                                  at<int32_t>(base, p.remote_experts),
+                                  at<int32_t>(base, p.copies_received),
+                                  at<int32_t>(base, p.copies_pushed),
+                                  at<int32_t>(base, p.peer_reads),
                                   at<int64_t>(base, p.crossing_out)};
     }
 

@@ -28,23 +28,23 @@ struct MultiBenchConfig {
     int warmup = 5, iters = 20;
     bool check = false;  // verify plan, dst, dispatch rows, sampled combine and prefetch first; report #wrong
     PlannerMode mode = PlannerMode::kOptimized;
-    int projections = 1;  // prefetch/reduce: projections moved per copy (3 = gate, up and down)
-    double copy_mib = 1024;  // size of the copy anchors
+    int projections = 1;           // prefetch/reduce: projections moved per copy (3 = gate, up and down)
+    double copy_mib = 1024;        // size of the copy anchors
     std::vector<std::string> ops;  // subset of: plan dispatch combine prefetch reduce total a2a (empty: all)
 };
 
 struct MultiBenchRow {
-    std::string op;      // p2p_copy, hbm_copy, plan, dispatch, combine_pull, combine_push, prefetch, reduce,
-                         // total_plan_dispatch_prefetch, a2a_dispatch, a2a_combine
-    std::string shape;   // "R2 E96 K8 S8192 H7168"
-    double maxvio = 0;   // achieved maxvio of the routing (0 for anchors)
+    std::string op;     // p2p_copy, hbm_copy, plan, dispatch, combine_pull, combine_push, prefetch, reduce,
+                        // total_plan_dispatch_prefetch, a2a_dispatch, a2a_combine
+    std::string shape;  // "R2 E96 K8 S8192 H7168"
+    double maxvio = 0;  // achieved maxvio of the routing (0 for anchors)
     double median_us = 0, min_us = 0, max_us = 0;  // median: slowest rank's median; min/max over ranks and iters
-    double bytes = 0;       // logical bytes of the busiest rank (formulas in docs/multi-gpu.md)
-    double link_bytes = 0;  // bytes that crossed NVLink from/to the busiest rank
-    double gbps = 0;        // bytes / median (GB/s, 1e9)
-    double link_gbps = 0;   // link_bytes / median
-    double frac_p2p = 0;    // gbps / the p2p copy anchor
-    int64_t wrong = -1;     // --check: mismatches, summed over ranks (-1: not checked)
+    double bytes = 0;                              // logical bytes of the busiest rank (formulas in docs/multi-gpu.md)
+    double link_bytes = 0;                         // bytes that crossed NVLink from/to the busiest rank
+    double gbps = 0;                               // bytes / median (GB/s, 1e9)
+    double link_gbps = 0;                          // link_bytes / median
+    double frac_p2p = 0;                           // gbps / the p2p copy anchor
+    int64_t wrong = -1;                            // --check: mismatches, summed over ranks (-1: not checked)
     int blocks_per_rank = 0;
     int iters = 0;
     std::string note;
@@ -53,9 +53,9 @@ struct MultiBenchRow {
 struct MultiBenchResult {
     int R = 0;
     int nccl_version = 0;
-    std::string device;       // one line per the GPU of rank 0
-    double p2p_gbps = 0;      // the NVLink anchor: bytes one rank writes into a peer per second, all ranks at once
-    double hbm_gbps = 0;      // the local copy anchor (read + write bytes)
+    std::string device;   // one line per the GPU of rank 0
+    double p2p_gbps = 0;  // the NVLink anchor: bytes one rank writes into a peer per second, all ranks at once
+    double hbm_gbps = 0;  // the local copy anchor (read + write bytes)
     std::vector<MultiBenchRow> rows;  // identical on every rank
 };
 

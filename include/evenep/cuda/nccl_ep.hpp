@@ -34,7 +34,7 @@
 namespace evenep::cuda {
 
 class NcclEp {
-public:
+  public:
     // Collective. Checks the configuration like DeviceEp (throws evenep::Error naming the value), requires
     // cfg.R == boot.world_size, then creates the NCCL team with the rank's buffer (EpLayout) in its main window.
     NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const EpOptions& options = {});
@@ -66,10 +66,10 @@ public:
 
     // Device views of this rank's buffer.
     char* base() const { return team_->base(); }
-    uint16_t* recv_x() const;             // [NvS, H] bf16
-    float* recv_w() const;                // [NvS]
-    const int32_t* cu_seqlens() const;    // [G] this rank's groups
-    const int32_t* copies() const;        // [R*B]
+    uint16_t* recv_x() const;           // [NvS, H] bf16
+    float* recv_w() const;              // [NvS]
+    const int32_t* cu_seqlens() const;  // [G] this rank's groups
+    const int32_t* copies() const;      // [R*B]
 
     // Host read-back of this rank's state (synchronous; tests and checks). The plan as this rank computed it.
     Plan download_plan() const;
@@ -79,7 +79,7 @@ public:
     std::vector<int32_t> download_recv_next(int64_t rows) const;
     std::vector<int32_t> download_recv_ret(int64_t rows) const;
 
-private:
+  private:
     template <typename T>
     std::vector<T> download(size_t offset, size_t count) const;
 
@@ -101,7 +101,7 @@ private:
 // the holders in ascending (rank, slot) order and zeroes them. Both collective, on the team's channel `channel`
 // (default 1, so that prefetch_weight may run beside dispatch on another stream).
 class NcclExperts {
-public:
+  public:
     NcclExperts(NcclEp& ep, const ExpertsShape& shape);  // collective
     ~NcclExperts() = default;
     NcclExperts(const NcclExperts&) = delete;
@@ -120,7 +120,7 @@ public:
     const DeviceExperts::Offsets& offsets() const { return off_; }
     const NcclWindowView& window() const { return *window_; }  // every rank's regions (peers) and this rank's
 
-private:
+  private:
     char* at(size_t region, int n, int proj, int index, size_t elem_bytes) const;
 
     ExpertsShape shape_;
@@ -142,7 +142,7 @@ private:
 //             fp32, k ascending (masked entries skipped).
 // Collective; the caller's stream; dispatch blocks the host once for the counts.
 class NcclAllToAll {
-public:
+  public:
     NcclAllToAll(NcclTeam& team, const Config& cfg, int hidden);
     ~NcclAllToAll();
     NcclAllToAll(const NcclAllToAll&) = delete;
@@ -158,15 +158,15 @@ public:
     const std::vector<int32_t>& send_counts() const { return h_send_; }  // [R] of the last dispatch
     const std::vector<int32_t>& recv_counts() const { return h_recv_; }  // [R]
 
-private:
+  private:
     NcclTeam& team_;
     Config cfg_;
     int hidden_;
-    uint16_t* send_x_ = nullptr;    // [S*K, H]
-    uint16_t* recv_x_ = nullptr;    // [R*S*K, H]
-    int32_t* d_counts_ = nullptr;   // [2R]: send counts, receive counts
-    int32_t* d_pos_ = nullptr;      // [S*K]: row of entry (t, k) in send_x (-1 masked)
-    int32_t* h_counts_ = nullptr;   // pinned [2R]
+    uint16_t* send_x_ = nullptr;   // [S*K, H]
+    uint16_t* recv_x_ = nullptr;   // [R*S*K, H]
+    int32_t* d_counts_ = nullptr;  // [2R]: send counts, receive counts
+    int32_t* d_pos_ = nullptr;     // [S*K]: row of entry (t, k) in send_x (-1 masked)
+    int32_t* h_counts_ = nullptr;  // pinned [2R]
     std::vector<int32_t> h_send_, h_recv_;
     int last_s_ = 0;
 };

@@ -36,9 +36,9 @@
 
 namespace evenep::cuda {
 
-inline constexpr int kNcclUniqueIdBytes = 128;   // NCCL_UNIQUE_ID_BYTES
-inline constexpr int kMinNcclVersion = 22800;    // 2.28.0: ncclDevCommCreate, symmetric windows, LSA pointers
-inline constexpr int kNcclTeamChannels = 2;      // independent barrier states (see NcclTeam::view)
+inline constexpr int kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+inline constexpr int kMinNcclVersion = 22800;   // 2.28.0: ncclDevCommCreate, symmetric windows, LSA pointers
+inline constexpr int kNcclTeamChannels = 2;     // independent barrier states (see NcclTeam::view)
 
 // True when this build contains the NCCL team (CMake option EVENEP_NCCL).
 bool nccl_team_built();
@@ -69,10 +69,10 @@ NcclBootstrap nccl_bootstrap_from_env(std::chrono::milliseconds id_wait = std::c
 // Starting one process per GPU on this host (`evenep launch`, the multi-GPU tests).
 struct LaunchOptions {
     int num_ranks = 1;
-    std::vector<std::string> command;                         // argv of every rank (execvp: PATH is searched)
-    std::vector<std::pair<std::string, std::string>> env;    // extra variables of every rank
-    std::chrono::milliseconds timeout{0};                     // 0: none; else every rank is killed after it
-    std::chrono::milliseconds kill_grace{5000};               // SIGTERM -> SIGKILL delay when killing ranks
+    std::vector<std::string> command;                      // argv of every rank (execvp: PATH is searched)
+    std::vector<std::pair<std::string, std::string>> env;  // extra variables of every rank
+    std::chrono::milliseconds timeout{0};                  // 0: none; else every rank is killed after it
+    std::chrono::milliseconds kill_grace{5000};            // SIGTERM -> SIGKILL delay when killing ranks
 };
 
 struct LaunchResult {
@@ -92,14 +92,14 @@ LaunchResult launch_local_group(const LaunchOptions& options);
 
 // One symmetric window of the team: the same number of bytes on every rank, zeroed at creation.
 struct NcclWindowView {
-    char* local = nullptr;            // this rank's copy (device pointer)
-    char* const* d_peers = nullptr;   // device table [R]: each rank's copy through its LSA mapping
-    std::vector<char*> peers;         // host copy of d_peers (device addresses valid in this process)
+    char* local = nullptr;           // this rank's copy (device pointer)
+    char* const* d_peers = nullptr;  // device table [R]: each rank's copy through its LSA mapping
+    std::vector<char*> peers;        // host copy of d_peers (device addresses valid in this process)
     size_t bytes = 0;
 };
 
 class NcclTeam {
-public:
+  public:
     // Collective over the group (every rank constructs its team with the same bytes_per_rank and options):
     // cudaSetDevice(boot.local_rank); the team's communicator, split (ncclCommSplit) from the group's root
     // communicator, which the process's first team creates from the unique id (ncclCommInitRankConfig; an id
@@ -163,7 +163,7 @@ public:
     // communicator stays owned by the team.
     void* nccl_comm() const;
 
-private:
+  private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

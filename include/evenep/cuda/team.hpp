@@ -31,16 +31,17 @@ enum class TimeoutAction : int {
 // Where a kernel was when it failed. Printed by the device and named in the host error.
 enum class Phase : int32_t {
     kNone = 0,
-    kPlanHistogram = 1,  // rank-local: every block's histogram written
-    kPlanGather = 2,     // team: every rank's histogram gathered
-    kPlanReady = 3,      // rank-local: the rank's plan written
-    kDispatchSent = 4,   // team: every payload row and weight delivered
-    kCombineReady = 5,   // team: every rank's expert outputs final
-    kCombinePartial = 6, // team: every pre-summed partial delivered
-    kPrefetchDone = 7,   // team: every prefetched weight copy delivered
-    kReduceReady = 8,    // team: every slot gradient final
-    kReduceDone = 9,     // team: every slot gradient consumed
-    kTest = 10,          // barrier tests
+    kPlanHistogram = 1,   // rank-local: every block's histogram written
+    kPlanGather = 2,      // team: every rank's histogram gathered
+    kPlanReady = 3,       // rank-local: the rank's plan written
+    kDispatchSent = 4,    // team: every payload row and weight delivered
+    kCombineReady = 5,    // team: every rank's expert outputs final
+    kCombinePartial = 6,  // team: every pre-summed partial delivered
+    kPrefetchDone = 7,    // team: every prefetched weight copy delivered
+    kReduceReady = 8,     // team: every slot gradient final
+    kReduceDone = 9,      // team: every slot gradient consumed
+    kTest = 10,           // barrier tests
+    kEntry = 11,          // team, multi-process teams only: every peer entered this call
 };
 const char* to_string(Phase phase);
 
@@ -68,16 +69,16 @@ struct DeviceErrorRecord {
 // The device-side view of a team, passed by value in kernel parameters. Plain pointers; see team.cuh.
 struct TeamView {
     int num_ranks;
-    char* const* peers;       // [R] device table: base of each rank's symmetric allocation
-    uint32_t* flags;          // [R*R] flags[dst*R + src]: barrier arrivals of src not yet consumed by dst
-    uint32_t* local_arrive;   // [R] blocks of a rank that arrived at the current rank-local barrier
-    uint32_t* local_gen;      // [R] generation of each rank's rank-local barrier
-    uint32_t* abort;          // != 0 once any wait failed: every wait returns false at once
-    int32_t* error_claim;     // first failing thread sets it to 1 and owns the record
+    char* const* peers;         // [R] device table: base of each rank's symmetric allocation
+    uint32_t* flags;            // [R*R] flags[dst*R + src]: barrier arrivals of src not yet consumed by dst
+    uint32_t* local_arrive;     // [R] blocks of a rank that arrived at the current rank-local barrier
+    uint32_t* local_gen;        // [R] generation of each rank's rank-local barrier
+    uint32_t* abort;            // != 0 once any wait failed: every wait returns false at once
+    int32_t* error_claim;       // first failing thread sets it to 1 and owns the record
     DeviceErrorRecord* record;  // host-mapped (cudaHostAllocMapped) device alias of the error record
     uint64_t timeout_ns;
     int32_t trap_on_timeout;
-    int32_t fault_rank;   // test hook: this rank never arrives at barrier `fault_phase` (-1: none)
+    int32_t fault_rank;  // test hook: this rank never arrives at barrier `fault_phase` (-1: none)
     int32_t fault_phase;
     // Which ranks' blocks one launch holds and at which scope ranks synchronise. The local team: every rank
     // (rank_begin 0, launch_ranks R), GPU scope, flags in `flags`. The NCCL team (evenep/cuda/nccl_team.hpp): its
@@ -97,7 +98,7 @@ struct TeamOptions {
 // R virtual ranks on one GPU. Owns R device allocations of `bytes_per_rank` bytes (256-byte aligned, zeroed),
 // the device peer table, the barrier state and the host-mapped error record. Not copyable.
 class LocalTeam {
-public:
+  public:
     LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& options = {});
     ~LocalTeam();
     LocalTeam(const LocalTeam&) = delete;
@@ -125,13 +126,13 @@ public:
     void set_timeout_ms(double ms);
     void set_timeout_action(TimeoutAction action);
 
-private:
+  private:
     int num_ranks_;
     size_t bytes_per_rank_;
     TeamOptions options_;
-    char** bases_ = nullptr;          // host array [R] of device pointers
-    char** d_peers_ = nullptr;        // device array [R]
-    uint32_t* d_sync_ = nullptr;      // flags, arrive, gen, abort, claim in one allocation
+    char** bases_ = nullptr;      // host array [R] of device pointers
+    char** d_peers_ = nullptr;    // device array [R]
+    uint32_t* d_sync_ = nullptr;  // flags, arrive, gen, abort, claim in one allocation
     size_t sync_bytes_ = 0;
     DeviceErrorRecord* h_record_ = nullptr;
     TeamView view_{};

@@ -395,9 +395,11 @@ EVENEP_HOST_DEVICE inline bool plan_cost_less(const PlanCostValues& x, const Pla
 // Phase 2 driver: the alloc matrix of a mode. Reference: the published greedy. Optimized: the reference plan and
 // the candidates below, in this fixed order; the cheapest by plan_cost_less among those no worse than the
 // reference on costs 1 and 2 wins (earlier candidates win ties), so optimized is never worse than reference.
-//   1 global fill, largest piece     2 global fill, best fit       (both with overshoot)
+//   1 global fill, largest piece     2 global fill, best fit       (both with overshoot unless `legacy`)
 //   3 = 1 with pushes spread         4 = 2 with pushes spread
 //   5 path, sorted (chain)           6 path, alternating
+// `legacy` (the default of the host Planner, and what the GPU planner in src/cuda/device/plan_block.cuh mirrors):
+// candidates 1 and 2 only, without overshoot. The full set is Planner's `extended_candidates`.
 // ---------------------------------------------------------------------------------------------------------
 inline constexpr int kNumOptimizedCandidates = 6;
 

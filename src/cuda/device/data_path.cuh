@@ -47,8 +47,8 @@ __device__ __forceinline__ TokenEntries load_token_entries(const int32_t* codes,
 // Calls f(row) for every entry row of `rank`'s groups (rows holding entries, not padding), strided over the
 // rank's warps (warp index gw of num_warps). Uniform per warp.
 template <typename F>
-__device__ __forceinline__ void for_each_entry_row(const EpLayout& L, char* base, int rank, int gw, int num_warps,
-                                                   F&& f) {
+__device__ __forceinline__ void for_each_entry_row(
+    const EpLayout& L, char* base, int rank, int gw, int num_warps, F&& f) {
     const int32_t* gc = EpLayout::at<int32_t>(base, L.plan.group_count) + static_cast<int64_t>(rank) * L.G;
     const int32_t* cu = EpLayout::at<int32_t>(base, L.plan.cu_seqlens) + static_cast<int64_t>(rank) * L.G;
     // NOTE: rows are dealt out over the concatenation of all groups so that every warp gets an even share.
@@ -64,8 +64,8 @@ __device__ __forceinline__ void for_each_entry_row(const EpLayout& L, char* base
 
 // Same for padding rows [begin + cnt, end) of every group.
 template <typename F>
-__device__ __forceinline__ void for_each_padding_row(const EpLayout& L, char* base, int rank, int gw, int num_warps,
-                                                     F&& f) {
+__device__ __forceinline__ void for_each_padding_row(
+    const EpLayout& L, char* base, int rank, int gw, int num_warps, F&& f) {
     const int32_t* gc = EpLayout::at<int32_t>(base, L.plan.group_count) + static_cast<int64_t>(rank) * L.G;
     const int32_t* cu = EpLayout::at<int32_t>(base, L.plan.cu_seqlens) + static_cast<int64_t>(rank) * L.G;
     int32_t before = 0;

@@ -33,8 +33,8 @@ inline constexpr unsigned kFullMask = 0xffffffffu;
 // ---------------------------------------------------------------------------------------------------------
 // The sequential planner (planner.cpp's Planner::plan without the host input checks), on thread 0.
 // ---------------------------------------------------------------------------------------------------------
-__device__ inline void plan_block_serial(const PlanDims& d, const int32_t* tpe, const PlanArrays& a, int64_t* cost_out,
-                                         int64_t* work64, int32_t* work32) {
+__device__ inline void plan_block_serial(
+    const PlanDims& d, const int32_t* tpe, const PlanArrays& a, int64_t* cost_out, int64_t* work64, int32_t* work32) {
     if (threadIdx.x != 0) return;
     const int R = d.R, E = d.E;
     detail::plan_loads_and_quotas(d, tpe, const_cast<PlanArrays&>(a));
@@ -114,8 +114,15 @@ __device__ __forceinline__ unsigned fill_primary(int64_t piece, bool fills, bool
 
 // plan_alloc_global_fill on one warp. excess/deficit/remote/avail/alloc initialised by the caller
 // (excess/deficit from balance, remote 0, avail = T_e, alloc = home). Returns the same bool.
-__device__ inline bool warp_global_fill(const PlanDims& d, const int32_t* tpe, bool best_fit, int64_t* excess,
-                                        int64_t* deficit, int64_t* avail, int32_t* remote, int32_t* alloc, int lane,
+__device__ inline bool warp_global_fill(const PlanDims& d,
+                                        const int32_t* tpe,
+                                        bool best_fit,
+                                        int64_t* excess,
+                                        int64_t* deficit,
+                                        int64_t* avail,
+                                        int32_t* remote,
+                                        int32_t* alloc,
+                                        int lane,
                                         int& iterations) {
     const int R = d.R, E = d.E;
     for (;; ++iterations) {
@@ -167,23 +174,27 @@ struct PlanScratch {
 
 __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
     const PlanScratchLayout l = PlanScratchLayout::make(R, E);
-    return PlanScratch{reinterpret_cast<int64_t*>(base + l.balance),   reinterpret_cast<int64_t*>(base + l.z),
-                       reinterpret_cast<int64_t*>(base + l.remaining), reinterpret_cast<int64_t*>(base + l.excess),
-                       reinterpret_cast<int64_t*>(base + l.deficit),   reinterpret_cast<int64_t*>(base + l.avail),
-                       reinterpret_cast<int64_t*>(base + l.expert_load),
-                       reinterpret_cast<int32_t*>(base + l.tpe),       reinterpret_cast<int32_t*>(base + l.alloc),
-                       reinterpret_cast<int32_t*>(base + l.cand),      reinterpret_cast<int32_t*>(base + l.fill_remote),
-                       reinterpret_cast<int32_t*>(base + l.cost_pushed),
-                       reinterpret_cast<int32_t*>(base + l.cost_remote),
-                       reinterpret_cast<int32_t*>(base + l.groups)};
+    return PlanScratch{
+        reinterpret_cast<int64_t*>(base + l.balance),     reinterpret_cast<int64_t*>(base + l.z),
+        reinterpret_cast<int64_t*>(base + l.remaining),   reinterpret_cast<int64_t*>(base + l.excess),
+        reinterpret_cast<int64_t*>(base + l.deficit),     reinterpret_cast<int64_t*>(base + l.avail),
+        reinterpret_cast<int64_t*>(base + l.expert_load), reinterpret_cast<int32_t*>(base + l.tpe),
+        reinterpret_cast<int32_t*>(base + l.alloc),       reinterpret_cast<int32_t*>(base + l.cand),
+        reinterpret_cast<int32_t*>(base + l.fill_remote), reinterpret_cast<int32_t*>(base + l.cost_pushed),
+        reinterpret_cast<int32_t*>(base + l.cost_remote), reinterpret_cast<int32_t*>(base + l.groups)};
 }
 
 // timing (optional, [24]): thread 0 stores %globaltimer at each phase boundary into [0..9) and loop counts into
 // [9..12) (fill iterations of both candidates, most split pieces of one donor).
 template <int kThreads>
-__device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict__ tpe_in, const PlanArrays& a,
-                                    int64_t* cost_out, const PlanScratch& sc, const TeamView& team, int rank,
-                                    int64_t* timing) {
+__device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
+                                                    const int32_t* __restrict__ tpe_in,
+                                                    const PlanArrays& a,
+                                                    int64_t* cost_out,
+                                                    const PlanScratch& sc,
+                                                    const TeamView& team,
+                                                    int rank,
+                                                    int64_t* timing) {
     static_assert(kThreads >= 128 && kThreads % kWarpSize == 0, "plan_block_parallel needs >= 4 whole warps");
     constexpr int kWarps = kThreads / kWarpSize;
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -193,20 +204,20 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
     int64_t* balance = sc.balance;
     int64_t* z = sc.z;
     int64_t* remaining = sc.remaining;
-    int64_t* excess = sc.excess;    // [2][R]
-    int64_t* deficit = sc.deficit;  // [2][R]
-    int64_t* avail = sc.avail;      // [2][E]
-    int32_t* cand = sc.cand;        // [2][E*R]
+    int64_t* excess = sc.excess;            // [2][R]
+    int64_t* deficit = sc.deficit;          // [2][R]
+    int64_t* avail = sc.avail;              // [2][E]
+    int32_t* cand = sc.cand;                // [2][E*R]
     int32_t* fill_remote = sc.fill_remote;  // [2][R]
     int32_t* cost_pushed = sc.cost_pushed;  // [3][R]
     int32_t* cost_remote = sc.cost_remote;  // [3][R]
-    int32_t* alloc = sc.alloc;      // the working alloc (copied to alloc at the end)
+    int32_t* alloc = sc.alloc;              // the working alloc (copied to alloc at the end)
     const int32_t* tpe = sc.tpe;
     auto stamp = [&](int i) {
         if (timing != nullptr && tid == 0) timing[i] = static_cast<int64_t>(global_timer_ns());
     };
     stamp(0);
-    if (timing != nullptr && tid == 0) timing[11] = 0;
+    if (timing != nullptr && tid == 0) timing[11] = 0, timing[12] = static_cast<int64_t>(clock64());
     if (sc.tpe != tpe_in)
         for (size_t i = tid; i < static_cast<size_t>(R) * E; i += kThreads) sc.tpe[i] = tpe_in[i];
 
@@ -348,7 +359,8 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
                             atomicAdd(cost_remote + c * R + r, 1);
                             copies += 1;
                             moved += a_er;
-                            if (B >= epn || detail::plan_is_prefetched(d, X, r, e)) atomicAdd(cost_pushed + c * R + h, 1);
+                            if (B >= epn || detail::plan_is_prefetched(d, X, r, e))
+                                atomicAdd(cost_pushed + c * R + h, 1);
                         }
                     }
                 }
@@ -374,14 +386,15 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
                     if (rem > epn) ok[c] = false;
                     traffic = detail::imax64(traffic, (rem < B ? rem : B) + cost_pushed[c * R + r]);
                 }
-                cv[c] = PlanCostValues{traffic, static_cast<int64_t>(s_acc[c][0]), static_cast<int64_t>(s_acc[c][1]),
-                                       0};
+                cv[c] =
+                    PlanCostValues{traffic, static_cast<int64_t>(s_acc[c][0]), static_cast<int64_t>(s_acc[c][1]), 0};
             }
             int best = 0;
             for (int v = 0; v < 2; ++v) {
                 const int c = v + 1;
                 if (!s_fill_ok[v] || !ok[c]) continue;
-                if (cv[c].max_rank_copy_traffic > cv[0].max_rank_copy_traffic || cv[c].total_copies > cv[0].total_copies)
+                if (cv[c].max_rank_copy_traffic > cv[0].max_rank_copy_traffic ||
+                    cv[c].total_copies > cv[0].total_copies)
                     continue;
                 if (detail::plan_cost_less(cv[c], cv[best])) best = c;
             }
@@ -425,7 +438,8 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
             }
             const unsigned wsum = __reduce_add_sync(kFullMask, static_cast<unsigned>(cross));  // < entries of r
             if (lane == 0 && wsum)
-                atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r), static_cast<unsigned long long>(wsum));
+                atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r),
+                          static_cast<unsigned long long>(wsum));
         }
         if (valid) {
             rp[R] = rest;
@@ -551,6 +565,7 @@ __device__ void plan_block_parallel(const PlanDims& d, const int32_t* __restrict
     }
     __syncthreads();
     stamp(8);
+    if (timing != nullptr && tid == 0) timing[13] = static_cast<int64_t>(clock64());  // SM cycles of the plan
 }
 
 }  // namespace evenep::cuda::device

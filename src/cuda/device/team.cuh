@@ -43,9 +43,9 @@ __device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
 
 // Identity of the calling block inside a launch that covers every virtual rank.
 struct RankCtx {
-    int rank;         // virtual rank this block acts for
-    int block;        // block index inside the rank, [0, num_blocks)
-    int num_blocks;   // blocks per rank
+    int rank;        // virtual rank this block acts for
+    int block;       // block index inside the rank, [0, num_blocks)
+    int num_blocks;  // blocks per rank
 };
 
 // The launch holds the blocks of ranks [t.rank_begin, t.rank_begin + t.launch_ranks), blocks_per_rank each.
@@ -54,9 +54,22 @@ __device__ __forceinline__ RankCtx rank_ctx(const TeamView& t, int blocks_per_ra
                    static_cast<int>(blockIdx.x) % blocks_per_rank, blocks_per_rank};
 }
 
+// True when ranks of the team run in other processes (NCCL team): a kernel that writes into peers' buffers then
+// first passes a team barrier (Phase::kEntry), since stream order no longer separates its call from the peers'
+// previous one.
+__device__ __forceinline__ bool multi_process(const TeamView& t) { return t.launch_ranks < t.num_ranks; }
+
 // Records a failure once (first caller wins), then raises the abort flag. Any thread may call it.
-__device__ inline void record_error(const TeamView& t, DeviceErrorKind kind, int rank, int peer, Phase phase, int token,
-                                    int k, int value, int aux, uint32_t waited_ms) {
+__device__ inline void record_error(const TeamView& t,
+                                    DeviceErrorKind kind,
+                                    int rank,
+                                    int peer,
+                                    Phase phase,
+                                    int token,
+                                    int k,
+                                    int value,
+                                    int aux,
+                                    uint32_t waited_ms) {
     if (atomicCAS(t.error_claim, 0, 1) == 0) {
         volatile DeviceErrorRecord* rec = t.record;
         rec->kind = static_cast<int32_t>(kind);
@@ -83,8 +96,8 @@ __device__ __forceinline__ bool aborted(const TeamView& t) { return ld_relaxed(t
 // `timeout_ns` is t.timeout_ns for waits on peers and twice that for waits on the rank's own leader block, so
 // that a missing peer is always reported by the leader that waits for it, never by a block waiting on its leader.
 template <typename Ready>
-__device__ bool wait_acquire(const TeamView& t, const uint32_t* p, Ready ready, int rank, int peer, Phase phase,
-                             uint64_t timeout_ns) {
+__device__ bool wait_acquire(
+    const TeamView& t, const uint32_t* p, Ready ready, int rank, int peer, Phase phase, uint64_t timeout_ns) {
     const uint64_t start = global_timer_ns();
     uint32_t backoff = 16;
     for (;;) {
@@ -131,7 +144,8 @@ __device__ inline bool barrier(const TeamView& t, const RankCtx& c, Phase phase,
                     for (int p = 0; p < R; ++p) team_flag_arrive(t, team_flag(t, p, c.rank));
                     for (int p = 0; p < R && ok; ++p) {
                         uint32_t* f = team_flag(t, c.rank, p);
-                        ok = wait_acquire(t, f, [](uint32_t v) { return v != 0; }, c.rank, p, phase, t.timeout_ns);
+                        ok = wait_acquire(
+                            t, f, [](uint32_t v) { return v != 0; }, c.rank, p, phase, t.timeout_ns);
                         if (ok) team_flag_consume(t, f);  // consume one arrival of p (a counting semaphore)
                     }
                     team_fence(t);
@@ -139,8 +153,8 @@ __device__ inline bool barrier(const TeamView& t, const RankCtx& c, Phase phase,
                 __threadfence();
                 st_release(gen_p, gen + 1);  // releases the rank's blocks; publishes the team's writes to them
             } else {
-                ok = wait_acquire(t, gen_p, [gen](uint32_t v) { return v != gen; }, c.rank, -1, phase,
-                                  2 * t.timeout_ns + 1000000ull);
+                ok = wait_acquire(
+                    t, gen_p, [gen](uint32_t v) { return v != gen; }, c.rank, -1, phase, 2 * t.timeout_ns + 1000000ull);
             }
             ok = ok && !aborted(t);
             __threadfence();

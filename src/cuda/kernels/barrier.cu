@@ -36,8 +36,8 @@ __global__ void __launch_bounds__(kBarrierThreads)
 
 }  // namespace
 
-int launch_barrier_test(const TeamView& team, size_t board_off, int rounds, int sm_budget, int32_t* d_errors,
-                        cudaStream_t stream) {
+int launch_barrier_test(
+    const TeamView& team, size_t board_off, int rounds, int sm_budget, int32_t* d_errors, cudaStream_t stream) {
     EVENEP_CHECK(rounds >= 1, "barrier test: rounds = ", rounds, " must be >= 1");
     const int nb = clamp_co_resident(barrier_test_kernel, kBarrierThreads, 0, team.launch_ranks, sm_budget);
     launch_cooperative(barrier_test_kernel, team.launch_ranks * nb, kBarrierThreads, 0, stream, team, board_off, rounds,

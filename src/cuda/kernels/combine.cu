@@ -36,8 +36,14 @@ inline constexpr int kCombineUnroll = 4;  // 16-byte vectors per lane per chunk
 
 // acc[u][i] += (0 + sum of the chain's terms), for the lanes of `chain` (ascending), vectors v0 + u*32 + lane.
 template <int kUnroll>
-__device__ __forceinline__ void add_chain(float (&acc)[kUnroll][8], unsigned chain, const device::TokenEntries& te,
-                                          float w, char* const* peers, const EpLayout& L, int v0, int lane,
+__device__ __forceinline__ void add_chain(float (&acc)[kUnroll][8],
+                                          unsigned chain,
+                                          const device::TokenEntries& te,
+                                          float w,
+                                          char* const* peers,
+                                          const EpLayout& L,
+                                          int v0,
+                                          int lane,
                                           bool apply_weights) {
     const int num_vec = L.H / kBf16PerVec;
     float part[kUnroll][8];
@@ -72,7 +78,8 @@ __device__ __forceinline__ void add_chain(float (&acc)[kUnroll][8], unsigned cha
 }
 
 template <int kUnroll>
-__device__ __forceinline__ void store_out(uint16_t* orow, const float (&acc)[kUnroll][8], int v0, int lane, int num_vec) {
+__device__ __forceinline__ void store_out(
+    uint16_t* orow, const float (&acc)[kUnroll][8], int v0, int lane, int num_vec) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
         const int v = v0 + u * kWarpSize + lane;
@@ -80,9 +87,10 @@ __device__ __forceinline__ void store_out(uint16_t* orow, const float (&acc)[kUn
     }
 }
 
-__device__ __forceinline__ void gather_weights(const device::TokenEntries& te, char* const* peers, const EpLayout& L,
-                                               float* out_w, int K, int lane) {
-    if (out_w != nullptr && lane < K) out_w[lane] = te.live ? EpLayout::at<float>(peers[te.drank], L.recv_w())[te.row] : 0.0f;
+__device__ __forceinline__ void gather_weights(
+    const device::TokenEntries& te, char* const* peers, const EpLayout& L, float* out_w, int K, int lane) {
+    if (out_w != nullptr && lane < K)
+        out_w[lane] = te.live ? EpLayout::at<float>(peers[te.drank], L.recv_w())[te.row] : 0.0f;
 }
 
 template <int kThreads, int kUnroll>
@@ -235,7 +243,8 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams
                         float f[8];
                         device::unpack_bf16x8(device::ld_v4(srow + static_cast<int64_t>(v) * kBf16PerVec), f);
 #pragma unroll
-                        for (int i = 0; i < 8; ++i) acc[u][i] = __fadd_rn(acc[u][i], apply ? __fmul_rn(pw, f[i]) : f[i]);
+                        for (int i = 0; i < 8; ++i)
+                            acc[u][i] = __fadd_rn(acc[u][i], apply ? __fmul_rn(pw, f[i]) : f[i]);
                     }
                     unit += 1;
                 }
@@ -247,10 +256,16 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams
 
 }  // namespace
 
-int launch_combine(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
-                   bool apply_weights, CombineMode mode, int sm_budget, cudaStream_t stream) {
-    EVENEP_CHECK(static_cast<int>(s.size()) == layout.R, "combine: s has ", s.size(), " values, expected R = ",
-                 layout.R);
+int launch_combine(const TeamView& team,
+                   const EpLayout& layout,
+                   const RankIo* d_io,
+                   std::span<const int32_t> s,
+                   bool apply_weights,
+                   CombineMode mode,
+                   int sm_budget,
+                   cudaStream_t stream) {
+    EVENEP_CHECK(static_cast<int>(s.size()) == layout.R, "combine: s has ", s.size(),
+                 " values, expected R = ", layout.R);
     EVENEP_CHECK(layout.H % kBf16PerVec == 0, "combine: hidden size H = ", layout.H, " must be a multiple of 8");
     DataParams p{};
     p.team = team;
@@ -258,8 +273,8 @@ int launch_combine(const TeamView& team, const EpLayout& layout, const RankIo* d
     p.io = d_io;
     p.apply_weights = apply_weights ? 1 : 0;
     for (int r = 0; r < layout.R; ++r) {
-        EVENEP_CHECK(s[r] >= 1 && s[r] <= layout.S, "combine: rank ", r, ": s = ", s[r], " outside [1, S = ",
-                     layout.S, "]");
+        EVENEP_CHECK(s[r] >= 1 && s[r] <= layout.S, "combine: rank ", r, ": s = ", s[r], " outside [1, S = ", layout.S,
+                     "]");
         p.s[r] = s[r];
     }
     int nb = 0;

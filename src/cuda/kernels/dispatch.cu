@@ -42,6 +42,9 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
     const RankIo io = p.io[c.rank];
     const int32_t* dst = EpLayout::at<int32_t>(base, L.dst);
     const int num_vec = H / kBf16PerVec;
+    // Ranks in other processes may still read their buffers for the previous call (combine pulls rows, the
+    // duplicate fill reads payload rows): every peer must enter this call before anyone writes into it.
+    if (device::multi_process(p.team) && !device::barrier(p.team, c, Phase::kEntry, true)) return;
 
     // ---- A. Source: weights, chain links, payload rows. ----
     for (int t = gw; t < s; t += num_warps) {
@@ -56,8 +59,8 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
             char* db = peers[te.drank];
             EpLayout::at<float>(db, L.recv_w())[te.row] = io.topk_w[static_cast<int64_t>(t) * K + lane];
             EpLayout::at<int32_t>(db, L.recv_next())[te.row] = later ? next_row : detail::kChainEnd;
-            const int64_t unit = static_cast<int64_t>(t) * L.buf.units_per_token + __popc(te.payloads & lt) +
-                                 __popc(multi & lt);
+            const int64_t unit =
+                static_cast<int64_t>(t) * L.buf.units_per_token + __popc(te.payloads & lt) + __popc(multi & lt);
             EpLayout::at<int32_t>(db, L.recv_ret())[te.row] =
                 te.payload ? detail::encode_ret(c.rank, unit, L.buf.stage_units()) : detail::kRetDuplicate;
         }
@@ -128,10 +131,14 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
 
 }  // namespace
 
-int launch_dispatch(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
-                    int sm_budget, cudaStream_t stream) {
-    EVENEP_CHECK(static_cast<int>(s.size()) == layout.R, "dispatch: s has ", s.size(), " values, expected R = ",
-                 layout.R);
+int launch_dispatch(const TeamView& team,
+                    const EpLayout& layout,
+                    const RankIo* d_io,
+                    std::span<const int32_t> s,
+                    int sm_budget,
+                    cudaStream_t stream) {
+    EVENEP_CHECK(static_cast<int>(s.size()) == layout.R, "dispatch: s has ", s.size(),
+                 " values, expected R = ", layout.R);
     EVENEP_CHECK(layout.H % kBf16PerVec == 0, "dispatch: hidden size H = ", layout.H,
                  " must be a multiple of 8 (16-byte rows)");
     DataParams p{};
@@ -139,8 +146,8 @@ int launch_dispatch(const TeamView& team, const EpLayout& layout, const RankIo* 
     p.lay = layout;
     p.io = d_io;
     for (int r = 0; r < layout.R; ++r) {
-        EVENEP_CHECK(s[r] >= 1 && s[r] <= layout.S, "dispatch: rank ", r, ": s = ", s[r], " outside [1, S = ",
-                     layout.S, "]");
+        EVENEP_CHECK(s[r] >= 1 && s[r] <= layout.S, "dispatch: rank ", r, ": s = ", s[r], " outside [1, S = ", layout.S,
+                     "]");
         p.s[r] = s[r];
     }
     auto kernel = dispatch_kernel<kDispatchThreads, kDispatchUnroll>;

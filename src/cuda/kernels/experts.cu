@@ -45,17 +45,19 @@ struct SlotLists {
     int first_entry[kMaxSlotEntries];  // slot entry (r*B + b) of each distinct copied expert, ascending
     int num_dests;
     int dests[kMaxSlotEntries];
-    int first_of[kMaxExperts];         // lowest slot entry holding each expert (INT_MAX: none)
+    int first_of[kMaxExperts];  // lowest slot entry holding each expert (INT_MAX: none)
 };
 
 // Builds lists.first_entry from the copies table (ascending entry order): the lowest entry of every expert by an
 // atomicMin per entry, then a warp compaction. Ends with __syncthreads.
-__device__ void build_expert_list(const int32_t* copies, int num_entries, int num_experts, SlotLists& lists) {
+// Only experts homed on ranks [home_begin, home_end) are listed.
+__device__ void build_expert_list(const int32_t* copies, int num_entries, int num_experts, int epn, int home_begin,
+                                  int home_end, SlotLists& lists) {
     for (int e = threadIdx.x; e < num_experts; e += blockDim.x) lists.first_of[e] = INT_MAX;
     __syncthreads();
     for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
         const int32_t e = copies[i];
-        if (e >= 0) atomicMin(&lists.first_of[e], i);
+        if (e >= 0 && e / epn >= home_begin && e / epn < home_end) atomicMin(&lists.first_of[e], i);
     }
     __syncthreads();
     if (threadIdx.x < kWarpSize) {
@@ -64,7 +66,7 @@ __device__ void build_expert_list(const int32_t* copies, int num_entries, int nu
         for (int i0 = 0; i0 < num_entries; i0 += kWarpSize) {
             const int i = i0 + lane;
             const int32_t e = i < num_entries ? copies[i] : -1;
-            const bool first = e >= 0 && lists.first_of[e] == i;
+            const bool first = e >= 0 && e / epn >= home_begin && e / epn < home_end && lists.first_of[e] == i;
             const unsigned m = __ballot_sync(0xffffffffu, first);
             if (first) lists.first_entry[n + __popc(m & device::lanemask_lt())] = i;
             n += __popc(m);
@@ -99,8 +101,14 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
     const int32_t* copies = EpLayout::at<int32_t>(p.team.peers[c.rank], L.plan.copies);
     if constexpr (!kPrefetch) {
         if (!device::barrier(p.team, c, Phase::kReduceReady, true)) return;
+    } else {
+        // Ranks in other processes may still compute with their slots: every peer must enter this call first.
+        if (device::multi_process(p.team) && !device::barrier(p.team, c, Phase::kEntry, true)) return;
     }
-    build_expert_list(copies, num_entries, L.E, lists);
+    // The launch moves the experts homed on its ranks (all of them in the local team; its own in the NCCL team:
+    // the owner pushes its weight tiles and pulls its experts' slot gradients).
+    build_expert_list(copies, num_entries, L.E, epn, p.team.rank_begin, p.team.rank_begin + p.team.launch_ranks,
+                      lists);
     const int elem_bytes = kPrefetch ? 2 : 4;
     const int64_t num_vec = X.elems * elem_bytes / 16;  // host checks elems*elem_bytes % 16 == 0
     const int64_t tiles = (num_vec + kTileVec - 1) / kTileVec;
@@ -122,8 +130,8 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
         const int n = lists.num_dests;
         const int64_t v0 = tile * kTileVec + threadIdx.x;
         if constexpr (kPrefetch) {
-            const uint4* src = reinterpret_cast<const uint4*>(
-                X.bases[home] + X.weights + (static_cast<int64_t>(proj) * epn + local) * X.elems * 2);
+            const uint4* src = reinterpret_cast<const uint4*>(X.bases[home] + X.weights +
+                                                              (static_cast<int64_t>(proj) * epn + local) * X.elems * 2);
             uint4 buf[kExpertUnroll];
 #pragma unroll
             for (int u = 0; u < kExpertUnroll; ++u) {
@@ -132,8 +140,8 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
             }
             for (int d = 0; d < n; ++d) {
                 const int entry = lists.dests[d], r = entry / B, b = entry % B;
-                uint4* dst = reinterpret_cast<uint4*>(X.bases[r] + X.slots +
-                                                      (static_cast<int64_t>(proj) * B + b) * X.elems * 2);
+                uint4* dst =
+                    reinterpret_cast<uint4*>(X.bases[r] + X.slots + (static_cast<int64_t>(proj) * B + b) * X.elems * 2);
 #pragma unroll
                 for (int u = 0; u < kExpertUnroll; ++u) {
                     const int64_t v = v0 + u * kExpertThreads;
@@ -196,14 +204,14 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
 }
 
 template <bool kPrefetch>
-int launch_experts(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
-                   cudaStream_t stream) {
+int launch_experts(
+    const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget, cudaStream_t stream) {
     const char* name = kPrefetch ? "prefetch_weight" : "reduce_grad";
     EVENEP_CHECK(layout.R * layout.B <= kMaxSlotEntries, name, ": R*B = ", layout.R * layout.B, " slot entries exceed ",
                  kMaxSlotEntries);
     EVENEP_CHECK(layout.E <= kMaxExperts, name, ": E = ", layout.E, " exceeds ", kMaxExperts);
-    EVENEP_CHECK(experts.num_projections >= 1 && experts.num_projections <= 3, name, ": num_projections = ",
-                 experts.num_projections);
+    EVENEP_CHECK(experts.num_projections >= 1 && experts.num_projections <= 3, name,
+                 ": num_projections = ", experts.num_projections);
     EVENEP_CHECK(experts.elems > 0 && experts.elems % 8 == 0, name, ": elements per expert matrix = ", experts.elems,
                  " must be a positive multiple of 8 (16-byte vectors)");
     ExpertParams p{};
@@ -219,13 +227,13 @@ int launch_experts(const TeamView& team, const EpLayout& layout, const ExpertsVi
 
 }  // namespace
 
-int launch_prefetch_weight(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
-                           cudaStream_t stream) {
+int launch_prefetch_weight(
+    const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget, cudaStream_t stream) {
     return launch_experts<true>(team, layout, experts, sm_budget, stream);
 }
 
-int launch_reduce_grad(const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget,
-                       cudaStream_t stream) {
+int launch_reduce_grad(
+    const TeamView& team, const EpLayout& layout, const ExpertsView& experts, int sm_budget, cudaStream_t stream) {
     return launch_experts<false>(team, layout, experts, sm_budget, stream);
 }
 

@@ -19,8 +19,7 @@ namespace evenep::cuda {
 // (co-residency). With R virtual ranks on one GPU the clamp usually wins: the ranks share the GPU's SMs.
 // The occupancy query runs once per (device, kernel, threads, smem); later calls (graph capture) only read the cache.
 template <typename Kernel>
-int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, int sm_budget,
-                      int max_blocks = 1 << 30) {
+int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, int sm_budget, int max_blocks = 1 << 30) {
     EVENEP_CHECK(sm_budget >= 1, "launch: SM budget = ", sm_budget, " must be >= 1");
     struct Key {
         int device;
@@ -44,8 +43,8 @@ int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, in
             int num_sms = 0, per_sm = 0;
             EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
             if (smem > 48 * 1024)
-                EVENEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(smem)));
+                EVENEP_CUDA_CHECK(
+                    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
             EVENEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
             it = cache.emplace(key, std::make_pair(per_sm, num_sms)).first;
         }
@@ -61,8 +60,8 @@ int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, in
 
 // Cooperative launch (all blocks co-resident; valid inside stream capture), then cudaGetLastError().
 template <typename... KernelArgs, typename... Args>
-void launch_cooperative(void (*kernel)(KernelArgs...), int grid, int threads, size_t smem, cudaStream_t stream,
-                        Args&&... args) {
+void launch_cooperative(
+    void (*kernel)(KernelArgs...), int grid, int threads, size_t smem, cudaStream_t stream, Args&&... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(grid));
     cfg.blockDim = dim3(static_cast<unsigned>(threads));

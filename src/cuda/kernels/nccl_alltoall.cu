@@ -83,9 +83,8 @@ __global__ void __launch_bounds__(kRowThreads)
     }
 }
 
-__global__ void __launch_bounds__(kRowThreads)
-    a2a_unpermute_kernel(const uint16_t* y, const int32_t* pos, const float* topk_w, int s, int K, int H,
-                         int apply_weights, uint16_t* out) {
+__global__ void __launch_bounds__(kRowThreads) a2a_unpermute_kernel(
+    const uint16_t* y, const int32_t* pos, const float* topk_w, int s, int K, int H, int apply_weights, uint16_t* out) {
     const int lane = threadIdx.x % kWarpSize;
     const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kRowThreads + threadIdx.x) / kWarpSize;
     const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kRowThreads / kWarpSize;
@@ -115,8 +114,13 @@ int row_blocks(int64_t warps_needed) {
 
 }  // namespace
 
-void launch_a2a_count(const int32_t* topk_idx, int64_t num_entries, int epn, int num_ranks, int32_t* pos,
-                      int32_t* counts, cudaStream_t stream) {
+void launch_a2a_count(const int32_t* topk_idx,
+                      int64_t num_entries,
+                      int epn,
+                      int num_ranks,
+                      int32_t* pos,
+                      int32_t* counts,
+                      cudaStream_t stream) {
     const size_t smem = sizeof(int32_t) * (static_cast<size_t>(num_ranks) * kCountThreads + num_ranks);
     EVENEP_CHECK(smem <= 48 * 1024, "all-to-all baseline: R = ", num_ranks, " needs ", smem,
                  " bytes of shared memory for the counts (R <= 11)");
@@ -124,16 +128,23 @@ void launch_a2a_count(const int32_t* topk_idx, int64_t num_entries, int epn, int
     check_launch(stream);
 }
 
-void launch_a2a_permute(const uint16_t* x, const int32_t* pos, int64_t num_entries, int K, int H, uint16_t* send_x,
-                        cudaStream_t stream) {
+void launch_a2a_permute(
+    const uint16_t* x, const int32_t* pos, int64_t num_entries, int K, int H, uint16_t* send_x, cudaStream_t stream) {
     a2a_permute_kernel<<<row_blocks(num_entries), kRowThreads, 0, stream>>>(x, pos, num_entries, K, H, send_x);
     check_launch(stream);
 }
 
-void launch_a2a_unpermute(const uint16_t* y, const int32_t* pos, const float* topk_w, int s, int K, int H,
-                          bool apply_weights, uint16_t* out, cudaStream_t stream) {
+void launch_a2a_unpermute(const uint16_t* y,
+                          const int32_t* pos,
+                          const float* topk_w,
+                          int s,
+                          int K,
+                          int H,
+                          bool apply_weights,
+                          uint16_t* out,
+                          cudaStream_t stream) {
     a2a_unpermute_kernel<<<row_blocks(s), kRowThreads, 0, stream>>>(y, pos, topk_w, s, K, H, apply_weights ? 1 : 0,
-                                                                     out);
+                                                                    out);
     check_launch(stream);
 }
 

@@ -32,8 +32,8 @@ void launch_team_sync(const TeamView& team, cudaStream_t stream) {
     launch_cooperative(team_sync_kernel, team.launch_ranks, 128, 0, stream, team);
 }
 
-void launch_lsa_peer_table(ncclWindow_t window, int rank, int lsa_rank, int num_ranks, char** d_out,
-                           cudaStream_t stream) {
+void launch_lsa_peer_table(
+    ncclWindow_t window, int rank, int lsa_rank, int num_ranks, char** d_out, cudaStream_t stream) {
     EVENEP_CHECK(window != nullptr && d_out != nullptr && num_ranks >= 1, "nccl team: bad peer-table arguments");
     lsa_peer_table_kernel<<<1, 128, 0, stream>>>(window, rank, lsa_rank, num_ranks, d_out);
     check_launch(stream);

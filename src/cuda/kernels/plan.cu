@@ -38,8 +38,8 @@ struct PlanParams {
     int32_t s[kMaxVirtualRanks];
     int blocks_per_rank;
     int locality;
-    int rank_begin;  // plan_only: first planning rank
-    int32_t s_total; // group total when the ranks' s differ, else -1 (stored in the gather rows)
+    int rank_begin;       // plan_only: first planning rank
+    int32_t s_total;      // group total when the ranks' s differ, else -1 (stored in the gather rows)
     int scratch_in_smem;  // the block planner's state lives in dynamic shared memory (else the global workspace)
     int route_in_smem;    // phase 4 reads the route tables from shared memory
     int repeat;           // plan_only: plans per launch (1; more only to measure warm-cache phase times)
@@ -62,11 +62,19 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
     int64_t* w64 = EpLayout::at<int64_t>(base, L.plan.work64);
     int32_t* w32 = EpLayout::at<int32_t>(base, L.plan.work32);
     if constexpr (kParallel) {
-        char* scratch_base = p.scratch_in_smem ? reinterpret_cast<char*>(plan_smem) : base + L.plan.scratch;
-        device::PlanScratch sc = device::carve_scratch(scratch_base, L.R, L.E);
-        if (!p.scratch_in_smem) sc.tpe = const_cast<int32_t*>(tpe);  // already in place: no copy
-        device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank,
-                                              EpLayout::at<int64_t>(base, L.plan.timing));
+        int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
+        // NOTE: two call sites on purpose. In the first, every scratch pointer derives from plan_smem alone, so once
+        // the planner is inlined the compiler knows they address shared memory and emits LDS/STS; a pointer that
+        // may be either (a select) stays generic, and generic accesses to shared memory are far slower on sm_90
+        // (they resolve through the cluster shared window).
+        if (p.scratch_in_smem) {
+            const device::PlanScratch sc = device::carve_scratch(reinterpret_cast<char*>(plan_smem), L.R, L.E);
+            device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
+        } else {
+            device::PlanScratch sc = device::carve_scratch(base + L.plan.scratch, L.R, L.E);
+            sc.tpe = const_cast<int32_t*>(tpe);  // already in place: no copy
+            device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
+        }
         (void)w64, (void)w32;
     } else {
         device::plan_block_serial(d, tpe, a, cost, w64, w32);
@@ -127,7 +135,9 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
     }
     __syncthreads();
     for (int e = tid; e < E; e += kThreads) hist[static_cast<int64_t>(c.block) * E + e] = bh[e];
-    if (!device::barrier(p.team, c, Phase::kPlanHistogram, false)) return;
+    // With ranks in other processes this is a team barrier: a peer may still read its gathered rows of the previous
+    // plan (phase 3) when this rank's phase 2 writes into them.
+    if (!device::barrier(p.team, c, Phase::kPlanHistogram, device::multi_process(p.team))) return;
     if (stamps) timing[17] = static_cast<int64_t>(device::global_timer_ns());
 
     // ---- Phase 2: prefix over blocks; the rank's total goes to every peer's gathered table. ----
@@ -145,8 +155,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
                 run += v[j];
             }
         }
-        for (int q = 0; q < R; ++q)
-            EpLayout::at<int32_t>(peers[q], L.gather())[c.rank * row_ints + 2 + e] = run;
+        for (int q = 0; q < R; ++q) EpLayout::at<int32_t>(peers[q], L.gather())[c.rank * row_ints + 2 + e] = run;
     }
     if (c.block == 0 && tid < R) {
         int32_t* row = EpLayout::at<int32_t>(peers[tid], L.gather()) + c.rank * row_ints;
@@ -168,7 +177,8 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
     if (stamps) timing[19] = static_cast<int64_t>(device::global_timer_ns());
 
     // ---- Phase 4: encoded destinations of the chunk. ----
-    detail::PlanRouteView view = L.route_view(base);
+    const detail::PlanRouteView view = L.route_view(base);
+    detail::PlanRouteView view_smem = view;
     if (p.route_in_smem) {
         // The route tables plan_entry_dst walks (keep, both prefixes, seg_row), staged after the histograms.
         int32_t* keep = smem + E * (1 + kWarps);
@@ -177,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
         int32_t* seg = cp + E * (R + 1);
         for (int i = tid; i < E * R; i += kThreads) keep[i] = view.local_keep[i], seg[i] = view.seg_row[i];
         for (int i = tid; i < E * (R + 1); i += kThreads) rp[i] = view.rest_prefix[i], cp[i] = view.cap_prefix[i];
-        view.local_keep = keep, view.rest_prefix = rp, view.cap_prefix = cp, view.seg_row = seg;
+        view_smem.local_keep = keep, view_smem.rest_prefix = rp, view_smem.cap_prefix = cp, view_smem.seg_row = seg;
         __syncthreads();
     }
     if (stamps) timing[21] = static_cast<int64_t>(device::global_timer_ns());
@@ -203,17 +213,24 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
     }
     __syncthreads();
     const int64_t i_end = static_cast<int64_t>(wt1) * K;
-    for (int64_t i0 = static_cast<int64_t>(wt0) * K; i0 < i_end; i0 += kWarpSize) {
-        const int64_t i = i0 + lane;
-        const int32_t e = i < i_end ? idx[i] : -1;
-        const unsigned group = __match_any_sync(kFullMask, e >= 0 ? e : -2 - lane);
-        int32_t pos = 0;
-        if (e >= 0) pos = wh[e] + __popc(group & device::lanemask_lt());
-        __syncwarp();
-        if (e >= 0 && (group & device::lanemask_lt()) == 0) wh[e] += __popc(group);
-        __syncwarp();
-        if (i < i_end) dst[i] = e >= 0 ? detail::plan_entry_dst(view, c.rank, e, pos) : detail::kMaskedDst;
-    }
+    // Two call sites (shared-memory tables or global ones) so that the table accesses keep a known address space.
+    auto walk = [&](const detail::PlanRouteView& v) {
+        for (int64_t i0 = static_cast<int64_t>(wt0) * K; i0 < i_end; i0 += kWarpSize) {
+            const int64_t i = i0 + lane;
+            const int32_t e = i < i_end ? idx[i] : -1;
+            const unsigned group = __match_any_sync(kFullMask, e >= 0 ? e : -2 - lane);
+            int32_t pos = 0;
+            if (e >= 0) pos = wh[e] + __popc(group & device::lanemask_lt());
+            __syncwarp();
+            if (e >= 0 && (group & device::lanemask_lt()) == 0) wh[e] += __popc(group);
+            __syncwarp();
+            if (i < i_end) dst[i] = e >= 0 ? detail::plan_entry_dst(v, c.rank, e, pos) : detail::kMaskedDst;
+        }
+    };
+    if (p.route_in_smem)
+        walk(view_smem);
+    else
+        walk(view);
     __syncwarp();
     if (stamps) timing[22] = static_cast<int64_t>(device::global_timer_ns());
     // Dedup (SPEC §3.4): per token, the first entry per destination rank keeps dst, later ones store -dst-1.
@@ -234,8 +251,12 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p)
     if (stamps) timing[20] = static_cast<int64_t>(device::global_timer_ns());
 }
 
-PlanParams make_params(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
-                       int64_t s_total, bool locality) {
+PlanParams make_params(const TeamView& team,
+                       const EpLayout& layout,
+                       const RankIo* d_io,
+                       std::span<const int32_t> s,
+                       int64_t s_total,
+                       bool locality) {
     EVENEP_CHECK(static_cast<int>(s.size()) == layout.R, "plan: s has ", s.size(), " values, expected R = ", layout.R);
     EVENEP_CHECK(team.num_ranks == layout.R, "plan: team has ", team.num_ranks, " ranks, layout ", layout.R);
     PlanParams p{};
@@ -286,20 +307,34 @@ int launch_plan_impl(PlanParams p, int sm_budget, cudaStream_t stream) {
 
 }  // namespace
 
-int launch_plan(const TeamView& team, const EpLayout& layout, const RankIo* d_io, std::span<const int32_t> s,
-                int64_t s_total, bool locality, PlannerKernel kernel, int sm_budget, cudaStream_t stream) {
+int launch_plan(const TeamView& team,
+                const EpLayout& layout,
+                const RankIo* d_io,
+                std::span<const int32_t> s,
+                int64_t s_total,
+                bool locality,
+                PlannerKernel kernel,
+                int sm_budget,
+                cudaStream_t stream) {
     const PlanParams p = make_params(team, layout, d_io, s, s_total, locality);
     return kernel == PlannerKernel::kParallel ? launch_plan_impl<true>(p, sm_budget, stream)
                                               : launch_plan_impl<false>(p, sm_budget, stream);
 }
 
-void launch_plan_only(const TeamView& team, const EpLayout& layout, std::span<const int32_t> s, bool locality,
-                      PlannerKernel kernel, int rank_begin, int num_ranks, cudaStream_t stream, int repeat) {
+void launch_plan_only(const TeamView& team,
+                      const EpLayout& layout,
+                      std::span<const int32_t> s,
+                      bool locality,
+                      PlannerKernel kernel,
+                      int rank_begin,
+                      int num_ranks,
+                      cudaStream_t stream,
+                      int repeat) {
     PlanParams p = make_params(team, layout, nullptr, s, -1, locality);
     EVENEP_CHECK(repeat >= 1, "plan: repeat = ", repeat);
     p.repeat = repeat;
-    EVENEP_CHECK(rank_begin >= 0 && num_ranks >= 1 && rank_begin + num_ranks <= layout.R, "plan: ranks [",
-                 rank_begin, ", ", rank_begin + num_ranks, ") outside [0, R = ", layout.R, ")");
+    EVENEP_CHECK(rank_begin >= 0 && num_ranks >= 1 && rank_begin + num_ranks <= layout.R, "plan: ranks [", rank_begin,
+                 ", ", rank_begin + num_ranks, ") outside [0, R = ", layout.R, ")");
     p.rank_begin = rank_begin;
     if (kernel == PlannerKernel::kParallel) {
         p.scratch_in_smem = scratch_fits_smem(layout) ? 1 : 0;
@@ -307,7 +342,8 @@ void launch_plan_only(const TeamView& team, const EpLayout& layout, std::span<co
         auto k = plan_only_kernel<kPlanThreads, true>;
         static size_t smem_set = 48 * 1024;  // largest dynamic smem already allowed for k (single device)
         if (smem > smem_set) {
-            EVENEP_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+            EVENEP_CUDA_CHECK(
+                cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
             smem_set = smem;
         }
         k<<<num_ranks, kPlanThreads, smem, stream>>>(p);

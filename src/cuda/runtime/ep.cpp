@@ -13,13 +13,13 @@ namespace evenep::cuda {
 DeviceEp::DeviceEp(const Config& cfg, int hidden, const EpOptions& options)
     : cfg_(cfg), hidden_(hidden), options_(options) {
     cfg_.validate();
-    EVENEP_CHECK(hidden >= detail::kHiddenAlign && hidden % detail::kHiddenAlign == 0, "cuda ep: hidden size H = ",
-                 hidden, " must be a positive multiple of ", detail::kHiddenAlign);
+    EVENEP_CHECK(hidden >= detail::kHiddenAlign && hidden % detail::kHiddenAlign == 0,
+                 "cuda ep: hidden size H = ", hidden, " must be a positive multiple of ", detail::kHiddenAlign);
     EVENEP_CHECK(cfg_.R <= kMaxVirtualRanks, "cuda ep: R = ", cfg_.R, " exceeds ", kMaxVirtualRanks, " virtual ranks");
     EVENEP_CHECK(options.sm_budget >= 1, "cuda ep: sm_budget = ", options.sm_budget, " must be >= 1");
     EVENEP_CHECK(options.max_plan_blocks >= 1, "cuda ep: max_plan_blocks = ", options.max_plan_blocks);
-    layout_ = EpLayout::make(cfg_.R, cfg_.E, cfg_.K, cfg_.S, cfg_.tp, cfg_.num_slots(), hidden,
-                             options.max_plan_blocks);
+    layout_ =
+        EpLayout::make(cfg_.R, cfg_.E, cfg_.K, cfg_.S, cfg_.tp, cfg_.num_slots(), hidden, options.max_plan_blocks);
     // Return addresses are int32: R * S * U units must fit.
     const int64_t units = static_cast<int64_t>(cfg_.R) * layout_.buf.stage_units();
     EVENEP_CHECK(units < INT32_MAX, "cuda ep: R*S*min(K,2R) = ", units, " staging units overflow int32");
@@ -29,10 +29,9 @@ DeviceEp::DeviceEp(const Config& cfg, int hidden, const EpOptions& options)
     // Chain metadata starts as padding everywhere (what the CPU backend's buffer holds before any dispatch).
     std::vector<int32_t> next(layout_.nvs, detail::kChainEnd), ret(layout_.nvs, detail::kRetPadding);
     for (int r = 0; r < cfg_.R; ++r) {
-        EVENEP_CUDA_CHECK(cudaMemcpy(base(r) + layout_.recv_next(), next.data(), next.size() * 4,
-                                     cudaMemcpyHostToDevice));
-        EVENEP_CUDA_CHECK(cudaMemcpy(base(r) + layout_.recv_ret(), ret.data(), ret.size() * 4,
-                                     cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(
+            cudaMemcpy(base(r) + layout_.recv_next(), next.data(), next.size() * 4, cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(base(r) + layout_.recv_ret(), ret.data(), ret.size() * 4, cudaMemcpyHostToDevice));
     }
     s_.assign(cfg_.R, 0);
 }
@@ -45,8 +44,8 @@ void DeviceEp::set_sm_budget(int sm_budget) {
 }
 
 void DeviceEp::bind(std::span<const RankIo> io) {
-    EVENEP_CHECK(static_cast<int>(io.size()) == cfg_.R, "cuda ep: bind got ", io.size(), " ranks, expected R = ",
-                 cfg_.R);
+    EVENEP_CHECK(static_cast<int>(io.size()) == cfg_.R, "cuda ep: bind got ", io.size(),
+                 " ranks, expected R = ", cfg_.R);
     for (int r = 0; r < cfg_.R; ++r) {
         EVENEP_CHECK(io[r].x && io[r].topk_idx && io[r].topk_w && io[r].out, "cuda ep: rank ", r,
                      ": x, topk_idx, topk_w and out must be device pointers (out_w may be null)");
@@ -79,8 +78,8 @@ void DeviceEp::plan(std::span<const int32_t> s, cudaStream_t stream, int64_t s_t
     planned_ = true;
 }
 
-void DeviceEp::plan_from_tpe(std::span<const int32_t> tpe, std::span<const int32_t> s, cudaStream_t stream,
-                             int rank_begin, int num_ranks) {
+void DeviceEp::plan_from_tpe(
+    std::span<const int32_t> tpe, std::span<const int32_t> s, cudaStream_t stream, int rank_begin, int num_ranks) {
     const size_t RE = static_cast<size_t>(cfg_.R) * cfg_.E;
     EVENEP_CHECK(tpe.size() == RE, "plan: tpe has ", tpe.size(), " values, expected R*E = ", RE);
     EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "plan: s has ", s.size(), " values, expected R = ", cfg_.R);

@@ -9,8 +9,8 @@ namespace evenep::cuda {
 
 DeviceExperts::DeviceExperts(const DeviceEp& ep, const ExpertsShape& shape)
     : shape_(shape), R_(ep.config().R), epn_(ep.config().epn()), B_(ep.config().num_slots()) {
-    EVENEP_CHECK(shape.num_projections >= 1 && shape.num_projections <= 3, "experts: num_projections = ",
-                 shape.num_projections, " outside [1, 3]");
+    EVENEP_CHECK(shape.num_projections >= 1 && shape.num_projections <= 3,
+                 "experts: num_projections = ", shape.num_projections, " outside [1, 3]");
     EVENEP_CHECK(shape.elems > 0 && shape.elems % 8 == 0, "experts: elements per matrix = ", shape.elems,
                  " must be a positive multiple of 8");
     const size_t P = shape.num_projections, n = static_cast<size_t>(shape.elems);
@@ -70,17 +70,18 @@ float* DeviceExperts::grad(int rank, int proj, int local_expert) const {
 
 void DeviceExperts::prefetch_weight(DeviceEp& ep, cudaStream_t stream) {
     EVENEP_CHECK(shape_.with_weights, "prefetch_weight: experts allocated without weights");
-    EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_, "prefetch_weight: experts sized for another group");
-    const ExpertsView v{d_bases_, off_.weights, off_.slots, off_.slot_grads, off_.grads, shape_.num_projections,
-                        shape_.elems};
+    EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_,
+                 "prefetch_weight: experts sized for another group");
+    const ExpertsView v{d_bases_,   off_.weights,           off_.slots,  off_.slot_grads,
+                        off_.grads, shape_.num_projections, shape_.elems};
     last_blocks_ = launch_prefetch_weight(ep.team().view(), ep.layout(), v, ep.options().sm_budget, stream);
 }
 
 void DeviceExperts::reduce_grad(DeviceEp& ep, cudaStream_t stream) {
     EVENEP_CHECK(shape_.with_grads, "reduce_grad: experts allocated without gradients");
     EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_, "reduce_grad: experts sized for another group");
-    const ExpertsView v{d_bases_, off_.weights, off_.slots, off_.slot_grads, off_.grads, shape_.num_projections,
-                        shape_.elems};
+    const ExpertsView v{d_bases_,   off_.weights,           off_.slots,  off_.slot_grads,
+                        off_.grads, shape_.num_projections, shape_.elems};
     last_blocks_ = launch_reduce_grad(ep.team().view(), ep.layout(), v, ep.options().sm_budget, stream);
 }
 

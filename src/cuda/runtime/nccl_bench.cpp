@@ -35,8 +35,8 @@ uint64_t mix64(uint64_t z) {
 uint16_t tag_bits(int r, int t, int c) {
     if (c == 0) return static_cast<uint16_t>(r);
     if (c == 1) return static_cast<uint16_t>(t);
-    return static_cast<uint16_t>(mix64((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^
-                                       static_cast<uint64_t>(c)) & 0x3FFF);
+    return static_cast<uint16_t>(
+        mix64((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^ static_cast<uint64_t>(c)) & 0x3FFF);
 }
 
 struct Stats {
@@ -44,7 +44,7 @@ struct Stats {
 };
 
 class Bench {
-public:
+  public:
     Bench(NcclTeam& team, cudaStream_t stream, int warmup, int iters)
         : team_(team), stream_(stream), warmup_(warmup), iters_(iters) {}
 
@@ -74,9 +74,9 @@ public:
         for (cudaEvent_t& e : ev) cudaEventDestroy(e);
         std::sort(us.begin(), us.end());
         const double median = iters_ % 2 ? us[iters_ / 2] : 0.5 * (us[iters_ / 2 - 1] + us[iters_ / 2]);
-        const std::vector<int64_t> all = team_.all_gather(std::vector<int64_t>{
-            static_cast<int64_t>(median * 1000), static_cast<int64_t>(us.front() * 1000),
-            static_cast<int64_t>(us.back() * 1000)});
+        const std::vector<int64_t> all = team_.all_gather(std::vector<int64_t>{static_cast<int64_t>(median * 1000),
+                                                                               static_cast<int64_t>(us.front() * 1000),
+                                                                               static_cast<int64_t>(us.back() * 1000)});
         Stats s;
         s.min_us = 1e300;
         for (size_t r = 0; r < all.size() / 3; ++r) {
@@ -96,7 +96,7 @@ public:
         return std::accumulate(all.begin(), all.end(), int64_t{0});
     }
 
-private:
+  private:
     NcclTeam& team_;
     cudaStream_t stream_;
     int warmup_, iters_;
@@ -184,8 +184,8 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
     std::ostringstream shape_os;
     shape_os << "R" << R << " E" << cfg.E << " K" << K << " S" << S << " H" << H;
     const std::string shape = shape_os.str();
-    auto add_row = [&](const std::string& op, double maxvio, const Stats& st, double bytes, double link,
-                       int64_t wrong, int blocks, const std::string& note) {
+    auto add_row = [&](const std::string& op, double maxvio, const Stats& st, double bytes, double link, int64_t wrong,
+                       int blocks, const std::string& note) {
         MultiBenchRow row;
         row.op = op;
         row.shape = shape;
@@ -253,8 +253,8 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         const Routing routing = make_target_maxvio(RoutingSpec{R, cfg.E, K, S, mc.seed}, target);
         const double maxvio = routing.maxvio();
         const auto weights = make_route_weights(routing, mc.seed);
-        EVENEP_CUDA_CHECK(cudaMemcpy(idx.p, routing.topk_idx[me].data(), routing.topk_idx[me].size() * 4,
-                                     cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(
+            cudaMemcpy(idx.p, routing.topk_idx[me].data(), routing.topk_idx[me].size() * 4, cudaMemcpyHostToDevice));
         EVENEP_CUDA_CHECK(cudaMemcpy(w.p, weights[me].data(), weights[me].size() * 4, cudaMemcpyHostToDevice));
         const int s = routing.s[me];
         const std::vector<int32_t> tpe = routing.tpe();
@@ -342,8 +342,7 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
                     const uint16_t* g = got.data() + row * H;
                     const auto [r, t] = src[row];
                     bool ok = true;
-                    for (int c : {0, 1, 2, H / 2, H - 1})
-                        ok = ok && g[c] == (r < 0 ? uint16_t{0} : tag_bits(r, t, c));
+                    for (int c : {0, 1, 2, H / 2, H - 1}) ok = ok && g[c] == (r < 0 ? uint16_t{0} : tag_bits(r, t, c));
                     bad += !ok;
                 }
                 wrong = bench.sum_over_ranks(bad);
@@ -388,11 +387,11 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
                     for (int p = 0; p < mc.projections; ++p)
                         for (size_t off : {size_t{0}, total / 2, total - n}) {
                             // The home's weights through this process's mapping of its window.
-                            const size_t wofs = ex->offsets().weights +
-                                                ((static_cast<size_t>(p) * epn + e % epn) * total + off) * 2;
+                            const size_t wofs =
+                                ex->offsets().weights + ((static_cast<size_t>(p) * epn + e % epn) * total + off) * 2;
                             EVENEP_CUDA_CHECK(cudaMemcpy(a.data(), ex->slot(p, sl) + off, n * 2, cudaMemcpyDefault));
-                            EVENEP_CUDA_CHECK(cudaMemcpy(b.data(), ex->window().peers[e / epn] + wofs, n * 2,
-                                                         cudaMemcpyDefault));
+                            EVENEP_CUDA_CHECK(
+                                cudaMemcpy(b.data(), ex->window().peers[e / epn] + wofs, n * 2, cudaMemcpyDefault));
                             bad += a != b;
                         }
                 }

@@ -1,11 +1,12 @@
 // NcclEp and NcclExperts: one rank of a multi-process EP group (include/evenep/cuda/nccl_ep.hpp). The kernels are
 // the local team's (src/cuda/kernels); only the team view differs (this rank's blocks, LSA peers, system scope).
+#include "evenep/cuda/nccl_ep.hpp"
+
 #include <climits>
 #include <cstring>
 
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/launchers.hpp"
-#include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/detail/buffer_layout.hpp"
 #include "evenep/error.hpp"
 
@@ -16,13 +17,13 @@ NcclEp::NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const E
     cfg_.validate();
     EVENEP_CHECK(cfg_.R == boot.world_size, "nccl ep: R = ", cfg_.R, " but the group has ", boot.world_size,
                  " processes (WORLD_SIZE)");
-    EVENEP_CHECK(hidden >= detail::kHiddenAlign && hidden % detail::kHiddenAlign == 0, "nccl ep: hidden size H = ",
-                 hidden, " must be a positive multiple of ", detail::kHiddenAlign);
+    EVENEP_CHECK(hidden >= detail::kHiddenAlign && hidden % detail::kHiddenAlign == 0,
+                 "nccl ep: hidden size H = ", hidden, " must be a positive multiple of ", detail::kHiddenAlign);
     EVENEP_CHECK(cfg_.R <= kMaxVirtualRanks, "nccl ep: R = ", cfg_.R, " exceeds ", kMaxVirtualRanks, " ranks");
     EVENEP_CHECK(options.sm_budget >= 1, "nccl ep: sm_budget = ", options.sm_budget, " must be >= 1");
     EVENEP_CHECK(options.max_plan_blocks >= 1, "nccl ep: max_plan_blocks = ", options.max_plan_blocks);
-    layout_ = EpLayout::make(cfg_.R, cfg_.E, cfg_.K, cfg_.S, cfg_.tp, cfg_.num_slots(), hidden,
-                             options.max_plan_blocks);
+    layout_ =
+        EpLayout::make(cfg_.R, cfg_.E, cfg_.K, cfg_.S, cfg_.tp, cfg_.num_slots(), hidden, options.max_plan_blocks);
     const int64_t units = static_cast<int64_t>(cfg_.R) * layout_.buf.stage_units();
     EVENEP_CHECK(units < INT32_MAX, "nccl ep: R*S*min(K,2R) = ", units, " staging units overflow int32");
     team_ = std::make_unique<NcclTeam>(boot, layout_.total_bytes, options.team);
@@ -157,8 +158,8 @@ std::vector<int32_t> NcclEp::download_recv_ret(int64_t rows) const {
 
 NcclExperts::NcclExperts(NcclEp& ep, const ExpertsShape& shape)
     : shape_(shape), R_(ep.config().R), epn_(ep.config().epn()), B_(ep.config().num_slots()) {
-    EVENEP_CHECK(shape.num_projections >= 1 && shape.num_projections <= 3, "experts: num_projections = ",
-                 shape.num_projections, " outside [1, 3]");
+    EVENEP_CHECK(shape.num_projections >= 1 && shape.num_projections <= 3,
+                 "experts: num_projections = ", shape.num_projections, " outside [1, 3]");
     EVENEP_CHECK(shape.elems > 0 && shape.elems % 8 == 0, "experts: elements per matrix = ", shape.elems,
                  " must be a positive multiple of 8");
     // The regions of DeviceExperts (evenep/cuda/experts.hpp), in one symmetric window.
@@ -202,8 +203,9 @@ float* NcclExperts::grad(int proj, int local_expert) const {
 
 void NcclExperts::prefetch_weight(NcclEp& ep, cudaStream_t stream, int channel) {
     EVENEP_CHECK(shape_.with_weights, "prefetch_weight: experts allocated without weights");
-    EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_, "prefetch_weight: experts sized for another group");
-    const ExpertsView v{window_->d_peers, off_.weights,          off_.slots, off_.slot_grads,
+    EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_,
+                 "prefetch_weight: experts sized for another group");
+    const ExpertsView v{window_->d_peers, off_.weights,           off_.slots,  off_.slot_grads,
                         off_.grads,       shape_.num_projections, shape_.elems};
     last_blocks_ = launch_prefetch_weight(ep.team().view(channel), ep.layout(), v, ep.options().sm_budget, stream);
 }
@@ -211,7 +213,7 @@ void NcclExperts::prefetch_weight(NcclEp& ep, cudaStream_t stream, int channel) 
 void NcclExperts::reduce_grad(NcclEp& ep, cudaStream_t stream, int channel) {
     EVENEP_CHECK(shape_.with_grads, "reduce_grad: experts allocated without gradients");
     EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_, "reduce_grad: experts sized for another group");
-    const ExpertsView v{window_->d_peers, off_.weights,          off_.slots, off_.slot_grads,
+    const ExpertsView v{window_->d_peers, off_.weights,           off_.slots,  off_.slot_grads,
                         off_.grads,       shape_.num_projections, shape_.elems};
     last_blocks_ = launch_reduce_grad(ep.team().view(channel), ep.layout(), v, ep.options().sm_budget, stream);
 }

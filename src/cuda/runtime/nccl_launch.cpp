@@ -129,7 +129,8 @@ LaunchResult launch_local_group(const LaunchOptions& options) {
     for (int r = 0; r < n; ++r) {
         const pid_t pid = ::fork();
         if (pid < 0) {
-            result = LaunchResult{1, r, "launch: fork of rank " + std::to_string(r) + " failed: " + std::strerror(errno)};
+            result =
+                LaunchResult{1, r, "launch: fork of rank " + std::to_string(r) + " failed: " + std::strerror(errno)};
             children.resize(r);
             kill_all(children, options.kill_grace);
             return result;
@@ -171,8 +172,9 @@ LaunchResult launch_local_group(const LaunchOptions& options) {
             }
         }
         if (options.timeout.count() > 0 && std::chrono::steady_clock::now() - start > options.timeout) {
-            result = LaunchResult{124, -1, "launch: the ranks ran past the timeout of " +
-                                               std::to_string(options.timeout.count()) + " ms; killed all ranks"};
+            result = LaunchResult{124, -1,
+                                  "launch: the ranks ran past the timeout of " +
+                                      std::to_string(options.timeout.count()) + " ms; killed all ranks"};
             kill_all(children, options.kill_grace);
             return result;
         }

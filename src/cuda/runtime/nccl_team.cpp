@@ -53,8 +53,8 @@ int env_int(std::initializer_list<const char*> names, int fallback, int min_valu
     char* end = nullptr;
     errno = 0;
     const long x = std::strtol(v, &end, 10);
-    EVENEP_CHECK(errno == 0 && end != v && *end == '\0' && x >= min_value && x <= (1 << 20), "nccl bootstrap: ",
-                 which, " = '", v, "' is not an integer >= ", min_value);
+    EVENEP_CHECK(errno == 0 && end != v && *end == '\0' && x >= min_value && x <= (1 << 20), "nccl bootstrap: ", which,
+                 " = '", v, "' is not an integer >= ", min_value);
     return static_cast<int>(x);
 }
 
@@ -80,8 +80,7 @@ NcclBootstrap nccl_bootstrap_from_env(std::chrono::milliseconds id_wait) {
     b.rank = env_int({"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, 0, 0);
     b.world_size = env_int({"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"}, 1, 1);
     b.local_rank = env_int({"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}, b.rank, 0);
-    EVENEP_CHECK(b.rank < b.world_size, "nccl bootstrap: rank ", b.rank, " outside [0, world size ", b.world_size,
-                 ")");
+    EVENEP_CHECK(b.rank < b.world_size, "nccl bootstrap: rank ", b.rank, " outside [0, world size ", b.world_size, ")");
     if (const char* id = std::getenv("EVENEP_NCCL_ID"); id != nullptr && *id != '\0') {
         b.unique_id = id;
         EVENEP_CHECK(is_hex_id(b.unique_id), "nccl bootstrap: EVENEP_NCCL_ID must hold ", 2 * kNcclUniqueIdBytes,
@@ -117,8 +116,10 @@ NcclBootstrap nccl_bootstrap_from_env(std::chrono::milliseconds id_wait) {
             return b;
         }
         EVENEP_CHECK_KIND(ErrorKind::kTimeout, std::chrono::steady_clock::now() < deadline, "nccl bootstrap: rank ",
-                          b.rank, " waited ", id_wait.count(), " ms for rank 0 to write the NCCL unique id into "
-                          "EVENEP_NCCL_ID_FILE '", path, "'");
+                          b.rank, " waited ", id_wait.count(),
+                          " ms for rank 0 to write the NCCL unique id into "
+                          "EVENEP_NCCL_ID_FILE '",
+                          path, "'");
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
 }
@@ -214,10 +215,10 @@ struct NcclTeam::Impl {
     cudaStream_t stream = nullptr;
     std::vector<std::unique_ptr<Window>> windows;  // [0]: the main window
     size_t flags_off = 0;
-    uint32_t* d_local = nullptr;        // [C][2R] arrive, gen; then abort, claim
+    uint32_t* d_local = nullptr;  // [C][2R] arrive, gen; then abort, claim
     size_t local_words = 0;
-    uint32_t** d_inbox = nullptr;       // [C][R] device tables
-    int32_t* d_word = nullptr;          // host barrier scratch
+    uint32_t** d_inbox = nullptr;  // [C][R] device tables
+    int32_t* d_word = nullptr;     // host barrier scratch
     DeviceErrorRecord* h_record = nullptr;
     DeviceErrorRecord* d_record = nullptr;
     TeamView views[kNcclTeamChannels]{};
@@ -239,14 +240,15 @@ struct NcclTeam::Impl {
             EVENEP_CHECK_KIND(ErrorKind::kRuntime, reg == ncclSuccess && w->win != nullptr, "nccl team: rank ",
                               boot.rank, ": window registration failed (ncclCommWindowRegister of ", size,
                               " bytes, NCCL_WIN_COLL_SYMMETRIC): ", ncclGetErrorString(reg), " (",
-                              ncclGetLastError(comm), "); symmetric windows need CUDA VMM (NCCL_CUMEM_ENABLE=1) "
+                              ncclGetLastError(comm),
+                              "); symmetric windows need CUDA VMM (NCCL_CUMEM_ENABLE=1) "
                               "and the same size on every rank");
             const int R = boot.world_size;
             EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w->d_peers), sizeof(char*) * R));
             nccl_detail::launch_lsa_peer_table(w->win, boot.rank, devcomm.lsaRank, R, w->d_peers, stream);
             w->view.peers.assign(R, nullptr);
-            EVENEP_CUDA_CHECK(cudaMemcpyAsync(w->view.peers.data(), w->d_peers, sizeof(char*) * R,
-                                              cudaMemcpyDeviceToHost, stream));
+            EVENEP_CUDA_CHECK(
+                cudaMemcpyAsync(w->view.peers.data(), w->d_peers, sizeof(char*) * R, cudaMemcpyDeviceToHost, stream));
             EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
             for (int p = 0; p < R; ++p)
                 EVENEP_CHECK_KIND(ErrorKind::kRuntime, w->view.peers[p] != nullptr, "nccl team: rank ", boot.rank,
@@ -349,7 +351,8 @@ NcclTeam::NcclTeam(const NcclBootstrap& boot, size_t bytes_per_rank, const TeamO
     EVENEP_CHECK(options.timeout_ms > 0, "nccl team: timeout_ms = ", options.timeout_ms, " must be positive");
     const int version = nccl_runtime_version();
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, version >= kMinNcclVersion, "nccl team: NCCL too old: the loaded NCCL is ",
-                      version_string(version), " but the NCCL team needs NCCL >= 2.28 (device API: ncclDevCommCreate, "
+                      version_string(version),
+                      " but the NCCL team needs NCCL >= 2.28 (device API: ncclDevCommCreate, "
                       "symmetric windows, LSA pointers); put a newer libnccl.so.2 first on LD_LIBRARY_PATH (e.g. "
                       "PyTorch's nvidia/nccl/lib)");
     int num_devices = 0;
@@ -393,8 +396,8 @@ NcclTeam::NcclTeam(const NcclBootstrap& boot, size_t bytes_per_rank, const TeamO
         EVENEP_CUDA_CHECK(cudaMemset(m.d_local, 0, m.local_words * sizeof(uint32_t)));
         EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.d_inbox),
                                      sizeof(uint32_t*) * kNcclTeamChannels * static_cast<size_t>(R)));
-        EVENEP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&m.h_record), sizeof(DeviceErrorRecord),
-                                        cudaHostAllocMapped));
+        EVENEP_CUDA_CHECK(
+            cudaHostAlloc(reinterpret_cast<void**>(&m.h_record), sizeof(DeviceErrorRecord), cudaHostAllocMapped));
         std::memset(static_cast<void*>(m.h_record), 0, sizeof(DeviceErrorRecord));
         EVENEP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&m.d_record), m.h_record, 0));
         m.build_views();
@@ -439,7 +442,9 @@ const NcclWindowView& NcclTeam::alloc_window(size_t bytes) {
 
 void NcclTeam::host_barrier() { impl_->host_barrier(); }
 
-void NcclTeam::device_barrier(cudaStream_t stream, int channel) { nccl_detail::launch_team_sync(view(channel), stream); }
+void NcclTeam::device_barrier(cudaStream_t stream, int channel) {
+    nccl_detail::launch_team_sync(view(channel), stream);
+}
 
 std::vector<int64_t> NcclTeam::all_gather(std::span<const int64_t> mine) {
     Impl& m = *impl_;
@@ -451,8 +456,8 @@ std::vector<int64_t> NcclTeam::all_gather(std::span<const int64_t> mine) {
     try {
         EVENEP_CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), sizeof(int64_t) * n, cudaMemcpyHostToDevice, m.stream));
         EVENEP_NCCL_CHECK(ncclAllGather(d, d + n, n, ncclInt64, m.comm, m.stream));
-        EVENEP_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + n, sizeof(int64_t) * n * R, cudaMemcpyDeviceToHost,
-                                          m.stream));
+        EVENEP_CUDA_CHECK(
+            cudaMemcpyAsync(all.data(), d + n, sizeof(int64_t) * n * R, cudaMemcpyDeviceToHost, m.stream));
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     } catch (...) {
         cudaFree(d);
@@ -497,7 +502,9 @@ std::string NcclTeam::pending_error() const {
             os << "internal: rank " << rec->rank << " at phase '" << phase << "': value " << rec->value
                << " breaks a planner invariant (bound " << rec->aux << ")";
             break;
-        default: os << "device error record with unknown kind " << rec->kind; break;
+        default:
+            os << "device error record with unknown kind " << rec->kind;
+            break;
     }
     return os.str();
 }
@@ -506,7 +513,8 @@ void NcclTeam::check(cudaStream_t stream) const {
     const cudaError_t sync_err = cudaStreamSynchronize(stream);
     const std::string msg = pending_error();
     if (!msg.empty()) {
-        const auto kind = static_cast<DeviceErrorKind>(static_cast<const volatile DeviceErrorRecord*>(impl_->h_record)->kind);
+        const auto kind =
+            static_cast<DeviceErrorKind>(static_cast<const volatile DeviceErrorRecord*>(impl_->h_record)->kind);
         const ErrorKind ek = kind == DeviceErrorKind::kBarrierTimeout ? ErrorKind::kTimeout
                              : kind == DeviceErrorKind::kBadExpertId  ? ErrorKind::kInvalidArgument
                                                                       : ErrorKind::kInternal;

@@ -11,17 +11,30 @@ namespace evenep::cuda {
 
 const char* to_string(Phase phase) {
     switch (phase) {
-        case Phase::kNone: return "none";
-        case Phase::kPlanHistogram: return "plan/histogram";
-        case Phase::kPlanGather: return "plan/gather";
-        case Phase::kPlanReady: return "plan/ready";
-        case Phase::kDispatchSent: return "dispatch/sent";
-        case Phase::kCombineReady: return "combine/ready";
-        case Phase::kCombinePartial: return "combine/partial";
-        case Phase::kPrefetchDone: return "prefetch/done";
-        case Phase::kReduceReady: return "reduce/ready";
-        case Phase::kReduceDone: return "reduce/done";
-        case Phase::kTest: return "test";
+        case Phase::kNone:
+            return "none";
+        case Phase::kPlanHistogram:
+            return "plan/histogram";
+        case Phase::kPlanGather:
+            return "plan/gather";
+        case Phase::kPlanReady:
+            return "plan/ready";
+        case Phase::kDispatchSent:
+            return "dispatch/sent";
+        case Phase::kCombineReady:
+            return "combine/ready";
+        case Phase::kCombinePartial:
+            return "combine/partial";
+        case Phase::kPrefetchDone:
+            return "prefetch/done";
+        case Phase::kReduceReady:
+            return "reduce/ready";
+        case Phase::kReduceDone:
+            return "reduce/done";
+        case Phase::kTest:
+            return "test";
+        case Phase::kEntry:
+            return "entry";
     }
     return "unknown";
 }
@@ -65,8 +78,8 @@ LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& op
         sync_bytes_ = sl.words * sizeof(uint32_t);
         EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_sync_), sync_bytes_));
         EVENEP_CUDA_CHECK(cudaMemset(d_sync_, 0, sync_bytes_));
-        EVENEP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&h_record_), sizeof(DeviceErrorRecord),
-                                        cudaHostAllocMapped));
+        EVENEP_CUDA_CHECK(
+            cudaHostAlloc(reinterpret_cast<void**>(&h_record_), sizeof(DeviceErrorRecord), cudaHostAllocMapped));
         std::memset(static_cast<void*>(h_record_), 0, sizeof(DeviceErrorRecord));
         DeviceErrorRecord* d_record = nullptr;
         EVENEP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_record), h_record_, 0));
@@ -153,7 +166,9 @@ std::string LocalTeam::pending_error() const {
             os << "internal: rank " << rec->rank << " at phase '" << phase << "': value " << rec->value
                << " breaks a planner invariant (bound " << rec->aux << ")";
             break;
-        default: os << "device error record with unknown kind " << rec->kind; break;
+        default:
+            os << "device error record with unknown kind " << rec->kind;
+            break;
     }
     return os.str();
 }
@@ -173,8 +188,7 @@ void LocalTeam::check(cudaStream_t stream) const {
         const ErrorKind ek = kind == DeviceErrorKind::kBarrierTimeout ? ErrorKind::kTimeout
                              : kind == DeviceErrorKind::kBadExpertId  ? ErrorKind::kInvalidArgument
                                                                       : ErrorKind::kInternal;
-        if (sync_err != cudaSuccess)
-            throw Error(ek, msg + " (device trapped: " + cudaGetErrorName(sync_err) + ")");
+        if (sync_err != cudaSuccess) throw Error(ek, msg + " (device trapped: " + cudaGetErrorName(sync_err) + ")");
         throw Error(ek, msg);
     }
     EVENEP_CUDA_CHECK(sync_err);
