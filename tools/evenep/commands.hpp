@@ -14,5 +14,9 @@ void register_bench(CLI::App& app);
 // Adds the GPU benchmarks (dispatch, combine, prefetch, reduce, gpu planner, ...) under `evenep bench`.
 // Defined in bench_cuda.cpp; without a CUDA build the subcommands explain that they need one.
 void register_bench_cuda(CLI::App& bench);
+// `evenep launch -n N -- cmd...`: one process per GPU with an NCCL unique id (launch.cpp).
+void register_launch(CLI::App& app);
+// Multi-process benchmarks under `evenep bench` (bench_multi.cpp).
+void register_bench_multi(CLI::App& bench);
 
 }  // namespace evenep::cli

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
     evenep::cli::register_quality(app);
     evenep::cli::register_demo(app);
     evenep::cli::register_bench(app);
+    evenep::cli::register_launch(app);
+    evenep::cli::register_bench_multi(*app.get_subcommand("bench"));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
