@@ -1,8 +1,9 @@
 // Routing files and plan dumps (SPEC §6): tpe JSON, NumPy .npy, routing .npy, plan JSON "evenep.plan/1".
 //
 // Every reader checks every field and throws evenep::Error naming the file, the field (or rank/token/k) and
-// the offending value. Content errors are ErrorKind::kInvalidArgument; failing to open, read or write a file
-// is ErrorKind::kRuntime.
+// the offending value. Content errors and a missing or unreadable input path (a directory, no such file) are
+// ErrorKind::kInvalidArgument (bad input: the CLI's exit code 2); I/O failures after opening and any failure to
+// write are ErrorKind::kRuntime.
 #include "evenep/io.hpp"
 
 #include <algorithm>
@@ -34,10 +35,10 @@ inline constexpr size_t kNpyAlign = 64;  // numpy pads magic + length + header t
 
 std::vector<char> read_file(const std::string& path, const char* what) {
     std::error_code ec;
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime, !std::filesystem::is_directory(path, ec), what, " '", path,
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, !std::filesystem::is_directory(path, ec), what, " '", path,
                       "': is a directory");
     std::ifstream f(path, std::ios::binary | std::ios::ate);
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime, f.is_open(), what, " '", path, "': cannot open for reading");
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, f.is_open(), what, " '", path, "': cannot open for reading");
     const std::streamoff size = f.tellg();
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, size >= 0, what, " '", path, "': cannot determine the file size");
     std::vector<char> bytes(static_cast<size_t>(size));

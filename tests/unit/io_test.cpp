@@ -129,12 +129,12 @@ TEST_F(TpeJson, ReadsHandWritten) {
     EXPECT_EQ(f.tpe, (std::vector<int32_t>{1, 2, 3, 0, 0, 0, 4, 0}));
 }
 
-TEST_F(TpeJson, MissingFileIsRuntimeError) {
+TEST_F(TpeJson, MissingFileIsBadInput) {
     try {
         read_tpe_json(path("nope.json"));
         FAIL() << "no error";
     } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::kRuntime);
+        EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);  // the CLI's exit code 2
         EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos) << e.what();
         EXPECT_NE(std::string(e.what()).find("nope.json"), std::string::npos) << e.what();
     }

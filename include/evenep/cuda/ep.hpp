@@ -15,6 +15,12 @@
 //   ep.combine(apply_weights, mode, stream);
 //   ep.check(stream);                  // optional: synchronise and surface device-side errors as evenep::Error
 // dispatch/combine reuse the last plan (plan reuse, SPEC §4.3) until plan() is called again.
+//
+// Backward (SPEC §4.3, the CPU backend's cpu::Buffer::combine_backward / dispatch_backward bit for bit):
+//   ep.bind_backward(bio);             // once: per-rank grad_out, grad_x, grad_topk_w (and optional grad_recv_w)
+//   ep.combine_backward(stream);       // dispatch of grad_out with the last plan: rows into recv_x(r) (no planning)
+//   ... expert backward writes the gradient rows into recv_x(r) and, optionally, row-weight gradients into recv_w(r)
+//   ep.dispatch_backward(mode, stream);  // combine of recv_x(r), unweighted -> grad_x; gathered recv_w -> grad_topk_w
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,6 +44,15 @@ struct EpOptions {
     int sm_budget = 32;        // SMs per virtual rank for the communication kernels (clamped to co-residency)
     int max_plan_blocks = 64;  // blocks per rank of the plan kernel (sizes the per-block histograms)
     TeamOptions team;
+};
+
+// Caller-owned device pointers of one virtual rank for the backward calls (DeviceEp::bind_backward).
+struct BackwardIo {
+    const uint16_t* grad_out = nullptr;  // [S, H] bf16 gradient of the combine output (combine_backward input)
+    uint16_t* grad_x = nullptr;          // [S, H] bf16 gradient of the dispatch input (dispatch_backward output)
+    float* grad_topk_w = nullptr;        // [S, K] fp32 gathered route-weight gradient; nullptr: not gathered
+    const float* grad_recv_w = nullptr;  // [NvS] fp32 gradient of each receive row's weight, copied into recv_w(r)
+                                         // by dispatch_backward; nullptr: the caller wrote it into recv_w(r)
 };
 
 class DeviceEp {
@@ -72,6 +87,20 @@ class DeviceEp {
                        int num_ranks = -1);
     void dispatch(cudaStream_t stream);
     void combine(bool apply_weights, CombineMode mode, cudaStream_t stream);
+
+    // Binds the backward pointers ([R] entries; synchronous, after bind(); bind() again keeps them). The route
+    // weights and expert ids stay those of bind().
+    void bind_backward(std::span<const BackwardIo> io);
+    // combine_backward(grad_out) = dispatch(grad_out) with the last plan (no planning): every rank's grad_out rows
+    // into recv_x of their destinations, recv_w = topk_w (the bound route weights: unchanged since the dispatch),
+    // padding zeroed, duplicates filled: cpu::Buffer::combine_backward.
+    void combine_backward(cudaStream_t stream);
+    // dispatch_backward(grad_recv) = combine(recv_x(r) as the gradient rows, apply_weights = false, mode) into
+    // grad_x, plus grad_topk_w[t*K + k] = the row weight gradient of entry (t, k) (0 for masked entries): first
+    // copies grad_recv_w (when bound) over recv_w(r) [all NvS rows; the CPU backend copies rows [0, rows_used),
+    // the rest is never read], then one combine launch: cpu::Buffer::dispatch_backward bit for bit.
+    void dispatch_backward(CombineMode mode, cudaStream_t stream);
+
     // Synchronises `stream` and throws evenep::Error for anything the device recorded (see LocalTeam::check).
     void check(cudaStream_t stream) const { team_->check(stream); }
 
@@ -105,6 +134,10 @@ class DeviceEp {
     std::unique_ptr<LocalTeam> team_;
     RankIo* d_io_ = nullptr;  // [R]
     bool bound_ = false;
+    std::vector<RankIo> io_;             // [R] host copy of the bound forward pointers
+    std::vector<BackwardIo> bwd_;        // [R] bound backward pointers (empty: none)
+    RankIo* d_bwd_io_ = nullptr;         // [R] the kernels' view of the backward: x = grad_out, out = grad_x, ...
+    void upload_backward_io();
     std::vector<int32_t> s_;
     bool planned_ = false;
     int last_blocks_ = 0;

@@ -14,6 +14,8 @@
 //   ... expert compute writes y into ep.recv_x() in place ...
 //   ep.combine(apply_weights, CombineMode::kPull, stream);
 //   ep.check(stream);                   // synchronise and surface device-side errors (barrier timeouts name ranks)
+// Backward (SPEC §4.3; DeviceEp's contract, collective): ep.bind_backward(bio); ep.combine_backward(stream);
+// ... gradient rows into recv_x() ...; ep.dispatch_backward(mode, stream).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,6 +59,12 @@ class NcclEp {
     void plan(std::span<const int32_t> s, cudaStream_t stream, int64_t s_total = -1);
     void dispatch(cudaStream_t stream);
     void combine(bool apply_weights, CombineMode mode, cudaStream_t stream);
+    // The backward calls of DeviceEp (evenep/cuda/ep.hpp) for this rank: bind_backward after bind (synchronous);
+    // combine_backward = dispatch of grad_out with the last plan; dispatch_backward = copy grad_recv_w (if set)
+    // over recv_w(), then an unweighted combine of recv_x() into grad_x with the gathered weights in grad_topk_w.
+    void bind_backward(const BackwardIo& io);
+    void combine_backward(cudaStream_t stream);
+    void dispatch_backward(CombineMode mode, cudaStream_t stream);
     // Synchronises `stream` and throws for anything the device recorded (NcclTeam::check; after a timeout every
     // rank calls team().recover() before the next call).
     void check(cudaStream_t stream) const { team_->check(stream); }
@@ -90,6 +98,11 @@ class NcclEp {
     std::unique_ptr<NcclTeam> team_;
     RankIo* d_io_ = nullptr;  // [R]: only this rank's entry is set
     bool bound_ = false;
+    RankIo io_;                     // host copy of this rank's bound pointers
+    BackwardIo bwd_;                // bound backward pointers
+    bool bwd_bound_ = false;
+    RankIo* d_bwd_io_ = nullptr;    // [R]: this rank's backward view (x = grad_out, out = grad_x, out_w = grad_topk_w)
+    void upload_backward_io();
     std::vector<int32_t> s_;
     bool planned_ = false;
     int last_blocks_ = 0;

@@ -26,6 +26,8 @@ DeviceEp::DeviceEp(const Config& cfg, int hidden, const EpOptions& options)
     team_ = std::make_unique<LocalTeam>(cfg_.R, layout_.total_bytes, options.team);
     EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_io_), sizeof(RankIo) * cfg_.R));
     EVENEP_CUDA_CHECK(cudaMemset(d_io_, 0, sizeof(RankIo) * cfg_.R));
+    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_bwd_io_), sizeof(RankIo) * cfg_.R));
+    EVENEP_CUDA_CHECK(cudaMemset(d_bwd_io_, 0, sizeof(RankIo) * cfg_.R));
     // Chain metadata starts as padding everywhere (what the CPU backend's buffer holds before any dispatch).
     std::vector<int32_t> next(layout_.nvs, detail::kChainEnd), ret(layout_.nvs, detail::kRetPadding);
     for (int r = 0; r < cfg_.R; ++r) {
@@ -36,7 +38,10 @@ DeviceEp::DeviceEp(const Config& cfg, int hidden, const EpOptions& options)
     s_.assign(cfg_.R, 0);
 }
 
-DeviceEp::~DeviceEp() { cudaFree(d_io_); }
+DeviceEp::~DeviceEp() {
+    cudaFree(d_bwd_io_);
+    cudaFree(d_io_);
+}
 
 void DeviceEp::set_sm_budget(int sm_budget) {
     EVENEP_CHECK(sm_budget >= 1, "cuda ep: sm_budget = ", sm_budget, " must be >= 1");
@@ -53,7 +58,36 @@ void DeviceEp::bind(std::span<const RankIo> io) {
                      "cuda ep: rank ", r, ": x and out must be 16-byte aligned");
     }
     EVENEP_CUDA_CHECK(cudaMemcpy(d_io_, io.data(), sizeof(RankIo) * cfg_.R, cudaMemcpyHostToDevice));
+    io_.assign(io.begin(), io.end());
     bound_ = true;
+    if (!bwd_.empty()) upload_backward_io();
+}
+
+void DeviceEp::bind_backward(std::span<const BackwardIo> io) {
+    EVENEP_CHECK(bound_, "cuda ep: bind_backward before bind");
+    EVENEP_CHECK(static_cast<int>(io.size()) == cfg_.R, "cuda ep: bind_backward got ", io.size(),
+                 " ranks, expected R = ", cfg_.R);
+    for (int r = 0; r < cfg_.R; ++r) {
+        EVENEP_CHECK(io[r].grad_out && io[r].grad_x, "cuda ep: rank ", r,
+                     ": grad_out and grad_x must be device pointers (grad_topk_w, grad_recv_w may be null)");
+        EVENEP_CHECK(reinterpret_cast<uintptr_t>(io[r].grad_out) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(io[r].grad_x) % 16 == 0,
+                     "cuda ep: rank ", r, ": grad_out and grad_x must be 16-byte aligned");
+    }
+    bwd_.assign(io.begin(), io.end());
+    upload_backward_io();
+}
+
+// The backward calls run the forward kernels on a second RankIo table: dispatch reads x (= grad_out) and topk_w,
+// combine writes out (= grad_x) and out_w (= grad_topk_w).
+void DeviceEp::upload_backward_io() {
+    std::vector<RankIo> t(io_);
+    for (int r = 0; r < cfg_.R; ++r) {
+        t[r].x = bwd_[r].grad_out;
+        t[r].out = bwd_[r].grad_x;
+        t[r].out_w = bwd_[r].grad_topk_w;
+    }
+    EVENEP_CUDA_CHECK(cudaMemcpy(d_bwd_io_, t.data(), sizeof(RankIo) * cfg_.R, cudaMemcpyHostToDevice));
 }
 
 void DeviceEp::plan(std::span<const int32_t> s, cudaStream_t stream, int64_t s_total) {
@@ -111,6 +145,23 @@ void DeviceEp::dispatch(cudaStream_t stream) {
 void DeviceEp::combine(bool apply_weights, CombineMode mode, cudaStream_t stream) {
     EVENEP_CHECK(planned_ && bound_, "cuda ep: combine before plan");
     last_blocks_ = launch_combine(team_->view(), layout_, d_io_, s_, apply_weights, mode, options_.sm_budget, stream);
+}
+
+void DeviceEp::combine_backward(cudaStream_t stream) {
+    EVENEP_CHECK(planned_ && bound_, "cuda ep: combine_backward before plan");
+    EVENEP_CHECK(!bwd_.empty(), "cuda ep: combine_backward before bind_backward");
+    last_blocks_ = launch_dispatch(team_->view(), layout_, d_bwd_io_, s_, options_.sm_budget, stream);
+}
+
+void DeviceEp::dispatch_backward(CombineMode mode, cudaStream_t stream) {
+    EVENEP_CHECK(planned_ && bound_, "cuda ep: dispatch_backward before plan");
+    EVENEP_CHECK(!bwd_.empty(), "cuda ep: dispatch_backward before bind_backward");
+    for (int r = 0; r < cfg_.R; ++r)
+        if (bwd_[r].grad_recv_w != nullptr && bwd_[r].grad_recv_w != recv_w(r))
+            EVENEP_CUDA_CHECK(cudaMemcpyAsync(recv_w(r), bwd_[r].grad_recv_w, static_cast<size_t>(layout_.nvs) * 4,
+                                              cudaMemcpyDeviceToDevice, stream));
+    last_blocks_ =
+        launch_combine(team_->view(), layout_, d_bwd_io_, s_, false, mode, options_.sm_budget, stream);
 }
 
 uint16_t* DeviceEp::recv_x(int rank) const { return reinterpret_cast<uint16_t*>(base(rank) + layout_.recv_x()); }

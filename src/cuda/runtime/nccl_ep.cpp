@@ -29,6 +29,8 @@ NcclEp::NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const E
     team_ = std::make_unique<NcclTeam>(boot, layout_.total_bytes, options.team);
     EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_io_), sizeof(RankIo) * cfg_.R));
     EVENEP_CUDA_CHECK(cudaMemset(d_io_, 0, sizeof(RankIo) * cfg_.R));
+    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_bwd_io_), sizeof(RankIo) * cfg_.R));
+    EVENEP_CUDA_CHECK(cudaMemset(d_bwd_io_, 0, sizeof(RankIo) * cfg_.R));
     // Chain metadata starts as padding everywhere (what the CPU backend's buffer holds before any dispatch).
     std::vector<int32_t> next(layout_.nvs, detail::kChainEnd), ret(layout_.nvs, detail::kRetPadding);
     EVENEP_CUDA_CHECK(cudaMemcpy(base() + layout_.recv_next(), next.data(), next.size() * 4, cudaMemcpyHostToDevice));
@@ -36,7 +38,10 @@ NcclEp::NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const E
     s_.assign(cfg_.R, 0);
 }
 
-NcclEp::~NcclEp() { cudaFree(d_io_); }
+NcclEp::~NcclEp() {
+    cudaFree(d_bwd_io_);
+    cudaFree(d_io_);
+}
 
 void NcclEp::set_sm_budget(int sm_budget) {
     EVENEP_CHECK(sm_budget >= 1, "nccl ep: sm_budget = ", sm_budget, " must be >= 1");
@@ -49,7 +54,28 @@ void NcclEp::bind(const RankIo& io) {
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(io.x) % 16 == 0 && reinterpret_cast<uintptr_t>(io.out) % 16 == 0,
                  "nccl ep: rank ", rank(), ": x and out must be 16-byte aligned");
     EVENEP_CUDA_CHECK(cudaMemcpy(d_io_ + rank(), &io, sizeof(RankIo), cudaMemcpyHostToDevice));
+    io_ = io;
     bound_ = true;
+    if (bwd_bound_) upload_backward_io();
+}
+
+void NcclEp::bind_backward(const BackwardIo& io) {
+    EVENEP_CHECK(bound_, "nccl ep: rank ", rank(), ": bind_backward before bind");
+    EVENEP_CHECK(io.grad_out && io.grad_x, "nccl ep: rank ", rank(),
+                 ": grad_out and grad_x must be device pointers (grad_topk_w, grad_recv_w may be null)");
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(io.grad_out) % 16 == 0 && reinterpret_cast<uintptr_t>(io.grad_x) % 16 == 0,
+                 "nccl ep: rank ", rank(), ": grad_out and grad_x must be 16-byte aligned");
+    bwd_ = io;
+    bwd_bound_ = true;
+    upload_backward_io();
+}
+
+void NcclEp::upload_backward_io() {
+    RankIo t = io_;
+    t.x = bwd_.grad_out;
+    t.out = bwd_.grad_x;
+    t.out_w = bwd_.grad_topk_w;
+    EVENEP_CUDA_CHECK(cudaMemcpy(d_bwd_io_ + rank(), &t, sizeof(RankIo), cudaMemcpyHostToDevice));
 }
 
 void NcclEp::plan(std::span<const int32_t> s, cudaStream_t stream, int64_t s_total) {
@@ -82,6 +108,22 @@ void NcclEp::dispatch(cudaStream_t stream) {
 void NcclEp::combine(bool apply_weights, CombineMode mode, cudaStream_t stream) {
     EVENEP_CHECK(planned_ && bound_, "nccl ep: combine before plan");
     last_blocks_ = launch_combine(team_->view(), layout_, d_io_, s_, apply_weights, mode, options_.sm_budget, stream);
+}
+
+void NcclEp::combine_backward(cudaStream_t stream) {
+    EVENEP_CHECK(planned_ && bound_, "nccl ep: combine_backward before plan");
+    EVENEP_CHECK(bwd_bound_, "nccl ep: rank ", rank(), ": combine_backward before bind_backward");
+    last_blocks_ = launch_dispatch(team_->view(), layout_, d_bwd_io_, s_, options_.sm_budget, stream);
+}
+
+// The copy into this rank's recv_w is safe: peers read it only after the combine kernel's entry barrier.
+void NcclEp::dispatch_backward(CombineMode mode, cudaStream_t stream) {
+    EVENEP_CHECK(planned_ && bound_, "nccl ep: dispatch_backward before plan");
+    EVENEP_CHECK(bwd_bound_, "nccl ep: rank ", rank(), ": dispatch_backward before bind_backward");
+    if (bwd_.grad_recv_w != nullptr && bwd_.grad_recv_w != recv_w())
+        EVENEP_CUDA_CHECK(cudaMemcpyAsync(recv_w(), bwd_.grad_recv_w, static_cast<size_t>(layout_.nvs) * 4,
+                                          cudaMemcpyDeviceToDevice, stream));
+    last_blocks_ = launch_combine(team_->view(), layout_, d_bwd_io_, s_, false, mode, options_.sm_budget, stream);
 }
 
 uint16_t* NcclEp::recv_x() const { return reinterpret_cast<uint16_t*>(base() + layout_.recv_x()); }
