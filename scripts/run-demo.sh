@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh
+BUILD_TARGET=evenep scripts/build.sh
 exec ./build/tools/evenep/evenep demo "$@"

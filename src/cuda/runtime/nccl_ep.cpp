@@ -116,7 +116,10 @@ void NcclEp::combine_backward(cudaStream_t stream) {
     last_blocks_ = launch_dispatch(team_->view(), layout_, d_bwd_io_, s_, options_.sm_budget, stream);
 }
 
-// The copy into this rank's recv_w is safe: peers read it only after the combine kernel's entry barrier.
+// The copy into this rank's recv_w: peers read it (gathered weights) only after the combine kernel's entry barrier,
+// and in the intended order (combine_backward, then dispatch_backward) every peer has finished its previous
+// combine before the dispatch kernel's barriers. Two combine-type calls in a row with grad_recv_w set are not
+// protected (a slow peer may still gather from the previous call): write the gradient into recv_w() instead.
 void NcclEp::dispatch_backward(CombineMode mode, cudaStream_t stream) {
     EVENEP_CHECK(planned_ && bound_, "nccl ep: dispatch_backward before plan");
     EVENEP_CHECK(bwd_bound_, "nccl ep: rank ", rank(), ": dispatch_backward before bind_backward");

@@ -1,0 +1,62 @@
+// evenep/cuda/grouped_gemm.hpp — bf16 grouped GEMM over receive-buffer groups on the GPU (SPEC §4.5, issue 5).
+//
+// A problem is one rank's receive buffer: rows [0, cu_seqlens[G-1]) of `x`, group g holding rows
+// [begin_g, end_g) with begin_g = cu_seqlens[g-1] (0 for g = 0), end_g = cu_seqlens[g] (inclusive padded ends,
+// device memory). Every row of a group is computed, padding rows included (dispatch zero-fills them). A group
+// whose weight pointer is null or whose row count is 0 is empty: no tile, its output rows are not written.
+//
+//   kForward  y[row, o] = sum_i x[row, i] * W_g[i, o]       x: [rows, in]  bf16, y: [rows, out]
+//   kDgrad    y[row, i] = sum_o x[row, o] * W_g[i, o]       x: [rows, out] bf16 (dY), y: [rows, in] (dX)
+// W_g = weights[g] (device table of G device pointers, each [in, out] row-major bf16: a local expert, a prefetch
+// slot or a peer pointer). fp32 accumulation on the tensor cores (mma.sync m16n8k16 bf16, cp.async multistage
+// pipeline, 128x128x32 tiles), output bf16 (round to nearest even) or fp32. in and out must be multiples of 8
+// (16-byte rows); they need not be multiples of the tile. Tolerance against an fp32 reference: bf16 output
+// rounding (2^-8 relative) plus fp32 summation-order differences.
+//
+// Scheduling: the kernel is persistent (one block per co-resident slot on every SM). A one-block scheduler
+// kernel, launched first on the same stream, reads cu_seqlens and the weight table and writes the tile order
+// into `workspace`:
+//   kFixed      groups in index order, tiles handed out round-robin (tile t to block t mod grid)
+//   kLoadAware  groups by decreasing tile count (ties by index), tiles handed out dynamically (atomic counter):
+//               the longest groups start first and the short ones fill the tail.
+// No host synchronisation, no allocation: graph capturable. The workspace is caller-owned device memory of
+// grouped_gemm_workspace_bytes(G) bytes, not shared between concurrent calls.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace evenep::cuda {
+
+enum class GemmOp : int { kForward = 0, kDgrad = 1 };
+enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
+
+struct GroupedGemmArgs {
+    const uint16_t* x = nullptr;           // [rows, in] (kForward) or [rows, out] (kDgrad), bf16 bits
+    const int32_t* cu_seqlens = nullptr;   // [G] device, inclusive padded end rows, non-decreasing
+    const uint16_t* const* weights = nullptr;  // [G] device table of device pointers W_g [in, out] bf16
+    void* y = nullptr;                     // [rows, out] (kForward) or [rows, in] (kDgrad): bf16 or fp32
+    bool y_fp32 = false;                   // y is fp32 (else bf16 bits)
+    int num_groups = 0;                    // G, 1..kMaxGemmGroups
+    int in_dim = 0;                        // in (multiple of 8)
+    int out_dim = 0;                       // out (multiple of 8)
+    GemmOp op = GemmOp::kForward;
+    GemmSchedule schedule = GemmSchedule::kLoadAware;
+    void* workspace = nullptr;             // grouped_gemm_workspace_bytes(G) bytes of device memory
+};
+
+inline constexpr int kMaxGemmGroups = 8192;
+
+// Device workspace bytes one grouped_gemm call with G groups needs.
+size_t grouped_gemm_workspace_bytes(int num_groups);
+
+// Launches the scheduler and the persistent GEMM on `stream` (asynchronous). Throws evenep::Error(kInvalidArgument)
+// naming the field for a null pointer, G outside 1..kMaxGemmGroups, or in/out not positive multiples of 8.
+void grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream);
+
+// Persistent blocks the GEMM launches on the current device (multiprocessors x co-resident blocks).
+int grouped_gemm_grid_blocks(GemmOp op);
+
+}  // namespace evenep::cuda
