@@ -25,6 +25,7 @@ struct GpuBenchOptions {
     int sm_budget = 32;
     int warmup = 5, iters = 20;
     bool check = false;
+    bool graph = false;
     std::string planner = "optimized";
     int projections = 3;
     double copy_mib = 2048;
@@ -52,6 +53,7 @@ void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
     cmd->add_option("--warmup", o.warmup, "untimed runs")->capture_default_str();
     cmd->add_option("--iters", o.iters, "timed runs (median reported)")->capture_default_str();
     cmd->add_flag("--check", o.check, "verify results first and report #wrong");
+    cmd->add_flag("--graph", o.graph, "also time each op as CUDA graph replays (rows <op>_graph)");
     cmd->add_option("--copy-mib", o.copy_mib, "size of the copy-bandwidth anchor buffer")->capture_default_str();
     cmd->add_option("--json", o.json_file, "write all rows as JSON");
 }
@@ -119,6 +121,7 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
             bc.warmup = o.warmup;
             bc.iters = o.iters;
             bc.check = o.check;
+            bc.graph = o.graph;
             bc.mode = parse_planner_mode(o.planner);
             bc.expert_projections = o.projections;
             if (!o.npy_dir.empty()) bc.routing_npy = fmt::format("{}/routing_{}_maxvio{}.npy", o.npy_dir, sh.name, mv);

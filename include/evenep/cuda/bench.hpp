@@ -4,7 +4,9 @@
 // Every timing is a CUDA-event pair around one launch on a dedicated stream, repeated `iters` times after
 // `warmup` untimed runs; rows report min/median/mean/max in microseconds. Bandwidth is bytes actually read plus
 // written by the kernel (counted from the plan and the routing, all virtual ranks together) over the median time,
-// and the fraction is that over the copy-bandwidth anchor measured in the same process.
+// and the fraction is that over the copy-bandwidth anchor measured in the same process. With BenchConfig::graph
+// every timed op is also captured once into a CUDA graph and its replays are timed the same way (one event pair
+// around each cudaGraphLaunch), reported as a second row "<op>_graph".
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,7 @@ struct BenchConfig {
     int sm_budget = 32;  // SMs per virtual rank (clamped: the R ranks share one GPU)
     int warmup = 5, iters = 20;
     bool check = false;  // verify first (sampled rows, full plan and dst), report #wrong
+    bool graph = false;  // also capture each timed op once into a CUDA graph and time its replays ("<op>_graph" rows)
     PlannerMode mode = PlannerMode::kOptimized;
     int expert_projections = 1;  // prefetch/reduce: projections moved per copy (3 = gate, up, down)
     std::string routing_npy;     // if set, rank 0's routing [1, S, K] int32 is written here (PyTorch anchor)
@@ -30,7 +33,8 @@ struct BenchConfig {
 
 struct BenchRow {
     std::string op;     // copy_memcpy, copy_kernel, plan_rank, plan_rank_serial, plan_fused, dispatch,
-                        // combine_pull, combine_push, combine_pull_weighted, prefetch, reduce
+                        // combine_pull, combine_push, combine_pull_weighted, prefetch, reduce; "<op>_graph": the
+                        // same op timed as CUDA graph replays (BenchConfig::graph)
     std::string shape;  // "R8 E384 K8 S8192 H7168"
     double maxvio = 0;  // achieved maxvio of the routing (0 for anchors)
     double min_us = 0, median_us = 0, mean_us = 0, max_us = 0;

@@ -134,9 +134,9 @@ class DeviceEp {
     std::unique_ptr<LocalTeam> team_;
     RankIo* d_io_ = nullptr;  // [R]
     bool bound_ = false;
-    std::vector<RankIo> io_;             // [R] host copy of the bound forward pointers
-    std::vector<BackwardIo> bwd_;        // [R] bound backward pointers (empty: none)
-    RankIo* d_bwd_io_ = nullptr;         // [R] the kernels' view of the backward: x = grad_out, out = grad_x, ...
+    std::vector<RankIo> io_;       // [R] host copy of the bound forward pointers
+    std::vector<BackwardIo> bwd_;  // [R] bound backward pointers (empty: none)
+    RankIo* d_bwd_io_ = nullptr;   // [R] the kernels' view of the backward: x = grad_out, out = grad_x, ...
     void upload_backward_io();
     std::vector<int32_t> s_;
     bool planned_ = false;

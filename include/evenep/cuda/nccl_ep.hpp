@@ -98,10 +98,10 @@ class NcclEp {
     std::unique_ptr<NcclTeam> team_;
     RankIo* d_io_ = nullptr;  // [R]: only this rank's entry is set
     bool bound_ = false;
-    RankIo io_;                     // host copy of this rank's bound pointers
-    BackwardIo bwd_;                // bound backward pointers
+    RankIo io_;       // host copy of this rank's bound pointers
+    BackwardIo bwd_;  // bound backward pointers
     bool bwd_bound_ = false;
-    RankIo* d_bwd_io_ = nullptr;    // [R]: this rank's backward view (x = grad_out, out = grad_x, out_w = grad_topk_w)
+    RankIo* d_bwd_io_ = nullptr;  // [R]: this rank's backward view (x = grad_out, out = grad_x, out_w = grad_topk_w)
     void upload_backward_io();
     std::vector<int32_t> s_;
     bool planned_ = false;

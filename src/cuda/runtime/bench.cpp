@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "evenep/cuda/check.hpp"
@@ -54,6 +55,35 @@ Stats time_op(const std::function<void()>& op, cudaStream_t stream, int warmup, 
     s.median_us = iters % 2 ? us[iters / 2] : 0.5 * (us[iters / 2 - 1] + us[iters / 2]);
     s.mean_us = std::accumulate(us.begin(), us.end(), 0.0) / iters;
     return s;
+}
+
+// Captures `op` (launches on `stream`, no synchronisation) into a CUDA graph once and times its replays like
+// time_op: one event pair around each cudaGraphLaunch.
+Stats time_graph(const std::function<void()>& op, cudaStream_t stream, int warmup, int iters) {
+    EVENEP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+        op();
+    } catch (...) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream, &broken);
+        if (broken) cudaGraphDestroy(broken);
+        throw;
+    }
+    cudaGraph_t graph = nullptr;
+    EVENEP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    EVENEP_CUDA_CHECK(err);
+    Stats st;
+    try {
+        st = time_op([&] { EVENEP_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, stream, warmup, iters);
+    } catch (...) {
+        cudaGraphExecDestroy(exec);
+        throw;
+    }
+    EVENEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    return st;
 }
 
 BenchRow make_row(const std::string& op,
@@ -324,6 +354,17 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         rows.back().wrong = wrong;
         rows.back().note = note;
     };
+    // --graph: the same op as graph replays, right after its stream timing (before any check, so that a check
+    // verifies what the replays left); its row follows the op's own row.
+    auto graph_stats = [&](const std::function<void()>& op) -> std::optional<Stats> {
+        if (!bc.graph) return std::nullopt;
+        return time_graph(op, stream, bc.warmup, bc.iters);
+    };
+    auto add_graph = [&](const std::string& op, const std::optional<Stats>& st, double b, int blocks, int64_t wrong,
+                         const std::string& note) {
+        if (!st) return;
+        add(op + "_graph", *st, b, blocks, wrong, note + "; CUDA graph replays");
+    };
 
     if (want("plan")) {
         // The planner occupies one SM for tens of microseconds: right after the host-side routing generation the
@@ -347,6 +388,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
             }
         }
         const Stats fused = time_op([&] { ep.plan(routing.s, stream); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> fused_graph = graph_stats([&] { ep.plan(routing.s, stream); });
         const std::vector<int64_t> tf =
             download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 24);
         std::ostringstream fused_note;
@@ -356,6 +398,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                    << (tf[21] - tf[19]) / 1e3 << ", walk " << (tf[22] - tf[21]) / 1e3 << ", dedup "
                    << (tf[20] - tf[22]) / 1e3 << ")";
         add("plan_fused", fused, 0, ep.last_blocks_per_rank(), wrong, fused_note.str());
+        add_graph("plan_fused", fused_graph, 0, ep.last_blocks_per_rank(), -1, "histogram + all-gather + plan + dst");
         // One rank's planner alone: gathered histogram -> its plan (rank 0's copy).
         const std::vector<int32_t> tpe = routing.tpe();
         EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(0) + ep.layout().tpe, tpe.data(), tpe.size() * 4, cudaMemcpyHostToDevice));
@@ -419,6 +462,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
 
     if (want("dispatch") || want("combine")) {
         const Stats st = time_op([&] { ep.dispatch(stream); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> stg = graph_stats([&] { ep.dispatch(stream); });
         ep.check(stream);
         int64_t wrong = -1;
         if (bc.check) {
@@ -449,7 +493,10 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         std::ostringstream note;
         note << bytes.entries << " entries, " << bytes.heads << " rows sent, " << bytes.entries - bytes.heads
              << " filled on the destination, " << bytes.padding_rows << " padding rows";
-        if (want("dispatch")) add("dispatch", st, bytes.dispatch, ep.last_blocks_per_rank(), wrong, note.str());
+        if (want("dispatch")) {
+            add("dispatch", st, bytes.dispatch, ep.last_blocks_per_rank(), wrong, note.str());
+            add_graph("dispatch", stg, bytes.dispatch, ep.last_blocks_per_rank(), wrong, note.str());
+        }
     }
 
     if (want("combine")) {
@@ -464,6 +511,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                                     {"combine_pull_weighted", CombineMode::kPull, true, bytes.combine_pull}};
         for (const Variant& v : variants) {
             const Stats st = time_op([&] { ep.combine(v.apply, v.mode, stream); }, stream, bc.warmup, bc.iters);
+            const std::optional<Stats> stg = graph_stats([&] { ep.combine(v.apply, v.mode, stream); });
             ep.check(stream);
             int64_t wrong = -1;
             if (bc.check) {
@@ -479,6 +527,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
             std::ostringstream note;
             note << bytes.heads << " partials (" << bytes.multi_heads << " fp32), y = dispatched rows";
             add(v.name, st, v.bytes, ep.last_blocks_per_rank(), wrong, note.str());
+            add_graph(v.name, stg, v.bytes, ep.last_blocks_per_rank(), wrong, note.str());
         }
     }
 
@@ -522,6 +571,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                     launch_fill_random_bf16(ex.weight(r, p, g), n, 7 + r * 131 + p * 17 + g, stream);
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
         const Stats st = time_op([&] { ex.prefetch_weight(ep, stream); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> stg = graph_stats([&] { ex.prefetch_weight(ep, stream); });
         ep.check(stream);
         int64_t wrong = -1;
         if (bc.check) {
@@ -539,6 +589,8 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         }
         add("prefetch", st, 2.0 * n * P * static_cast<double>(distinct + copies), ex.last_blocks_per_rank(), wrong,
             experts_note(P));
+        add_graph("prefetch", stg, 2.0 * n * P * static_cast<double>(distinct + copies), ex.last_blocks_per_rank(),
+                  wrong, experts_note(P));
     }
     if (want("reduce")) {
         ExpertsShape es;
@@ -591,9 +643,12 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                         for (float v : download(ex.slot_grad(r, 0, b), m)) wrong += v != 0.0f;
         }
         const Stats st = time_op([&] { ex.reduce_grad(ep, stream); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> stg = graph_stats([&] { ex.reduce_grad(ep, stream); });
         ep.check(stream);
         add("reduce", st, 8.0 * n * P * static_cast<double>(distinct + copies), ex.last_blocks_per_rank(), wrong,
             experts_note(P) + (bc.check ? " (timed runs after the checked one add zeroed slots)" : ""));
+        add_graph("reduce", stg, 8.0 * n * P * static_cast<double>(distinct + copies), ex.last_blocks_per_rank(), -1,
+                  experts_note(P));
     }
     EVENEP_CUDA_CHECK(cudaStreamDestroy(stream));
     return rows;

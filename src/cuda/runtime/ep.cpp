@@ -160,8 +160,7 @@ void DeviceEp::dispatch_backward(CombineMode mode, cudaStream_t stream) {
         if (bwd_[r].grad_recv_w != nullptr && bwd_[r].grad_recv_w != recv_w(r))
             EVENEP_CUDA_CHECK(cudaMemcpyAsync(recv_w(r), bwd_[r].grad_recv_w, static_cast<size_t>(layout_.nvs) * 4,
                                               cudaMemcpyDeviceToDevice, stream));
-    last_blocks_ =
-        launch_combine(team_->view(), layout_, d_bwd_io_, s_, false, mode, options_.sm_budget, stream);
+    last_blocks_ = launch_combine(team_->view(), layout_, d_bwd_io_, s_, false, mode, options_.sm_budget, stream);
 }
 
 uint16_t* DeviceEp::recv_x(int rank) const { return reinterpret_cast<uint16_t*>(base(rank) + layout_.recv_x()); }
