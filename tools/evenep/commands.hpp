@@ -18,5 +18,7 @@ void register_bench_cuda(CLI::App& bench);
 void register_launch(CLI::App& app);
 // Multi-process benchmarks under `evenep bench` (bench_multi.cpp).
 void register_bench_multi(CLI::App& bench);
+// `evenep bench gemm`: the grouped GEMM against torch._grouped_mm and dense cuBLAS anchors (bench_gemm.cpp).
+void register_bench_gemm(CLI::App& bench);
 
 }  // namespace evenep::cli

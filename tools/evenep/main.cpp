@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
     evenep::cli::register_bench(app);
     evenep::cli::register_launch(app);
     evenep::cli::register_bench_multi(*app.get_subcommand("bench"));
+    evenep::cli::register_bench_gemm(*app.get_subcommand("bench"));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

@@ -17,7 +17,7 @@
 // kernel, launched first on the same stream, reads cu_seqlens and the weight table and writes the tile order
 // into `workspace`:
 //   kFixed      groups in index order, tiles handed out round-robin (tile t to block t mod grid)
-//   kLoadAware  groups by decreasing tile count (ties by index), tiles handed out dynamically (atomic counter):
+//   kLoadAware  groups by decreasing row count (ties by index), tiles handed out dynamically (atomic counter):
 //               the longest groups start first and the short ones fill the tail.
 // No host synchronisation, no allocation: graph capturable. The workspace is caller-owned device memory of
 // grouped_gemm_workspace_bytes(G) bytes, not shared between concurrent calls.
@@ -34,17 +34,17 @@ enum class GemmOp : int { kForward = 0, kDgrad = 1 };
 enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
 
 struct GroupedGemmArgs {
-    const uint16_t* x = nullptr;           // [rows, in] (kForward) or [rows, out] (kDgrad), bf16 bits
-    const int32_t* cu_seqlens = nullptr;   // [G] device, inclusive padded end rows, non-decreasing
+    const uint16_t* x = nullptr;               // [rows, in] (kForward) or [rows, out] (kDgrad), bf16 bits
+    const int32_t* cu_seqlens = nullptr;       // [G] device, inclusive padded end rows, non-decreasing
     const uint16_t* const* weights = nullptr;  // [G] device table of device pointers W_g [in, out] bf16
-    void* y = nullptr;                     // [rows, out] (kForward) or [rows, in] (kDgrad): bf16 or fp32
-    bool y_fp32 = false;                   // y is fp32 (else bf16 bits)
-    int num_groups = 0;                    // G, 1..kMaxGemmGroups
-    int in_dim = 0;                        // in (multiple of 8)
-    int out_dim = 0;                       // out (multiple of 8)
+    void* y = nullptr;                         // [rows, out] (kForward) or [rows, in] (kDgrad): bf16 or fp32
+    bool y_fp32 = false;                       // y is fp32 (else bf16 bits)
+    int num_groups = 0;                        // G, 1..kMaxGemmGroups
+    int in_dim = 0;                            // in (multiple of 8)
+    int out_dim = 0;                           // out (multiple of 8)
     GemmOp op = GemmOp::kForward;
     GemmSchedule schedule = GemmSchedule::kLoadAware;
-    void* workspace = nullptr;             // grouped_gemm_workspace_bytes(G) bytes of device memory
+    void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes of device memory
 };
 
 inline constexpr int kMaxGemmGroups = 8192;
@@ -56,7 +56,28 @@ size_t grouped_gemm_workspace_bytes(int num_groups);
 // naming the field for a null pointer, G outside 1..kMaxGemmGroups, or in/out not positive multiples of 8.
 void grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream);
 
+// Weight gradient: grads[g][i, o] += sum over the rows r of group g of x[r, i] * dy[r, o] (fp32, into the
+// gradient; a slot group's pointer is its row of the reduce buffer). One tile per 128 x 128 block of [in, out],
+// its inner loop over all the group's rows in order: no atomics, deterministic for a given cu_seqlens. Groups
+// with 0 rows or a null gradient pointer are skipped (their gradient is untouched). kLoadAware orders groups by
+// decreasing rows (each of a group's tiles costs its row count). Same workspace as grouped_gemm.
+struct GroupedWgradArgs {
+    const uint16_t* x = nullptr;          // [rows, in] bf16: the forward input
+    const uint16_t* dy = nullptr;         // [rows, out] bf16: the output gradient
+    const int32_t* cu_seqlens = nullptr;  // [G] device, inclusive padded end rows
+    float* const* grads = nullptr;        // [G] device table of device pointers dW_g [in, out] fp32
+    int num_groups = 0;
+    int in_dim = 0;   // multiple of 8
+    int out_dim = 0;  // multiple of 8
+    GemmSchedule schedule = GemmSchedule::kLoadAware;
+    void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
+};
+void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
+
 // Persistent blocks the GEMM launches on the current device (multiprocessors x co-resident blocks).
 int grouped_gemm_grid_blocks(GemmOp op);
+
+// Fills p[0, n) with bf16 values uniform in [-scale, scale), a pure function of (seed, index) (benchmarks).
+void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, float scale, cudaStream_t stream);
 
 }  // namespace evenep::cuda

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""PyTorch anchors of `evenep bench gemm` (issue 5): torch._grouped_mm with the same shapes and group offsets, and a
+dense torch.matmul (cuBLAS) of the same FLOPs (rows x in x out), per distribution, projection and op.
+
+  python3 gemm_anchor.py --offsets offsets.json [--evenep bench.json] [--json anchor.json] [--iters 10]
+
+offsets.json comes from `evenep bench gemm --offsets-json`: {"G", "H", "ffn_hidden", "offsets": {dist: [G ends]}}.
+With --evenep, prints one table: EvenEP fixed / load-aware TFLOP/s next to the anchors, and the ratios.
+TFLOP/s = 2 * rows * in * out / median time, rows = the last offset (padded rows), as in the C++ benchmark.
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+
+def median_ms(fn, warmup, iters):
+    for _ in range(warmup):
+        fn()
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        start[i].record()
+        fn()
+        end[i].record()
+    torch.cuda.synchronize()
+    t = sorted(s.elapsed_time(e) for s, e in zip(start, end))
+    return t[len(t) // 2]
+
+
+def grouped_operand(x, w, offs):
+    """w [G, K, N] as torch._grouped_mm accepts it: as given if it runs, else column-major (the transpose of a
+    contiguous [G, N, K]); the conversion happens here, outside the timed region."""
+    try:
+        torch._grouped_mm(x, w, offs=offs)
+        return w
+    except RuntimeError:
+        return w.transpose(-2, -1).contiguous().transpose(-2, -1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--offsets", required=True)
+    ap.add_argument("--evenep", default="")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--ops", nargs="*", default=["fwd", "dgrad", "wgrad"])
+    args = ap.parse_args()
+    spec = json.load(open(args.offsets))
+    G, H, F = spec["G"], spec["H"], spec["ffn_hidden"]
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    max_rows = max(v[-1] for v in spec["offsets"].values())
+    wide = max(H, F)
+    xbuf = (torch.rand(max_rows * wide, device=dev, dtype=torch.float32) * 2 - 1).to(torch.bfloat16)
+    wbuf = ((torch.rand(G * H * F, device=dev, dtype=torch.float32) * 2 - 1) / 32).to(torch.bfloat16)
+    rows_out = []
+    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name()}", flush=True)
+    for dist, ends in spec["offsets"].items():
+        rows = ends[-1]
+        offs = torch.tensor(ends, device=dev, dtype=torch.int32)
+        for proj, din, dout in (("gate_up", H, F), ("down", F, H)):
+            w = wbuf.view(G, din, dout)  # W_g [in, out]
+            for op in args.ops:
+                flops = 2.0 * rows * din * dout
+                rec = {"dist": dist, "proj": proj, "op": op, "rows": rows}
+                if op == "wgrad":  # dW_g = x_g^T dy_g: 2D x 2D with offsets along the rows
+                    x = xbuf[: rows * din].view(rows, din)
+                    dy = xbuf[: rows * dout].view(rows, dout)
+                    try:
+                        ms = median_ms(lambda: torch._grouped_mm(x.t(), dy, offs=offs), args.warmup, args.iters)
+                        rec["grouped_mm_tflops"] = flops / (ms * 1e-3) / 1e12
+                    except Exception as e:  # noqa: BLE001 - report and continue
+                        rec["grouped_mm_error"] = str(e)[:200]
+                    ms = median_ms(lambda: torch.matmul(x.t(), dy), args.warmup, args.iters)
+                    rec["dense_tflops"] = flops / (ms * 1e-3) / 1e12
+                    rows_out.append(rec)
+                    print(json.dumps(rec), flush=True)
+                    continue
+                K, N = (din, dout) if op == "fwd" else (dout, din)
+                x = xbuf[: rows * K].view(rows, K)
+                b = w if op == "fwd" else w.transpose(-2, -1)  # [G, K, N]
+                try:
+                    bg = grouped_operand(x, b, offs)
+                    rec["grouped_mm_b_strides"] = list(bg.stride())
+                    ms = median_ms(lambda: torch._grouped_mm(x, bg, offs=offs), args.warmup, args.iters)
+                    rec["grouped_mm_tflops"] = flops / (ms * 1e-3) / 1e12
+                except Exception as e:  # noqa: BLE001 - report and continue
+                    rec["grouped_mm_error"] = str(e)[:200]
+                bd = b[0].contiguous()
+                ms = median_ms(lambda: torch.matmul(x, bd), args.warmup, args.iters)
+                rec["dense_tflops"] = flops / (ms * 1e-3) / 1e12
+                rows_out.append(rec)
+                print(json.dumps(rec), flush=True)
+    if args.json:
+        json.dump({"torch": torch.__version__, "rows": rows_out}, open(args.json, "w"), indent=1)
+    if args.evenep:
+        ev = json.load(open(args.evenep))["rows"]
+        key = lambda r: (r["dist"], r["proj"], r["op"])  # noqa: E731
+        ours = {}
+        for r in ev:
+            ours.setdefault(key(r), {})[r["schedule"]] = r["tflops"]
+        print()
+        print(f"{'dist':<20} {'proj':<8} {'op':<6} {'fixed':>7} {'l-aware':>7} {'_grp_mm':>7} {'dense':>7} "
+              f"{'la/gmm':>7} {'la/dense':>8}")
+        for r in rows_out:
+            o = ours.get(key(r), {})
+            fx, la = o.get("fixed", float("nan")), o.get("load_aware", float("nan"))
+            gm = r.get("grouped_mm_tflops", float("nan"))
+            dn = r["dense_tflops"]
+            print(f"{r['dist']:<20} {r['proj']:<8} {r['op']:<6} {fx:7.1f} {la:7.1f} {gm:7.1f} {dn:7.1f} "
+                  f"{la / gm:7.2f} {la / dn:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

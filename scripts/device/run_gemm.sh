@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Grouped GEMM (issue 5) in one device call: build grouped_gemm_test + evenep, run the GPU test, `evenep bench gemm`
+# and the PyTorch anchors (scripts/device/gemm_anchor.py) on the same offsets. Logs go to $OUT:
+# build.log gemm_test.log gemm_bench.log gemm_bench.json gemm_offsets.json gemm_anchor.json gemm_anchor.log.
+#
+# On the device machine, from the repository root, with the Debian dev packages carried in .devdeps:
+#   source .devdeps/unpack.sh && scripts/device/run_gemm.sh [--no-bench] [extra `evenep bench gemm` args...]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/device-out}
+BUILD=${BUILD:-build-gpu}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$OUT"
+run_bench=1
+bench_args=()
+for a in "$@"; do
+  case "$a" in
+    --no-bench) run_bench=0 ;;
+    *) bench_args+=("$a") ;;
+  esac
+done
+status=0
+t0=$(date +%s)
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv || true
+  cmake -S . -B "$BUILD" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF &&
+  cmake --build "$BUILD" -j "$JOBS" --target grouped_gemm_test evenep
+} > "$OUT/build.log" 2>&1
+rc=$?
+echo "build rc=$rc ($(( $(date +%s) - t0 )) s)"
+if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
+
+timeout 300 "$BUILD/tests/grouped_gemm_test" --gtest_brief=1 > "$OUT/gemm_test.log" 2>&1 || status=1
+echo "test ($(( $(date +%s) - t0 )) s):"
+grep -E "PASSED|FAILED|SKIPPED \]|tests ran|Failure|got" "$OUT/gemm_test.log" | head -30
+
+if [ $run_bench -eq 1 ]; then
+  "$BUILD/tools/evenep/evenep" bench gemm --check --json "$OUT/gemm_bench.json" \
+    --offsets-json "$OUT/gemm_offsets.json" "${bench_args[@]}" > "$OUT/gemm_bench.log" 2>&1 || status=1
+  echo "bench ($(( $(date +%s) - t0 )) s)"
+  cat "$OUT/gemm_bench.log"
+  if [ -f "$OUT/gemm_offsets.json" ] && [ -f "$OUT/gemm_bench.json" ]; then
+    PYTHONUNBUFFERED=1 timeout 300 python3 scripts/device/gemm_anchor.py --offsets "$OUT/gemm_offsets.json" \
+      --evenep "$OUT/gemm_bench.json" --json "$OUT/gemm_anchor.json" > "$OUT/gemm_anchor.log" 2>&1 || status=1
+    echo "anchor ($(( $(date +%s) - t0 )) s)"
+    sed -n '/^dist /,$p' "$OUT/gemm_anchor.log"
+    grep -E "Traceback|Error" "$OUT/gemm_anchor.log" | head -5
+  fi
+fi
+echo "done in $(( $(date +%s) - t0 )) s, status $status"
+exit $status
