@@ -33,7 +33,8 @@ t0=$(date +%s)
   cmake --version | head -1
   cmake -S . -B "$BUILD" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
     -DEVENEP_WERROR=${EVENEP_WERROR:-OFF} -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF &&
-  cmake --build "$BUILD" -j "$JOBS" --target evenep gpu_team_test gpu_planner_test gpu_datapath_test gpu_experts_test
+  cmake --build "$BUILD" -j "$JOBS" --target evenep gpu_team_test gpu_planner_test gpu_datapath_test gpu_experts_test \
+    gpu_backward_test grouped_gemm_test
 } > "$OUT/build.log" 2>&1
 build_rc=$?
 echo "build rc=$build_rc ($(( $(date +%s) - t0 )) s)"
@@ -42,7 +43,7 @@ if [ $build_rc -ne 0 ]; then tail -60 "$OUT/build.log"; exit 1; fi
 # ---- GPU tests: every binary, one process each (gtest summary lines give the counts) ----
 if [ $run_tests -eq 1 ]; then
   : > "$OUT/tests.log"
-  for t in gpu_team_test gpu_planner_test gpu_experts_test gpu_datapath_test; do
+  for t in gpu_team_test gpu_planner_test gpu_experts_test gpu_datapath_test gpu_backward_test grouped_gemm_test; do
     echo "=== $t" >> "$OUT/tests.log"
     timeout 420 "$BUILD/tests/$t" --gtest_brief=1 >> "$OUT/tests.log" 2>&1
     rc=$?
