@@ -31,45 +31,15 @@
 
 #include "evenep/detail/layout.hpp"
 #include "evenep/error.hpp"
+#include "local_status.hpp"
 
 namespace evenep::cpu {
 namespace {
 
+using internal::LocalStatus;
+using internal::validated;
+
 std::atomic<uint64_t> g_next_handle_id{1};
-
-// A rank's own input checks: run before the call's first barrier, their outcome travels through it (one ok bit
-// per rank), so that every rank throws together and none is left waiting at a later barrier.
-struct LocalStatus {
-    bool ok = true;
-    ErrorKind kind = ErrorKind::kInvalidArgument;
-    std::string message;
-
-    template <typename F>
-    void run(F&& checks) {
-        try {
-            checks();
-        } catch (const Error& e) {
-            ok = false;
-            kind = e.kind();
-            message = e.what();
-        }
-    }
-    // After the status barrier: throws this rank's own error, or the peer report, or returns.
-    void throw_if_failed(int first_bad, std::string_view call) const {
-        if (!ok) throw Error(kind, message);
-        if (first_bad >= 0) {
-            std::ostringstream os;
-            os << "peer rank " << first_bad << " reported invalid input to " << call
-               << " (its own error names the value); nothing was sent";
-            throw Error(ErrorKind::kInvalidArgument, os.str());
-        }
-    }
-};
-
-BufferConfig validated(const BufferConfig& cfg) {
-    cfg.validate();
-    return cfg;
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -195,7 +165,7 @@ DispatchHandle Buffer::dispatch(const DispatchArgs& a) {
         }
     }
     const int bad = team_.barrier("dispatch: histogram all-gather", status.ok);
-    status.throw_if_failed(bad, "dispatch");
+    status.throw_if_failed(bad, "dispatch", "nothing was sent");
 
     // Every rank reads the same gathered rows and makes the same decisions from here on. A group-level error
     // found here is found by every rank; they meet once more before throwing, so that no rank can start its next
@@ -229,7 +199,7 @@ void Buffer::dispatch(DispatchHandle& h, std::span<const Bf16> x) {
                      " values, expected s*H = ", static_cast<int64_t>(h.s) * cfg_.H);
     });
     const int bad = team_.barrier("dispatch (plan reused): start", status.ok);
-    status.throw_if_failed(bad, "dispatch (plan reused)");
+    status.throw_if_failed(bad, "dispatch (plan reused)", "nothing was sent");
     write_payloads(h, x);
     team_.barrier("dispatch (plan reused): rows written");
     fill_local_rows(h);
@@ -388,7 +358,7 @@ void Buffer::combine_impl(const DispatchHandle& h,
                      ": row weight gradients have ", new_recv_w.size(), " values, expected NvS = ", nvs);
     });
     const int bad = team_.barrier(std::string(call) + ": start", status.ok);
-    status.throw_if_failed(bad, call);
+    status.throw_if_failed(bad, call, "nothing was sent");
 
     const Bf16* y = a.y.empty() ? at<Bf16>(rank_, layout_.recv_x_offset) : a.y.data();
     float* w = at<float>(rank_, layout_.recv_w_offset);

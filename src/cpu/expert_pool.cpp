@@ -19,36 +19,14 @@
 #include <string>
 
 #include "evenep/error.hpp"
+#include "local_status.hpp"
 
 namespace evenep::cpu {
 namespace {
 
-BufferConfig validated(const BufferConfig& cfg) {
-    cfg.validate();
-    return cfg;
-}
+using internal::LocalStatus;
+using internal::validated;
 
-struct LocalStatus {
-    bool ok = true;
-    ErrorKind kind = ErrorKind::kInvalidArgument;
-    std::string message;
-    template <typename F>
-    void run(F&& checks) {
-        try {
-            checks();
-        } catch (const Error& e) {
-            ok = false;
-            kind = e.kind();
-            message = e.what();
-        }
-    }
-    void throw_if_failed(int first_bad, const char* call) const {
-        if (!ok) throw Error(kind, message);
-        if (first_bad >= 0)
-            throw Error(ErrorKind::kInvalidArgument, "peer rank " + std::to_string(first_bad) +
-                                                         " reported invalid input to " + call + "; nothing was moved");
-    }
-};
 
 void check_plan(const Plan& plan, const BufferConfig& cfg, int rank, const char* call) {
     const Config& a = plan.cfg;
@@ -172,7 +150,7 @@ void ExpertPool::prefetch_weight(const Plan& plan, const ExpertWeights& layer) {
         check_layer(layer, cfg_, rank_, "prefetch_weight");
     });
     const int bad = team_.barrier("prefetch_weight: start", status.ok);
-    status.throw_if_failed(bad, "prefetch_weight");
+    status.throw_if_failed(bad, "prefetch_weight", "nothing was moved");
     const int64_t n = layout_.expert_elems();
     for (int b = 0; b < B; ++b) {
         const int32_t e = plan.copies[static_cast<size_t>(rank_) * B + b];
@@ -199,7 +177,7 @@ void ExpertPool::reduce_grad(const Plan& plan, ExpertWeights& layer) {
         check_layer(layer, cfg_, rank_, "reduce_grad");
     });
     const int bad = team_.barrier("reduce_grad: start", status.ok);
-    status.throw_if_failed(bad, "reduce_grad");
+    status.throw_if_failed(bad, "reduce_grad", "nothing was moved");
     const int64_t n = layout_.expert_elems();
     for (int le = 0; le < epn; ++le) {
         const int32_t e = rank_ * epn + le;
