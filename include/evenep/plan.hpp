@@ -110,6 +110,10 @@ void compute_tpe(const Config& cfg, int rank, std::span<const int32_t> topk_idx,
 // Checks that topk_idx's histogram equals plan.tpe's row for `rank` (throws naming the expert otherwise).
 void compute_dst(const Plan& plan, int rank, std::span<const int32_t> topk_idx, std::span<int32_t> dst_out);
 
+// The group's token counts (SPEC §1, §8): every s_r in [1, S]; without a group total (s_total < 0) all ranks pass the
+// same s, otherwise the s_r add up to s_total. Throws evenep::Error naming the rank and values.
+void check_group_tokens(const Config& cfg, std::span<const int32_t> s, int64_t s_total);
+
 // Theorem 2 (appendix E): with rank 0's experts receiving nothing and all other experts sharing all tokens
 // evenly, rank 0 needs at least ceil(E*(R-1)/R^2) remote experts.
 int theorem2_lower_bound(int E, int R);

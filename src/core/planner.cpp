@@ -182,6 +182,23 @@ void compute_dst(const Plan& plan, int rank, std::span<const int32_t> topk_idx, 
     }
 }
 
+void check_group_tokens(const Config& cfg, std::span<const int32_t> s, int64_t s_total) {
+    EVENEP_CHECK(static_cast<int>(s.size()) == cfg.R, "dispatch: s has ", s.size(), " values, expected R = ", cfg.R);
+    int64_t sum = 0;
+    for (int r = 0; r < cfg.R; ++r) {
+        EVENEP_CHECK(s[r] >= 1 && s[r] <= cfg.S, "dispatch: rank ", r, ": s = ", s[r], " outside [1, S = ", cfg.S,
+                     "]");
+        sum += s[r];
+    }
+    if (s_total < 0) {
+        for (int r = 1; r < cfg.R; ++r)
+            EVENEP_CHECK(s[r] == s[0], "dispatch: rank ", r, " passes s = ", s[r], " but rank 0 passes s = ", s[0],
+                         "; pass s_total (the group total) when ranks have different token counts");
+    } else {
+        EVENEP_CHECK(sum == s_total, "dispatch: the ranks pass ", sum, " tokens in total but s_total = ", s_total);
+    }
+}
+
 int theorem2_lower_bound(int E, int R) {
     const int64_t num = static_cast<int64_t>(E) * (R - 1), den = static_cast<int64_t>(R) * R;
     return static_cast<int>((num + den - 1) / den);

@@ -213,25 +213,15 @@ void Buffer::plan_from_gather(const DispatchArgs& a, DispatchHandle& h) {
     const int R = cfg.R, E = cfg.E, K = cfg.K;
     const int64_t row_ints = layout_.gather_row_ints();
     const int32_t* gathered = at<int32_t>(rank_, layout_.gather_offset);
-    int64_t sum_s = 0;
     for (int r = 0; r < R; ++r) {
         const int32_t* row = gathered + r * row_ints;
         s_scratch_[r] = row[0];
-        sum_s += row[0];
         std::copy(row + 2, row + 2 + E, tpe_scratch_.begin() + static_cast<int64_t>(r) * E);
     }
     for (int r = 1; r < R; ++r)
         EVENEP_CHECK(gathered[r * row_ints + 1] == gathered[1], "dispatch: rank ", r,
                      " passes s_total = ", gathered[r * row_ints + 1], " but rank 0 passes ", gathered[1]);
-    if (gathered[1] < 0) {
-        for (int r = 1; r < R; ++r)
-            EVENEP_CHECK(s_scratch_[r] == s_scratch_[0], "dispatch: rank ", r, " passes s = ", s_scratch_[r],
-                         " but rank 0 passes s = ", s_scratch_[0],
-                         "; pass s_total (the group total) when ranks have different token counts");
-    } else {
-        EVENEP_CHECK(sum_s == gathered[1], "dispatch: the ranks pass ", sum_s,
-                     " tokens in total but s_total = ", gathered[1]);
-    }
+    check_group_tokens(cfg, s_scratch_, gathered[1]);
 
     h.rank = rank_;
     h.s = a.s;

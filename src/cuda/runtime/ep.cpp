@@ -93,19 +93,7 @@ void DeviceEp::upload_backward_io() {
 void DeviceEp::plan(std::span<const int32_t> s, cudaStream_t stream, int64_t s_total) {
     EVENEP_CHECK(bound_, "cuda ep: plan before bind");
     EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "cuda ep: s has ", s.size(), " values, expected R = ", cfg_.R);
-    int64_t sum = 0;
-    for (int r = 0; r < cfg_.R; ++r) {
-        EVENEP_CHECK(s[r] >= 1 && s[r] <= cfg_.S, "dispatch: rank ", r, ": s = ", s[r], " outside [1, S = ", cfg_.S,
-                     "]");
-        sum += s[r];
-    }
-    if (s_total < 0) {
-        for (int r = 1; r < cfg_.R; ++r)
-            EVENEP_CHECK(s[r] == s[0], "dispatch: rank ", r, " passes s = ", s[r], " but rank 0 passes s = ", s[0],
-                         "; pass s_total (the group total) when ranks have different token counts");
-    } else {
-        EVENEP_CHECK(sum == s_total, "dispatch: the ranks pass ", sum, " tokens in total but s_total = ", s_total);
-    }
+    check_group_tokens(cfg_, s, s_total);
     last_blocks_ = launch_plan(team_->view(), layout_, d_io_, s, s_total, options_.mode == PlannerMode::kOptimized,
                                options_.planner_kernel, options_.sm_budget, stream);
     s_.assign(s.begin(), s.end());
