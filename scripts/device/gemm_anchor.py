@@ -103,14 +103,17 @@ def main():
         for r in ev:
             ours.setdefault(key(r), {})[r["schedule"]] = r["tflops"]
         print()
-        print(f"{'dist':<20} {'proj':<8} {'op':<6} {'fixed':>7} {'l-aware':>7} {'_grp_mm':>7} {'dense':>7} "
-              f"{'la/gmm':>7} {'la/dense':>8}")
+        print(f"{'dist':<20} {'proj':<8} {'op':<6} {'fixed':>7} {'l-aware':>7} {'mma':>7} {'_grp_mm':>7} "
+              f"{'dense':>7} {'la/gmm':>7} {'la/dense':>8}")
+        nan = float("nan")
         for r in rows_out:
             o = ours.get(key(r), {})
-            fx, la = o.get("fixed", float("nan")), o.get("load_aware", float("nan"))
-            gm = r.get("grouped_mm_tflops", float("nan"))
+            fx = o.get("wgmma/fixed", o.get("fixed", nan))
+            la = o.get("wgmma/load_aware", o.get("load_aware", nan))
+            mm = o.get("mma/load_aware", nan)
+            gm = r.get("grouped_mm_tflops", nan)
             dn = r["dense_tflops"]
-            print(f"{r['dist']:<20} {r['proj']:<8} {r['op']:<6} {fx:7.1f} {la:7.1f} {gm:7.1f} {dn:7.1f} "
+            print(f"{r['dist']:<20} {r['proj']:<8} {r['op']:<6} {fx:7.1f} {la:7.1f} {mm:7.1f} {gm:7.1f} {dn:7.1f} "
                   f"{la / gm:7.2f} {la / dn:8.2f}")
     return 0
 

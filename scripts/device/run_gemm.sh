@@ -4,7 +4,10 @@
 # build.log gemm_test.log gemm_bench.log gemm_bench.json gemm_offsets.json gemm_anchor.json gemm_anchor.log.
 #
 # On the device machine, from the repository root, with the Debian dev packages carried in .devdeps:
-#   source .devdeps/unpack.sh && scripts/device/run_gemm.sh [--no-bench] [extra `evenep bench gemm` args...]
+#   source .devdeps/unpack.sh && scripts/device/run_gemm.sh [--no-bench] [--no-test] [--calibrate]
+#                                                          [extra `evenep bench gemm` args...]
+# --calibrate also fits the scheduler's cost model (`evenep bench gemm --calibrate`) and writes
+# $OUT/gemm_cost_model.inc (copy it to src/cuda/kernels/ to check it in) and $OUT/gemm_calibration.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device-out}
@@ -12,10 +15,14 @@ BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT"
 run_bench=1
+run_test=1
+calibrate=0
 bench_args=()
 for a in "$@"; do
   case "$a" in
     --no-bench) run_bench=0 ;;
+    --no-test) run_test=0 ;;
+    --calibrate) calibrate=1 ;;
     *) bench_args+=("$a") ;;
   esac
 done
@@ -31,9 +38,18 @@ rc=$?
 echo "build rc=$rc ($(( $(date +%s) - t0 )) s)"
 if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
 
-timeout 300 "$BUILD/tests/grouped_gemm_test" --gtest_brief=1 > "$OUT/gemm_test.log" 2>&1 || status=1
-echo "test ($(( $(date +%s) - t0 )) s):"
-grep -E "PASSED|FAILED|SKIPPED \]|tests ran|Failure|got" "$OUT/gemm_test.log" | head -30
+if [ $run_test -eq 1 ]; then
+  timeout 300 "$BUILD/tests/grouped_gemm_test" --gtest_brief=1 > "$OUT/gemm_test.log" 2>&1 || status=1
+  echo "test ($(( $(date +%s) - t0 )) s):"
+  grep -E "PASSED|FAILED|SKIPPED \]|tests ran|Failure|got" "$OUT/gemm_test.log" | head -30
+fi
+
+if [ $calibrate -eq 1 ]; then
+  timeout 300 "$BUILD/tools/evenep/evenep" bench gemm --calibrate --write-model "$OUT/gemm_cost_model.inc" \
+    --json "$OUT/gemm_calibration.json" > "$OUT/gemm_calibration.log" 2>&1 || status=1
+  echo "calibration ($(( $(date +%s) - t0 )) s):"
+  cat "$OUT/gemm_calibration.log"
+fi
 
 if [ $run_bench -eq 1 ]; then
   "$BUILD/tools/evenep/evenep" bench gemm --check --json "$OUT/gemm_bench.json" \

@@ -50,12 +50,15 @@ struct Case {
     GemmOp op;
     bool fp32_out;
     GemmSchedule schedule;
+    cuda::GemmKernel kernel = cuda::GemmKernel::kAuto;  // kAuto = the Hopper kernel on an H100/H200
 };
+
+std::string kernel_suffix(cuda::GemmKernel k) { return k == cuda::GemmKernel::kMmaSync ? "_mma" : ""; }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
     const Case& c = info.param;
     return c.shape.name + (c.op == GemmOp::kForward ? "_fwd" : "_dgrad") + (c.fp32_out ? "_f32" : "_bf16") +
-           (c.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware");
+           (c.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware") + kernel_suffix(c.kernel);
 }
 
 uint16_t to_bits(float f) { return float_to_bf16(f).bits; }
@@ -120,6 +123,7 @@ TEST_P(GroupedGemmTest, MatchesReference) {
     a.out_dim = c.shape.out;
     a.op = c.op;
     a.schedule = c.schedule;
+    a.kernel = c.kernel;
     a.workspace = ws.get();
     cuda::grouped_gemm(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -168,13 +172,16 @@ std::vector<Case> all_cases() {
         {"one_row", 128, 136, 16, std::vector<int>(16, 1)},
         {"single_group", 320, 256, 6, {0, 0, 0, 700, 0, 0}},
         {"tiny", 8, 8, 5, {3, 0, 130, 1, 17}},
+        // Several k-blocks and column tiles, a long group (wgrad splits it into row chunks when load-aware).
+        {"skewed_in264_out392", 264, 392, 6, {1100, 3, 0, 150, 64, 1}},
     };
     std::vector<Case> out;
     for (const Shape& s : shapes)
         for (GemmOp op : {GemmOp::kForward, GemmOp::kDgrad})
             for (bool f32 : {false, true})
                 for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware})
-                    out.push_back({s, op, f32, sch});
+                    for (auto k : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync})
+                        out.push_back({s, op, f32, sch, k});
     return out;
 }
 
@@ -229,6 +236,7 @@ TEST_P(GroupedWgradTest, MatchesReference) {
     a.in_dim = in;
     a.out_dim = out;
     a.schedule = c.schedule;
+    a.kernel = c.kernel;
     a.workspace = ws.get();
     cuda::grouped_gemm_wgrad(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -265,7 +273,8 @@ std::vector<Case> wgrad_cases() {
 }
 
 std::string wgrad_name(const ::testing::TestParamInfo<Case>& info) {
-    return info.param.shape.name + (info.param.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware");
+    return info.param.shape.name + (info.param.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware") +
+           kernel_suffix(info.param.kernel);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupedWgradTest, ::testing::ValuesIn(wgrad_cases()), wgrad_name);
@@ -343,6 +352,69 @@ TEST(GroupedGemmArgsTest, GraphCaptureMatchesEagerCall) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(s);
+}
+
+// Peer-pointer groups: the weight table points into another GPU's memory (peer access over NVLink), as it does
+// for a copy read straight from its owner. The result must equal, bit for bit, the same call with the weights
+// copied to the local GPU. Needs two GPUs with peer access (skips otherwise).
+TEST(GroupedGemmPeerTest, PeerWeightsMatchLocalWeights) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    int n = 0;
+    EVENEP_CUDA_CHECK(cudaGetDeviceCount(&n));
+    int can = 0;
+    if (n >= 2) EVENEP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, 0, 1));
+    if (n < 2 || !can) GTEST_SKIP() << "needs two GPUs with peer access";
+    const int G = 5, in = 384, out = 520;
+    const std::vector<int32_t> cu = {300, 300, 813, 814, 1000};
+    const int rows = cu.back();
+    EVENEP_CUDA_CHECK(cudaSetDevice(1));
+    DeviceArray<uint16_t> w_peer(static_cast<size_t>(G) * in * out);
+    cuda::fill_random_bf16(w_peer.get(), w_peer.size(), 11, 1.f, nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    EVENEP_CUDA_CHECK(cudaSetDevice(0));
+    const cudaError_t pe = cudaDeviceEnablePeerAccess(1, 0);
+    if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) EVENEP_CUDA_CHECK(pe);
+    (void)cudaGetLastError();
+    DeviceArray<uint16_t> x(static_cast<size_t>(rows) * in), w_local(w_peer.size());
+    cuda::fill_random_bf16(x.get(), x.size(), 12, 1.f, nullptr);
+    EVENEP_CUDA_CHECK(cudaMemcpyPeer(w_local.get(), 0, w_peer.get(), 1, w_peer.size() * 2));
+    DeviceArray<int32_t> dcu(G);
+    dcu.upload(cu);
+    DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
+    auto run = [&](const uint16_t* w, GemmOp op, cuda::GemmKernel kernel) {
+        std::vector<const uint16_t*> table(G);
+        for (int g = 0; g < G; ++g) table[g] = w + static_cast<size_t>(g) * in * out;
+        DeviceArray<const uint16_t*> dtab(G);
+        dtab.upload(table);
+        const int ycols = op == GemmOp::kForward ? out : in;
+        DeviceArray<uint16_t> y(static_cast<size_t>(rows) * ycols);
+        DeviceArray<uint16_t> xin(static_cast<size_t>(rows) * (op == GemmOp::kForward ? in : out));
+        cuda::fill_random_bf16(xin.get(), xin.size(), 13, 1.f, nullptr);
+        cuda::GroupedGemmArgs a;
+        a.x = xin.get();
+        a.cu_seqlens = dcu.get();
+        a.weights = dtab.get();
+        a.y = y.get();
+        a.num_groups = G;
+        a.in_dim = in;
+        a.out_dim = out;
+        a.op = op;
+        a.kernel = kernel;
+        a.workspace = ws.get();
+        cuda::grouped_gemm(a, nullptr);
+        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+        return y.download();
+    };
+    for (GemmOp op : {GemmOp::kForward, GemmOp::kDgrad})
+        for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync}) {
+            SCOPED_TRACE(std::string(op == GemmOp::kForward ? "forward" : "dgrad") + kernel_suffix(kernel));
+            const auto peer = run(w_peer.get(), op, kernel);
+            const auto local = run(w_local.get(), op, kernel);
+            EXPECT_EQ(peer, local);
+            size_t nonzero = 0;
+            for (uint16_t v : local) nonzero += (v & 0x7FFF) != 0;
+            EXPECT_GT(nonzero, local.size() / 2);
+        }
 }
 
 }  // namespace

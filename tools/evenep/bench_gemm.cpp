@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -40,7 +41,10 @@ struct GemmBenchOptions {
     int warmup = 3, iters = 10;
     bool check = false;
     std::vector<std::string> ops{"fwd", "dgrad", "wgrad"};
+    std::vector<std::string> kernels{"wgmma", "mma"};
     std::string json_file, offsets_file;
+    bool calibrate = false;
+    std::string write_model;  // --calibrate: the generated cost-model include to write
 };
 
 struct Distribution {
@@ -94,6 +98,70 @@ void device_alloc(T** p, size_t bytes) {
     *p = static_cast<T*>(v);
 }
 
+struct Variant {
+    std::string name;
+    cuda::GemmKernel kernel;
+    cuda::GemmSchedule schedule;
+};
+
+// The scheduler's cost model applied to a whole call (µs): sum of tile costs over the SMs (the Hopper kernel's
+// 128 x 256 tiles; wgrad unsplit), i.e. the makespan of a perfectly balanced schedule.
+double predict_us(const std::vector<int32_t>& cu, int in, int out, const std::string& op, int sms) {
+    const cuda::GemmCostModel m = cuda::grouped_gemm_cost_model();
+    const bool wgrad = op == "wgrad";
+    const int K = op == "fwd" ? in : out, N = op == "fwd" ? out : in;
+    double total = 0;
+    int32_t prev = 0;
+    for (int32_t e : cu) {
+        const int r = e - prev;
+        prev = e;
+        if (r <= 0) continue;
+        if (wgrad) {
+            const double units = static_cast<double>((in + 127) / 128) * ((out + 255) / 256);
+            total += units * (m.c_tile_wgrad + m.c_kblock_wgrad * ((r + 63) / 64));
+        } else {
+            const double units = static_cast<double>((r + 127) / 128) * ((N + 255) / 256);
+            total += units * (m.c_tile + m.c_kblock * ((K + 63) / 64));
+        }
+    }
+    return total / sms;
+}
+
+// Runs wgrad once into zeroed gradients and compares 8 sampled elements with host sums; returns the largest error
+// relative to the sum of magnitudes.
+double check_wgrad(const cuda::GroupedWgradArgs& wa, const std::vector<int32_t>& cu, int in, int out, float* grads,
+                   uint64_t seed) {
+    const int G = static_cast<int>(cu.size());
+    const size_t welems = static_cast<size_t>(in) * out;
+    EVENEP_CUDA_CHECK(cudaMemset(grads, 0, welems * G * sizeof(float)));
+    cuda::grouped_gemm_wgrad(wa, nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    std::mt19937_64 rng(seed + 77);
+    double worst = 0;
+    for (int s = 0; s < 8; ++s) {
+        int g = static_cast<int>(rng() % G);
+        while ((g == 0 ? cu[0] : cu[g] - cu[g - 1]) == 0) g = (g + 1) % G;
+        const int begin = g == 0 ? 0 : cu[g - 1], r = cu[g] - begin;
+        const int i = static_cast<int>(rng() % in), oc = static_cast<int>(rng() % out);
+        std::vector<uint16_t> xc(r), dc(r);
+        EVENEP_CUDA_CHECK(cudaMemcpy2D(xc.data(), 2, wa.x + static_cast<size_t>(begin) * in + i,
+                                       static_cast<size_t>(in) * 2, 2, r, cudaMemcpyDeviceToHost));
+        EVENEP_CUDA_CHECK(cudaMemcpy2D(dc.data(), 2, wa.dy + static_cast<size_t>(begin) * out + oc,
+                                       static_cast<size_t>(out) * 2, 2, r, cudaMemcpyDeviceToHost));
+        double ref = 0, mag = 0;
+        for (int k = 0; k < r; ++k) {
+            const double t = static_cast<double>(host_bf16(xc[k])) * host_bf16(dc[k]);
+            ref += t;
+            mag += std::fabs(t);
+        }
+        float got = 0;
+        EVENEP_CUDA_CHECK(cudaMemcpy(&got, grads + welems * g + static_cast<size_t>(i) * out + oc, sizeof(float),
+                                     cudaMemcpyDeviceToHost));
+        worst = std::max(worst, std::fabs(got - ref) / std::max(mag, 1e-30));
+    }
+    return worst;
+}
+
 void run_gemm_bench(const GemmBenchOptions& o) {
     const std::vector<Distribution> dists = make_distributions(o);
     const int G = static_cast<int>(dists.front().cu.size());
@@ -116,7 +184,9 @@ void run_gemm_bench(const GemmBenchOptions& o) {
     device_alloc(&w, welems * G * 2);
     cuda::fill_random_bf16(x, xy_elems, o.seed, 1.f, nullptr);
     cuda::fill_random_bf16(w, welems * G, o.seed + 1, 1.f / 32, nullptr);
-    cuda::fill_random_bf16(y2, xy_elems, o.seed + 2, 1.f / 32, nullptr);  // dy of wgrad until a run overwrites it
+    uint16_t* dyw = nullptr;  // dY of wgrad (its own buffer: the forward runs overwrite y and y2)
+    device_alloc(&dyw, xy_elems * 2);
+    cuda::fill_random_bf16(dyw, xy_elems, o.seed + 2, 1.f / 32, nullptr);
     // wgrad: fp32 gradients [G][in * out] (accumulated over all runs; values stay finite).
     float* grads = nullptr;
     float** dgtable = nullptr;
@@ -144,8 +214,25 @@ void run_gemm_bench(const GemmBenchOptions& o) {
 
     nlohmann::json out{{"device", prop.name}, {"G", G}, {"rows", nlohmann::json::array()}};
     nlohmann::json offsets = nlohmann::json::object();
-    fmt::print("{:<20} {:<8} {:<6} {:<10} {:>8} {:>10} {:>9} {:>10}\n", "dist", "proj", "op", "schedule", "rows",
-               "p50 us", "TFLOP/s", "check");
+    fmt::print("cost model ({}): c_tile {} us, c_tile_wgrad {} us, c_kblock {} us, c_kblock_wgrad {} us\n",
+               cuda::grouped_gemm_cost_model().source, cuda::grouped_gemm_cost_model().c_tile,
+               cuda::grouped_gemm_cost_model().c_tile_wgrad, cuda::grouped_gemm_cost_model().c_kblock,
+               cuda::grouped_gemm_cost_model().c_kblock_wgrad);
+    std::vector<Variant> variants;
+    bool have_fixed = false;
+    for (const std::string& k : o.kernels) {
+        if (k == "wgmma" && cuda::grouped_gemm_has_wgmma()) {
+            variants.push_back({"wgmma/fixed", cuda::GemmKernel::kWgmma, cuda::GemmSchedule::kFixed});
+            variants.push_back({"wgmma/load_aware", cuda::GemmKernel::kWgmma, cuda::GemmSchedule::kLoadAware});
+            have_fixed = true;
+        } else if (k == "mma") {
+            variants.push_back({"mma/load_aware", cuda::GemmKernel::kMmaSync, cuda::GemmSchedule::kLoadAware});
+        }
+    }
+    EVENEP_CHECK_KIND(ErrorKind::kRuntime, !variants.empty(), "bench gemm: no kernel to run on this device");
+    const int grid_wgmma = prop.multiProcessorCount;
+    fmt::print("{:<20} {:<8} {:<6} {:<17} {:>8} {:>10} {:>9} {:>9} {:>10}\n", "dist", "proj", "op", "kernel/schedule",
+               "rows", "p50 us", "TFLOP/s", "model us", "check");
     for (const Distribution& d : dists) {
         int32_t prev = 0, biggest = 0, smallest = d.cu.back();
         for (int32_t e : d.cu) biggest = std::max(biggest, e - prev), smallest = std::min(smallest, e - prev), prev = e;
@@ -164,16 +251,23 @@ void run_gemm_bench(const GemmBenchOptions& o) {
                 const cuda::GemmOp op = op_name == "dgrad" ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
                 const int kdim = op == cuda::GemmOp::kForward ? p.in : p.out;
                 const int ndim = op == cuda::GemmOp::kForward ? p.out : p.in;
-                for (cuda::GemmSchedule sch : {cuda::GemmSchedule::kFixed, cuda::GemmSchedule::kLoadAware}) {
+                for (const Variant& var : variants) {
+                    const cuda::GemmSchedule sch = var.schedule;
+                    // fixed writes y, load_aware y2 (compared bitwise); the mma.sync kernel writes y (sampled only).
+                    const bool into_y2 = sch == cuda::GemmSchedule::kLoadAware && var.kernel != cuda::GemmKernel::kMmaSync;
                     cuda::GroupedGemmArgs a;
                     a.x = x, a.cu_seqlens = dcu, a.weights = dtable;
-                    a.y = sch == cuda::GemmSchedule::kFixed ? y : y2;
+                    a.y = into_y2 ? y2 : y;
                     a.num_groups = G, a.in_dim = p.in, a.out_dim = p.out, a.op = op, a.schedule = sch;
+                    a.kernel = var.kernel;
                     a.workspace = ws;
                     cuda::GroupedWgradArgs wa;
-                    wa.x = x, wa.dy = y2, wa.cu_seqlens = dcu, wa.grads = dgtable;
+                    wa.x = x, wa.dy = dyw, wa.cu_seqlens = dcu, wa.grads = dgtable;
                     wa.num_groups = G, wa.in_dim = p.in, wa.out_dim = p.out, wa.schedule = sch, wa.workspace = ws;
+                    wa.kernel = var.kernel;
                     const bool wgrad = op_name == "wgrad";
+                    double wgrad_err = -1;
+                    if (wgrad && o.check) wgrad_err = check_wgrad(wa, d.cu, p.in, p.out, grads, o.seed);
                     auto call = [&] {
                         if (wgrad)
                             cuda::grouped_gemm_wgrad(wa, nullptr);
@@ -196,12 +290,18 @@ void run_gemm_bench(const GemmBenchOptions& o) {
                     const double tflops = 2.0 * rows * p.in * p.out / (med_us * 1e-6) / 1e12;
                     std::string check = "-";
                     double max_rel = -1;
-                    if (o.check && !wgrad && sch == cuda::GemmSchedule::kLoadAware) {
-                        // Same tiles, same order inside a tile: both schedules must agree bitwise.
+                    if (wgrad_err >= 0) {
+                        check = fmt::format("{:.1e}", wgrad_err);
+                        max_rel = wgrad_err;
+                        EVENEP_CHECK_KIND(ErrorKind::kRuntime, wgrad_err < 1e-3, "bench gemm: ", d.name, " ", p.name,
+                                          " wgrad ", var.name, ": sampled error ", wgrad_err);
+                    }
+                    if (o.check && !wgrad) {
+                        // The Hopper kernel's schedules share tiles and the order inside a tile: bitwise equal.
                         std::vector<uint16_t> h1(static_cast<size_t>(rows) * ndim), h2(h1.size());
                         EVENEP_CUDA_CHECK(cudaMemcpy(h1.data(), y, h1.size() * 2, cudaMemcpyDeviceToHost));
-                        EVENEP_CUDA_CHECK(cudaMemcpy(h2.data(), y2, h2.size() * 2, cudaMemcpyDeviceToHost));
-                        const bool same = h1 == h2;
+                        EVENEP_CUDA_CHECK(cudaMemcpy(h2.data(), into_y2 ? y2 : y, h2.size() * 2, cudaMemcpyDeviceToHost));
+                        const bool same = !into_y2 || !have_fixed || h1 == h2;
                         // 16 sampled elements against a host dot product.
                         std::mt19937_64 rng(o.seed + rows);
                         max_rel = 0;
@@ -227,13 +327,15 @@ void run_gemm_bench(const GemmBenchOptions& o) {
                             const double got = host_bf16(h2[static_cast<size_t>(r) * ndim + n]);
                             max_rel = std::max(max_rel, std::fabs(got - ref) / std::max(mag, 1e-30));
                         }
-                        check = fmt::format("{}{:.1e}", same ? "=" : "DIFF ", max_rel);
+                        check = fmt::format("{}{:.1e}", into_y2 && have_fixed ? (same ? "=" : "DIFF ") : "", max_rel);
                         EVENEP_CHECK_KIND(ErrorKind::kRuntime, same && max_rel < 1e-2, "bench gemm: ", d.name, " ",
                                           p.name, " ", op_name, ": schedules differ or sampled error ", max_rel);
                     }
-                    const char* sch_name = sch == cuda::GemmSchedule::kFixed ? "fixed" : "load_aware";
-                    fmt::print("{:<20} {:<8} {:<6} {:<10} {:>8} {:>10.1f} {:>9.1f} {:>10}\n", d.name, p.name, op_name,
-                               sch_name, rows, med_us, tflops, check);
+                    const std::string sch_name = var.name;
+                    const double model_us = predict_us(d.cu, p.in, p.out, op_name, grid_wgmma);
+                    fmt::print("{:<20} {:<8} {:<6} {:<17} {:>8} {:>10.1f} {:>9.1f} {:>9.1f} {:>10}\n", d.name, p.name,
+                               op_name, sch_name, rows, med_us, tflops, var.kernel == cuda::GemmKernel::kMmaSync ? 0.0 : model_us,
+                               check);
                     std::fflush(stdout);
                     out["rows"].push_back({{"dist", d.name},
                                            {"proj", p.name},
@@ -244,7 +346,9 @@ void run_gemm_bench(const GemmBenchOptions& o) {
                                            {"out", p.out},
                                            {"median_us", med_us},
                                            {"tflops", tflops},
-                                           {"max_rel_err", max_rel}});
+                                           {"max_rel_err", max_rel},
+                                           {"kernel", var.kernel == cuda::GemmKernel::kMmaSync ? "mma" : "wgmma"},
+                                           {"model_us", model_us}});
                 }
             }
         }
@@ -252,7 +356,7 @@ void run_gemm_bench(const GemmBenchOptions& o) {
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaFree(x), cudaFree(y), cudaFree(y2), cudaFree(w), cudaFree(dtable), cudaFree(dcu), cudaFree(ws), cudaFree(grads),
-        cudaFree(dgtable);
+        cudaFree(dgtable), cudaFree(dyw);
     if (!o.json_file.empty()) {
         std::ofstream f(o.json_file);
         EVENEP_CHECK(f.good(), "bench gemm: cannot write --json ", o.json_file);
@@ -262,6 +366,162 @@ void run_gemm_bench(const GemmBenchOptions& o) {
         std::ofstream f(o.offsets_file);
         EVENEP_CHECK(f.good(), "bench gemm: cannot write --offsets-json ", o.offsets_file);
         f << nlohmann::json{{"G", G}, {"H", o.H}, {"ffn_hidden", o.ffn_hidden}, {"offsets", offsets}}.dump() << "\n";
+    }
+}
+
+// Least-squares line y = a + b x.
+std::pair<double, double> fit_line(const std::vector<double>& xs, const std::vector<double>& ys) {
+    const double n = static_cast<double>(xs.size());
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (size_t i = 0; i < xs.size(); ++i) sx += xs[i], sy += ys[i], sxx += xs[i] * xs[i], sxy += xs[i] * ys[i];
+    const double b = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+    return {(sy - b * sx) / n, b};
+}
+
+// `evenep bench gemm --calibrate`: times the Hopper kernel on problems whose tiles all cost the same and fill every
+// SM with exactly 16 tiles, for several k-block counts; the time per tile on one SM is fitted as
+// c_tile + c_kblock * k-blocks (forward: in = 64 kb, out = 2048, 256 rows per group, one group per SM; wgrad:
+// in = out = 1024, 64 kb rows per group, one group per two SMs, fixed schedule so no group is split).
+void run_calibration(const GemmBenchOptions& o) {
+    EVENEP_CHECK_KIND(ErrorKind::kRuntime, cuda::grouped_gemm_has_wgmma(),
+                      "bench gemm --calibrate: the cost model belongs to the Hopper kernel (compute capability 9.0)");
+    cudaDeviceProp prop{};
+    EVENEP_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    const int sms = prop.multiProcessorCount;
+    const int units_per_sm = 16;
+    cudaEvent_t e0, e1;
+    EVENEP_CUDA_CHECK(cudaEventCreate(&e0));
+    EVENEP_CUDA_CHECK(cudaEventCreate(&e1));
+    auto time_us = [&](const std::function<void()>& call) {
+        for (int i = 0; i < o.warmup; ++i) call();
+        std::vector<float> ms;
+        for (int i = 0; i < std::max(o.iters, 5); ++i) {
+            EVENEP_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+            call();
+            EVENEP_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+            EVENEP_CUDA_CHECK(cudaEventSynchronize(e1));
+            float t = 0;
+            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+            ms.push_back(t);
+        }
+        std::sort(ms.begin(), ms.end());
+        return 1e3 * ms[ms.size() / 2];
+    };
+    nlohmann::json points = nlohmann::json::array();
+    fmt::print("{:<6} {:>4} {:>8} {:>10} {:>12}\n", "op", "kb", "groups", "call us", "us per tile");
+
+    // Forward.
+    const std::vector<int> fwd_kb = {2, 4, 8, 16, 32, 64, 112};
+    const int out = 2048, rows_per_group = 256, Gf = sms;
+    const int max_in = 64 * fwd_kb.back();
+    uint16_t *x = nullptr, *y = nullptr, *w = nullptr;
+    device_alloc(&x, static_cast<size_t>(Gf) * rows_per_group * max_in * 2);
+    device_alloc(&y, static_cast<size_t>(Gf) * rows_per_group * out * 2);
+    device_alloc(&w, static_cast<size_t>(Gf) * max_in * out * 2);
+    cuda::fill_random_bf16(x, static_cast<size_t>(Gf) * rows_per_group * max_in, 1, 1.f, nullptr);
+    cuda::fill_random_bf16(w, static_cast<size_t>(Gf) * max_in * out, 2, 1.f / 32, nullptr);
+    std::vector<int32_t> cu(Gf);
+    for (int g = 0; g < Gf; ++g) cu[g] = (g + 1) * rows_per_group;
+    int32_t* dcu = nullptr;
+    const void** dtab = nullptr;
+    void* ws = nullptr;
+    device_alloc(&dcu, sizeof(int32_t) * Gf);
+    device_alloc(&dtab, sizeof(void*) * Gf);
+    device_alloc(&ws, cuda::grouped_gemm_workspace_bytes(Gf));
+    EVENEP_CUDA_CHECK(cudaMemcpy(dcu, cu.data(), sizeof(int32_t) * Gf, cudaMemcpyHostToDevice));
+    std::vector<double> fx, fy;
+    for (int kb : fwd_kb) {
+        const int in = 64 * kb;
+        std::vector<const void*> tab(Gf);
+        for (int g = 0; g < Gf; ++g) tab[g] = w + static_cast<size_t>(g) * in * out;
+        EVENEP_CUDA_CHECK(cudaMemcpy(dtab, tab.data(), sizeof(void*) * Gf, cudaMemcpyHostToDevice));
+        cuda::GroupedGemmArgs a;
+        a.x = x, a.cu_seqlens = dcu, a.weights = reinterpret_cast<const uint16_t* const*>(dtab), a.y = y;
+        a.num_groups = Gf, a.in_dim = in, a.out_dim = out, a.op = cuda::GemmOp::kForward;
+        a.schedule = cuda::GemmSchedule::kFixed, a.kernel = cuda::GemmKernel::kWgmma, a.workspace = ws;
+        const double us = time_us([&] { cuda::grouped_gemm(a, nullptr); });
+        const double per = us / units_per_sm;
+        fx.push_back(kb), fy.push_back(per);
+        fmt::print("{:<6} {:>4} {:>8} {:>10.1f} {:>12.3f}\n", "fwd", kb, Gf, us, per);
+        points.push_back({{"op", "fwd"}, {"kblocks", kb}, {"call_us", us}, {"tile_us", per}});
+    }
+    cudaFree(x), cudaFree(y), cudaFree(w), cudaFree(dcu), cudaFree(dtab), cudaFree(ws);
+
+    // Wgrad.
+    const std::vector<int> wg_kb = {1, 2, 4, 8, 16, 32, 64};
+    const int wdim = 1024, Gw = sms / 2;
+    const int max_rows = 64 * wg_kb.back();
+    uint16_t *wx = nullptr, *wdy = nullptr;
+    float* grads = nullptr;
+    device_alloc(&wx, static_cast<size_t>(Gw) * max_rows * wdim * 2);
+    device_alloc(&wdy, static_cast<size_t>(Gw) * max_rows * wdim * 2);
+    device_alloc(&grads, static_cast<size_t>(Gw) * wdim * wdim * 4);
+    cuda::fill_random_bf16(wx, static_cast<size_t>(Gw) * max_rows * wdim, 3, 1.f, nullptr);
+    cuda::fill_random_bf16(wdy, static_cast<size_t>(Gw) * max_rows * wdim, 4, 1.f / 32, nullptr);
+    EVENEP_CUDA_CHECK(cudaMemset(grads, 0, static_cast<size_t>(Gw) * wdim * wdim * 4));
+    std::vector<float*> gtab(Gw);
+    for (int g = 0; g < Gw; ++g) gtab[g] = grads + static_cast<size_t>(g) * wdim * wdim;
+    float** dgtab = nullptr;
+    device_alloc(&dgtab, sizeof(float*) * Gw);
+    device_alloc(&dcu, sizeof(int32_t) * Gw);
+    device_alloc(&ws, cuda::grouped_gemm_workspace_bytes(Gw));
+    EVENEP_CUDA_CHECK(cudaMemcpy(dgtab, gtab.data(), sizeof(float*) * Gw, cudaMemcpyHostToDevice));
+    std::vector<double> wx_, wy_;
+    for (int kb : wg_kb) {
+        std::vector<int32_t> wcu(Gw);
+        for (int g = 0; g < Gw; ++g) wcu[g] = (g + 1) * 64 * kb;
+        EVENEP_CUDA_CHECK(cudaMemcpy(dcu, wcu.data(), sizeof(int32_t) * Gw, cudaMemcpyHostToDevice));
+        cuda::GroupedWgradArgs a;
+        a.x = wx, a.dy = wdy, a.cu_seqlens = dcu, a.grads = dgtab, a.num_groups = Gw, a.in_dim = wdim,
+        a.out_dim = wdim, a.schedule = cuda::GemmSchedule::kFixed, a.kernel = cuda::GemmKernel::kWgmma, a.workspace = ws;
+        const double us = time_us([&] { cuda::grouped_gemm_wgrad(a, nullptr); });
+        const double per = us / units_per_sm;
+        wx_.push_back(kb), wy_.push_back(per);
+        fmt::print("{:<6} {:>4} {:>8} {:>10.1f} {:>12.3f}\n", "wgrad", kb, Gw, us, per);
+        points.push_back({{"op", "wgrad"}, {"kblocks", kb}, {"call_us", us}, {"tile_us", per}});
+    }
+    cudaFree(wx), cudaFree(wdy), cudaFree(grads), cudaFree(dgtab), cudaFree(dcu), cudaFree(ws);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+
+    const auto [ft, fk] = fit_line(fx, fy);
+    const auto [wt, wk] = fit_line(wx_, wy_);
+    double fres = 0, wres = 0;
+    for (size_t i = 0; i < fx.size(); ++i) fres = std::max(fres, std::fabs(ft + fk * fx[i] - fy[i]) / fy[i]);
+    for (size_t i = 0; i < wx_.size(); ++i) wres = std::max(wres, std::fabs(wt + wk * wx_[i] - wy_[i]) / wy_[i]);
+    fmt::print("fit forward: c_tile {:.3f} us + c_kblock {:.4f} us x kb (max residual {:.1f}%)\n", ft, fk, 100 * fres);
+    fmt::print("fit wgrad:   c_tile {:.3f} us + c_kblock {:.4f} us x kb (max residual {:.1f}%)\n", wt, wk, 100 * wres);
+    const float split = cuda::grouped_gemm_cost_model().split_fraction;
+    if (!o.write_model.empty()) {
+        std::ofstream f(o.write_model);
+        EVENEP_CHECK(f.good(), "bench gemm: cannot write --write-model ", o.write_model);
+        f << "// Cost model of the Hopper grouped GEMM's scheduler (src/cuda/kernels/grouped_gemm_sm90.cu): the time one "
+             "SM spends\n// on a 128 x 256 output tile is c_tile + c_kblock * (k-blocks of 64). GENERATED by `evenep "
+             "bench gemm --calibrate\n// --write-model <this file>` (docs/benchmarks.md, \"Grouped GEMM cost "
+             "model\"); do not edit by hand.\n"
+          << fmt::format("// Device: {} ({} SMs). Max fit residual: forward {:.1f}%, wgrad {:.1f}%.\n", prop.name, sms,
+                         100 * fres, 100 * wres)
+          << fmt::format("constexpr float kCostKBlockUs = {:.5f}f;\n", fk)
+          << fmt::format("constexpr float kCostKBlockWgradUs = {:.5f}f;\n", wk)
+          << fmt::format("constexpr float kCostTileUs = {:.4f}f;\n", std::max(ft, 0.0))
+          << fmt::format("constexpr float kCostTileWgradUs = {:.4f}f;\n", std::max(wt, 0.0))
+          << "// A wgrad unit may cost at most this fraction of one SM's share of the whole GEMM before its group is "
+             "split.\n"
+          << fmt::format("constexpr float kSplitFraction = {:.3f}f;\n", split)
+          << fmt::format("constexpr const char* kCostModelSource = \"calibrated on {} by evenep bench gemm "
+                         "--calibrate\";\n",
+                         prop.name);
+        fmt::print("wrote {}\n", o.write_model);
+    }
+    if (!o.json_file.empty()) {
+        std::ofstream f(o.json_file);
+        EVENEP_CHECK(f.good(), "bench gemm: cannot write --json ", o.json_file);
+        f << nlohmann::json{{"device", prop.name},
+                            {"points", points},
+                            {"fwd", {{"c_tile", ft}, {"c_kblock", fk}, {"max_residual", fres}}},
+                            {"wgrad", {{"c_tile", wt}, {"c_kblock", wk}, {"max_residual", wres}}}}
+                 .dump(1)
+          << "\n";
     }
 }
 
@@ -282,19 +542,29 @@ void register_bench_gemm(CLI::App& bench) {
     cmd->add_option("--maxvio", o->maxvios, "target maxvio values (planner rows of rank 0)")->capture_default_str();
     cmd->add_option("--zipf", o->zipf, "Zipf exponent of the extra split (<= 0: none)")->capture_default_str();
     cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
-    cmd->add_option("--ops", o->ops, "any of fwd, dgrad, wgrad (wgrad is timed only; the GPU test checks it)")
+    cmd->add_option("--ops", o->ops, "any of fwd, dgrad, wgrad (wgrad --check: 8 sampled gradient elements)")
         ->capture_default_str();
     cmd->add_option("--warmup", o->warmup, "untimed runs")->capture_default_str();
     cmd->add_option("--iters", o->iters, "timed runs (median reported)")->capture_default_str();
     cmd->add_flag("--check", o->check, "compare schedules bitwise and sample 16 elements against the host");
     cmd->add_option("--json", o->json_file, "write all rows as JSON");
     cmd->add_option("--offsets-json", o->offsets_file, "write each distribution's cu_seqlens (for gemm_anchor.py)");
+    cmd->add_option("--kernels", o->kernels,
+                    "any of wgmma (Hopper kernel, fixed and load-aware schedules), mma (portable kernel)")
+        ->capture_default_str();
+    cmd->add_flag("--calibrate", o->calibrate,
+                  "fit the scheduler's cost model (us per tile = c_tile + c_kblock * k-blocks) on this GPU");
+    cmd->add_option("--write-model", o->write_model,
+                    "with --calibrate: write the fitted model as a C++ include (src/cuda/kernels/gemm_cost_model.inc)");
     cmd->callback([o]() {
         for (const std::string& op : o->ops)
             EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad", "bench gemm: --ops entry '", op,
                          "' must be fwd, dgrad or wgrad");
 #if defined(EVENEP_HAVE_CUDA)
-        run_gemm_bench(*o);
+        if (o->calibrate)
+            run_calibration(*o);
+        else
+            run_gemm_bench(*o);
 #else
         (void)make_distributions;
         EVENEP_CHECK(false, "bench gemm needs a CUDA build (configure with EVENEP_CUDA=ON on a machine with nvcc)");

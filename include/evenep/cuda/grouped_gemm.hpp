@@ -8,19 +8,26 @@
 //   kForward  y[row, o] = sum_i x[row, i] * W_g[i, o]       x: [rows, in]  bf16, y: [rows, out]
 //   kDgrad    y[row, i] = sum_o x[row, o] * W_g[i, o]       x: [rows, out] bf16 (dY), y: [rows, in] (dX)
 // W_g = weights[g] (device table of G device pointers, each [in, out] row-major bf16: a local expert, a prefetch
-// slot or a peer pointer). fp32 accumulation on the tensor cores (mma.sync m16n8k16 bf16, cp.async multistage
-// pipeline, 128x128x32 tiles), output bf16 (round to nearest even) or fp32. in and out must be multiples of 8
-// (16-byte rows); they need not be multiples of the tile. Tolerance against an fp32 reference: bf16 output
-// rounding (2^-8 relative) plus fp32 summation-order differences.
+// slot or a peer pointer; 16-byte aligned). fp32 accumulation on the tensor cores, output bf16 (round to nearest
+// even) or fp32. in and out must be multiples of 8 (16-byte rows); they need not be multiples of the tile.
+// Tolerance against an fp32 reference: bf16 output rounding (2^-8 relative) plus fp32 summation-order differences.
 //
-// Scheduling: the kernel is persistent (one block per co-resident slot on every SM). A one-block scheduler
-// kernel, launched first on the same stream, reads cu_seqlens and the weight table and writes the tile order
-// into `workspace`:
+// Kernels (GemmKernel): on compute capability 9.0 (H100/H200) kAuto runs the Hopper kernel — TMA tile loads,
+// wgmma m64n256k16, a warp-specialised persistent block per SM (one producer warpgroup, two consumer warpgroups),
+// 128 x 256 x 64 tiles, per-group tensor maps written on the device; elsewhere, or with kMmaSync, a portable
+// mma.sync m16n8k16 + cp.async kernel (128 x 128 x 32 tiles).
+//
+// Scheduling: the kernels are persistent. A one-block scheduler kernel, launched first on the same stream, reads
+// cu_seqlens and the pointer table and writes the work order into `workspace`:
 //   kFixed      groups in index order, tiles handed out round-robin (tile t to block t mod grid)
-//   kLoadAware  groups by decreasing row count (ties by index), tiles handed out dynamically (atomic counter):
-//               the longest groups start first and the short ones fill the tail.
+//   kLoadAware  tiles priced by a cost model calibrated on the H200 (GemmCostModel: c_tile + c_kblock per 64 of
+//               the inner dimension; `evenep bench gemm --calibrate`), groups ordered by decreasing tile cost,
+//               wgrad groups whose tile would exceed a fraction of one SM's share split into row chunks (Hopper
+//               kernel), tiles handed out dynamically (atomic counter): the longest start first, short ones fill
+//               the tail.
 // No host synchronisation, no allocation: graph capturable. The workspace is caller-owned device memory of
-// grouped_gemm_workspace_bytes(G) bytes, not shared between concurrent calls.
+// grouped_gemm_workspace_bytes(G) bytes (128-byte aligned, as cudaMalloc returns), not shared between concurrent
+// calls.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,6 +39,20 @@ namespace evenep::cuda {
 
 enum class GemmOp : int { kForward = 0, kDgrad = 1 };
 enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
+enum class GemmKernel : int { kAuto = 0, kWgmma = 1, kMmaSync = 2 };  // kWgmma throws where unsupported
+
+// The scheduler's cost model (µs per 128 x 256 tile on one SM = c_tile + c_kblock * k-blocks of 64).
+struct GemmCostModel {
+    float c_tile = 0;        // forward / dgrad tile overhead (prologue, epilogue stores)
+    float c_tile_wgrad = 0;  // wgrad tile overhead (fp32 reduction of the tile into the gradient)
+    float c_kblock = 0;      // one 128 x 256 x 64 k-block of wgmma (forward / dgrad: K-major A)
+    float c_kblock_wgrad = 0;  // the same in wgrad (both operands MN-major)
+    float split_fraction = 0;
+    const char* source = "";  // where the coefficients come from (calibration run or estimate)
+};
+GemmCostModel grouped_gemm_cost_model();
+// True when grouped_gemm's kAuto picks the Hopper kernel on the current device.
+bool grouped_gemm_has_wgmma();
 
 struct GroupedGemmArgs {
     const uint16_t* x = nullptr;               // [rows, in] (kForward) or [rows, out] (kDgrad), bf16 bits
@@ -45,6 +66,7 @@ struct GroupedGemmArgs {
     GemmOp op = GemmOp::kForward;
     GemmSchedule schedule = GemmSchedule::kLoadAware;
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes of device memory
+    GemmKernel kernel = GemmKernel::kAuto;
 };
 
 inline constexpr int kMaxGemmGroups = 8192;
@@ -57,10 +79,12 @@ size_t grouped_gemm_workspace_bytes(int num_groups);
 void grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream);
 
 // Weight gradient: grads[g][i, o] += sum over the rows r of group g of x[r, i] * dy[r, o] (fp32, into the
-// gradient; a slot group's pointer is its row of the reduce buffer). One tile per 128 x 128 block of [in, out],
-// its inner loop over all the group's rows in order: no atomics, deterministic for a given cu_seqlens. Groups
-// with 0 rows or a null gradient pointer are skipped (their gradient is untouched). kLoadAware orders groups by
-// decreasing rows (each of a group's tiles costs its row count). Same workspace as grouped_gemm.
+// gradient; a slot group's pointer is its row of the reduce buffer; 16-byte aligned). Groups with 0 rows or a null
+// gradient pointer are skipped (their gradient is untouched). Hopper kernel: a tile per 128 x 256 block of
+// [in, out] and row chunk, added into the gradient by fp32 bulk reductions in the memory system; with kLoadAware a
+// long group is split into row chunks whose partial sums are added in an unspecified order (results may differ in
+// the last bits from run to run); kFixed never splits and is deterministic. mma.sync kernel: one tile per
+// 128 x 128 block over all the group's rows, deterministic. Same workspace as grouped_gemm.
 struct GroupedWgradArgs {
     const uint16_t* x = nullptr;          // [rows, in] bf16: the forward input
     const uint16_t* dy = nullptr;         // [rows, out] bf16: the output gradient
@@ -71,10 +95,11 @@ struct GroupedWgradArgs {
     int out_dim = 0;  // multiple of 8
     GemmSchedule schedule = GemmSchedule::kLoadAware;
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
+    GemmKernel kernel = GemmKernel::kAuto;
 };
 void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
 
-// Persistent blocks the GEMM launches on the current device (multiprocessors x co-resident blocks).
+// Persistent blocks the GEMM launches on the current device (multiprocessors x co-resident blocks) for kAuto.
 int grouped_gemm_grid_blocks(GemmOp op);
 
 // Fills p[0, n) with bf16 values uniform in [-scale, scale), a pure function of (seed, index) (benchmarks).

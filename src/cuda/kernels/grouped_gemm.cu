@@ -1,8 +1,9 @@
-// Grouped bf16 GEMM (include/evenep/cuda/grouped_gemm.hpp): a one-block scheduler kernel that turns cu_seqlens
-// and the weight (or gradient) table into a tile order, then a persistent tensor-core GEMM (mma.sync m16n8k16
-// bf16 -> fp32, ldmatrix, cp.async kStages-deep pipeline) that walks that order: forward, dgrad and wgrad are
-// one kernel template (kMode). First version: not yet wgmma/TMA (issue 5 goal); measured ~250 TFLOP/s fwd/dgrad,
-// ~200 wgrad on the H200 at the issue's shapes (torch._grouped_mm ~600-700).
+// Grouped bf16 GEMM (include/evenep/cuda/grouped_gemm.hpp): the public entry points, which pick the Hopper kernel
+// (grouped_gemm_sm90.cu) on compute capability 9.0, and the portable fallback kept here: a one-block scheduler
+// kernel that turns cu_seqlens and the weight (or gradient) table into a tile order, then a persistent
+// tensor-core GEMM (mma.sync m16n8k16 bf16 -> fp32, ldmatrix, cp.async kStages-deep pipeline) that walks that
+// order: forward, dgrad and wgrad are one kernel template (kMode). Measured ~250 TFLOP/s fwd/dgrad, ~200 wgrad on
+// the H200 at the issue's shapes.
 //
 // Tiles: kBm x kBn output rows x columns of one group, kBk inner elements per pipeline stage; 8 warps as 2 (M) x 4
 // (N), each a 64 x 32 warp tile (4 x 4 mma tiles). Shared-memory rows are padded by 8 elements (16 bytes) so that
@@ -13,6 +14,7 @@
 #include <map>
 #include <mutex>
 
+#include "cuda/kernels/grouped_gemm_sm90.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
 #include "evenep/error.hpp"
@@ -394,10 +396,28 @@ void check_common(int G, int in, int out, const void* workspace, const char* wha
 }  // namespace
 
 size_t grouped_gemm_workspace_bytes(int num_groups) {
-    return sizeof(int32_t) * (static_cast<size_t>(kWsOrder) + 2 * static_cast<size_t>(num_groups) + 1);
+    const size_t fallback = sizeof(int32_t) * (static_cast<size_t>(kWsOrder) + 2 * static_cast<size_t>(num_groups) + 1);
+    const size_t hopper = sm90::workspace_bytes(num_groups);
+    return fallback > hopper ? fallback : hopper;
 }
 
+bool grouped_gemm_has_wgmma() { return sm90::supported(); }
+
+GemmCostModel grouped_gemm_cost_model() { return sm90::cost_model(); }
+
+namespace {
+// Whether this call runs the Hopper kernel.
+bool use_wgmma(GemmKernel kernel, const char* what) {
+    if (kernel == GemmKernel::kMmaSync) return false;
+    const bool ok = sm90::supported();
+    EVENEP_CHECK(ok || kernel == GemmKernel::kAuto, what,
+                 ": kernel = kWgmma needs a compute capability 9.0 device (H100/H200)");
+    return ok;
+}
+}  // namespace
+
 int grouped_gemm_grid_blocks(GemmOp op) {
+    if (sm90::supported()) return sm90::grid_blocks(op == GemmOp::kForward ? 0 : 1);
     return op == GemmOp::kForward ? kernel_blocks<kFwd, false>() : kernel_blocks<kDgr, false>();
 }
 
@@ -416,6 +436,22 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     const int N = fwd ? a.out_dim : a.in_dim;
     const auto* ptrs = reinterpret_cast<const void* const*>(a.weights);
     const int G = a.num_groups;
+    if (use_wgmma(a.kernel, "grouped_gemm")) {
+        sm90::LaunchArgs l;
+        l.mode = fwd ? 0 : 1;
+        l.x = a.x;
+        l.cu = a.cu_seqlens;
+        l.ptrs = ptrs;
+        l.y = a.y;
+        l.y_fp32 = a.y_fp32;
+        l.G = G;
+        l.K = K;
+        l.N = N;
+        l.load_aware = a.schedule == GemmSchedule::kLoadAware;
+        l.workspace = a.workspace;
+        sm90::launch(l, stream);
+        return;
+    }
     if (fwd) {
         if (a.y_fp32)
             launch<kFwd, true>(a.x, a.cu_seqlens, ptrs, nullptr, a.y, G, K, N, 0, a.schedule, a.workspace, stream);
@@ -434,6 +470,21 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& a, cudaStream_t stream) {
     EVENEP_CHECK(a.x != nullptr && a.dy != nullptr && a.cu_seqlens != nullptr && a.grads != nullptr,
                  "grouped_gemm_wgrad: null pointer among x, dy, cu_seqlens, grads");
     const auto* ptrs = reinterpret_cast<const void* const*>(a.grads);
+    if (use_wgmma(a.kernel, "grouped_gemm_wgrad")) {
+        sm90::LaunchArgs l;
+        l.mode = 2;
+        l.x = a.x;
+        l.dy = a.dy;
+        l.cu = a.cu_seqlens;
+        l.ptrs = ptrs;
+        l.G = a.num_groups;
+        l.N = a.out_dim;
+        l.M = a.in_dim;
+        l.load_aware = a.schedule == GemmSchedule::kLoadAware;
+        l.workspace = a.workspace;
+        sm90::launch(l, stream);
+        return;
+    }
     launch<kWgr, true>(a.x, a.cu_seqlens, ptrs, a.dy, nullptr, a.num_groups, 0, a.out_dim, a.in_dim, a.schedule,
                        a.workspace, stream);
 }
