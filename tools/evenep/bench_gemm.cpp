@@ -378,17 +378,19 @@ std::pair<double, double> fit_line(const std::vector<double>& xs, const std::vec
     return {(sy - b * sx) / n, b};
 }
 
-// `evenep bench gemm --calibrate`: times the Hopper kernel on problems whose tiles all cost the same and fill every
-// SM with exactly 16 tiles, for several k-block counts; the time per tile on one SM is fitted as
-// c_tile + c_kblock * k-blocks (forward: in = 64 kb, out = 2048, 256 rows per group, one group per SM; wgrad:
-// in = out = 1024, 64 kb rows per group, one group per two SMs, fixed schedule so no group is split).
+// `evenep bench gemm --calibrate`: times the Hopper kernel on problems whose tiles all cost the same and give every
+// SM exactly 16 and then 48 tiles, for several k-block counts; the difference of the two times over 32 is the
+// time one SM spends per tile, free of the call's fixed costs (launch, scheduler, first and last wave). It is
+// fitted as c_tile + c_kblock * k-blocks. Forward: in = 64 kb, out = 2048, 1024 rows per group (8 x 8 tiles per
+// group, as at the MoonEP point where ~700 rows share an expert); wgrad: in = out = 1024 (32 tiles per group),
+// 64 kb rows per group, fixed schedule (no group split).
 void run_calibration(const GemmBenchOptions& o) {
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, cuda::grouped_gemm_has_wgmma(),
                       "bench gemm --calibrate: the cost model belongs to the Hopper kernel (compute capability 9.0)");
     cudaDeviceProp prop{};
     EVENEP_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const int sms = prop.multiProcessorCount;
-    const int units_per_sm = 16;
+    const int small = 16, big = 48;  // tiles per SM of the two calls
     cudaEvent_t e0, e1;
     EVENEP_CUDA_CHECK(cudaEventCreate(&e0));
     EVENEP_CUDA_CHECK(cudaEventCreate(&e1));
@@ -408,11 +410,11 @@ void run_calibration(const GemmBenchOptions& o) {
         return 1e3 * ms[ms.size() / 2];
     };
     nlohmann::json points = nlohmann::json::array();
-    fmt::print("{:<6} {:>4} {:>8} {:>10} {:>12}\n", "op", "kb", "groups", "call us", "us per tile");
+    fmt::print("{:<6} {:>4} {:>8} {:>10} {:>12}\n", "op", "kb", "groups", "call us", "us per tile");  // call: 48/SM
 
     // Forward.
     const std::vector<int> fwd_kb = {2, 4, 8, 16, 32, 64, 112};
-    const int out = 2048, rows_per_group = 256, Gf = sms;
+    const int out = 2048, rows_per_group = 1024, Gf = sms * big / 64;  // 64 tiles per group
     const int max_in = 64 * fwd_kb.back();
     uint16_t *x = nullptr, *y = nullptr, *w = nullptr;
     device_alloc(&x, static_cast<size_t>(Gf) * rows_per_group * max_in * 2);
@@ -440,7 +442,9 @@ void run_calibration(const GemmBenchOptions& o) {
         a.num_groups = Gf, a.in_dim = in, a.out_dim = out, a.op = cuda::GemmOp::kForward;
         a.schedule = cuda::GemmSchedule::kFixed, a.kernel = cuda::GemmKernel::kWgmma, a.workspace = ws;
         const double us = time_us([&] { cuda::grouped_gemm(a, nullptr); });
-        const double per = us / units_per_sm;
+        a.num_groups = sms * small / 64;
+        const double us_small = time_us([&] { cuda::grouped_gemm(a, nullptr); });
+        const double per = (us - us_small) / (big - small);
         fx.push_back(kb), fy.push_back(per);
         fmt::print("{:<6} {:>4} {:>8} {:>10.1f} {:>12.3f}\n", "fwd", kb, Gf, us, per);
         points.push_back({{"op", "fwd"}, {"kblocks", kb}, {"call_us", us}, {"tile_us", per}});
@@ -449,7 +453,7 @@ void run_calibration(const GemmBenchOptions& o) {
 
     // Wgrad.
     const std::vector<int> wg_kb = {1, 2, 4, 8, 16, 32, 64};
-    const int wdim = 1024, Gw = sms / 2;
+    const int wdim = 1024, Gw = sms * big / 32;  // 32 tiles per group
     const int max_rows = 64 * wg_kb.back();
     uint16_t *wx = nullptr, *wdy = nullptr;
     float* grads = nullptr;
@@ -475,7 +479,9 @@ void run_calibration(const GemmBenchOptions& o) {
         a.x = wx, a.dy = wdy, a.cu_seqlens = dcu, a.grads = dgtab, a.num_groups = Gw, a.in_dim = wdim,
         a.out_dim = wdim, a.schedule = cuda::GemmSchedule::kFixed, a.kernel = cuda::GemmKernel::kWgmma, a.workspace = ws;
         const double us = time_us([&] { cuda::grouped_gemm_wgrad(a, nullptr); });
-        const double per = us / units_per_sm;
+        a.num_groups = sms * small / 32;
+        const double us_small = time_us([&] { cuda::grouped_gemm_wgrad(a, nullptr); });
+        const double per = (us - us_small) / (big - small);
         wx_.push_back(kb), wy_.push_back(per);
         fmt::print("{:<6} {:>4} {:>8} {:>10.1f} {:>12.3f}\n", "wgrad", kb, Gw, us, per);
         points.push_back({{"op", "wgrad"}, {"kblocks", kb}, {"call_us", us}, {"tile_us", per}});

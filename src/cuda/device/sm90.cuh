@@ -87,6 +87,11 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* global_dst, const flo
                  "r"(smem_u32(smem_src)), "r"(bytes)
                  : "memory");
 }
+__device__ __forceinline__ void bulk_store(void* global_dst, const void* smem_src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(global_dst),
+                 "r"(smem_u32(smem_src)), "r"(bytes)
+                 : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Waits until at most N of this thread's bulk groups still read shared memory.
 template <int N>

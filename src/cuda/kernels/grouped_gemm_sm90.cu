@@ -29,6 +29,7 @@
 #include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -49,16 +50,24 @@ constexpr int kModeFwd = 0, kModeDgr = 1, kModeWgr = 2;
 constexpr uint32_t kABytes = kBm * kBk * 2;  // 16 KiB
 constexpr uint32_t kBBytes = kBk * kBn * 2;  // 32 KiB
 constexpr uint32_t kStageBytes = kABytes + kBBytes;
-constexpr int kStagesMain = 4;  // forward / dgrad
+constexpr int kStagesMain = 4;  // forward / dgrad with fp32 output (stored straight from registers)
+constexpr int kStagesBf16 = 3;  // forward / dgrad with bf16 output (room for the output staging buffer)
 constexpr int kStagesWgr = 3;   // wgrad (leaves room for the reduction staging buffers)
 constexpr int kStageRow = 72;   // staging row stride in floats (64 + 8: 288 B, 16-B aligned, fewer bank conflicts)
 constexpr uint32_t kStagingBytes = 2 /*WG*/ * 2 /*double buffer*/ * 64 * kStageRow * 4;
 constexpr int kMaxSplit = 16;  // wgrad chunks per group at most
 
-constexpr int stages_of(int mode) { return mode == kModeWgr ? kStagesWgr : kStagesMain; }
-constexpr size_t smem_bytes(int mode) {
-    return 1024 /*alignment slack*/ + static_cast<size_t>(stages_of(mode)) * kStageBytes +
-           (mode == kModeWgr ? kStagingBytes : 0) + 256 /*barriers*/;
+constexpr int kOutRow = 256 + 8;  // bf16 output staging row stride in elements (528 B: conflict-free 4-B writes)
+constexpr uint32_t kOutStagingBytes = 2 /*WG*/ * 64 * kOutRow * 2;
+constexpr int stages_of(int mode, bool out_f32) {
+    return mode == kModeWgr ? kStagesWgr : out_f32 ? kStagesMain : kStagesBf16;
+}
+constexpr uint32_t staging_of(int mode, bool out_f32) {
+    return mode == kModeWgr ? kStagingBytes : out_f32 ? 0 : kOutStagingBytes;
+}
+constexpr size_t smem_bytes(int mode, bool out_f32) {
+    return 1024 /*alignment slack*/ + static_cast<size_t>(stages_of(mode, out_f32)) * kStageBytes +
+           staging_of(mode, out_f32) + 256 /*barriers*/;
 }
 
 // Workspace: [0, 256 G) tensor maps (A_g at 2g, B_g at 2g+1, 128 B each); then the header and segments.
@@ -98,6 +107,7 @@ struct PrepareParams {
     int k_blocks;  // fwd/dgrad: k-blocks per unit
     int load_aware;
     int grid;
+    int max_chunk_kb;  // wgrad, load-aware: k-blocks (64 rows) per chunk at most (the L2 rule)
 };
 
 __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ CUtensorMap tmpl_a,
@@ -155,6 +165,7 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
             if (p.mode != kModeWgr || !p.load_aware || kb <= 1) return 1;
             const float budget = fmaxf(target - c_tile, c_kb * 4.f);
             int c = static_cast<int>(ceilf(c_kb * kb / budget));
+            c = max(c, (kb + p.max_chunk_kb - 1) / p.max_chunk_kb);
             c = c < 1 ? 1 : c;
             c = c > kMaxSplit ? kMaxSplit : c;
             return c > kb ? kb : c;
@@ -281,13 +292,13 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 template <int kMode, bool kOutF32>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
 #if defined(EVENEP_SM90_ENABLED)
-        constexpr int kStages = stages_of(kMode);
+        constexpr int kStages = stages_of(kMode, kOutF32);
         extern __shared__ uint8_t smem_raw[];
         uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
         uint8_t* stage_base = smem;
         float* staging = reinterpret_cast<float*>(smem + kStages * kStageBytes);
         uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes +
-                                                     (kMode == kModeWgr ? kStagingBytes : 0));
+                                                     staging_of(kMode, kOutF32));
         uint64_t* full = bars;                  // [kStages]
         uint64_t* empty = bars + kStages;       // [kStages]
         uint64_t* unit_full = bars + 2 * kStages;   // [2]
@@ -430,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
                 // ---------------- epilogue ----------------
                 const int lr = 16 * warp + lane / 4;  // local row in the WG's 64 rows (and lr + 8)
                 const int lc = 2 * (lane % 4);         // local column in each 8-column chunk
-                if constexpr (kMode != kModeWgr) {
+                if constexpr (kMode != kModeWgr && kOutF32) {
                     const int g_begin = un.group == 0 ? 0 : p.cu[un.group - 1];
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
@@ -442,17 +453,37 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
 #pragma unroll
                         for (int j = 0; j < 32; ++j) {
                             const int col = un.col0 + 8 * j + lc;
-                            const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
-                            if constexpr (kOutF32) {
-                                const float2 v = make_float2(v0, v1);
-                                if (row_ok && col < p.N)
-                                    *reinterpret_cast<float2*>(static_cast<float*>(p.y) + row_off + col) = v;
-                            } else {
-                                const uint32_t v = pack_bf16x2(v0, v1);
-                                if (row_ok && col < p.N)
-                                    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.y) + row_off + col) = v;
-                            }
+                            const float2 v = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                            if (row_ok && col < p.N)
+                                *reinterpret_cast<float2*>(static_cast<float*>(p.y) + row_off + col) = v;
                         }
+                    }
+                } else if constexpr (kMode != kModeWgr) {
+                    // bf16: registers -> this warpgroup's staging rows -> one bulk copy per output row, issued
+                    // asynchronously so that the next tile's wgmma starts at once; the buffer is reused only after
+                    // the previous tile's copies have read it.
+                    uint16_t* buf = reinterpret_cast<uint16_t*>(staging) + w * 64 * kOutRow;
+                    if (t < 64) bulk_wait_read<0>();
+                    named_barrier_sync(1 + w, 128);
+#pragma unroll
+                    for (int j = 0; j < 32; ++j) {
+                        *reinterpret_cast<uint32_t*>(buf + lr * kOutRow + 8 * j + lc) =
+                            pack_bf16x2(acc[4 * j], acc[4 * j + 1]);
+                        *reinterpret_cast<uint32_t*>(buf + (lr + 8) * kOutRow + 8 * j + lc) =
+                            pack_bf16x2(acc[4 * j + 2], acc[4 * j + 3]);
+                    }
+                    fence_proxy_async_smem();
+                    named_barrier_sync(1 + w, 128);
+                    if (t < 64) {
+                        const int rrel = un.row0 + 64 * w + t;
+                        const int cols = min(kBn, p.N - un.col0);
+                        if (rrel < un.rows) {
+                            const int g_begin = un.group == 0 ? 0 : p.cu[un.group - 1];
+                            bulk_store(static_cast<uint16_t*>(p.y) + static_cast<size_t>(g_begin + rrel) * p.N +
+                                           un.col0,
+                                       buf + t * kOutRow, static_cast<uint32_t>(cols) * 2u);
+                        }
+                        bulk_commit();
                     }
                 } else {
                     float* grad = static_cast<float*>(const_cast<void*>(p.ptrs[un.group]));
@@ -485,9 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
                     }
                 }
             }
-            if constexpr (kMode == kModeWgr) {
-                if (t < 64) bulk_wait<0>();
-            }
+            if (t < 64) bulk_wait<0>();  // this thread's bulk copies / reductions are complete
         }
 #endif
 }
@@ -534,7 +563,7 @@ int grid_for() {
     auto it = cache.find(device);
     if (it != cache.end()) return it->second;
     auto kernel = gemm_kernel<kMode, kOutF32>;
-    const int smem = static_cast<int>(smem_bytes(kMode));
+    const int smem = static_cast<int>(smem_bytes(kMode, kOutF32));
     EVENEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int sms = 0, per_sm = 0;
     EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
@@ -542,6 +571,20 @@ int grid_for() {
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, per_sm >= 1, "grouped_gemm (sm90): kernel does not fit on device ", device);
     cache[device] = sms * per_sm;
     return sms * per_sm;
+}
+
+int64_t l2_bytes() {
+    static std::mutex mutex;
+    static std::map<int, int64_t> cache;
+    int device = 0;
+    EVENEP_CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(device);
+    if (it != cache.end()) return it->second;
+    int l2 = 0;
+    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    cache[device] = l2;
+    return l2;
 }
 
 template <int kMode, bool kOutF32>
@@ -566,6 +609,10 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
         pp.ldb = a.N;
         pp.n_tiles = (a.N + kBn - 1) / kBn;
         pp.m_tiles = (a.M + kBm - 1) / kBm;
+        // L2 rule: the x and dY rows of one chunk (2 (M + N) bytes per row) fit in half of the L2, so that the
+        // tiles running at the same time re-read them from the L2 and not from memory.
+        const int64_t rows_fit = l2_bytes() / 2 / (2 * (static_cast<int64_t>(a.M) + a.N));
+        pp.max_chunk_kb = static_cast<int>(std::max<int64_t>(1, rows_fit / kBk));
     } else {
         ta = make_map(a.x, a.K, kBm, a.K, 64, kBm);
         if constexpr (kMode == kModeFwd)
@@ -590,7 +637,7 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
     gp.N = a.N;
     gp.M = a.M;
     gp.dynamic = a.load_aware ? 1 : 0;
-    gemm_kernel<kMode, kOutF32><<<grid, kThreads, smem_bytes(kMode), stream>>>(gp);
+    gemm_kernel<kMode, kOutF32><<<grid, kThreads, smem_bytes(kMode, kOutF32), stream>>>(gp);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
