@@ -34,7 +34,7 @@ t0=$(date +%s)
   cmake -S . -B "$BUILD" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
     -DEVENEP_WERROR=${EVENEP_WERROR:-OFF} -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF &&
   cmake --build "$BUILD" -j "$JOBS" --target evenep gpu_team_test gpu_planner_test gpu_datapath_test gpu_experts_test \
-    gpu_backward_test grouped_gemm_test
+    gpu_backward_test grouped_gemm_test gpu_moe_layer_test cpu_demo_test
 } > "$OUT/build.log" 2>&1
 build_rc=$?
 echo "build rc=$build_rc ($(( $(date +%s) - t0 )) s)"
@@ -43,7 +43,8 @@ if [ $build_rc -ne 0 ]; then tail -60 "$OUT/build.log"; exit 1; fi
 # ---- GPU tests: every binary, one process each (gtest summary lines give the counts) ----
 if [ $run_tests -eq 1 ]; then
   : > "$OUT/tests.log"
-  for t in gpu_team_test gpu_planner_test gpu_experts_test gpu_datapath_test gpu_backward_test grouped_gemm_test; do
+  for t in gpu_team_test gpu_planner_test gpu_experts_test gpu_datapath_test gpu_backward_test grouped_gemm_test \
+           gpu_moe_layer_test cpu_demo_test; do
     echo "=== $t" >> "$OUT/tests.log"
     timeout 420 "$BUILD/tests/$t" --gtest_brief=1 >> "$OUT/tests.log" 2>&1
     rc=$?
@@ -62,7 +63,9 @@ if [ $run_sanitizer -eq 1 ]; then
   for tool in memcheck racecheck; do
     for spec in "gpu_datapath_test:$small_dp" "gpu_team_test:Ranks/BarrierTest.OrdersWritesAcrossRanks/R8_budget1" \
                 "gpu_experts_test:Shapes/ExpertsTest.PrefetchAndReduce/R4_E16_P3_small" \
-                "gpu_planner_test:Routings/FusedPlanTest.FusedPathMatchesCpu/lognormal_sigma2"; do
+                "gpu_planner_test:Routings/FusedPlanTest.FusedPathMatchesCpu/lognormal_sigma2" \
+                "grouped_gemm_test:Shapes/GroupedGemmTest.MatchesReference/ragged_in200_out72_fwd_bf16_loadaware:Shapes/GroupedGemmTest.MatchesReference/empty_dgrad_f32_fixed:Shapes/GroupedWgradTest.MatchesReference/skewed_in264_out392_loadaware" \
+                "gpu_moe_layer_test:GpuMoeLayer/MatchesCpu.ForwardBackward/R4_E16_K4_H128_masked_optimized"; do
       bin=${spec%%:*} filter=${spec#*:}
       echo "=== $tool $bin $filter" >> "$OUT/sanitizer.log"
       timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 "$BUILD/tests/$bin" --gtest_filter="$filter" \

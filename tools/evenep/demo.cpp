@@ -1,7 +1,8 @@
-// `evenep demo`: one MoE layer step (SwiGLU experts, forward + backward) on R virtual CPU ranks through the EvenEP
-// data path, checked against a dense single-rank fp32 reference. Prints the balance before/after planning, the
-// copies, the bytes that cross rank boundaries (EvenEP vs conventional EP), the buffer sizes, the errors and the
-// per-phase times. Exit code 0 when every check passes, 1 when one fails, 2 on bad input.
+// `evenep demo`: one MoE layer step (SwiGLU experts, forward + backward) on R virtual ranks through the EvenEP
+// data path — CPU threads (evenep::cpu) or one GPU (evenep::cuda, demo_cuda.cpp) — checked against a dense
+// single-rank fp32 reference. Prints the balance before/after planning, the copies, the bytes that cross rank
+// boundaries (EvenEP vs conventional EP), the buffer sizes, the errors and the per-phase times (GPU: CUDA events).
+// Exit code 0 when every check passes, 1 when one fails, 2 on bad input.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "demo_cuda.hpp"
 #include "evenep/buffer.hpp"
 #include "evenep/cpu/moe_layer.hpp"
 #include "evenep/error.hpp"
@@ -33,6 +35,8 @@ struct DemoOptions {
     int threads = 2;
     int timeout_ms = 120000;
     bool plan_only = false;
+    std::string backend = "auto";  // cpu | cuda | auto
+    int warmup = 1;                // cuda: untimed steps before the reported one
     std::string json_file;
     std::string dump_dir;
 };
@@ -137,6 +141,13 @@ void run_demo(const DemoOptions& opt) {
     const Config& cfg = bc.cfg;
     const int R = cfg.R, epn = cfg.epn(), B = cfg.num_slots();
     const bool training = B == epn;
+    EVENEP_CHECK(opt.backend == "cpu" || opt.backend == "cuda" || opt.backend == "auto", "--backend '", opt.backend,
+                 "': expected cpu, cuda or auto");
+    EVENEP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, " must be >= 0");
+    std::string no_cuda;
+    const bool cuda_ok = opt.backend != "cpu" && demo_cuda_available(&no_cuda);
+    EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda: ", no_cuda);
+    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU
 
     // The plan alone (the same plan every rank computes): balance, copies, the traffic model.
     const double t_plan0 = now_seconds();
@@ -160,8 +171,9 @@ void run_demo(const DemoOptions& opt) {
     }
     const bool balanced = max_after - min_after <= 1;
 
-    fmt::print("EvenEP demo — one MoE layer step (SwiGLU experts, forward{}) on {} virtual CPU ranks{}\n",
-               training ? " + backward" : " only (B < epn: inference)", R, opt.plan_only ? " — plan only" : "");
+    fmt::print("EvenEP demo — one MoE layer step (SwiGLU experts, forward{}) on {} virtual {}{}\n",
+               training ? " + backward" : " only (B < epn: inference)", R, on_gpu ? "ranks on one GPU" : "CPU ranks",
+               opt.plan_only ? " — plan only" : "");
     fmt::print("config   {} H={} H'={} planner={}\n", cfg.to_string(), bc.H, bc.ffn_hidden, to_string(in.mode));
     int64_t slots = 0;
     for (int32_t s : plan.s) slots += static_cast<int64_t>(s) * cfg.K;
@@ -254,6 +266,7 @@ void run_demo(const DemoOptions& opt) {
                          {"layer_grads", sizes.layer_grads},
                          {"deepep_recv_x", sizes.deepep_recv_x}};
     j["plan_seconds"] = plan_seconds;
+    j["backend"] = on_gpu ? "cuda" : "cpu";
 
     bool pass = balanced;
     if (!opt.plan_only) {
@@ -262,9 +275,12 @@ void run_demo(const DemoOptions& opt) {
         ro.mode = in.mode;
         ro.backward = training;
         ro.barrier_timeout = std::chrono::milliseconds(opt.timeout_ms);
+        CudaDemoInfo gpu;
         const double t0 = now_seconds();
-        const cpu::MoeResult res = cpu::run_moe_layer(problem, ro);
-        const double ep_seconds = now_seconds() - t0;
+        const cpu::MoeResult res =
+            on_gpu ? run_moe_layer_cuda(problem, ro, opt.warmup, &gpu) : cpu::run_moe_layer(problem, ro);
+        // GPU: the reported step alone (the call above also allocates, uploads and warms up).
+        const double ep_seconds = on_gpu ? gpu.step_wall_seconds : now_seconds() - t0;
         const double t1 = now_seconds();
         const cpu::DenseResult ref = cpu::dense_moe_reference(problem, training, opt.threads);
         const double dense_seconds = now_seconds() - t1;
@@ -302,19 +318,33 @@ void run_demo(const DemoOptions& opt) {
             pass = pass && c.pass();
         }
         fmt::print("{:<27} {}\n", "ranks' plan = host plan", same_plan ? "PASS" : "FAIL");
-        fmt::print("{:<27} {}\n\n", "counted bytes = model", traffic_ok ? "PASS" : "FAIL");
+        // The GPU kernels do not count bytes: there the model is evaluated on the device's own plan and dst.
+        fmt::print("{:<27} {}\n\n", on_gpu ? "device plan bytes = model" : "counted bytes = model",
+                   traffic_ok ? "PASS" : "FAIL");
         pass = pass && same_plan && traffic_ok;
 
         const cpu::LayerTimes& t = res.times;
-        auto ms = [](double s) { return fmt::format("{:.1f}", s * 1e3); };
-        fmt::print("time, ms (max over ranks; {} rank threads share this machine's cores)\n", R);
+        auto ms = [on_gpu](double s) {
+            return on_gpu ? fmt::format("{:.3f}", s * 1e3) : fmt::format("{:.1f}", s * 1e3);
+        };
+        if (on_gpu)
+            fmt::print(
+                "time, ms (GPU, CUDA events on one stream, all {} ranks per phase; {}; after {} warm-up "
+                "step{})\n",
+                R, gpu.device, gpu.warmup_steps, gpu.warmup_steps == 1 ? "" : "s");
+        else
+            fmt::print("time, ms (max over ranks; {} rank threads share this machine's cores)\n", R);
         fmt::print("  forward   plan {} | dispatch {} | prefetch {} | experts {} | combine {}\n", ms(t.plan),
                    ms(t.dispatch), ms(t.prefetch), ms(t.expert_forward), ms(t.combine));
         if (training)
             fmt::print("  backward  combine_backward {} | experts {} | dispatch_backward {} | reduce_grad {}\n",
                        ms(t.combine_backward), ms(t.expert_backward), ms(t.dispatch_backward), ms(t.reduce_grad));
-        fmt::print("  EvenEP step (wall) {} | dense reference {} ({} threads)\n", ms(ep_seconds), ms(dense_seconds),
-                   opt.threads);
+        if (on_gpu)
+            fmt::print("  EvenEP step: GPU {} (sum of phases) | wall {} | dense reference on the CPU {} ({} threads)\n",
+                       ms(t.total()), ms(ep_seconds), ms(dense_seconds), opt.threads);
+        else
+            fmt::print("  EvenEP step (wall) {} | dense reference {} ({} threads)\n", ms(ep_seconds), ms(dense_seconds),
+                       opt.threads);
 
         nlohmann::json jc = nlohmann::json::array();
         for (const Check& c : checks)
@@ -327,6 +357,7 @@ void run_demo(const DemoOptions& opt) {
         j["correctness"] = jc;
         j["same_plan"] = same_plan;
         j["traffic_counted_equals_model"] = traffic_ok;
+        j["traffic_source"] = on_gpu ? "model on the device plan and dst" : "counted by the ranks";
         j["times_ms"] = {{"plan", t.plan * 1e3},
                          {"dispatch", t.dispatch * 1e3},
                          {"prefetch", t.prefetch * 1e3},
@@ -338,6 +369,10 @@ void run_demo(const DemoOptions& opt) {
                          {"reduce_grad", t.reduce_grad * 1e3},
                          {"evenep_step_wall", ep_seconds * 1e3},
                          {"dense_reference", dense_seconds * 1e3}};
+        if (on_gpu) {
+            j["times_ms"]["gpu_step_sum_of_phases"] = t.total() * 1e3;
+            j["gpu"] = {{"device", gpu.device}, {"warmup_steps", gpu.warmup_steps}, {"layer_bytes", gpu.layer_bytes}};
+        }
         if (!opt.dump_dir.empty()) {
             dump(opt.dump_dir, problem, res);
             fmt::print(
@@ -368,15 +403,23 @@ void register_demo(CLI::App& app) {
     opt->routing.maxvio = 5.0;
     CLI::App* cmd = app.add_subcommand(
         "demo",
-        "One MoE layer step (SwiGLU experts, forward + backward) on R virtual CPU ranks with skewed routing:\n"
+        "One MoE layer step (SwiGLU experts, forward + backward) on R virtual ranks with skewed routing:\n"
         "per-rank entries before/after balancing, copies, bytes across ranks (EvenEP vs conventional EP),\n"
-        "correctness against a dense fp32 reference and per-phase times. Exit 0 = correct, 1 = a check failed,\n"
-        "2 = bad input. --plan-only prints the plan figures without running the layer (any size).");
+        "correctness against a dense fp32 reference and per-phase times. The ranks are CPU threads, or all on\n"
+        "one GPU with --backend cuda (auto: the GPU when this build has CUDA and a device is present; GPU phase\n"
+        "times from CUDA events). Exit 0 = correct, 1 = a check failed, 2 = bad input. --plan-only prints the\n"
+        "plan figures without running the layer (any size).");
     opt->routing.add_to(*cmd);
     cmd->add_option("--H", opt->H, "hidden size (multiple of 8)")->capture_default_str();
     cmd->add_option("--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H'")->capture_default_str();
     cmd->add_option("--threads", opt->threads, "threads of the dense reference")->capture_default_str();
     cmd->add_option("--timeout-ms", opt->timeout_ms, "barrier timeout of the virtual ranks")->capture_default_str();
+    cmd->add_option("--backend", opt->backend,
+                    "cpu (threads), cuda (one GPU; exit 2 without one) or auto (cuda when built with CUDA and a "
+                    "device is present, else cpu)")
+        ->capture_default_str();
+    cmd->add_option("--warmup", opt->warmup, "cuda: untimed layer steps before the reported one")
+        ->capture_default_str();
     cmd->add_flag("--plan-only", opt->plan_only,
                   "plan, balance and byte figures only: no data, no GEMMs (e.g. the MoonEP point "
                   "--E 384 --K 8 --S 8192 --H 7168 --ffn-hidden 2048)");

@@ -22,8 +22,10 @@
 // segment (a segment = a group, or in wgrad one chunk of a group's rows). kFixed: groups in index order, wgrad
 // unsplit, unit u to block u mod grid. kLoadAware: the cost model (gemm_cost_model.inc, calibrated by `evenep bench
 // gemm --calibrate`) prices a unit as c_tile + c_kblock * k-blocks; in wgrad a group whose unit would cost more
-// than a fraction of the per-SM share of the total is split into chunks of whole k-blocks; segments are ordered by
-// decreasing unit cost and units are handed out by an atomic counter (longest first, short ones fill the tail).
+// than kSplitFraction of the per-SM share of the total is split into chunks of whole k-blocks; segments are ordered
+// by decreasing unit cost and handed out by an atomic counter: forward/dgrad from the front (longest first, short
+// ones fill the tail); wgrad alternately from both ends, so that compute-bound tiles (long groups) and
+// memory-bound ones (short groups, whose cost is mostly the fp32 reduction) run side by side.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -72,10 +74,9 @@ constexpr size_t smem_bytes(int mode, bool out_f32) {
 
 // Workspace: [0, 256 G) tensor maps (A_g at 2g, B_g at 2g+1, 128 B each); then the header and segments.
 struct Header {
-    int32_t counter;  // dynamic unit counter
-    int32_t total;    // units
-    int32_t nseg;     // segments
-    int32_t pad;
+    unsigned long long counter;  // dynamic hand-out: units taken from the front (low 32 bits) and the back (high)
+    int32_t total;               // units
+    int32_t nseg;                // segments
 };
 struct Segment {
     int32_t group;
@@ -107,7 +108,6 @@ struct PrepareParams {
     int k_blocks;  // fwd/dgrad: k-blocks per unit
     int load_aware;
     int grid;
-    int max_chunk_kb;  // wgrad, load-aware: k-blocks (64 rows) per chunk at most (the L2 rule)
 };
 
 __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ CUtensorMap tmpl_a,
@@ -165,7 +165,6 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
             if (p.mode != kModeWgr || !p.load_aware || kb <= 1) return 1;
             const float budget = fmaxf(target - c_tile, c_kb * 4.f);
             int c = static_cast<int>(ceilf(c_kb * kb / budget));
-            c = max(c, (kb + p.max_chunk_kb - 1) / p.max_chunk_kb);
             c = c < 1 ? 1 : c;
             c = c > kMaxSplit ? kMaxSplit : c;
             return c > kb ? kb : c;
@@ -333,9 +332,24 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
                 int slot = 0;
                 uint32_t uphase = 0;
                 int last_group = -1;
+                auto* counter = const_cast<unsigned long long*>(&header_of(p.ws, p.G)->counter);
                 for (int i = 0;; ++i) {
-                    const int u = p.dynamic ? atomicAdd(const_cast<int32_t*>(&header_of(p.ws, p.G)->counter), 1)
-                                            : static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
+                    int u;
+                    if (!p.dynamic) {
+                        u = static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
+                    } else if (kMode != kModeWgr) {
+                        u = static_cast<int>(atomicAdd(counter, 1ull) & 0xFFFFFFFFull);
+                    } else {
+                        // wgrad: alternately the costliest remaining unit (front of the cost-ordered list: mostly
+                        // tensor-core time) and the cheapest (back: mostly the fp32 reduction's memory traffic),
+                        // so that both run at once instead of one phase after the other. One 64-bit counter
+                        // holds both ends; a claim is valid while front + back < total, which hands every unit out
+                        // exactly once.
+                        const bool back = (i & 1) != 0;
+                        const unsigned long long old = atomicAdd(counter, back ? (1ull << 32) : 1ull);
+                        const int f = static_cast<int>(old & 0xFFFFFFFFull), b = static_cast<int>(old >> 32);
+                        u = f + b >= total ? total : back ? total - 1 - b : f;
+                    }
                     mbar_wait(&unit_empty[slot], uphase ^ 1);
                     s_unit[slot] = u;
                     mbar_arrive(&unit_full[slot]);
@@ -573,20 +587,6 @@ int grid_for() {
     return sms * per_sm;
 }
 
-int64_t l2_bytes() {
-    static std::mutex mutex;
-    static std::map<int, int64_t> cache;
-    int device = 0;
-    EVENEP_CUDA_CHECK(cudaGetDevice(&device));
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(device);
-    if (it != cache.end()) return it->second;
-    int l2 = 0;
-    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    cache[device] = l2;
-    return l2;
-}
-
 template <int kMode, bool kOutF32>
 void run(const LaunchArgs& a, cudaStream_t stream) {
     const int grid = grid_for<kMode, kOutF32>();
@@ -609,10 +609,6 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
         pp.ldb = a.N;
         pp.n_tiles = (a.N + kBn - 1) / kBn;
         pp.m_tiles = (a.M + kBm - 1) / kBm;
-        // L2 rule: the x and dY rows of one chunk (2 (M + N) bytes per row) fit in half of the L2, so that the
-        // tiles running at the same time re-read them from the L2 and not from memory.
-        const int64_t rows_fit = l2_bytes() / 2 / (2 * (static_cast<int64_t>(a.M) + a.N));
-        pp.max_chunk_kb = static_cast<int>(std::max<int64_t>(1, rows_fit / kBk));
     } else {
         ta = make_map(a.x, a.K, kBm, a.K, 64, kBm);
         if constexpr (kMode == kModeFwd)

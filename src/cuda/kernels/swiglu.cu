@@ -1,0 +1,250 @@
+// The elementwise kernels of the GPU MoE layer: SwiGLU forward and backward, the backward row prologue (route
+// weight gradient and dy), the dx sum, moving the expert output into the receive buffer, and the per-group
+// weight/gradient tables of the grouped GEMM (declarations and contracts in swiglu.hpp).
+//
+// Arithmetic mirrors src/cpu/moe_layer.cpp operation for operation: every product and sum is rounded on its own
+// (__fmul_rn/__fadd_rn: nvcc would otherwise contract a*b+c into an FMA, which the CPU build forbids), the
+// sigmoid is an IEEE division, bf16 rounding is evenep::float_to_bf16 (round to nearest even). Only expf differs
+// from the host's libm (CUDA's is within 2 ulp).
+//
+// Layout: every launch has grid (blocks_per_rank, R); block (x, r) works on rank r's rows [0, cu_seqlens[G-1])
+// with a grid-stride loop over 16-byte vectors (8 bf16 or 8 fp32 values; H and H' are multiples of 8).
+#include <cuda_runtime.h>
+
+#include "cuda/device/vec.cuh"
+#include "cuda/kernels/launch.cuh"
+#include "cuda/kernels/swiglu.hpp"
+#include "evenep/plan.hpp"
+
+namespace evenep::cuda::kernels {
+namespace {
+
+using device::kBf16PerVec;
+using device::kWarpSize;
+using device::pack_bf16x8;
+using device::unpack_bf16x8;
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / kWarpSize;
+inline constexpr int kTableThreads = 128;
+inline constexpr int kProjections = 3;
+
+// Rows of rank `rank` the experts compute: the end of its last group (padding included), clamped to NvS.
+__device__ __forceinline__ int64_t used_rows(const MoeKernelParams& p, int rank) {
+    const int64_t end = p.ranks[rank].cu_seqlens[p.G - 1];
+    return end < 0 ? 0 : (end > p.nvs ? p.nvs : end);
+}
+
+__device__ __forceinline__ int64_t first_index() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// The CPU layer's sigmoid, silu and silu' (src/cpu/moe_layer.cpp), each operation rounded on its own.
+__device__ __forceinline__ float sigmoid_rn(float g) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g))); }
+__device__ __forceinline__ float silu_rn(float g) { return __fmul_rn(g, sigmoid_rn(g)); }
+__device__ __forceinline__ float silu_grad_rn(float g) {
+    const float s = sigmoid_rn(g);
+    return __fmul_rn(s, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, s))));
+}
+
+__device__ __forceinline__ void load_f32x8(const float* p, float (&f)[8]) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Weight and gradient tables
+// ---------------------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(kTableThreads) moe_weight_tables_kernel(const MoeKernelParams p) {
+    const int rank = blockIdx.x;
+    const MoeRankView& v = p.ranks[rank];
+    for (int i = threadIdx.x; i < kProjections * p.G; i += blockDim.x) {
+        const int proj = i / p.G, g = i % p.G;
+        const int32_t e = v.group_expert[g];
+        const uint16_t* w = nullptr;
+        float* grad = nullptr;
+        switch (static_cast<WeightSource>(v.group_source[g])) {
+            case WeightSource::kLocal:
+                w = v.weights[proj] + static_cast<int64_t>(e - rank * p.epn) * p.elems;
+                if (v.grads[proj] != nullptr) grad = v.grads[proj] + static_cast<int64_t>(e - rank * p.epn) * p.elems;
+                break;
+            case WeightSource::kSlot: {
+                const int32_t b = v.group_slot[g];
+                w = v.slots[proj] + static_cast<int64_t>(b) * p.elems;
+                if (v.slot_grads[proj] != nullptr) grad = v.slot_grads[proj] + static_cast<int64_t>(b) * p.elems;
+                break;
+            }
+            case WeightSource::kPeer:
+                // NOTE: no gradient target: training requires B = epn, where no group is read through a peer.
+                w = p.ranks[e / p.epn].weights[proj] + static_cast<int64_t>(e % p.epn) * p.elems;
+                break;
+            case WeightSource::kEmpty:
+                break;
+        }
+        const int64_t t = (static_cast<int64_t>(rank) * kProjections + proj) * p.G + g;
+        p.weight_tables[t] = w;
+        p.grad_tables[t] = grad;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const MoeKernelParams p) {
+    const int rank = blockIdx.y;
+    const int64_t num_vec = used_rows(p, rank) * p.F / kBf16PerVec;
+    const int64_t base = static_cast<int64_t>(rank) * p.nvs * p.F;
+    const uint4* g = reinterpret_cast<const uint4*>(p.g + base);
+    const uint4* u = reinterpret_cast<const uint4*>(p.u + base);
+    uint4* h = reinterpret_cast<uint4*>(p.h + base);
+    for (int64_t i = first_index(); i < num_vec; i += grid_stride()) {
+        float gf[8], uf[8], hf[8];
+        unpack_bf16x8(g[i], gf);
+        unpack_bf16x8(u[i], uf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) hf[j] = __fmul_rn(silu_rn(gf[j]), uf[j]);
+        h[i] = pack_bf16x8(hf);
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) moe_place_output_kernel(const MoeKernelParams p) {
+    const int rank = blockIdx.y;
+    const int64_t num_vec = used_rows(p, rank) * p.H / kBf16PerVec;
+    const int64_t base = static_cast<int64_t>(rank) * p.nvs * p.H;
+    uint4* recv = reinterpret_cast<uint4*>(p.ranks[rank].recv_x);
+    uint4* x = reinterpret_cast<uint4*>(p.x + base);
+    const uint4* y = reinterpret_cast<const uint4*>(p.y + base);
+    for (int64_t i = first_index(); i < num_vec; i += grid_stride()) {
+        x[i] = recv[i];
+        recv[i] = y[i];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------------------------------------
+// One warp per row: lane l takes vectors l, l+32, ...; the partial dot products meet in a xor butterfly (the same
+// sum on every lane, independent of the launch shape).
+__global__ void __launch_bounds__(kThreads) moe_grad_rows_kernel(const MoeKernelParams p) {
+    const int rank = blockIdx.y;
+    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    const MoeRankView& v = p.ranks[rank];
+    const int64_t rows = used_rows(p, rank);
+    const int row_vec = p.H / kBf16PerVec;
+    const int64_t base = static_cast<int64_t>(rank) * p.nvs * p.H;
+    for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+         row += static_cast<int64_t>(gridDim.x) * kWarps) {
+        const float w = v.recv_w[row];
+        const uint4* grad = reinterpret_cast<const uint4*>(v.recv_x + row * p.H);
+        const uint4* y = reinterpret_cast<const uint4*>(p.y + base + row * p.H);
+        uint4* dy = reinterpret_cast<uint4*>(p.dy + base + row * p.H);
+        float dot = 0.0f;
+        for (int c = lane; c < row_vec; c += kWarpSize) {
+            float gf[8], yf[8], df[8];
+            unpack_bf16x8(grad[c], gf);
+            unpack_bf16x8(y[c], yf);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                dot = __fadd_rn(dot, __fmul_rn(gf[j], yf[j]));
+                df[j] = __fmul_rn(w, gf[j]);
+            }
+            dy[c] = pack_bf16x8(df);
+        }
+#pragma unroll
+        for (int m = kWarpSize / 2; m >= 1; m /= 2) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, m));
+        __syncwarp();  // every lane has read recv_w[row] before lane 0 overwrites it
+        if (lane == 0) v.recv_w[row] = dot;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const MoeKernelParams p) {
+    const int rank = blockIdx.y;
+    const int64_t num_vec = used_rows(p, rank) * p.F / kBf16PerVec;
+    const int64_t base = static_cast<int64_t>(rank) * p.nvs * p.F;
+    const float* dh = p.f32a + static_cast<int64_t>(rank) * p.nvs * p.f32a_dim;
+    const uint4* g = reinterpret_cast<const uint4*>(p.g + base);
+    const uint4* u = reinterpret_cast<const uint4*>(p.u + base);
+    uint4* dg = reinterpret_cast<uint4*>(p.dg + base);
+    uint4* du = reinterpret_cast<uint4*>(p.du + base);
+    for (int64_t i = first_index(); i < num_vec; i += grid_stride()) {
+        float gf[8], uf[8], hf[8], dgf[8], duf[8];
+        unpack_bf16x8(g[i], gf);
+        unpack_bf16x8(u[i], uf);
+        load_f32x8(dh + i * 8, hf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            dgf[j] = __fmul_rn(__fmul_rn(hf[j], uf[j]), silu_grad_rn(gf[j]));
+            duf[j] = __fmul_rn(hf[j], silu_rn(gf[j]));
+        }
+        dg[i] = pack_bf16x8(dgf);
+        du[i] = pack_bf16x8(duf);
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) moe_sum_dx_kernel(const MoeKernelParams p) {
+    const int rank = blockIdx.y;
+    const int64_t num_vec = used_rows(p, rank) * p.H / kBf16PerVec;
+    const float* a = p.f32a + static_cast<int64_t>(rank) * p.nvs * p.f32a_dim;
+    const float* b = p.f32b + static_cast<int64_t>(rank) * p.nvs * p.f32b_dim;
+    uint4* dx = reinterpret_cast<uint4*>(p.ranks[rank].recv_x);
+    for (int64_t i = first_index(); i < num_vec; i += grid_stride()) {
+        float af[8], bf[8], sf[8];
+        load_f32x8(a + i * 8, af);
+        load_f32x8(b + i * 8, bf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sf[j] = __fadd_rn(af[j], bf[j]);
+        dx[i] = pack_bf16x8(sf);
+    }
+}
+
+void check_params(const MoeKernelParams& p, const char* name) {
+    EVENEP_CHECK(p.ranks != nullptr && p.R >= 1 && p.G >= 1 && p.nvs >= 0, name, ": R = ", p.R, ", G = ", p.G,
+                 ", NvS = ", p.nvs, " (rank table ", p.ranks == nullptr ? "null" : "set", ")");
+    EVENEP_CHECK(p.H > 0 && p.H % kBf16PerVec == 0 && p.F > 0 && p.F % kBf16PerVec == 0, name, ": H = ", p.H,
+                 ", H' = ", p.F, " must be positive multiples of ", kBf16PerVec);
+    EVENEP_CHECK(p.blocks_per_rank >= 1, name, ": blocks per rank = ", p.blocks_per_rank);
+}
+
+template <typename Kernel>
+void launch_per_rank(Kernel kernel, const MoeKernelParams& p, const char* name, cudaStream_t stream) {
+    check_params(p, name);
+    kernel<<<dim3(static_cast<unsigned>(p.blocks_per_rank), static_cast<unsigned>(p.R)), kThreads, 0, stream>>>(p);
+    check_launch(stream);
+}
+
+}  // namespace
+
+void launch_moe_weight_tables(const MoeKernelParams& p, cudaStream_t stream) {
+    check_params(p, "moe weight tables");
+    EVENEP_CHECK(p.weight_tables != nullptr && p.grad_tables != nullptr && p.epn >= 1 && p.elems > 0,
+                 "moe weight tables: tables, epn = ", p.epn, " and elements per matrix = ", p.elems, " required");
+    moe_weight_tables_kernel<<<static_cast<unsigned>(p.R), kTableThreads, 0, stream>>>(p);
+    check_launch(stream);
+}
+
+void launch_swiglu_forward(const MoeKernelParams& p, cudaStream_t stream) {
+    EVENEP_CHECK(p.g && p.u && p.h, "swiglu forward: g, u and h buffers required");
+    launch_per_rank(swiglu_forward_kernel, p, "swiglu forward", stream);
+}
+
+void launch_moe_place_output(const MoeKernelParams& p, cudaStream_t stream) {
+    EVENEP_CHECK(p.x && p.y, "moe place output: x and y buffers required");
+    launch_per_rank(moe_place_output_kernel, p, "moe place output", stream);
+}
+
+void launch_moe_grad_rows(const MoeKernelParams& p, cudaStream_t stream) {
+    EVENEP_CHECK(p.y && p.dy, "moe grad rows: y and dy buffers required");
+    launch_per_rank(moe_grad_rows_kernel, p, "moe grad rows", stream);
+}
+
+void launch_swiglu_backward(const MoeKernelParams& p, cudaStream_t stream) {
+    EVENEP_CHECK(p.g && p.u && p.dg && p.du && p.f32a && p.f32a_dim >= p.F, "swiglu backward: buffers required");
+    launch_per_rank(swiglu_backward_kernel, p, "swiglu backward", stream);
+}
+
+void launch_moe_sum_dx(const MoeKernelParams& p, cudaStream_t stream) {
+    EVENEP_CHECK(p.f32a && p.f32b && p.f32a_dim >= p.H && p.f32b_dim >= p.H, "moe sum dx: buffers required");
+    launch_per_rank(moe_sum_dx_kernel, p, "moe sum dx", stream);
+}
+
+}  // namespace evenep::cuda::kernels

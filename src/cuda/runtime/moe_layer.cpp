@@ -1,0 +1,325 @@
+// DeviceMoeLayer: one SwiGLU MoE layer forward and backward for every virtual rank of a DeviceEp
+// (include/evenep/cuda/moe_layer.hpp). The GEMMs are the grouped GEMM (evenep/cuda/grouped_gemm.hpp), one call
+// per rank and projection; the elementwise steps are src/cuda/kernels/swiglu.cu, one launch for all ranks.
+#include "evenep/cuda/moe_layer.hpp"
+
+#include <algorithm>
+
+#include "cuda/kernels/swiglu.hpp"
+#include "evenep/cuda/check.hpp"
+#include "evenep/detail/buffer_layout.hpp"
+#include "evenep/error.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+using kernels::MoeKernelParams;
+using kernels::MoeRankView;
+
+inline constexpr size_t kRegionAlign = 256;
+inline constexpr int kProjections = detail::kNumProjections;
+
+size_t aligned(size_t bytes) { return (bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
+
+}  // namespace
+
+double MoeLayerTimes::total() const {
+    return dispatch + prefetch + expert_forward + combine + combine_backward + expert_backward + dispatch_backward +
+           reduce_grad;
+}
+
+DeviceMoeLayer::DeviceMoeLayer(DeviceEp& ep, DeviceExperts& experts, int ffn_hidden, const MoeLayerOptions& options)
+    : ep_(ep), experts_(experts), ffn_hidden_(ffn_hidden), options_(options) {
+    const Config& cfg = ep.config();
+    const int R = cfg.R, H = ep.hidden(), F = ffn_hidden, G = ep.layout().G, epn = cfg.epn(), B = cfg.num_slots();
+    const int64_t nvs = ep.layout().nvs;
+    const ExpertsShape& es = experts.shape();
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, F > 0 && F % 8 == 0, "moe layer: H' = ", F,
+                      " must be a positive multiple of 8");
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument,
+                      es.num_projections == kProjections && es.with_weights && es.elems == static_cast<int64_t>(H) * F,
+                      "moe layer: experts hold ", es.num_projections, " projections of ", es.elems,
+                      " elements (weights ", es.with_weights ? "yes" : "no",
+                      "); the layer needs 3 of H*H' = ", static_cast<int64_t>(H) * F, " with weights");
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, G <= kMaxGemmGroups, "moe layer: G = ", G, " groups exceed ",
+                      kMaxGemmGroups);
+    training_ = es.with_grads && B == epn;
+
+    // Regions of the one allocation, each [R][NvS][dim].
+    const size_t rows = static_cast<size_t>(R) * static_cast<size_t>(nvs);
+    Regions& g = regions_;
+    size_t o = 0;
+    auto take = [&o](size_t bytes) {
+        const size_t at = o;
+        o += aligned(bytes);
+        return at;
+    };
+    g.x = take(rows * H * 2);
+    g.g = take(rows * F * 2);
+    g.u = take(rows * F * 2);
+    g.h = take(rows * F * 2);
+    g.y = take(rows * H * 2);
+    if (es.with_grads) {
+        g.f32a_dim = static_cast<size_t>(std::max(F, H));
+        g.f32b_dim = static_cast<size_t>(H);
+        g.dy = take(rows * H * 2);
+        g.dg = take(rows * F * 2);
+        g.du = take(rows * F * 2);
+        g.f32a = take(rows * g.f32a_dim * 4);
+        g.f32b = take(rows * g.f32b_dim * 4);
+    }
+    const size_t num_tables = static_cast<size_t>(R) * kProjections * G;
+    g.tables = take(2 * num_tables * sizeof(void*));
+    g.workspace = take(grouped_gemm_workspace_bytes(G));
+    g.views = take(static_cast<size_t>(R) * sizeof(MoeRankView));
+    g.total = o;
+
+    // Every rank's fixed pointers: receive buffer, its own plan copy's group arrays, expert regions.
+    const EpLayout& L = ep.layout();
+    std::vector<MoeRankView> views(R);
+    for (int r = 0; r < R; ++r) {
+        MoeRankView& v = views[r];
+        char* base = ep.base(r);
+        const size_t own = static_cast<size_t>(r) * G;
+        v.recv_x = ep.recv_x(r);
+        v.recv_w = ep.recv_w(r);
+        v.cu_seqlens = ep.cu_seqlens(r);
+        v.group_source = EpLayout::at<int8_t>(base, L.plan.group_source) + own;
+        v.group_expert = EpLayout::at<int32_t>(base, L.plan.group_expert) + own;
+        v.group_slot = EpLayout::at<int32_t>(base, L.plan.group_slot) + own;
+        for (int p = 0; p < kProjections; ++p) {
+            v.weights[p] = experts.weight(r, p, 0);
+            v.slots[p] = B > 0 ? experts.slot(r, p, 0) : nullptr;
+            v.grads[p] = es.with_grads ? experts.grad(r, p, 0) : nullptr;
+            v.slot_grads[p] = es.with_grads && B > 0 ? experts.slot_grad(r, p, 0) : nullptr;
+        }
+    }
+
+    int device = 0, num_sms = 0;
+    EVENEP_CUDA_CHECK(cudaGetDevice(&device));
+    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    try {
+        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&arena_), g.total));
+        EVENEP_CUDA_CHECK(cudaMemset(arena_, 0, g.total));
+        EVENEP_CUDA_CHECK(
+            cudaMemcpy(arena_ + g.views, views.data(), views.size() * sizeof(MoeRankView), cudaMemcpyHostToDevice));
+        if (options_.timing)
+            for (cudaEvent_t& e : events_) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
+        // The rank table is read by kernels on any stream, also non-blocking ones: complete the upload here.
+        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    } catch (...) {
+        for (cudaEvent_t e : events_)
+            if (e != nullptr) cudaEventDestroy(e);
+        cudaFree(arena_);
+        throw;
+    }
+    weight_tables_ = reinterpret_cast<const uint16_t**>(arena_ + g.tables);
+    grad_tables_ = reinterpret_cast<float**>(arena_ + g.tables + num_tables * sizeof(void*));
+    gemm_workspace_ = arena_ + g.workspace;
+    rank_views_ = arena_ + g.views;
+    allocated_bytes_ = g.total;
+    // Elementwise launches: about four blocks per SM over all ranks, never more than a rank's work needs.
+    const int64_t max_vec = nvs * std::max(H, F) / 8;
+    const int64_t needed = std::max<int64_t>(1, (max_vec + 255) / 256);
+    blocks_per_rank_ =
+        static_cast<int>(std::clamp<int64_t>((4 * static_cast<int64_t>(num_sms) + R - 1) / R, 1, needed));
+}
+
+DeviceMoeLayer::~DeviceMoeLayer() {
+    for (cudaEvent_t e : events_)
+        if (e != nullptr) cudaEventDestroy(e);
+    cudaFree(arena_);
+}
+
+uint16_t* DeviceMoeLayer::bf16_at(size_t region, int rank, int dim) const {
+    return reinterpret_cast<uint16_t*>(arena_ + region) + static_cast<size_t>(rank) * ep_.layout().nvs * dim;
+}
+
+float* DeviceMoeLayer::f32_at(size_t region, int rank, size_t dim) const {
+    return reinterpret_cast<float*>(arena_ + region) + static_cast<size_t>(rank) * ep_.layout().nvs * dim;
+}
+
+const uint16_t* DeviceMoeLayer::saved_x(int rank) const { return bf16_at(regions_.x, rank, ep_.hidden()); }
+const uint16_t* DeviceMoeLayer::saved_h(int rank) const { return bf16_at(regions_.h, rank, ffn_hidden_); }
+const uint16_t* DeviceMoeLayer::saved_y(int rank) const { return bf16_at(regions_.y, rank, ep_.hidden()); }
+
+kernels::MoeKernelParams DeviceMoeLayer::kernel_params() const {
+    const Config& cfg = ep_.config();
+    MoeKernelParams p;
+    p.ranks = static_cast<const MoeRankView*>(rank_views_);
+    p.R = cfg.R;
+    p.G = ep_.layout().G;
+    p.epn = cfg.epn();
+    p.B = cfg.num_slots();
+    p.H = ep_.hidden();
+    p.F = ffn_hidden_;
+    p.nvs = ep_.layout().nvs;
+    p.elems = experts_.shape().elems;
+    p.x = bf16_at(regions_.x, 0, p.H);
+    p.g = bf16_at(regions_.g, 0, p.F);
+    p.u = bf16_at(regions_.u, 0, p.F);
+    p.h = bf16_at(regions_.h, 0, p.F);
+    p.y = bf16_at(regions_.y, 0, p.H);
+    if (experts_.shape().with_grads) {
+        p.dy = bf16_at(regions_.dy, 0, p.H);
+        p.dg = bf16_at(regions_.dg, 0, p.F);
+        p.du = bf16_at(regions_.du, 0, p.F);
+        p.f32a = f32_at(regions_.f32a, 0, regions_.f32a_dim);
+        p.f32b = f32_at(regions_.f32b, 0, regions_.f32b_dim);
+        p.f32a_dim = static_cast<int64_t>(regions_.f32a_dim);
+        p.f32b_dim = static_cast<int64_t>(regions_.f32b_dim);
+    }
+    p.weight_tables = weight_tables_;
+    p.grad_tables = grad_tables_;
+    p.blocks_per_rank = blocks_per_rank_;
+    return p;
+}
+
+void DeviceMoeLayer::bind(std::span<const RankIo> io, std::span<const BackwardIo> bwd) {
+    ep_.bind(io);
+    bound_ = true;
+    bound_backward_ = false;
+    if (!bwd.empty()) {
+        std::vector<BackwardIo> b(bwd.begin(), bwd.end());
+        for (BackwardIo& x : b) x.grad_recv_w = nullptr;  // the layer writes dw into recv_w itself
+        ep_.bind_backward(b);
+        bound_backward_ = true;
+    }
+}
+
+void DeviceMoeLayer::record(Event e, cudaStream_t stream) {
+    if (options_.timing) EVENEP_CUDA_CHECK(cudaEventRecord(events_[e], stream));
+}
+
+void DeviceMoeLayer::gemm(int rank, int proj, GemmOp op, const uint16_t* x, void* y, bool y_fp32, cudaStream_t stream) {
+    const int H = ep_.hidden(), F = ffn_hidden_, G = ep_.layout().G;
+    GroupedGemmArgs a;
+    a.x = x;
+    a.cu_seqlens = ep_.cu_seqlens(rank);
+    a.weights = weight_tables_ + (static_cast<size_t>(rank) * kProjections + proj) * G;
+    a.y = y;
+    a.y_fp32 = y_fp32;
+    a.num_groups = G;
+    a.in_dim = proj == detail::kProjDown ? F : H;  // W_gate, W_up: [H, H']; W_down: [H', H]
+    a.out_dim = proj == detail::kProjDown ? H : F;
+    a.op = op;
+    a.schedule = options_.schedule;
+    a.workspace = gemm_workspace_;
+    grouped_gemm(a, stream);
+}
+
+void DeviceMoeLayer::wgrad(int rank, int proj, const uint16_t* x, const uint16_t* dy, cudaStream_t stream) {
+    const int H = ep_.hidden(), F = ffn_hidden_, G = ep_.layout().G;
+    GroupedWgradArgs a;
+    a.x = x;
+    a.dy = dy;
+    a.cu_seqlens = ep_.cu_seqlens(rank);
+    a.grads = grad_tables_ + (static_cast<size_t>(rank) * kProjections + proj) * G;
+    a.num_groups = G;
+    a.in_dim = proj == detail::kProjDown ? F : H;
+    a.out_dim = proj == detail::kProjDown ? H : F;
+    a.schedule = options_.wgrad_schedule;
+    a.workspace = gemm_workspace_;
+    grouped_gemm_wgrad(a, stream);
+}
+
+void DeviceMoeLayer::forward(std::span<const int32_t> s, int64_t s_total, cudaStream_t stream) {
+    EVENEP_CHECK(bound_, "moe layer: forward before bind");
+    const int R = ep_.config().R, H = ep_.hidden(), F = ffn_hidden_;
+    has_forward_ = has_backward_ = false;
+    const MoeKernelParams p = kernel_params();
+
+    record(kFwdStart, stream);
+    ep_.plan(s, stream, s_total);
+    record(kFwdPlanned, stream);
+    ep_.dispatch(stream);
+    record(kFwdDispatched, stream);
+    if (ep_.config().num_slots() > 0) experts_.prefetch_weight(ep_, stream);
+    record(kFwdPrefetched, stream);
+
+    // Expert forward: tables from the new plan, g and u straight from the receive buffer (zero-copy input).
+    kernels::launch_moe_weight_tables(p, stream);
+    for (int r = 0; r < R; ++r) {
+        gemm(r, detail::kProjGate, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.g, r, F), false, stream);
+        gemm(r, detail::kProjUp, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.u, r, F), false, stream);
+    }
+    kernels::launch_swiglu_forward(p, stream);
+    for (int r = 0; r < R; ++r)
+        gemm(r, detail::kProjDown, GemmOp::kForward, bf16_at(regions_.h, r, F), bf16_at(regions_.y, r, H), false,
+             stream);
+    // x saved for the weight gradients, y into the receive buffer for combine (zero-copy output).
+    kernels::launch_moe_place_output(p, stream);
+    record(kFwdExperts, stream);
+
+    ep_.combine(true, options_.combine_mode, stream);
+    record(kFwdCombined, stream);
+    has_forward_ = true;
+}
+
+void DeviceMoeLayer::backward(cudaStream_t stream) {
+    const Config& cfg = ep_.config();
+    EVENEP_CHECK(has_forward_, "moe layer: backward without a forward");
+    EVENEP_CHECK(experts_.shape().with_grads, "moe layer: backward needs experts allocated with gradients");
+    EVENEP_CHECK(training_, "moe layer: training needs B = epn (B = ", cfg.num_slots(), ", epn = ", cfg.epn(), ")");
+    EVENEP_CHECK(bound_backward_, "moe layer: backward before bind with backward pointers");
+    const int R = cfg.R, H = ep_.hidden(), F = ffn_hidden_;
+    const MoeKernelParams p = kernel_params();
+
+    record(kBwdStart, stream);
+    ep_.combine_backward(stream);
+    record(kBwdCombined, stream);
+
+    // recv_x: grad_out rows, recv_w: route weights -> dw (in recv_w), dy.
+    kernels::launch_moe_grad_rows(p, stream);
+    for (int r = 0; r < R; ++r) {
+        const uint16_t* dy = bf16_at(regions_.dy, r, H);
+        wgrad(r, detail::kProjDown, bf16_at(regions_.h, r, F), dy, stream);  // dWd += h^T dy
+        gemm(r, detail::kProjDown, GemmOp::kDgrad, dy, f32_at(regions_.f32a, r, regions_.f32a_dim), true,
+             stream);  // dh = dy Wd^T
+    }
+    kernels::launch_swiglu_backward(p, stream);
+    for (int r = 0; r < R; ++r) {
+        const uint16_t* x = bf16_at(regions_.x, r, H);
+        const uint16_t* dg = bf16_at(regions_.dg, r, F);
+        const uint16_t* du = bf16_at(regions_.du, r, F);
+        wgrad(r, detail::kProjGate, x, dg, stream);  // dWg += x^T dg
+        wgrad(r, detail::kProjUp, x, du, stream);    // dWu += x^T du
+        gemm(r, detail::kProjGate, GemmOp::kDgrad, dg, f32_at(regions_.f32a, r, regions_.f32a_dim), true, stream);
+        gemm(r, detail::kProjUp, GemmOp::kDgrad, du, f32_at(regions_.f32b, r, regions_.f32b_dim), true, stream);
+    }
+    // dx = bf16(dg Wg^T + du Wu^T) into the receive buffer in place (zero-copy input of dispatch_backward).
+    kernels::launch_moe_sum_dx(p, stream);
+    record(kBwdExperts, stream);
+
+    ep_.dispatch_backward(options_.combine_mode, stream);
+    record(kBwdDispatched, stream);
+    experts_.reduce_grad(ep_, stream);
+    record(kBwdReduced, stream);
+    has_backward_ = true;
+}
+
+MoeLayerTimes DeviceMoeLayer::times() const {
+    EVENEP_CHECK(options_.timing, "moe layer: times() needs MoeLayerOptions::timing");
+    EVENEP_CHECK(has_forward_, "moe layer: times() before a forward");
+    EVENEP_CUDA_CHECK(cudaEventSynchronize(events_[has_backward_ ? kBwdReduced : kFwdCombined]));
+    auto span = [this](Event a, Event b) {
+        float ms = 0;
+        EVENEP_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[a], events_[b]));
+        return static_cast<double>(ms) * 1e-3;
+    };
+    MoeLayerTimes t;
+    t.plan = span(kFwdStart, kFwdPlanned);
+    t.dispatch = span(kFwdStart, kFwdDispatched);
+    t.prefetch = span(kFwdDispatched, kFwdPrefetched);
+    t.expert_forward = span(kFwdPrefetched, kFwdExperts);
+    t.combine = span(kFwdExperts, kFwdCombined);
+    if (has_backward_) {
+        t.combine_backward = span(kBwdStart, kBwdCombined);
+        t.expert_backward = span(kBwdCombined, kBwdExperts);
+        t.dispatch_backward = span(kBwdExperts, kBwdDispatched);
+        t.reduce_grad = span(kBwdDispatched, kBwdReduced);
+    }
+    return t;
+}
+
+}  // namespace evenep::cuda
