@@ -5,7 +5,9 @@ dense torch.matmul (cuBLAS) of the same FLOPs (rows x in x out), per distributio
   python3 gemm_anchor.py --offsets offsets.json [--evenep bench.json] [--json anchor.json] [--iters 10]
 
 offsets.json comes from `evenep bench gemm --offsets-json`: {"G", "H", "ffn_hidden", "offsets": {dist: [G ends]}}.
-With --evenep, prints one table: EvenEP fixed / load-aware TFLOP/s next to the anchors, and the ratios.
+With --evenep, prints one table: EvenEP fixed / load-aware TFLOP/s next to the anchors, and the ratios. For wgrad
+it also times the like-for-like anchor "gmm+f32": the grouped product in fp32 added into fp32 per-expert gradients
+(EvenEP's wgrad accumulates into fp32 gradients; plain _grouped_mm writes a fresh bf16 result).
 TFLOP/s = 2 * rows * in * out / median time, rows = the last offset (padded rows), as in the C++ benchmark.
 """
 import argparse
@@ -74,6 +76,23 @@ def main():
                         rec["grouped_mm_tflops"] = flops / (ms * 1e-3) / 1e12
                     except Exception as e:  # noqa: BLE001 - report and continue
                         rec["grouped_mm_error"] = str(e)[:200]
+                    # Like for like with EvenEP's wgrad (dW += into fp32 gradients): the grouped product in fp32
+                    # added into fp32 per-expert gradients, as a training step with fp32 main gradients does.
+                    try:
+                        g32 = torch.zeros(G, din, dout, device=dev, dtype=torch.float32)
+
+                        def acc32():
+                            try:
+                                part = torch._grouped_mm(x.t(), dy, offs=offs, out_dtype=torch.float32)
+                            except TypeError:
+                                part = torch._grouped_mm(x.t(), dy, offs=offs).float()
+                            g32.add_(part)
+
+                        ms = median_ms(acc32, args.warmup, args.iters)
+                        rec["grouped_mm_acc32_tflops"] = flops / (ms * 1e-3) / 1e12
+                        del g32
+                    except Exception as e:  # noqa: BLE001 - report and continue
+                        rec["grouped_mm_acc32_error"] = str(e)[:200]
                     ms = median_ms(lambda: torch.matmul(x.t(), dy), args.warmup, args.iters)
                     rec["dense_tflops"] = flops / (ms * 1e-3) / 1e12
                     rows_out.append(rec)
@@ -104,7 +123,7 @@ def main():
             ours.setdefault(key(r), {})[r["schedule"]] = r["tflops"]
         print()
         print(f"{'dist':<20} {'proj':<8} {'op':<6} {'fixed':>7} {'l-aware':>7} {'mma':>7} {'_grp_mm':>7} "
-              f"{'dense':>7} {'la/gmm':>7} {'la/dense':>8}")
+              f"{'dense':>7} {'la/gmm':>7} {'la/dense':>8} {'gmm+f32':>7} {'la/gmm32':>8}")
         nan = float("nan")
         for r in rows_out:
             o = ours.get(key(r), {})
@@ -113,8 +132,9 @@ def main():
             mm = o.get("mma/load_aware", nan)
             gm = r.get("grouped_mm_tflops", nan)
             dn = r["dense_tflops"]
+            g32 = r.get("grouped_mm_acc32_tflops", nan)
             print(f"{r['dist']:<20} {r['proj']:<8} {r['op']:<6} {fx:7.1f} {la:7.1f} {mm:7.1f} {gm:7.1f} {dn:7.1f} "
-                  f"{la / gm:7.2f} {la / dn:8.2f}")
+                  f"{la / gm:7.2f} {la / dn:8.2f} {g32:7.1f} {la / g32:8.2f}")
     return 0
 
 

@@ -24,9 +24,8 @@
 // gemm --calibrate`) prices a unit as c_tile + c_kblock * k-blocks; in wgrad a group whose unit would cost more
 // than kSplitFraction of the per-SM share of the total is split into chunks of whole k-blocks; segments are ordered
 // by decreasing unit cost and handed out by an atomic counter: forward/dgrad from the front (longest first, short
-// ones fill the tail); wgrad from both ends, keeping the share of k-blocks handed out level with the share of
-// tiles, so that compute-bound tiles (long groups) and memory-bound ones (short groups, whose cost is mostly the
-// fp32 reduction) run side by side.
+// ones fill the tail); wgrad alternately from both ends, so that compute-bound tiles (long groups) and
+// memory-bound ones (short groups, whose cost is mostly the fp32 reduction) run side by side.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -183,7 +182,6 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
         int32_t* order = reinterpret_cast<int32_t*>(const_cast<Header*>(header_of(ws, G)) + 1);  // [G] scratch
         Segment* segs = reinterpret_cast<Segment*>(order + G + (G & 1));
         int32_t* prefix = reinterpret_cast<int32_t*>(segs + max_segments(G));
-        float* kb_prefix = reinterpret_cast<float*>(prefix + max_segments(G) + 1);
         for (int g = threadIdx.x; g < G; g += blockDim.x) {
             int pos = g;
             if (p.load_aware) {
@@ -201,7 +199,6 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
         // 4. segments and the unit prefix (one thread; G is small).
         if (threadIdx.x == 0) {
             int nseg = 0, total = 0;
-            float kb_total = 0.f;
             for (int i = 0; i < G; ++i) {
                 const int g = order[i];
                 const int r = rows_of(g);
@@ -215,15 +212,11 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
                     const int re = p.mode == kModeWgr ? min(r, (j + 1) * kb_per * kBk) : r;
                     segs[nseg] = Segment{g, rb, re, units};
                     prefix[nseg] = total;
-                    kb_prefix[nseg] = kb_total;
                     total += units;
-                    kb_total += static_cast<float>(units) *
-                                (p.mode == kModeWgr ? (re - rb + kBk - 1) / kBk : p.k_blocks);
                     ++nseg;
                 }
             }
             prefix[nseg] = total;
-            kb_prefix[nseg] = kb_total;
             Header* h = const_cast<Header*>(header_of(ws, G));
             h->counter = 0;
             h->total = total;
@@ -255,27 +248,6 @@ struct Unit {
     int kb_end;
     int rows;      // fwd/dgrad: rows of the group
 };
-
-// k-blocks of the first u units of the schedule order (the wgrad hand-out's measure of compute handed out).
-__device__ __forceinline__ float kblocks_before(const GemmParams& p, int u) {
-    const Header* h = header_of(p.ws, p.G);
-    const int32_t* order_end = reinterpret_cast<const int32_t*>(h + 1) + p.G + (p.G & 1);
-    const Segment* segs = reinterpret_cast<const Segment*>(order_end);
-    const int32_t* prefix = reinterpret_cast<const int32_t*>(segs + max_segments(p.G));
-    const float* kb_prefix = reinterpret_cast<const float*>(prefix + max_segments(p.G) + 1);
-    const int nseg = __ldg(&h->nseg);
-    if (u >= __ldg(prefix + nseg)) return __ldg(kb_prefix + nseg);
-    int lo = 0, hi = nseg - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (__ldg(prefix + mid) <= u)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int32_t rb = __ldg(&segs[lo].row_begin), re = __ldg(&segs[lo].row_end);
-    return __ldg(kb_prefix + lo) + static_cast<float>(u - __ldg(prefix + lo)) * ((re - rb + kBk - 1) / kBk);
-}
 
 __device__ __forceinline__ Unit decode_unit(const GemmParams& p, int mode, int n_tiles, int u) {
     const Header* h = header_of(p.ws, p.G);
@@ -362,8 +334,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
                 uint32_t uphase = 0;
                 int last_group = -1;
                 auto* counter = const_cast<unsigned long long*>(&header_of(p.ws, p.G)->counter);
-                int seen_f = 0, seen_b = 0;  // wgrad hand-out: both ends' counts at this block's last claim
-                const float kb_total = kblocks_before(p, total);
                 for (int i = 0;; ++i) {
                     int u;
                     if (!p.dynamic) {
@@ -371,20 +341,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
                     } else if (kMode != kModeWgr) {
                         u = static_cast<int>(atomicAdd(counter, 1ull) & 0xFFFFFFFFull);
                     } else {
-                        // wgrad: from the front of the cost-ordered list (long groups: mostly tensor-core time) or
-                        // from the back (short groups: mostly the fp32 reduction's memory traffic, the same for
-                        // every tile), whichever keeps the share of k-blocks handed out level with the share of
-                        // tiles handed out, so that compute and memory traffic run side by side for the whole call
-                        // instead of one phase after the other. One 64-bit counter holds both ends; a claim is
-                        // valid while front + back < total, which hands every unit out exactly once whatever the
-                        // (possibly stale) decision was.
-                        const float kb_done = kblocks_before(p, seen_f) + kb_total - kblocks_before(p, total - seen_b);
-                        const bool back = kb_done * static_cast<float>(total) >
-                                          kb_total * static_cast<float>(seen_f + seen_b);
+                        // wgrad: alternately the costliest remaining unit (front of the cost-ordered list: long
+                        // groups, mostly tensor-core time) and the cheapest (back: short groups, mostly the fp32
+                        // reduction's memory traffic), so that both kinds run side by side instead of one phase
+                        // after the other. One 64-bit counter holds both ends; a claim is valid while
+                        // front + back < total, which hands every unit out exactly once.
+                        const bool back = (i & 1) != 0;
                         const unsigned long long old = atomicAdd(counter, back ? (1ull << 32) : 1ull);
                         const int f = static_cast<int>(old & 0xFFFFFFFFull), b = static_cast<int>(old >> 32);
-                        seen_f = f + (back ? 0 : 1);
-                        seen_b = b + (back ? 1 : 0);
                         u = f + b >= total ? total : back ? total - 1 - b : f;
                     }
                     mbar_wait(&unit_empty[slot], uphase ^ 1);
@@ -678,8 +642,7 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
 
 size_t workspace_bytes(int G) {
     return maps_bytes(G) + sizeof(Header) + sizeof(int32_t) * (static_cast<size_t>(G) + 1) +
-           sizeof(Segment) * max_segments(G) + sizeof(int32_t) * (max_segments(G) + 1) +
-           sizeof(float) * (max_segments(G) + 1);
+           sizeof(Segment) * max_segments(G) + sizeof(int32_t) * (max_segments(G) + 1);
 }
 
 bool supported() {
