@@ -98,6 +98,28 @@ void device_alloc(T** p, size_t bytes) {
     *p = static_cast<T*>(v);
 }
 
+// Median over `iters` CUDA-event-timed calls on the default stream after `warmup` untimed ones, in µs.
+double median_call_us(const std::function<void()>& call, int warmup, int iters) {
+    cudaEvent_t e0, e1;
+    EVENEP_CUDA_CHECK(cudaEventCreate(&e0));
+    EVENEP_CUDA_CHECK(cudaEventCreate(&e1));
+    for (int i = 0; i < warmup; ++i) call();
+    std::vector<float> ms;
+    for (int i = 0; i < std::max(iters, 1); ++i) {
+        EVENEP_CUDA_CHECK(cudaEventRecord(e0, nullptr));
+        call();
+        EVENEP_CUDA_CHECK(cudaEventRecord(e1, nullptr));
+        EVENEP_CUDA_CHECK(cudaEventSynchronize(e1));
+        float t = 0;
+        EVENEP_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    std::sort(ms.begin(), ms.end());
+    return 1e3 * ms[ms.size() / 2];
+}
+
 struct Variant {
     std::string name;
     cuda::GemmKernel kernel;
@@ -208,9 +230,6 @@ void run_gemm_bench(const GemmBenchOptions& o) {
     device_alloc(&dcu, sizeof(int32_t) * G);
     device_alloc(&ws, cuda::grouped_gemm_workspace_bytes(G));
     EVENEP_CUDA_CHECK(cudaMemcpy(dtable, table.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
-    cudaEvent_t e0, e1;
-    EVENEP_CUDA_CHECK(cudaEventCreate(&e0));
-    EVENEP_CUDA_CHECK(cudaEventCreate(&e1));
 
     nlohmann::json out{{"device", prop.name}, {"G", G}, {"rows", nlohmann::json::array()}};
     nlohmann::json offsets = nlohmann::json::object();
@@ -274,19 +293,7 @@ void run_gemm_bench(const GemmBenchOptions& o) {
                         else
                             cuda::grouped_gemm(a, nullptr);
                     };
-                    for (int i = 0; i < o.warmup; ++i) call();
-                    std::vector<float> ms;
-                    for (int i = 0; i < o.iters; ++i) {
-                        EVENEP_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-                        call();
-                        EVENEP_CUDA_CHECK(cudaEventRecord(e1, nullptr));
-                        EVENEP_CUDA_CHECK(cudaEventSynchronize(e1));
-                        float t = 0;
-                        EVENEP_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-                        ms.push_back(t);
-                    }
-                    std::sort(ms.begin(), ms.end());
-                    const double med_us = 1e3 * ms[ms.size() / 2];
+                    const double med_us = median_call_us(call, o.warmup, o.iters);
                     const double tflops = 2.0 * rows * p.in * p.out / (med_us * 1e-6) / 1e12;
                     std::string check = "-";
                     double max_rel = -1;
@@ -353,8 +360,6 @@ void run_gemm_bench(const GemmBenchOptions& o) {
             }
         }
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
     cudaFree(x), cudaFree(y), cudaFree(y2), cudaFree(w), cudaFree(dtable), cudaFree(dcu), cudaFree(ws), cudaFree(grads),
         cudaFree(dgtable), cudaFree(dyw);
     if (!o.json_file.empty()) {
@@ -391,24 +396,7 @@ void run_calibration(const GemmBenchOptions& o) {
     EVENEP_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     const int sms = prop.multiProcessorCount;
     const int small = 16, big = 48;  // tiles per SM of the two calls
-    cudaEvent_t e0, e1;
-    EVENEP_CUDA_CHECK(cudaEventCreate(&e0));
-    EVENEP_CUDA_CHECK(cudaEventCreate(&e1));
-    auto time_us = [&](const std::function<void()>& call) {
-        for (int i = 0; i < o.warmup; ++i) call();
-        std::vector<float> ms;
-        for (int i = 0; i < std::max(o.iters, 5); ++i) {
-            EVENEP_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-            call();
-            EVENEP_CUDA_CHECK(cudaEventRecord(e1, nullptr));
-            EVENEP_CUDA_CHECK(cudaEventSynchronize(e1));
-            float t = 0;
-            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-            ms.push_back(t);
-        }
-        std::sort(ms.begin(), ms.end());
-        return 1e3 * ms[ms.size() / 2];
-    };
+    auto time_us = [&](const std::function<void()>& call) { return median_call_us(call, o.warmup, std::max(o.iters, 5)); };
     nlohmann::json points = nlohmann::json::array();
     fmt::print("{:<6} {:>4} {:>8} {:>10} {:>12}\n", "op", "kb", "groups", "call us", "us per tile");  // call: 48/SM
 
@@ -487,9 +475,6 @@ void run_calibration(const GemmBenchOptions& o) {
         points.push_back({{"op", "wgrad"}, {"kblocks", kb}, {"call_us", us}, {"tile_us", per}});
     }
     cudaFree(wx), cudaFree(wdy), cudaFree(grads), cudaFree(dgtab), cudaFree(dcu), cudaFree(ws);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-
     const auto [ft, fk] = fit_line(fx, fy);
     const auto [wt, wk] = fit_line(wx_, wy_);
     double fres = 0, wres = 0;
