@@ -354,6 +354,60 @@ TEST(GroupedGemmArgsTest, GraphCaptureMatchesEagerCall) {
     cudaStreamDestroy(s);
 }
 
+// A weight (or gradient) pointer that is not 16-byte aligned is rejected on the device: the group is skipped, the
+// other groups are computed, and grouped_gemm_check names the first rejected group.
+TEST(GroupedGemmArgsTest, MisalignedPointerIsReportedAndSkipped) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const int G = 4, in = 64, out = 128;
+    const std::vector<int32_t> cu = {50, 120, 120, 200};  // group 2 is empty
+    const int rows = cu.back();
+    DeviceArray<uint16_t> x(static_cast<size_t>(rows) * out), w(static_cast<size_t>(G) * in * out + 8);
+    cuda::fill_random_bf16(x.get(), x.size(), 21, 1.f, nullptr);
+    cuda::fill_random_bf16(w.get(), w.size(), 22, 1.f, nullptr);
+    DeviceArray<int32_t> dcu(G);
+    dcu.upload(cu);
+    DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
+    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync}) {
+        SCOPED_TRACE(kernel_suffix(kernel));
+        std::vector<const uint16_t*> table(G);
+        for (int g = 0; g < G; ++g) table[g] = w.get() + static_cast<size_t>(g) * in * out;
+        table[1] += 1;  // 2 bytes off: rejected
+        table[2] += 3;  // misaligned but empty: not an error
+        DeviceArray<const uint16_t*> dtab(G);
+        dtab.upload(table);
+        DeviceArray<uint16_t> y(static_cast<size_t>(rows) * out);
+        EVENEP_CUDA_CHECK(cudaMemset(y.get(), 0xFF, y.size() * 2));
+        cuda::GroupedGemmArgs a;
+        a.x = x.get();
+        a.cu_seqlens = dcu.get();
+        a.weights = dtab.get();
+        a.y = y.get();
+        a.num_groups = G;
+        a.in_dim = in;
+        a.out_dim = out;
+        a.kernel = kernel;
+        a.workspace = ws.get();
+        cuda::grouped_gemm(a, nullptr);
+        try {
+            cuda::grouped_gemm_check(ws.get(), G, nullptr);
+            ADD_FAILURE() << "no error for a misaligned weight pointer";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("group 1 "), std::string::npos) << e.what();
+        }
+        const std::vector<uint16_t> hy = y.download();
+        for (int r = 0; r < rows; ++r) {
+            const bool skipped = r >= cu[0] && r < cu[1];
+            const uint16_t v = hy[static_cast<size_t>(r) * out + 5];
+            EXPECT_EQ(v == 0xFFFF, skipped) << "row " << r;
+        }
+        // A clean call clears the report.
+        table[1] -= 1;
+        dtab.upload(table);
+        cuda::grouped_gemm(a, nullptr);
+        EXPECT_NO_THROW(cuda::grouped_gemm_check(ws.get(), G, nullptr));
+    }
+}
+
 // Peer-pointer groups: the weight table points into another GPU's memory (peer access over NVLink), as it does
 // for a copy read straight from its owner. The result must equal, bit for bit, the same call with the weights
 // copied to the local GPU. Needs two GPUs with peer access (skips otherwise).

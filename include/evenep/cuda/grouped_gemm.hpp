@@ -99,6 +99,12 @@ struct GroupedWgradArgs {
 };
 void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
 
+// Synchronises `stream` and throws evenep::Error(kInvalidArgument) naming the first group of the last call on
+// `workspace` whose pointer (weight or gradient) was rejected: a group with rows and a non-null pointer that is not
+// 16-byte aligned (TMA and cp.async need it). A rejected group is skipped by the GEMM (its output rows or gradient
+// are not written). Optional, like DeviceEp::check: call it where a host synchronisation is acceptable.
+void grouped_gemm_check(const void* workspace, int num_groups, cudaStream_t stream);
+
 // Persistent blocks the GEMM launches on the current device (multiprocessors x co-resident blocks) for kAuto.
 int grouped_gemm_grid_blocks(GemmOp op);
 

@@ -20,6 +20,12 @@
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {
+
+int32_t* gemm_error_word(void* workspace, int num_groups) {
+    return reinterpret_cast<int32_t*>(static_cast<uint8_t*>(workspace) + grouped_gemm_workspace_bytes(num_groups) -
+                                      kErrorWordBytes);
+}
+
 namespace {
 
 constexpr int kBm = 128, kBn = 128, kBk = 32, kStages = 4, kThreads = 256;
@@ -34,10 +40,18 @@ constexpr size_t kSmemBytes = static_cast<size_t>(kStages) * (kAStageElems + kBS
 // tile prefix over the order (entry G = total).
 constexpr int kWsCounter = 0, kWsTotal = 1, kWsOrder = 2;
 
-// Rows of group g that cost work: 0 when the group is empty or its pointer is null.
+// Rows of group g that cost work: 0 when the group is empty, its pointer is null or not 16-byte aligned (a
+// rejected group: grouped_gemm_check reports it).
 __device__ __forceinline__ int group_rows(const int32_t* cu, const void* const* ptrs, int g) {
     const int rows = cu[g] - (g == 0 ? 0 : cu[g - 1]);
-    return rows > 0 && ptrs[g] != nullptr ? rows : 0;
+    return rows > 0 && ptrs[g] != nullptr && (reinterpret_cast<uintptr_t>(ptrs[g]) & 15u) == 0 ? rows : 0;
+}
+// A group with rows whose pointer is not 16-byte aligned is rejected (skipped); the error word keeps the first such
+// group as G - g (atomicMax), 0 = none.
+__device__ __forceinline__ void record_rejected(const int32_t* cu, const void* const* ptrs, int g, int G,
+                                                int32_t* error_word) {
+    const int rows = cu[g] - (g == 0 ? 0 : cu[g - 1]);
+    if (rows > 0 && ptrs[g] != nullptr && (reinterpret_cast<uintptr_t>(ptrs[g]) & 15u) != 0) atomicMax(error_word, G - g);
 }
 // Output tiles of a group: fixed_tiles > 0 (wgrad: the [in, out] tile grid) or ceil(rows / kBm) * n_tiles.
 __device__ __forceinline__ int tiles_of(int rows, int n_tiles, int fixed_tiles) {
@@ -53,10 +67,14 @@ __global__ void __launch_bounds__(1024) gemm_schedule_kernel(const int32_t* __re
                                                              int n_tiles,
                                                              int fixed_tiles,
                                                              int load_aware,
-                                                             int32_t* __restrict__ ws) {
+                                                             int32_t* __restrict__ ws,
+                                                             int32_t* __restrict__ error_word) {
     int32_t* order = ws + kWsOrder;
     int32_t* prefix = ws + kWsOrder + G;
+    if (threadIdx.x == 0) *error_word = 0;
+    __syncthreads();
     for (int g = threadIdx.x; g < G; g += blockDim.x) {
+        record_rejected(cu, ptrs, g, G, error_word);
         int pos = g;
         if (load_aware) {
             const int t = group_rows(cu, ptrs, g);
@@ -378,7 +396,8 @@ void launch(const uint16_t* x,
     const int fixed_tiles = kMode == kWgr ? (M + kBm - 1) / kBm * n_tiles : 0;
     const int dynamic = schedule == GemmSchedule::kLoadAware ? 1 : 0;
     auto* ws = static_cast<int32_t*>(workspace);
-    gemm_schedule_kernel<<<1, 1024, 0, stream>>>(cu, ptrs, G, n_tiles, fixed_tiles, dynamic, ws);
+    gemm_schedule_kernel<<<1, 1024, 0, stream>>>(cu, ptrs, G, n_tiles, fixed_tiles, dynamic, ws,
+                                                 gemm_error_word(workspace, G));
     EVENEP_CUDA_CHECK(cudaGetLastError());
     const int grid = kernel_blocks<kMode, kOutF32>();
     grouped_gemm_kernel<kMode, kOutF32>
@@ -398,7 +417,19 @@ void check_common(int G, int in, int out, const void* workspace, const char* wha
 size_t grouped_gemm_workspace_bytes(int num_groups) {
     const size_t fallback = sizeof(int32_t) * (static_cast<size_t>(kWsOrder) + 2 * static_cast<size_t>(num_groups) + 1);
     const size_t hopper = sm90::workspace_bytes(num_groups);
-    return fallback > hopper ? fallback : hopper;
+    return (fallback > hopper ? fallback : hopper) + kErrorWordBytes;
+}
+
+void grouped_gemm_check(const void* workspace, int num_groups, cudaStream_t stream) {
+    EVENEP_CHECK(workspace != nullptr, "grouped_gemm_check: workspace is null");
+    EVENEP_CHECK(num_groups >= 1 && num_groups <= kMaxGemmGroups, "grouped_gemm_check: num_groups = ", num_groups,
+                 " must be in [1, ", kMaxGemmGroups, "]");
+    int32_t word = 0;
+    EVENEP_CUDA_CHECK(cudaMemcpyAsync(&word, gemm_error_word(const_cast<void*>(workspace), num_groups), sizeof(word),
+                                      cudaMemcpyDeviceToHost, stream));
+    EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    EVENEP_CHECK(word == 0, "grouped_gemm: group ", num_groups - word,
+                 " has rows but its weight/gradient pointer is not 16-byte aligned; the group was skipped");
 }
 
 bool grouped_gemm_has_wgmma() { return sm90::supported(); }

@@ -108,6 +108,7 @@ struct PrepareParams {
     int k_blocks;  // fwd/dgrad: k-blocks per unit
     int load_aware;
     int grid;
+    int32_t* error_word;  // see gemm_error_word
 };
 
 __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ CUtensorMap tmpl_a,
@@ -116,12 +117,15 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
                                                        uint8_t* __restrict__ ws) {
 #if defined(EVENEP_SM90_ENABLED)
         __shared__ float s_total;
-        if (threadIdx.x == 0) s_total = 0.f;
+        if (threadIdx.x == 0) {
+            s_total = 0.f;
+            *p.error_word = 0;
+        }
         __syncthreads();
         const int G = p.G;
-        auto rows_of = [&](int g) {
+        auto rows_of = [&](int g) {  // 0: empty, null or rejected (not 16-byte aligned: TMA needs it)
             const int r = p.cu[g] - (g == 0 ? 0 : p.cu[g - 1]);
-            return r > 0 && p.ptrs[g] != nullptr ? r : 0;
+            return r > 0 && p.ptrs[g] != nullptr && (reinterpret_cast<uintptr_t>(p.ptrs[g]) & 15u) == 0 ? r : 0;
         };
         // Unit cost of group g before splitting (µs, the calibrated model) and its chunk count.
         auto kblocks_of = [&](int g) { return p.mode == kModeWgr ? (rows_of(g) + kBk - 1) / kBk : p.k_blocks; };
@@ -133,6 +137,8 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
         for (int g = threadIdx.x; g < G; g += blockDim.x) {
             const int r = rows_of(g);
             const int begin = g == 0 ? 0 : p.cu[g - 1];
+            const int r_all = p.cu[g] - begin;
+            if (r_all > 0 && p.ptrs[g] != nullptr && r == 0) atomicMax(p.error_word, G - g);
             uint4* ma = reinterpret_cast<uint4*>(ws + static_cast<size_t>(2 * g) * 128);
             uint4* mb = ma + 8;
             const uint4* ta = reinterpret_cast<const uint4*>(&tmpl_a);
@@ -599,6 +605,7 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
     pp.mode = kMode;
     pp.load_aware = a.load_aware ? 1 : 0;
     pp.grid = grid;
+    pp.error_word = gemm_error_word(a.workspace, a.G);
     CUtensorMap ta, tb;
     if constexpr (kMode == kModeWgr) {
         // x [rows][M], dY [rows][N]: boxes of 64 (inner) x 64 rows.
@@ -669,6 +676,7 @@ GemmCostModel cost_model() {
 void launch(const LaunchArgs& a, cudaStream_t stream) {
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0, "grouped_gemm: workspace must be 128-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm: x must be 16-byte aligned");
+    EVENEP_CHECK(a.mode == 2 || reinterpret_cast<uintptr_t>(a.y) % 16 == 0, "grouped_gemm: y must be 16-byte aligned");
     switch (a.mode) {
         case 0:
             if (a.y_fp32)

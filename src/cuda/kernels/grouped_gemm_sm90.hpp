@@ -9,6 +9,13 @@
 
 #include "evenep/cuda/grouped_gemm.hpp"
 
+namespace evenep::cuda {
+// The last kErrorWordBytes of a grouped GEMM workspace: int32 error word written by the scheduler kernels (G - g of
+// the first rejected group, 0 = none), read by grouped_gemm_check.
+inline constexpr size_t kErrorWordBytes = 16;
+int32_t* gemm_error_word(void* workspace, int num_groups);
+}  // namespace evenep::cuda
+
 namespace evenep::cuda::sm90 {
 
 struct LaunchArgs {
