@@ -176,5 +176,15 @@ TEST(CpuDemo, BadInputExitsTwo) {
     fs::remove_all(dir);
 }
 
+// `evenep bench gemm` rejects bad lists before touching a device (exit 2, the value named); without a GPU (or a
+// CUDA build) it says so and exits 1.
+TEST(BenchGemmCli, BadInputExitsTwo) {
+    for (const std::string& args : {std::string("bench gemm --kernels foo"), std::string("bench gemm --ops bar")}) {
+        const CliRun run = run_cli(args);
+        EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.output;
+        EXPECT_NE(run.output.find(args.substr(args.rfind(' ') + 1)), std::string::npos) << run.output;
+    }
+}
+
 }  // namespace
 }  // namespace evenep

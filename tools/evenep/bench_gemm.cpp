@@ -551,7 +551,11 @@ void register_bench_gemm(CLI::App& bench) {
         for (const std::string& op : o->ops)
             EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad", "bench gemm: --ops entry '", op,
                          "' must be fwd, dgrad or wgrad");
+        for (const std::string& k : o->kernels)
+            EVENEP_CHECK(k == "wgmma" || k == "mma", "bench gemm: --kernels entry '", k, "' must be wgmma or mma");
 #if defined(EVENEP_HAVE_CUDA)
+        EVENEP_CHECK_KIND(ErrorKind::kRuntime, cuda::device_available(),
+                          "bench gemm: no CUDA device is usable (cudaGetDeviceCount found none)");
         if (o->calibrate)
             run_calibration(*o);
         else
