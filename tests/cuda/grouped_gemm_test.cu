@@ -64,6 +64,21 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 uint16_t to_bits(float f) { return float_to_bf16(f).bits; }
 float from_bits(uint16_t b) { return bf16_to_float(Bf16{b}); }
 
+// The arguments every test fills the same way (bf16 output, forward, load-aware, kAuto unless changed after).
+cuda::GroupedGemmArgs gemm_args(const uint16_t* x, const int32_t* cu, const uint16_t* const* weights, void* y, int G,
+                                int in, int out, void* ws) {
+    cuda::GroupedGemmArgs a;
+    a.x = x;
+    a.cu_seqlens = cu;
+    a.weights = weights;
+    a.y = y;
+    a.num_groups = G;
+    a.in_dim = in;
+    a.out_dim = out;
+    a.workspace = ws;
+    return a;
+}
+
 class GroupedGemmTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GroupedGemmTest, MatchesReference) {
@@ -112,19 +127,11 @@ TEST_P(GroupedGemmTest, MatchesReference) {
     EVENEP_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, yelems * 4));  // NaN in both bf16 and fp32
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
 
-    cuda::GroupedGemmArgs a;
-    a.x = dx.get();
-    a.cu_seqlens = dcu.get();
-    a.weights = dtable.get();
-    a.y = dy.get();
+    cuda::GroupedGemmArgs a = gemm_args(dx.get(), dcu.get(), dtable.get(), dy.get(), G, c.shape.in, c.shape.out, ws.get());
     a.y_fp32 = c.fp32_out;
-    a.num_groups = G;
-    a.in_dim = c.shape.in;
-    a.out_dim = c.shape.out;
     a.op = c.op;
     a.schedule = c.schedule;
     a.kernel = c.kernel;
-    a.workspace = ws.get();
     cuda::grouped_gemm(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint8_t> hy = dy.download();
@@ -285,15 +292,8 @@ TEST(GroupedGemmArgsTest, RejectsBadArguments) {
     DeviceArray<int32_t> cu(1);
     DeviceArray<const uint16_t*> tab(1);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(1));
-    cuda::GroupedGemmArgs a;
-    a.x = buf.get();
-    a.cu_seqlens = cu.get();
-    a.weights = tab.get();
-    a.y = buf.get();
-    a.workspace = ws.get();
-    a.num_groups = 1;
-    a.in_dim = 12;  // not a multiple of 8
-    a.out_dim = 8;
+    cuda::GroupedGemmArgs a = gemm_args(buf.get(), cu.get(), tab.get(), buf.get(), 1, 12 /*not a multiple of 8*/, 8,
+                                        ws.get());
     EXPECT_THROW(cuda::grouped_gemm(a, nullptr), Error);
     a.in_dim = 8;
     a.num_groups = 0;
@@ -325,15 +325,7 @@ TEST(GroupedGemmArgsTest, GraphCaptureMatchesEagerCall) {
     dcu.upload(cu);
     DeviceArray<uint16_t> y1(static_cast<size_t>(rows) * out), y2(static_cast<size_t>(rows) * out);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
-    cuda::GroupedGemmArgs a;
-    a.x = x.get();
-    a.cu_seqlens = dcu.get();
-    a.weights = dtab.get();
-    a.y = y1.get();
-    a.num_groups = G;
-    a.in_dim = in;
-    a.out_dim = out;
-    a.workspace = ws.get();
+    cuda::GroupedGemmArgs a = gemm_args(x.get(), dcu.get(), dtab.get(), y1.get(), G, in, out, ws.get());
     cuda::grouped_gemm(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     cudaStream_t s;
@@ -377,16 +369,8 @@ TEST(GroupedGemmArgsTest, MisalignedPointerIsReportedAndSkipped) {
         dtab.upload(table);
         DeviceArray<uint16_t> y(static_cast<size_t>(rows) * out);
         EVENEP_CUDA_CHECK(cudaMemset(y.get(), 0xFF, y.size() * 2));
-        cuda::GroupedGemmArgs a;
-        a.x = x.get();
-        a.cu_seqlens = dcu.get();
-        a.weights = dtab.get();
-        a.y = y.get();
-        a.num_groups = G;
-        a.in_dim = in;
-        a.out_dim = out;
+        cuda::GroupedGemmArgs a = gemm_args(x.get(), dcu.get(), dtab.get(), y.get(), G, in, out, ws.get());
         a.kernel = kernel;
-        a.workspace = ws.get();
         cuda::grouped_gemm(a, nullptr);
         try {
             cuda::grouped_gemm_check(ws.get(), G, nullptr);
@@ -444,17 +428,9 @@ TEST(GroupedGemmPeerTest, PeerWeightsMatchLocalWeights) {
         DeviceArray<uint16_t> y(static_cast<size_t>(rows) * ycols);
         DeviceArray<uint16_t> xin(static_cast<size_t>(rows) * (op == GemmOp::kForward ? in : out));
         cuda::fill_random_bf16(xin.get(), xin.size(), 13, 1.f, nullptr);
-        cuda::GroupedGemmArgs a;
-        a.x = xin.get();
-        a.cu_seqlens = dcu.get();
-        a.weights = dtab.get();
-        a.y = y.get();
-        a.num_groups = G;
-        a.in_dim = in;
-        a.out_dim = out;
+        cuda::GroupedGemmArgs a = gemm_args(xin.get(), dcu.get(), dtab.get(), y.get(), G, in, out, ws.get());
         a.op = op;
         a.kernel = kernel;
-        a.workspace = ws.get();
         cuda::grouped_gemm(a, nullptr);
         EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
         return y.download();
