@@ -48,7 +48,7 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--ops", nargs="*", default=["fwd", "dgrad", "wgrad"])
+    ap.add_argument("--ops", nargs="*", default=["fwd", "dgrad", "wgrad", "wgrad_set"])
     args = ap.parse_args()
     spec = json.load(open(args.offsets))
     G, H, F = spec["G"], spec["H"], spec["ffn_hidden"]
@@ -68,7 +68,7 @@ def main():
             for op in args.ops:
                 flops = 2.0 * rows * din * dout
                 rec = {"dist": dist, "proj": proj, "op": op, "rows": rows}
-                if op == "wgrad":  # dW_g = x_g^T dy_g: 2D x 2D with offsets along the rows
+                if op in ("wgrad", "wgrad_set"):  # dW_g = x_g^T dy_g: 2D x 2D with offsets along the rows
                     x = xbuf[: rows * din].view(rows, din)
                     dy = xbuf[: rows * dout].view(rows, dout)
                     try:

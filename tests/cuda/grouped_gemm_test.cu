@@ -51,6 +51,7 @@ struct Case {
     bool fp32_out;
     GemmSchedule schedule;
     cuda::GemmKernel kernel = cuda::GemmKernel::kAuto;  // kAuto = the Hopper kernel on an H100/H200
+    bool accumulate = true;                             // wgrad: dW += (true) or dW = (false)
 };
 
 std::string kernel_suffix(cuda::GemmKernel k) { return k == cuda::GemmKernel::kMmaSync ? "_mma" : ""; }
@@ -244,6 +245,7 @@ TEST_P(GroupedWgradTest, MatchesReference) {
     a.out_dim = out;
     a.schedule = c.schedule;
     a.kernel = c.kernel;
+    a.accumulate = c.accumulate;
     a.workspace = ws.get();
     cuda::grouped_gemm_wgrad(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -257,7 +259,7 @@ TEST_P(GroupedWgradTest, MatchesReference) {
         }
         for (int i = 0; i < in; ++i)
             for (int o = 0; o < out; ++o) {
-                double ref = init[g][static_cast<size_t>(i) * out + o], mag = std::fabs(ref);
+                double ref = c.accumulate ? init[g][static_cast<size_t>(i) * out + o] : 0.0, mag = std::fabs(ref);
                 for (int r = begin; r < cu[g]; ++r) {
                     const double t = static_cast<double>(from_bits(hx[static_cast<size_t>(r) * in + i])) *
                                      from_bits(hdy[static_cast<size_t>(r) * out + o]);
@@ -275,13 +277,18 @@ TEST_P(GroupedWgradTest, MatchesReference) {
 std::vector<Case> wgrad_cases() {
     std::vector<Case> out;
     for (const Case& c : all_cases())
-        if (c.op == GemmOp::kForward && c.fp32_out) out.push_back(c);  // one per shape x schedule
+        if (c.op == GemmOp::kForward && c.fp32_out) {  // one per shape x schedule x kernel, both wgrad modes
+            out.push_back(c);
+            Case set = c;
+            set.accumulate = false;
+            out.push_back(set);
+        }
     return out;
 }
 
 std::string wgrad_name(const ::testing::TestParamInfo<Case>& info) {
     return info.param.shape.name + (info.param.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware") +
-           kernel_suffix(info.param.kernel);
+           kernel_suffix(info.param.kernel) + (info.param.accumulate ? "" : "_overwrite");
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GroupedWgradTest, ::testing::ValuesIn(wgrad_cases()), wgrad_name);

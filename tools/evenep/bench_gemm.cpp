@@ -40,7 +40,7 @@ struct GemmBenchOptions {
     uint64_t seed = 1;
     int warmup = 3, iters = 10;
     bool check = false;
-    std::vector<std::string> ops{"fwd", "dgrad", "wgrad"};
+    std::vector<std::string> ops{"fwd", "dgrad", "wgrad", "wgrad_set"};
     std::vector<std::string> kernels{"wgmma", "mma"};
     std::string json_file, offsets_file;
     bool calibrate = false;
@@ -130,7 +130,7 @@ struct Variant {
 // 128 x 256 tiles; wgrad unsplit), i.e. the makespan of a perfectly balanced schedule.
 double predict_us(const std::vector<int32_t>& cu, int in, int out, const std::string& op, int sms) {
     const cuda::GemmCostModel m = cuda::grouped_gemm_cost_model();
-    const bool wgrad = op == "wgrad";
+    const bool wgrad = op.rfind("wgrad", 0) == 0;
     const int K = op == "fwd" ? in : out, N = op == "fwd" ? out : in;
     double total = 0;
     int32_t prev = 0;
@@ -212,7 +212,9 @@ void run_gemm_bench(const GemmBenchOptions& o) {
     // wgrad: fp32 gradients [G][in * out] (accumulated over all runs; values stay finite).
     float* grads = nullptr;
     float** dgtable = nullptr;
-    const bool with_wgrad = std::find(o.ops.begin(), o.ops.end(), "wgrad") != o.ops.end();
+    const bool with_wgrad = std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) {
+        return op.rfind("wgrad", 0) == 0;
+    });
     if (with_wgrad) {
         device_alloc(&grads, welems * G * sizeof(float));
         EVENEP_CUDA_CHECK(cudaMemset(grads, 0, welems * G * sizeof(float)));
@@ -284,7 +286,8 @@ void run_gemm_bench(const GemmBenchOptions& o) {
                     wa.x = x, wa.dy = dyw, wa.cu_seqlens = dcu, wa.grads = dgtable;
                     wa.num_groups = G, wa.in_dim = p.in, wa.out_dim = p.out, wa.schedule = sch, wa.workspace = ws;
                     wa.kernel = var.kernel;
-                    const bool wgrad = op_name == "wgrad";
+                    wa.accumulate = op_name != "wgrad_set";
+                    const bool wgrad = op_name.rfind("wgrad", 0) == 0;
                     double wgrad_err = -1;
                     if (wgrad && o.check) wgrad_err = check_wgrad(wa, d.cu, p.in, p.out, grads, o.seed);
                     auto call = [&] {
@@ -533,7 +536,7 @@ void register_bench_gemm(CLI::App& bench) {
     cmd->add_option("--maxvio", o->maxvios, "target maxvio values (planner rows of rank 0)")->capture_default_str();
     cmd->add_option("--zipf", o->zipf, "Zipf exponent of the extra split (<= 0: none)")->capture_default_str();
     cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
-    cmd->add_option("--ops", o->ops, "any of fwd, dgrad, wgrad (wgrad --check: 8 sampled gradient elements)")
+    cmd->add_option("--ops", o->ops, "any of fwd, dgrad, wgrad (dW += x^T dy into fp32), wgrad_set (dW = x^T dy, no read); wgrad --check: 8 sampled elements")
         ->capture_default_str();
     cmd->add_option("--warmup", o->warmup, "untimed runs")->capture_default_str();
     cmd->add_option("--iters", o->iters, "timed runs (median reported)")->capture_default_str();
@@ -549,8 +552,8 @@ void register_bench_gemm(CLI::App& bench) {
                     "with --calibrate: write the fitted model as a C++ include (src/cuda/kernels/gemm_cost_model.inc)");
     cmd->callback([o]() {
         for (const std::string& op : o->ops)
-            EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad", "bench gemm: --ops entry '", op,
-                         "' must be fwd, dgrad or wgrad");
+            EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad" || op == "wgrad_set", "bench gemm: --ops entry '",
+                         op, "' must be fwd, dgrad, wgrad or wgrad_set");
         for (const std::string& k : o->kernels)
             EVENEP_CHECK(k == "wgmma" || k == "mma", "bench gemm: --kernels entry '", k, "' must be wgmma or mma");
 #if defined(EVENEP_HAVE_CUDA)

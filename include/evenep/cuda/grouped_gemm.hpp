@@ -96,6 +96,10 @@ struct GroupedWgradArgs {
     GemmSchedule schedule = GemmSchedule::kLoadAware;
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
     GemmKernel kernel = GemmKernel::kAuto;
+    // false: overwrite instead of accumulate (dW_g = x_g^T dy_g, e.g. the first micro-batch after the gradients were
+    // released): the gradient is written without being read, half the memory traffic; groups are never split
+    // (deterministic). Skipped groups are untouched either way.
+    bool accumulate = true;
 };
 void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
 

@@ -159,6 +159,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const uint16_t* 
                                                                 int N,
                                                                 int M,
                                                                 int dynamic,
+                                                                int accumulate,
                                                                 int32_t* __restrict__ ws) {
     extern __shared__ __align__(16) uint16_t smem[];
     uint16_t* sa = smem;
@@ -320,7 +321,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const uint16_t* 
                     const size_t off = static_cast<size_t>(row) * N + col;
                     if constexpr (kMode == kWgr) {
                         float2* p = reinterpret_cast<float2*>(static_cast<float*>(const_cast<void*>(wtab[g])) + off);
-                        float2 v = *p;
+                        float2 v = accumulate ? *p : make_float2(0.f, 0.f);
                         v.x += acc[i][j][h * 2];
                         v.y += acc[i][j][h * 2 + 1];
                         *p = v;
@@ -391,7 +392,8 @@ void launch(const uint16_t* x,
             int M,
             GemmSchedule schedule,
             void* workspace,
-            cudaStream_t stream) {
+            cudaStream_t stream,
+            bool accumulate = true) {
     const int n_tiles = (N + kBn - 1) / kBn;
     const int fixed_tiles = kMode == kWgr ? (M + kBm - 1) / kBm * n_tiles : 0;
     const int dynamic = schedule == GemmSchedule::kLoadAware ? 1 : 0;
@@ -401,7 +403,7 @@ void launch(const uint16_t* x,
     EVENEP_CUDA_CHECK(cudaGetLastError());
     const int grid = kernel_blocks<kMode, kOutF32>();
     grouped_gemm_kernel<kMode, kOutF32>
-        <<<grid, kThreads, kSmemBytes, stream>>>(x, cu, ptrs, dy, y, G, K, N, M, dynamic, ws);
+        <<<grid, kThreads, kSmemBytes, stream>>>(x, cu, ptrs, dy, y, G, K, N, M, dynamic, accumulate ? 1 : 0, ws);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -512,12 +514,13 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& a, cudaStream_t stream) {
         l.N = a.out_dim;
         l.M = a.in_dim;
         l.load_aware = a.schedule == GemmSchedule::kLoadAware;
+        l.accumulate = a.accumulate;
         l.workspace = a.workspace;
         sm90::launch(l, stream);
         return;
     }
     launch<kWgr, true>(a.x, a.cu_seqlens, ptrs, a.dy, nullptr, a.num_groups, 0, a.out_dim, a.in_dim, a.schedule,
-                       a.workspace, stream);
+                       a.workspace, stream, a.accumulate);
 }
 
 }  // namespace evenep::cuda

@@ -109,6 +109,7 @@ struct PrepareParams {
     int load_aware;
     int grid;
     int32_t* error_word;  // see gemm_error_word
+    int accumulate;       // wgrad: 0 = overwrite (never split)
 };
 
 __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ CUtensorMap tmpl_a,
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
         const float target = kSplitFraction * s_total / static_cast<float>(p.grid);
         auto chunks_of = [&](int g) {
             const int kb = kblocks_of(g);
-            if (p.mode != kModeWgr || !p.load_aware || kb <= 1) return 1;
+            if (p.mode != kModeWgr || !p.load_aware || !p.accumulate || kb <= 1) return 1;
             const float budget = fmaxf(target - c_tile, c_kb * 4.f);
             int c = static_cast<int>(ceilf(c_kb * kb / budget));
             c = c < 1 ? 1 : c;
@@ -244,6 +245,7 @@ struct GemmParams {
     int N;  // output columns
     int M;  // wgrad: gradient rows (in)
     int dynamic;
+    int accumulate;  // wgrad: 1 = add the tile into the gradient, 0 = write it
 };
 
 struct Unit {
@@ -528,9 +530,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
                             const int m = un.row0 + 64 * w + t;
                             const int n = un.col0 + 64 * c;
                             const int cols = min(64, p.N - n);
-                            if (m < p.M && cols > 0)
-                                bulk_reduce_add_f32(grad + static_cast<size_t>(m) * p.N + n, buf + t * kStageRow,
-                                                    static_cast<uint32_t>(cols) * 4u);
+                            if (m < p.M && cols > 0) {
+                                if (p.accumulate)
+                                    bulk_reduce_add_f32(grad + static_cast<size_t>(m) * p.N + n, buf + t * kStageRow,
+                                                        static_cast<uint32_t>(cols) * 4u);
+                                else
+                                    bulk_store(grad + static_cast<size_t>(m) * p.N + n, buf + t * kStageRow,
+                                               static_cast<uint32_t>(cols) * 4u);
+                            }
                             bulk_commit();
                         }
                         ++chunk_count;
@@ -606,6 +613,7 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
     pp.load_aware = a.load_aware ? 1 : 0;
     pp.grid = grid;
     pp.error_word = gemm_error_word(a.workspace, a.G);
+    pp.accumulate = a.accumulate ? 1 : 0;
     CUtensorMap ta, tb;
     if constexpr (kMode == kModeWgr) {
         // x [rows][M], dY [rows][N]: boxes of 64 (inner) x 64 rows.
@@ -641,6 +649,7 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
     gp.N = a.N;
     gp.M = a.M;
     gp.dynamic = a.load_aware ? 1 : 0;
+    gp.accumulate = a.accumulate ? 1 : 0;
     gemm_kernel<kMode, kOutF32><<<grid, kThreads, smem_bytes(kMode, kOutF32), stream>>>(gp);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }

@@ -28,6 +28,7 @@ struct LaunchArgs {
     bool y_fp32 = false;
     int G = 0, K = 0, N = 0, M = 0;
     bool load_aware = true;
+    bool accumulate = true;  // wgrad: false writes the tile (dW = ...) instead of adding it; never split
     void* workspace = nullptr;
 };
 
