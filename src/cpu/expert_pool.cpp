@@ -141,16 +141,20 @@ std::span<const float> ExpertPool::slot_grad(int proj, int slot) const {
     return const_cast<ExpertPool*>(this)->slot_grad(proj, slot);
 }
 
-void ExpertPool::prefetch_weight(const Plan& plan, const ExpertWeights& layer) {
-    const int R = cfg_.cfg.R, B = static_cast<int>(layout_.B), epn = cfg_.cfg.epn();
-    traffic_ = PhaseTraffic(R);
+void ExpertPool::begin_phase(const Plan& plan, const ExpertWeights& layer, const char* call) {
+    traffic_ = PhaseTraffic(cfg_.cfg.R);
     LocalStatus status;
     status.run([&] {
-        check_plan(plan, cfg_, rank_, "prefetch_weight");
-        check_layer(layer, cfg_, rank_, "prefetch_weight");
+        check_plan(plan, cfg_, rank_, call);
+        check_layer(layer, cfg_, rank_, call);
     });
-    const int bad = team_.barrier("prefetch_weight: start", status.ok);
-    status.throw_if_failed(bad, "prefetch_weight", "nothing was moved");
+    const int bad = team_.barrier(std::string(call) + ": start", status.ok);
+    status.throw_if_failed(bad, call, "nothing was moved");
+}
+
+void ExpertPool::prefetch_weight(const Plan& plan, const ExpertWeights& layer) {
+    const int B = static_cast<int>(layout_.B), epn = cfg_.cfg.epn();
+    begin_phase(plan, layer, "prefetch_weight");
     const int64_t n = layout_.expert_elems();
     for (int b = 0; b < B; ++b) {
         const int32_t e = plan.copies[static_cast<size_t>(rank_) * B + b];
@@ -170,14 +174,7 @@ void ExpertPool::prefetch_weight(const Plan& plan, const ExpertWeights& layer) {
 
 void ExpertPool::reduce_grad(const Plan& plan, ExpertWeights& layer) {
     const int R = cfg_.cfg.R, B = static_cast<int>(layout_.B), epn = cfg_.cfg.epn();
-    traffic_ = PhaseTraffic(R);
-    LocalStatus status;
-    status.run([&] {
-        check_plan(plan, cfg_, rank_, "reduce_grad");
-        check_layer(layer, cfg_, rank_, "reduce_grad");
-    });
-    const int bad = team_.barrier("reduce_grad: start", status.ok);
-    status.throw_if_failed(bad, "reduce_grad", "nothing was moved");
+    begin_phase(plan, layer, "reduce_grad");
     const int64_t n = layout_.expert_elems();
     for (int le = 0; le < epn; ++le) {
         const int32_t e = rank_ * epn + le;

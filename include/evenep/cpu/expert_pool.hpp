@@ -59,6 +59,10 @@ class ExpertWeights {
     uint64_t version(int peer) const;
 
   private:
+    // Entry of prefetch_weight / reduce_grad (`call`): clears the traffic record, checks plan and layer on every
+    // rank, then the "start" barrier; throws on every rank if any rank's check failed (nothing moved yet).
+    void begin_phase(const Plan& plan, const ExpertWeights& layer, const char* call);
+
     Team& team_;
     BufferConfig cfg_;
     detail::ExpertWeightsLayout layout_;
@@ -100,6 +104,10 @@ class ExpertPool {
     const PhaseTraffic& last_traffic() const { return traffic_; }
 
   private:
+    // Entry of prefetch_weight / reduce_grad (`call`): clears the traffic record, checks plan and layer on every
+    // rank, then the "start" barrier; throws on every rank if any rank's check failed (nothing moved yet).
+    void begin_phase(const Plan& plan, const ExpertWeights& layer, const char* call);
+
     Team& team_;
     BufferConfig cfg_;
     detail::ExpertPoolLayout layout_;
