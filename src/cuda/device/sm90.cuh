@@ -51,9 +51,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 
 // ---- TMA ------------------------------------------------------------------------------------------------------
-__device__ __forceinline__ void tma_prefetch_desc(const void* tmap) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(tmap) : "memory");
-}
 // Loads the box at (c0 = innermost element, c1 = row) of the 2-D tensor map into shared memory; completion is
 // signalled as transaction bytes on `bar`. Out-of-bounds elements are written as zeros (and counted).
 __device__ __forceinline__ void tma_load_2d(void* smem_dst, const void* tmap, uint64_t* bar, int c0, int c1) {
