@@ -50,6 +50,8 @@ float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
 
 }  // namespace
 
+static_assert(MoeRunOptions{}.barrier_timeout == kDefaultBarrierTimeout, "evenep/moe.hpp's default timeout");
+
 MoeProblem make_moe_problem(const BufferConfig& cfg,
                             std::vector<std::vector<int32_t>> topk_idx,
                             std::vector<int32_t> s,

@@ -41,23 +41,6 @@ void for_each_used_row(const DispatchHandle& h, F&& fn) {
 
 }  // namespace
 
-double LayerTimes::total() const {
-    return dispatch + prefetch + expert_forward + combine + combine_backward + expert_backward + dispatch_backward +
-           reduce_grad;
-}
-
-void LayerTimes::max_with(const LayerTimes& o) {
-    plan = std::max(plan, o.plan);
-    dispatch = std::max(dispatch, o.dispatch);
-    prefetch = std::max(prefetch, o.prefetch);
-    expert_forward = std::max(expert_forward, o.expert_forward);
-    combine = std::max(combine, o.combine);
-    combine_backward = std::max(combine_backward, o.combine_backward);
-    expert_backward = std::max(expert_backward, o.expert_backward);
-    dispatch_backward = std::max(dispatch_backward, o.dispatch_backward);
-    reduce_grad = std::max(reduce_grad, o.reduce_grad);
-}
-
 MoeLayer::MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights)
     : buffer_(buffer), pool_(pool), weights_(weights), traffic_(buffer.config().cfg.R) {
     const BufferConfig& c = buffer.config();

@@ -1,4 +1,4 @@
-// GPU backward tests: DeviceEp::combine_backward / dispatch_backward bit-identical to the CPU backend's
+// GPU backward tests: cuda::Ep::combine_backward / dispatch_backward bit-identical to the CPU backend's
 // cpu::Buffer::combine_backward / dispatch_backward (SPEC §4.3).
 //
 // Cases:
@@ -13,7 +13,8 @@
 //       CPU's two rounds on one handle.
 //   BackwardFlowTest.GraphCaptureReplay  combine_backward + dispatch_backward (with the grad_recv_w copy) captured
 //       into one CUDA graph; replays equal the eager run.
-//   BackwardFlowTest.RequiresBindBackward  the backward calls before bind_backward throw evenep::Error.
+//   BackwardFlowTest.RejectsBadBackwardInputs  an empty plan, null gradient pointers or a wrong number of ranks
+//       throw evenep::Error.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -108,7 +109,7 @@ CpuBackward cpu_backward(const BufferConfig& bc,
         c.grad_x.resize(R), c.grad_topk_w.resize(R), c.recv_w_after.resize(R);
     }
     cpu::LocalTeamGroup group(R, oo.barrier_timeout);
-    cpu::run_ranks_or_throw(group, [&](Team& team) {
+    cpu::run_ranks_or_throw(group, [&](evenep::Team& team) {
         const int r = team.rank();
         cpu::Buffer buffer(team, bc, oo.mode);
         cpu::DispatchArgs a;
@@ -136,16 +137,16 @@ CpuBackward cpu_backward(const BufferConfig& bc,
     return res;
 }
 
-// Device side of the backward: per-rank gradient arrays bound through bind_backward.
+// Device side of the backward: per-rank gradient arrays, passed to every backward call.
 struct GpuBackward {
     DeviceEp ep;
     GroupIo io;
     std::vector<DeviceArray<uint16_t>> grad_out, grad_x;
     std::vector<DeviceArray<float>> grad_topk_w, grad_recv_w;
     std::vector<BackwardIo> bio;
+    EpPlan plan;
 
     GpuBackward(const Config& cfg, int H, const EpOptions& opt) : ep(cfg, H, opt), io(cfg.R, cfg.S, cfg.K, H) {
-        ep.bind(io.io);
         for (int r = 0; r < cfg.R; ++r) {
             grad_out.emplace_back(static_cast<size_t>(cfg.S) * H);
             grad_x.emplace_back(static_cast<size_t>(cfg.S) * H);
@@ -159,8 +160,7 @@ struct GpuBackward {
         bio.clear();
         for (int r = 0; r < ep.config().R; ++r)
             bio.push_back(BackwardIo{grad_out[r].get(), grad_x[r].get(), grad_topk_w[r].get(),
-                                     with_copy ? grad_recv_w[r].get() : nullptr});
-        ep.bind_backward(bio);
+                                     with_copy ? grad_recv_w[r].get() : nullptr, io.w[r].get()});
     }
     void upload_tokens(const std::vector<cpu::RankTokens>& tokens) {
         for (size_t r = 0; r < tokens.size(); ++r) {
@@ -200,7 +200,7 @@ void expect_combine_backward_equal(const GpuBackward& g,
     const Config& cfg = g.ep.config();
     const int H = g.ep.hidden();
     for (int r = 0; r < cfg.R; ++r) {
-        ASSERT_EQ(g.ep.download_dst(r), cpu.dst[r]) << what << ": dst of rank " << r;
+        ASSERT_EQ(g.ep.download_dst(g.plan, r), cpu.dst[r]) << what << ": dst of rank " << r;
         const int64_t rows = cpu.plan.rows_used(r);
         const std::vector<uint16_t> x = g.ep.download_recv_x(r, rows);
         for (int64_t i = 0; i < rows * H; ++i)
@@ -250,7 +250,7 @@ void device_round(GpuBackward& g,
                   const std::vector<cpu::RankTokens>& tokens,
                   const std::string& what) {
     g.upload_grad_out(grads);
-    g.ep.combine_backward(nullptr);
+    g.ep.combine_backward(g.plan, g.bio, nullptr);
     g.ep.check(nullptr);
     expect_combine_backward_equal(g, cpu, c, what + " combine_backward");
     if (::testing::Test::HasFatalFailure()) return;
@@ -259,7 +259,7 @@ void device_round(GpuBackward& g,
             g.bind(with_copy);
             g.upload_grad_recv(grads, with_copy);
             g.poison_outputs();
-            g.ep.dispatch_backward(mode, nullptr);
+            g.ep.dispatch_backward(g.plan, g.bio, mode, nullptr);
             g.ep.check(nullptr);
             expect_dispatch_backward_equal(
                 g, cpu, c, tokens,
@@ -307,8 +307,8 @@ TEST_P(BackwardTest, MatchesCpu) {
     const CpuBackward cpu = cpu_backward(bc, tokens, grads, oo);
     GpuBackward g(bc.cfg, bc.H, EpOptions{});
     g.upload_tokens(tokens);
-    g.ep.plan(routing.s, nullptr, oo.s_total);
-    g.ep.dispatch(nullptr);
+    g.plan = g.ep.plan(g.io.io, routing.s, nullptr, oo.s_total);
+    g.ep.dispatch(g.plan, g.io.io, nullptr);
     device_round(g, cpu, cpu.rounds[0], grads[0], tokens, param_name(p));
 }
 
@@ -325,10 +325,10 @@ TEST(BackwardFlowTest, PlanReuseWithoutPlanning) {
     const CpuBackward cpu = cpu_backward(bc, tokens, grads, cpu::OracleOptions{});
     GpuBackward g(bc.cfg, bc.H, EpOptions{});
     g.upload_tokens(tokens);
-    g.ep.plan(routing.s, nullptr);
-    g.ep.dispatch(nullptr);
-    g.ep.combine(true, CombineMode::kPushPartials, nullptr);
-    // Another routing in the bound topk_idx: a backward call that planned again would follow it.
+    g.plan = g.ep.plan(g.io.io, routing.s, nullptr);
+    g.ep.dispatch(g.plan, g.io.io, nullptr);
+    g.ep.combine(g.plan, g.io.io, true, CombineMode::kPushPartials, nullptr);
+    // Another routing in the device topk_idx: a backward call that planned again would follow it.
     const Routing other = make_round_robin(RoutingSpec{4, 16, 4, 64, 22});
     for (int r = 0; r < bc.cfg.R; ++r) g.io.idx[r].upload(other.topk_idx[r]);
     for (size_t i = 0; i < grads.size(); ++i) {
@@ -350,8 +350,8 @@ TEST(BackwardFlowTest, GraphCaptureReplay) {
     g.upload_tokens(tokens);
     cudaStream_t stream;
     EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    g.ep.plan(routing.s, stream, oo.s_total);
-    g.ep.dispatch(stream);
+    g.plan = g.ep.plan(g.io.io, routing.s, stream, oo.s_total);
+    g.ep.dispatch(g.plan, g.io.io, stream);
     g.ep.check(stream);
     g.upload_grad_out(grads[0]);
     // The graph: combine_backward, then (as the expert backward would) the gradient rows into recv_x, then
@@ -363,11 +363,11 @@ TEST(BackwardFlowTest, GraphCaptureReplay) {
         g.grad_recv_w[r].upload(grads[0].recv_w[r]);
     }
     auto step = [&] {
-        g.ep.combine_backward(stream);
+        g.ep.combine_backward(g.plan, g.bio, stream);
         for (int r = 0; r < bc.cfg.R; ++r)
             EVENEP_CUDA_CHECK(
                 cudaMemcpyAsync(g.ep.recv_x(r), rows[r].get(), rows[r].size() * 2, cudaMemcpyDeviceToDevice, stream));
-        g.ep.dispatch_backward(CombineMode::kPushPartials, stream);
+        g.ep.dispatch_backward(g.plan, g.bio, CombineMode::kPushPartials, stream);
     };
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -387,22 +387,21 @@ TEST(BackwardFlowTest, GraphCaptureReplay) {
     EVENEP_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
-TEST(BackwardFlowTest, RequiresBindBackward) {
+TEST(BackwardFlowTest, RejectsBadBackwardInputs) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     const BufferConfig bc = testing::buffer_config(2, 8, 2, 16, 4, 16);
     const Routing routing = make_round_robin(RoutingSpec{2, 8, 2, 16, 1});
     const auto tokens = testing::random_tokens(bc, routing, 1);
     DeviceEp ep(bc.cfg, bc.H, EpOptions{});
     GroupIo io(bc.cfg.R, bc.cfg.S, bc.cfg.K, bc.H);
-    const std::vector<BackwardIo> early(bc.cfg.R);
-    EXPECT_THROW(ep.bind_backward(early), Error);  // before bind
-    ep.bind(io.io);
+    const std::vector<BackwardIo> empty(bc.cfg.R);
+    EXPECT_THROW(ep.combine_backward(EpPlan{}, empty, nullptr), Error);  // no plan
     for (int r = 0; r < bc.cfg.R; ++r) io.idx[r].upload(tokens[r].topk_idx);
-    ep.plan(routing.s, nullptr);
-    ep.dispatch(nullptr);
-    EXPECT_THROW(ep.combine_backward(nullptr), Error);
-    EXPECT_THROW(ep.dispatch_backward(CombineMode::kPull, nullptr), Error);
-    EXPECT_THROW(ep.bind_backward(early), Error);  // null gradient pointers
+    const EpPlan plan = ep.plan(io.io, routing.s, nullptr);
+    ep.dispatch(plan, io.io, nullptr);
+    EXPECT_THROW(ep.combine_backward(plan, empty, nullptr), Error);  // null gradient pointers
+    EXPECT_THROW(ep.dispatch_backward(plan, empty, CombineMode::kPull, nullptr), Error);
+    EXPECT_THROW(ep.combine_backward(plan, std::span<const BackwardIo>(empty).first(1), nullptr), Error);  // one rank
     ep.check(nullptr);
 }
 

@@ -58,9 +58,8 @@ std::vector<Bf16> scale_rows_host(const std::vector<Bf16>& x) {
 struct GpuGroup {
     DeviceEp ep;
     GroupIo io;
-    GpuGroup(const Config& cfg, int H, const EpOptions& opt) : ep(cfg, H, opt), io(cfg.R, cfg.S, cfg.K, H) {
-        ep.bind(io.io);
-    }
+    EpPlan plan;
+    GpuGroup(const Config& cfg, int H, const EpOptions& opt) : ep(cfg, H, opt), io(cfg.R, cfg.S, cfg.K, H) {}
     void upload(const std::vector<cpu::RankTokens>& tokens) {
         for (size_t r = 0; r < tokens.size(); ++r) {
             io.x[r].upload(bits_of(tokens[r].x));
@@ -83,12 +82,15 @@ int64_t s_total_of(const Routing& routing) {
 }
 
 // Compares the GPU buffers after dispatch with the oracle's.
-void expect_dispatch_equal(const DeviceEp& ep, const cpu::GroupDispatchResult& od, const std::string& what) {
+void expect_dispatch_equal(const Ep& ep,
+                           const EpPlan& plan,
+                           const cpu::GroupDispatchResult& od,
+                           const std::string& what) {
     const Config& cfg = ep.config();
     const int H = ep.hidden();
     for (int r = 0; r < cfg.R; ++r) {
-        ASSERT_EQ(testing::plan_diff(ep.download_plan(r), od.plan), "") << what << ": rank " << r;
-        ASSERT_EQ(ep.download_dst(r), od.dst[r]) << what << ": dst of rank " << r;
+        ASSERT_EQ(testing::plan_diff(ep.download_plan(plan, r), od.plan), "") << what << ": rank " << r;
+        ASSERT_EQ(ep.download_dst(plan, r), od.dst[r]) << what << ": dst of rank " << r;
         const int64_t rows = od.plan.rows_used(r);
         const std::vector<uint16_t> x = ep.download_recv_x(r, rows);
         for (int64_t i = 0; i < rows * H; ++i)
@@ -119,7 +121,7 @@ void expect_combine_equal(GpuGroup& g,
                 EVENEP_CUDA_CHECK(cudaMemset(g.io.out[r].get(), 0xff, g.io.out[r].size() * 2));
                 EVENEP_CUDA_CHECK(cudaMemset(g.io.out_w[r].get(), 0xff, g.io.out_w[r].size() * 4));
             }
-            g.ep.combine(apply, mode, nullptr);
+            g.ep.combine(g.plan, g.io.io, apply, mode, nullptr);
             g.ep.check(nullptr);
             const std::string w =
                 cat(what, mode == CombineMode::kPull ? " pull" : " push", apply ? " weighted" : " unweighted");
@@ -151,10 +153,10 @@ void check_case(
     opt.sm_budget = sm_budget;
     GpuGroup g(cfg, bc.H, opt);
     g.upload(tokens);
-    g.ep.plan(routing.s, nullptr, oo.s_total);
-    g.ep.dispatch(nullptr);
+    g.plan = g.ep.plan(g.io.io, routing.s, nullptr, oo.s_total);
+    g.ep.dispatch(g.plan, g.io.io, nullptr);
     g.ep.check(nullptr);
-    expect_dispatch_equal(g.ep, od, what);
+    expect_dispatch_equal(g.ep, g.plan, od, what);
     if (::testing::Test::HasFatalFailure()) return;
     g.expert_placeholder(nullptr);
     std::vector<std::vector<Bf16>> y(cfg.R);
@@ -221,15 +223,15 @@ TEST(DatapathFlowTest, PlanReuse) {
     auto tokens = testing::random_tokens(bc, routing, 1);
     GpuGroup g(cfg, bc.H, EpOptions{});
     g.upload(tokens);
-    g.ep.plan(routing.s, nullptr);
-    g.ep.dispatch(nullptr);
+    g.plan = g.ep.plan(g.io.io, routing.s, nullptr);
+    g.ep.dispatch(g.plan, g.io.io, nullptr);
     // New token rows, same routing and weights: dispatch again without planning.
     for (int r = 0; r < cfg.R; ++r) tokens[r].x = testing::random_bf16(tokens[r].x.size(), 1000 + r);
     g.upload(tokens);
-    g.ep.dispatch(nullptr);
+    g.ep.dispatch(g.plan, g.io.io, nullptr);
     g.ep.check(nullptr);
     const cpu::GroupDispatchResult od = cpu::dispatch_group(bc, tokens);
-    expect_dispatch_equal(g.ep, od, "plan reuse");
+    expect_dispatch_equal(g.ep, g.plan, od, "plan reuse");
     if (HasFatalFailure()) return;
     g.expert_placeholder(nullptr);
     std::vector<std::vector<Bf16>> y(cfg.R);
@@ -248,10 +250,10 @@ TEST(DatapathFlowTest, GraphCaptureReplay) {
     cudaStream_t stream;
     EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     auto step = [&] {
-        g.ep.plan(routing.s, stream);
-        g.ep.dispatch(stream);
+        g.plan = g.ep.plan(g.io.io, routing.s, stream);
+        g.ep.dispatch(g.plan, g.io.io, stream);
         g.expert_placeholder(stream);
-        g.ep.combine(true, CombineMode::kPushPartials, stream);
+        g.ep.combine(g.plan, g.io.io, true, CombineMode::kPushPartials, stream);
     };
     step();
     g.ep.check(stream);
@@ -282,7 +284,8 @@ TEST(DatapathFlowTest, GraphCaptureReplay) {
     for (int r = 0; r < cfg.R; ++r) y[r] = scale_rows_host(od.recv_x[r]);
     const cpu::GroupCombineResult oc = cpu::combine_group(bc, tokens2, y, true);
     for (int r = 0; r < cfg.R; ++r) {
-        ASSERT_EQ(testing::plan_diff(g.ep.download_plan(r), od.plan), "") << "graph replay, new routing, rank " << r;
+        ASSERT_EQ(testing::plan_diff(g.ep.download_plan(g.plan, r), od.plan), "")
+            << "graph replay, new routing, rank " << r;
         ASSERT_EQ(g.io.out[r].download(), bits_of(oc.out[r])) << "graph replay, new routing, rank " << r;
     }
     EVENEP_CUDA_CHECK(cudaGraphExecDestroy(exec));

@@ -37,7 +37,8 @@ struct Fixture {
     Config cfg;
     std::unique_ptr<DeviceEp> ep;
     std::unique_ptr<GroupIo> io;
-    std::unique_ptr<DeviceExperts> ex;
+    std::unique_ptr<Experts> ex;
+    EpPlan ep_plan;
     Plan plan;
 };
 
@@ -80,14 +81,13 @@ Fixture make_fixture(const Shape& sh) {
     ro.skew = 3.0;
     const Routing routing = testing::random_routing(f.cfg, 99, ro);
     for (int r = 0; r < sh.R; ++r) f.io->idx[r].upload(routing.topk_idx[r]);
-    f.ep->bind(f.io->io);
-    f.ep->plan(routing.s, nullptr);
+    f.ep_plan = f.ep->plan(f.io->io, routing.s, nullptr);
     f.ep->check(nullptr);
-    f.plan = f.ep->download_plan(0);
+    f.plan = f.ep->download_plan(f.ep_plan, 0);
     ExpertsShape es;
     es.num_projections = sh.P;
     es.elems = sh.elems;
-    f.ex = std::make_unique<DeviceExperts>(*f.ep, es);
+    f.ex = std::make_unique<Experts>(*f.ep, es);
     return f;
 }
 
@@ -114,7 +114,7 @@ TEST_P(ExpertsTest, PrefetchAndReduce) {
                 put(f.ex->slot_grad(r, p, b), host_floats(n, 9000 + (r * 3 + p) * 97 + b));
             }
         }
-    f.ex->prefetch_weight(*f.ep, nullptr);
+    f.ex->prefetch_weight(*f.ep, f.ep_plan, nullptr);
     f.ep->check(nullptr);
     for (int r = 0; r < R; ++r)
         for (int b = 0; b < B; ++b) {
@@ -146,7 +146,7 @@ TEST_P(ExpertsTest, PrefetchAndReduce) {
                 std::fill(s.begin(), s.end(), 0.0f);
             }
         }
-    f.ex->reduce_grad(*f.ep, nullptr);
+    f.ex->reduce_grad(*f.ep, f.ep_plan, nullptr);
     f.ep->check(nullptr);
     for (int r = 0; r < R; ++r)
         for (int p = 0; p < sh.P; ++p) {
@@ -182,7 +182,7 @@ TEST(ExpertsDeterminismTest, ReduceTwiceIsDeterministic) {
             for (int g = 0; g < epn; ++g) put(f.ex->grad(r, 0, g), host_floats(4096, 11 + r * 31 + g));
             for (int b = 0; b < B; ++b) put(f.ex->slot_grad(r, 0, b), host_floats(4096, 77 + r * 31 + b));
         }
-        f.ex->reduce_grad(*f.ep, nullptr);
+        f.ex->reduce_grad(*f.ep, f.ep_plan, nullptr);
         f.ep->check(nullptr);
         std::vector<std::vector<float>> grads;
         for (int r = 0; r < sh.R; ++r)

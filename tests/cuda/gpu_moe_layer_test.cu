@@ -12,7 +12,8 @@
 // tolerances (cpu::default_tolerances(), as tests/unit/cpu_moe_layer_test.cpp).
 //
 // Cases:
-//   GpuMoeLayer/MatchesCpu.ForwardBackward/<case>_<planner>   output, grad_x, grad_topk_w and each projection's
+//   GpuMoeLayer/MatchesCpu.ForwardBackward/<case>_<planner>   the library runner (cuda::run_moe_layer) over the
+//       local team:  output, grad_x, grad_topk_w and each projection's
 //       weight gradient (all experts, copies reduced home) vs the CPU layer within kGpuCpuTol; the same vs the
 //       dense reference within the CPU tolerances; plan alloc and dst bitwise equal to the CPU ranks'. Cases:
 //       R4 E16 K4 S64 H128 H'64 with lognormal (copies), masked entries and unequal s_r; R8 E32 K6 hot expert
@@ -22,10 +23,14 @@
 //       (the default weight-gradient schedule, kFixed, is deterministic).
 //   GpuMoeLayerFlow.GraphCaptureReplay     forward + backward captured in one CUDA graph; replays equal the eager
 //       step bitwise.
+//   GpuMoeLayerNccl.OneRankMatchesCpu      the same runner (cuda::run_moe_layer) and comparison over the NCCL team with
+//       one rank (in-process bootstrap), both planner modes; and bitwise equal to the local team's one-rank run.
+//   GpuMoeLayerFlow.OtherLayersPlanBetweenForwardAndBackward  two layers on one Ep; layer B plans twice between
+//       layer A's forward and backward; A's results equal A alone bitwise (A's backward uses A's plan).
 //   GpuMoeLayerFlow.InferenceWithBLessThanEpn   B = 1 < epn, Theorem 2 routing (peer groups): forward only, vs CPU
 //       and dense reference; backward throws.
 //   GpuMoeLayerFlow.RejectsBadArguments    H' not a multiple of 8, experts of the wrong size, backward before
-//       forward, forward before bind: evenep::Error.
+//       forward, forward with inputs of one rank of two: evenep::Error.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -42,6 +47,7 @@
 #include "evenep/cuda/ep.hpp"
 #include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/moe_layer.hpp"
+#include "evenep/cuda/nccl_team.hpp"
 #include "evenep/detail/bf16.hpp"
 #include "evenep/error.hpp"
 #include "evenep/routing.hpp"
@@ -131,15 +137,17 @@ struct GpuResult {
     std::vector<std::vector<int32_t>> dst;
 };
 
-// The device side: DeviceEp + DeviceExperts + DeviceMoeLayer and every rank's inputs and outputs.
+// The device side: DeviceEp + Experts + MoeLayer and every rank's inputs and outputs.
 struct GpuLayer {
     cpu::MoeProblem problem;
     DeviceEp ep;
-    DeviceExperts experts;
+    Experts experts;
     GroupIo io;
     std::vector<DeviceArray<uint16_t>> grad_out, grad_x;
     std::vector<DeviceArray<float>> grad_topk_w;
-    std::unique_ptr<DeviceMoeLayer> layer;
+    std::unique_ptr<MoeLayer> layer;
+    std::vector<BackwardIo> bio;
+    MoeForward last;
     bool training;
 
     static EpOptions ep_options(PlannerMode mode) {
@@ -159,7 +167,6 @@ struct GpuLayer {
         const Config& c = p.cfg.cfg;
         const int R = c.R, S = c.S, K = c.K, H = p.cfg.H, epn = c.epn();
         const size_t n = static_cast<size_t>(H) * p.cfg.ffn_hidden;
-        std::vector<BackwardIo> bio;
         for (int r = 0; r < R; ++r) {
             grad_out.emplace_back(static_cast<size_t>(S) * H);
             grad_x.emplace_back(static_cast<size_t>(S) * H);
@@ -178,17 +185,13 @@ struct GpuLayer {
                         src[proj]->begin() + (r * epn + le) * n, src[proj]->begin() + (r * epn + le + 1) * n));
                     EVENEP_CUDA_CHECK(cudaMemcpy(experts.weight(r, proj, le), w.data(), n * 2, cudaMemcpyHostToDevice));
                 }
-        layer = std::make_unique<DeviceMoeLayer>(ep, experts, p.cfg.ffn_hidden, lo);
-        if (training)
-            layer->bind(io.io, bio);
-        else
-            layer->bind(io.io);
+        layer = std::make_unique<MoeLayer>(ep, experts, p.cfg.ffn_hidden, lo);
         EVENEP_CUDA_CHECK(cudaDeviceSynchronize());  // uploads done before work on other streams
     }
 
     void step(cudaStream_t stream) {
-        layer->forward(problem.s, s_total_of(problem.s), stream);
-        if (training) layer->backward(stream);
+        last = layer->forward(io.io, problem.s, s_total_of(problem.s), stream);
+        if (training) layer->backward(last, bio, stream);
     }
 
     void zero_grads(cudaStream_t stream) {
@@ -209,13 +212,13 @@ struct GpuLayer {
         for (int r = 0; r < R; ++r) {
             const size_t s = static_cast<size_t>(problem.s[r]);
             g.out.push_back(to_bf16(io.out[r].download(s * H)));
-            g.dst.push_back(ep.download_dst(r));
+            g.dst.push_back(ep.download_dst(last.plan, r));
             if (training) {
                 g.grad_x.push_back(to_bf16(grad_x[r].download(s * H)));
                 g.grad_topk_w.push_back(grad_topk_w[r].download(s * K));
             }
         }
-        g.plan = ep.download_plan(0);
+        g.plan = ep.download_plan(last.plan, 0);
         if (training)
             for (int proj = 0; proj < 3; ++proj) {
                 g.grad_w[proj].resize(static_cast<size_t>(c.E) * n);
@@ -247,27 +250,23 @@ void expect_bitwise(const GpuResult& a, const GpuResult& b, const std::string& w
             << what << ": grad_w projection " << p;
 }
 
-using Param = std::tuple<int, PlannerMode>;
-class MatchesCpu : public ::testing::TestWithParam<Param> {};
+// A library runner's result (cuda::run_moe_layer) in the test's shapes.
+GpuResult from_result(const MoeResult& r) {
+    GpuResult g;
+    g.out = r.out;
+    g.grad_x = r.grad_x;
+    g.grad_topk_w = r.grad_topk_w;
+    g.grad_w[0] = r.grad_w_gate, g.grad_w[1] = r.grad_w_up, g.grad_w[2] = r.grad_w_down;
+    g.plan = r.plan;
+    g.dst = r.dst;
+    return g;
+}
 
-TEST_P(MatchesCpu, ForwardBackward) {
-    EVENEP_SKIP_WITHOUT_DEVICE();
-    const auto [ci, mode] = GetParam();
-    const LayerCase lc = layer_cases()[ci];
-    const uint64_t seed = 700 + ci;
-    SCOPED_TRACE("seed " + std::to_string(seed) + " " + lc.cfg.to_string());
-    const cpu::MoeProblem problem = problem_for(lc.cfg, lc.routing, seed);
-    cpu::MoeRunOptions opt;
-    opt.mode = mode;
-    opt.barrier_timeout = 60000ms;
-    const cpu::MoeResult cpu = cpu::run_moe_layer(problem, opt);
-    const cpu::DenseResult ref = cpu::dense_moe_reference(problem, true);
-
-    GpuLayer g(problem, mode);
-    g.step(nullptr);
-    g.ep.check(nullptr);
-    const GpuResult gpu = g.download();
-
+// The GPU step vs the CPU layer (within kGpuCpuTol; plan and dst bitwise) and vs the dense reference.
+void expect_matches_cpu(const GpuResult& gpu,
+                        const cpu::MoeResult& cpu,
+                        const cpu::DenseResult& ref,
+                        const LayerCase& lc) {
     // The data path is exact: same plan, same destinations.
     ASSERT_EQ(gpu.plan.alloc, cpu.plan.alloc) << "the GPU ranks planned differently";
     ASSERT_EQ(gpu.dst, cpu.dst);
@@ -301,6 +300,26 @@ TEST_P(MatchesCpu, ForwardBackward) {
         }
         std::printf("[ info ] grad W_%-5s vs dense (worst expert)  rel %.3e (tol %.1e)\n", names[p], worst, tol.grad_w);
     }
+}
+
+using Param = std::tuple<int, PlannerMode>;
+class MatchesCpu : public ::testing::TestWithParam<Param> {};
+
+// The library runner (cuda::run_moe_layer) over the local team: R virtual ranks on one GPU.
+TEST_P(MatchesCpu, ForwardBackward) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const auto [ci, mode] = GetParam();
+    const LayerCase lc = layer_cases()[ci];
+    const uint64_t seed = 700 + ci;
+    SCOPED_TRACE("seed " + std::to_string(seed) + " " + lc.cfg.to_string());
+    const cpu::MoeProblem problem = problem_for(lc.cfg, lc.routing, seed);
+    cpu::MoeRunOptions opt;
+    opt.mode = mode;
+    opt.barrier_timeout = 60000ms;
+    const cpu::MoeResult cpu = cpu::run_moe_layer(problem, opt);
+    const cpu::DenseResult ref = cpu::dense_moe_reference(problem, true);
+    LocalTeam team(lc.cfg.cfg.R, 0);
+    expect_matches_cpu(from_result(run_moe_layer(team, problem, opt)), cpu, ref, lc);
 }
 
 INSTANTIATE_TEST_SUITE_P(GpuMoeLayer,
@@ -376,24 +395,92 @@ TEST(GpuMoeLayerFlow, InferenceWithBLessThanEpn) {
     expect_within("out vs cpu (B = 1)", cpu::compare(gpu.out, widen(cpu.out)), kGpuCpuTol);
     const cpu::DenseResult ref = cpu::dense_moe_reference(problem, false);
     expect_within("out vs dense (B = 1)", cpu::compare(gpu.out, ref.out), cpu::default_tolerances().out);
-    EXPECT_THROW(g.layer->backward(nullptr), Error);
+    EXPECT_THROW(g.layer->backward(g.last, g.bio, nullptr), Error);
+}
+
+// The same runner and comparison over the NCCL team with one rank (one process, in-process bootstrap).
+TEST(GpuMoeLayerNccl, OneRankMatchesCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    if (!nccl_team_built()) GTEST_SKIP() << "this build has no NCCL team";
+    const LayerCase lc = layer_cases()[5];  // R1_E4_K2_H32
+    ASSERT_EQ(lc.cfg.cfg.R, 1);
+    const cpu::MoeProblem problem = problem_for(lc.cfg, lc.routing, 705);
+    for (PlannerMode mode : {PlannerMode::kReference, PlannerMode::kOptimized}) {
+        SCOPED_TRACE(to_string(mode));
+        cpu::MoeRunOptions opt;
+        opt.mode = mode;
+        opt.barrier_timeout = 60000ms;
+        const cpu::MoeResult cpu = cpu::run_moe_layer(problem, opt);
+        const cpu::DenseResult ref = cpu::dense_moe_reference(problem, true);
+        NcclBootstrap boot;
+        boot.unique_id = nccl_new_unique_id();
+        NcclTeam team(boot, 0);
+        expect_matches_cpu(from_result(run_moe_layer(team, problem, opt)), cpu, ref, lc);
+        // The local team with the same one rank gives the same bits (same kernels, only the team differs).
+        LocalTeam local(1, 0);
+        const MoeResult a = run_moe_layer(local, problem, opt), b = run_moe_layer(team, problem, opt);
+        expect_bitwise(from_result(a), from_result(b), "nccl vs local team");
+    }
+}
+
+// Two layers on one Ep: layer B plans (forward and backward) between layer A's forward and backward. A's backward
+// must use A's plan (made resident again from its copy): every result of A equals A run alone, bit for bit.
+TEST(GpuMoeLayerFlow, OtherLayersPlanBetweenForwardAndBackward) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const LayerCase lc = layer_cases()[0];
+    const cpu::MoeProblem pa = problem_for(lc.cfg, RoutingKind::kLognormal, 51);
+    const cpu::MoeProblem pb = problem_for(lc.cfg, RoutingKind::kHotExpert, 52);
+    GpuLayer alone(pa, PlannerMode::kOptimized);
+    alone.step(nullptr);
+    alone.ep.check(nullptr);
+    const GpuResult want = alone.download();
+
+    GpuLayer a(pa, PlannerMode::kOptimized);  // owns the Ep; layer B shares it with its own weights and inputs
+    Experts eb(a.ep, ExpertsShape{3, static_cast<int64_t>(lc.cfg.H) * lc.cfg.ffn_hidden, true, true});
+    MoeLayer lb(a.ep, eb, lc.cfg.ffn_hidden);
+    const int R = lc.cfg.cfg.R, S = lc.cfg.cfg.S, K = lc.cfg.cfg.K, H = lc.cfg.H;
+    GroupIo iob(R, S, K, H);
+    std::vector<DeviceArray<uint16_t>> gob, gxb;
+    std::vector<DeviceArray<float>> gwb;
+    std::vector<BackwardIo> bb;
+    for (int r = 0; r < R; ++r) {
+        iob.x[r].upload(bits_of(pb.x[r]));
+        iob.idx[r].upload(pb.topk_idx[r]);
+        iob.w[r].upload(pb.topk_w[r]);
+        gob.emplace_back(static_cast<size_t>(S) * H);
+        gxb.emplace_back(static_cast<size_t>(S) * H);
+        gwb.emplace_back(static_cast<size_t>(S) * K);
+        gob[r].upload(bits_of(pb.grad_out[r]));
+        bb.push_back(BackwardIo{gob[r].get(), gxb[r].get(), gwb[r].get(), nullptr, nullptr});
+    }
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    a.last = a.layer->forward(a.io.io, pa.s, s_total_of(pa.s), nullptr);
+    const MoeForward fb = lb.forward(iob.io, pb.s, s_total_of(pb.s), nullptr);
+    lb.backward(fb, bb, nullptr);
+    const MoeForward fb2 = lb.forward(iob.io, pb.s, s_total_of(pb.s), nullptr);  // one more plan in between
+    a.layer->backward(a.last, a.bio, nullptr);
+    a.ep.check(nullptr);
+    expect_bitwise(want, a.download(), "layer A with layer B planning in between");
+    EXPECT_EQ(a.ep.download_dst(fb2.plan, 0).size(), static_cast<size_t>(pb.s[0]) * K);  // B's plan still readable
+    EXPECT_THROW(lb.backward(fb, bb, nullptr), Error);  // B's first forward is no longer the saved one
 }
 
 TEST(GpuMoeLayerFlow, RejectsBadArguments) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     const BufferConfig bc = testing::buffer_config(2, 8, 2, 16, 4, 32, 16);
     DeviceEp ep(bc.cfg, bc.H);
-    DeviceExperts good(ep, ExpertsShape{3, 32 * 16, true, true});
-    DeviceExperts wrong_size(ep, ExpertsShape{3, 32 * 24, true, true});
-    DeviceExperts one_proj(ep, ExpertsShape{1, 32 * 16, true, true});
-    EXPECT_THROW(DeviceMoeLayer(ep, good, 12), Error);  // H' % 8 != 0
-    EXPECT_THROW(DeviceMoeLayer(ep, wrong_size, 16), Error);
-    EXPECT_THROW(DeviceMoeLayer(ep, one_proj, 16), Error);
-    DeviceMoeLayer layer(ep, good, 16);
+    Experts good(ep, ExpertsShape{3, 32 * 16, true, true});
+    Experts wrong_size(ep, ExpertsShape{3, 32 * 24, true, true});
+    Experts one_proj(ep, ExpertsShape{1, 32 * 16, true, true});
+    EXPECT_THROW(MoeLayer(ep, good, 12), Error);  // H' % 8 != 0
+    EXPECT_THROW(MoeLayer(ep, wrong_size, 16), Error);
+    EXPECT_THROW(MoeLayer(ep, one_proj, 16), Error);
+    MoeLayer layer(ep, good, 16);
     const std::vector<int32_t> s(2, 16);
-    EXPECT_THROW(layer.forward(s, -1, nullptr), Error);  // before bind
-    EXPECT_THROW(layer.backward(nullptr), Error);        // before forward
-    EXPECT_THROW((void)layer.times(), Error);            // timing off
+    GroupIo io(2, bc.cfg.S, bc.cfg.K, bc.H);
+    EXPECT_THROW(layer.forward(std::span<const RankIo>(io.io).first(1), s, -1, nullptr), Error);  // one rank of two
+    EXPECT_THROW(layer.backward(MoeForward{}, {}, nullptr), Error);                               // before forward
+    EXPECT_THROW((void)layer.times(), Error);                                                     // timing off
 }
 
 }  // namespace

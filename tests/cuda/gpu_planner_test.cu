@@ -68,21 +68,20 @@ void expect_fused_equal(const Config& cfg,
     DeviceEp ep(cfg, 8, opt);
     GroupIo io(cfg.R, cfg.S, cfg.K, 8);
     for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
-    ep.bind(io.io);
     int64_t s_total = 0;
     bool equal_s = true;
     for (int r = 0; r < cfg.R; ++r) {
         s_total += routing.s[r];
         equal_s = equal_s && routing.s[r] == routing.s[0];
     }
-    ep.plan(routing.s, nullptr, equal_s ? -1 : s_total);
+    const EpPlan plan = ep.plan(io.io, routing.s, nullptr, equal_s ? -1 : s_total);
     ep.check(nullptr);
     const Plan cpu = make_plan(cfg, mode, routing.tpe(), routing.s);
     const auto cpu_dst = testing::all_dst(cpu, routing);
     for (int r = 0; r < cfg.R; ++r) {
-        const Plan gpu = ep.download_plan(r);
+        const Plan gpu = ep.download_plan(plan, r);
         ASSERT_EQ(plan_diff(gpu, cpu), "") << what << ": rank " << r << "'s plan copy";
-        const std::vector<int32_t> dst = ep.download_dst(r);
+        const std::vector<int32_t> dst = ep.download_dst(plan, r);
         ASSERT_EQ(dst.size(), cpu_dst[r].size());
         for (size_t i = 0; i < dst.size(); ++i)
             ASSERT_EQ(dst[i], cpu_dst[r][i]) << what << ": rank " << r << " token " << i / cfg.K << " k " << i % cfg.K;
@@ -113,11 +112,11 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
         opt.mode = mode;
         opt.planner_kernel = kernel;
         DeviceEp ep(cfg, 8, opt);
-        ep.plan_from_tpe(tpe, s, nullptr);
+        const EpPlan plan = ep.plan_from_tpe(tpe, s, nullptr);
         ep.check(nullptr);
         const Plan cpu = make_plan(cfg, mode, tpe, s);
         for (int r = 0; r < R; ++r)
-            ASSERT_EQ(plan_diff(ep.download_plan(r), cpu), "")
+            ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "")
                 << "instance " << it << " " << cfg.to_string() << " skew " << skew << ": rank " << r;
     }
 }
@@ -181,10 +180,9 @@ TEST(GpuPlannerRoutingTest, Theorem2) {
     DeviceEp ep(cfg, 8);
     GroupIo io(cfg.R, cfg.S, cfg.K, 8);
     for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
-    ep.bind(io.io);
-    ep.plan(routing.s, nullptr);
+    const EpPlan plan = ep.plan(io.io, routing.s, nullptr);
     ep.check(nullptr);
-    EXPECT_GE(ep.download_plan(0).remote_experts[0], theorem2_lower_bound(cfg.E, cfg.R));
+    EXPECT_GE(ep.download_plan(plan, 0).remote_experts[0], theorem2_lower_bound(cfg.E, cfg.R));
 }
 
 TEST(GpuPlannerRoutingTest, BenchmarkPointsMatchCpu) {
@@ -216,8 +214,7 @@ TEST(GpuPlannerRoutingTest, BadExpertIdNamesRankTokenK) {
     bad[3 * 4 + 2] = 99;
     io.idx[0].upload(routing.topk_idx[0]);
     io.idx[1].upload(bad);
-    ep.bind(io.io);
-    ep.plan(routing.s, nullptr);
+    const EpPlan plan = ep.plan(io.io, routing.s, nullptr);
     try {
         ep.check(nullptr);
         FAIL() << "expected an invalid expert id error";
@@ -225,10 +222,12 @@ TEST(GpuPlannerRoutingTest, BadExpertIdNamesRankTokenK) {
         EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
         EXPECT_NE(std::string(e.what()).find("rank 1, token 3, k 2: expert id 99"), std::string::npos) << e.what();
     }
+    ep.team().recover();  // check() leaves the error state (Team::check)
     io.idx[1].upload(routing.topk_idx[1]);
-    ep.plan(routing.s, nullptr);
+    const EpPlan again = ep.plan(io.io, routing.s, nullptr);
     ep.check(nullptr);
-    EXPECT_EQ(plan_diff(ep.download_plan(1), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)), "");
+    EXPECT_EQ(plan_diff(ep.download_plan(again, 1), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)),
+              "");
 }
 
 TEST(GpuPlannerRoutingTest, GatherTimeoutNamesMissingRank) {
@@ -240,9 +239,8 @@ TEST(GpuPlannerRoutingTest, GatherTimeoutNamesMissingRank) {
     DeviceEp ep(cfg, 8, opt);
     GroupIo io(cfg.R, cfg.S, cfg.K, 8);
     for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
-    ep.bind(io.io);
     ep.team().inject_fault(3, Phase::kPlanGather);
-    ep.plan(routing.s, nullptr);
+    const EpPlan plan = ep.plan(io.io, routing.s, nullptr);
     try {
         ep.check(nullptr);
         FAIL() << "expected a barrier timeout";
@@ -253,9 +251,11 @@ TEST(GpuPlannerRoutingTest, GatherTimeoutNamesMissingRank) {
         EXPECT_NE(msg.find("plan/gather"), std::string::npos) << msg;
     }
     ep.team().inject_fault(-1, Phase::kNone);
-    ep.plan(routing.s, nullptr);
+    ep.team().recover();  // check() leaves the error state (Team::check)
+    const EpPlan again = ep.plan(io.io, routing.s, nullptr);
     ep.check(nullptr);
-    EXPECT_EQ(plan_diff(ep.download_plan(2), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)), "");
+    EXPECT_EQ(plan_diff(ep.download_plan(again, 2), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)),
+              "");
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 //   BarrierTest.OrdersWritesAcrossRanks/R{1,2,8,32}_budget{1,4}  every rank writes into every peer's board before a
 //       team barrier; after it every rank sees every peer's word of the current round (50 rounds)
 //   BarrierTest.TimeoutReportsMissingRank    rank 2 never arrives: check() throws Error(kTimeout) naming rank 2 and the
-//       phase; the team is usable afterwards (a clean run passes)
+//       phase; check() keeps reporting it until recover(); the team is usable afterwards (a clean run passes)
+//   BarrierChannelTest.EveryChannelSynchronises  both channels of the local team order writes; channel 2 is refused
+//   DeviceErrorFormatTest.NamesRankPeerPhase  the one formatter of both teams (host only)
 //   BarrierTest.RankLocalSkipStillNamesPeer  the faulty rank is the last one: the message names it, not a local wait
 //   BarrierDeathTest.TimeoutTrapsAndHostNamesRank  TimeoutAction::kTrap: the kernel traps; the host still reads the
 //       record from mapped memory and names the missing rank
@@ -69,8 +71,42 @@ TEST(BarrierTimeoutTest, TimeoutReportsMissingRank) {
         EXPECT_NE(msg.find("missing rank 2"), std::string::npos) << msg;
         EXPECT_NE(msg.find("phase 'test'"), std::string::npos) << msg;
     }
+    // check() leaves the error state (Team::check): it reports the failure again until recover().
+    EXPECT_THROW(team.check(nullptr), Error);
     team.inject_fault(-1, Phase::kNone);
-    EXPECT_EQ(run_rounds(team, 10, 2), 0) << "the team must be usable after a timeout";
+    team.recover();
+    EXPECT_EQ(team.pending_error(), "");
+    EXPECT_EQ(run_rounds(team, 10, 2), 0) << "the team must be usable after recover()";
+}
+
+TEST(BarrierChannelTest, EveryChannelSynchronises) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    LocalTeam team(4, 64);
+    for (int channel = 0; channel < kTeamChannels; ++channel) {
+        DeviceArray<int32_t> errors(4);
+        launch_barrier_test(team.view(channel), 0, 20, 2, errors.get(), nullptr);
+        team.check(nullptr);
+        for (int32_t e : errors.download()) EXPECT_EQ(e, 0) << "channel " << channel;
+    }
+    EXPECT_THROW(team.view(kTeamChannels), Error);
+}
+
+// The one formatter of both teams (no device needed).
+TEST(DeviceErrorFormatTest, NamesRankPeerPhase) {
+    DeviceErrorRecord rec{};
+    rec.set = 1;
+    rec.kind = static_cast<int32_t>(DeviceErrorKind::kBarrierTimeout);
+    rec.rank = 0;
+    rec.peer = 3;
+    rec.phase = static_cast<int32_t>(Phase::kDispatchSent);
+    rec.waited_ms = 100;
+    EXPECT_EQ(format_device_error(rec, "; NCCL team"),
+              "barrier timeout: rank 0 waited 100 ms at phase 'dispatch/sent' for peer rank 3, which never arrived "
+              "(missing rank 3; NCCL team)");
+    rec.kind = static_cast<int32_t>(DeviceErrorKind::kBadExpertId);
+    rec.rank = 1, rec.token = 3, rec.k = 2, rec.value = 99, rec.aux = 8;
+    EXPECT_EQ(format_device_error(rec),
+              "routing: rank 1, token 3, k 2: expert id 99 outside [0, E = 8) (use -1 to mask)");
 }
 
 TEST(BarrierTimeoutTest, RankLocalSkipStillNamesPeer) {

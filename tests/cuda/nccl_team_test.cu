@@ -164,24 +164,25 @@ TEST(NcclTeamSingleTest, OneRankEpMatchesOracle) {
     x.upload(testing::bits_of(tokens[0].x));
     idx.upload(tokens[0].topk_idx);
     w.upload(tokens[0].topk_w);
-    ep.bind(RankIo{x.get(), idx.get(), w.get(), out.get(), out_w.get()});
-    ep.plan(routing.s, nullptr);
-    ep.dispatch(nullptr);
+    const RankIo io{x.get(), idx.get(), w.get(), out.get(), out_w.get()};
+    const EpPlan plan = ep.plan({&io, 1}, routing.s, nullptr);
+    ep.dispatch(plan, {&io, 1}, nullptr);
     ep.check(nullptr);
-    ASSERT_EQ(testing::plan_diff(ep.download_plan(), od.plan), "");
-    ASSERT_EQ(ep.download_dst(), od.dst[0]);
+    ASSERT_EQ(testing::plan_diff(ep.download_plan(plan, 0), od.plan), "");
+    ASSERT_EQ(ep.download_dst(plan, 0), od.dst[0]);
     const int64_t rows = od.plan.rows_used(0);
     const std::vector<uint16_t> want_x = testing::bits_of(od.recv_x[0]);
-    EXPECT_EQ(ep.download_recv_x(rows), std::vector<uint16_t>(want_x.begin(), want_x.begin() + rows * bc.H));
-    EXPECT_EQ(ep.download_recv_w(rows), std::vector<float>(od.recv_w[0].begin(), od.recv_w[0].begin() + rows));
-    EXPECT_EQ(ep.download_recv_next(rows),
+    EXPECT_EQ(ep.download_recv_x(0, rows), std::vector<uint16_t>(want_x.begin(), want_x.begin() + rows * bc.H));
+    EXPECT_EQ(ep.download_recv_w(0, rows), std::vector<float>(od.recv_w[0].begin(), od.recv_w[0].begin() + rows));
+    EXPECT_EQ(ep.download_recv_next(0, rows),
               std::vector<int32_t>(od.recv_next[0].begin(), od.recv_next[0].begin() + rows));
-    EXPECT_EQ(ep.download_recv_ret(rows), std::vector<int32_t>(od.recv_ret[0].begin(), od.recv_ret[0].begin() + rows));
+    EXPECT_EQ(ep.download_recv_ret(0, rows),
+              std::vector<int32_t>(od.recv_ret[0].begin(), od.recv_ret[0].begin() + rows));
     for (bool apply : {false, true}) {
         const cpu::GroupCombineResult oc = cpu::combine_group(bc, tokens, {od.recv_x[0]}, apply);
         for (CombineMode mode : {CombineMode::kPull, CombineMode::kPushPartials}) {
             EVENEP_CUDA_CHECK(cudaMemset(out.get(), 0xff, out.size() * 2));
-            ep.combine(apply, mode, nullptr);
+            ep.combine(plan, {&io, 1}, apply, mode, nullptr);
             ep.check(nullptr);
             const std::vector<uint16_t> got = out.download(static_cast<size_t>(tokens[0].s) * bc.H);
             EXPECT_EQ(got, testing::bits_of(oc.out[0]))

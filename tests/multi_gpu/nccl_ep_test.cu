@@ -41,6 +41,7 @@
 #include "common/plan_testing.hpp"
 #include "evenep/cpu/oracle.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/launchers.hpp"
 #include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/cuda/nccl_team.hpp"
@@ -223,31 +224,35 @@ int64_t count_diff(const std::vector<T>& got, const std::vector<T>& want, size_t
 
 // Compares this rank's plan, dst and receive buffer after dispatch with the oracle's (EXPECTs: every rank keeps
 // making the same collective calls after a mismatch).
-void expect_dispatch_equal(NcclEp& ep, const cpu::GroupDispatchResult& od, const std::string& what) {
+void expect_dispatch_equal(NcclEp& ep,
+                           const EpPlan& ep_plan,
+                           const cpu::GroupDispatchResult& od,
+                           const std::string& what) {
     const int r = ep.rank(), H = ep.hidden();
-    const Plan plan = ep.download_plan();
+    const Plan plan = ep.download_plan(ep_plan, r);
     EXPECT_EQ(testing::plan_diff(plan, od.plan), "") << what << ": rank " << r << " plan vs the CPU planner";
     const std::vector<int64_t> hashes = ep.team().all_gather(std::vector<int64_t>{testing::plan_hash(plan)});
     for (size_t p = 1; p < hashes.size(); ++p)
         EXPECT_EQ(hashes[p], hashes[0]) << what << ": rank " << p << "'s plan differs from rank 0's";
-    EXPECT_EQ(ep.download_dst(), od.dst[r]) << what << ": dst of rank " << r;
+    EXPECT_EQ(ep.download_dst(ep_plan, r), od.dst[r]) << what << ": dst of rank " << r;
     const int64_t rows = od.plan.rows_used(r);
     size_t first = 0;
-    const std::vector<uint16_t> x = ep.download_recv_x(rows);
+    const std::vector<uint16_t> x = ep.download_recv_x(r, rows);
     const int64_t bad_x = count_diff(x, bits_of(od.recv_x[r]), static_cast<size_t>(rows) * H, &first);
     EXPECT_EQ(bad_x, 0) << what << ": rank " << r << " recv_x row " << first / H << " col " << first % H
                         << " (expected "
                         << (bad_x ? testing::describe_row(od.recv_x[r].data() + (first / H) * H) : std::string())
                         << ")";
-    const int64_t bad_w = count_diff(ep.download_recv_w(rows), od.recv_w[r], rows, &first);
+    const int64_t bad_w = count_diff(ep.download_recv_w(r, rows), od.recv_w[r], rows, &first);
     EXPECT_EQ(bad_w, 0) << what << ": rank " << r << " recv_w row " << first;
-    const int64_t bad_n = count_diff(ep.download_recv_next(rows), od.recv_next[r], rows, &first);
+    const int64_t bad_n = count_diff(ep.download_recv_next(r, rows), od.recv_next[r], rows, &first);
     EXPECT_EQ(bad_n, 0) << what << ": rank " << r << " recv_next row " << first;
-    const int64_t bad_r = count_diff(ep.download_recv_ret(rows), od.recv_ret[r], rows, &first);
+    const int64_t bad_r = count_diff(ep.download_recv_ret(r, rows), od.recv_ret[r], rows, &first);
     EXPECT_EQ(bad_r, 0) << what << ": rank " << r << " recv_ret row " << first;
 }
 
 void expect_combine_equal(NcclEp& ep,
+                          const EpPlan& plan,
                           RankBuffers& b,
                           const std::vector<cpu::RankTokens>& tokens,
                           const BufferConfig& bc,
@@ -260,7 +265,8 @@ void expect_combine_equal(NcclEp& ep,
         for (CombineMode mode : {CombineMode::kPull, CombineMode::kPushPartials}) {
             EVENEP_CUDA_CHECK(cudaMemset(b.out.p, 0xff, b.out.n * 2));
             EVENEP_CUDA_CHECK(cudaMemset(b.out_w.p, 0xff, b.out_w.n * 4));
-            ep.combine(apply, mode, nullptr);
+            const RankIo io = b.io();
+            ep.combine(plan, {&io, 1}, apply, mode, nullptr);
             ep.check(nullptr);
             const std::string w =
                 cat(what, mode == CombineMode::kPull ? " pull" : " push", apply ? " weighted" : " unweighted");
@@ -295,7 +301,7 @@ TEST_P(NcclEpGroupTest, MatchesOracle) {
         opt.team.timeout_ms = 20000;
         NcclEp ep(bc.cfg, bc.H, boot, opt);
         RankBuffers b(bc.cfg.S, bc.cfg.K, bc.H);
-        ep.bind(b.io());
+        const RankIo io = b.io();
         for (const auto& nr : routings) {
             const std::string what = cat(sh.name, " R", R, " ", nr.name, " ", to_string(mode));
             const auto tokens = testing::random_tokens(bc, nr.routing, 11);
@@ -304,15 +310,15 @@ TEST_P(NcclEpGroupTest, MatchesOracle) {
             oo.s_total = s_total_of(nr.routing);
             const cpu::GroupDispatchResult od = cpu::dispatch_group(bc, tokens, oo);
             b.upload(tokens[boot.rank]);
-            ep.plan(nr.routing.s, nullptr, oo.s_total);
-            ep.dispatch(nullptr);
+            const EpPlan plan = ep.plan({&io, 1}, nr.routing.s, nullptr, oo.s_total);
+            ep.dispatch(plan, {&io, 1}, nullptr);
             ep.check(nullptr);
-            expect_dispatch_equal(ep, od, what);
-            scale_rows_kernel<<<64, 256>>>(ep.recv_x(), ep.layout().nvs * ep.hidden());
+            expect_dispatch_equal(ep, plan, od, what);
+            scale_rows_kernel<<<64, 256>>>(ep.recv_x(ep.rank()), ep.layout().nvs * ep.hidden());
             EVENEP_CUDA_CHECK(cudaGetLastError());
             std::vector<std::vector<Bf16>> y(R);
             for (int r = 0; r < R; ++r) y[r] = scale_rows_host(od.recv_x[r]);
-            expect_combine_equal(ep, b, tokens, bc, y, oo, what);
+            expect_combine_equal(ep, plan, b, tokens, bc, y, oo, what);
         }
     }
 }
@@ -364,8 +370,10 @@ struct ExpertsGroup {
     Config cfg;
     std::unique_ptr<NcclEp> ep;
     std::unique_ptr<RankBuffers> io;
-    std::unique_ptr<NcclExperts> ex;
+    std::unique_ptr<Experts> ex;
     Routing routing;
+    RankIo rank_io;
+    EpPlan ep_plan;
     Plan plan;
 
     explicit ExpertsGroup(const NcclBootstrap& boot) {
@@ -382,14 +390,14 @@ struct ExpertsGroup {
         ro.skew = 3.0;
         routing = testing::random_routing(cfg, 99, ro);
         io->idx.upload(routing.topk_idx[boot.rank]);
-        ep->bind(io->io());
-        ep->plan(routing.s, nullptr);
+        rank_io = io->io();
+        ep_plan = ep->plan({&rank_io, 1}, routing.s, nullptr);
         ep->check(nullptr);
-        plan = ep->download_plan();
+        plan = ep->download_plan(ep_plan, boot.rank);
         ExpertsShape es;
         es.num_projections = kProjections;
         es.elems = kElems;
-        ex = std::make_unique<NcclExperts>(*ep, es);
+        ex = std::make_unique<Experts>(*ep, es);
     }
 
     // Every rank's inputs are a function of (rank, projection, index): this rank uploads its own.
@@ -397,12 +405,12 @@ struct ExpertsGroup {
         const int me = ep->rank(), epn = cfg.epn(), B = cfg.num_slots();
         for (int p = 0; p < kProjections; ++p) {
             for (int g = 0; g < epn; ++g) {
-                put(ex->weight(p, g), host_bf16(kElems, weight_seed(me, p, g)));
-                put(ex->grad(p, g), host_floats(kElems, grad_seed(me, p, g)));
+                put(ex->weight(me, p, g), host_bf16(kElems, weight_seed(me, p, g)));
+                put(ex->grad(me, p, g), host_floats(kElems, grad_seed(me, p, g)));
             }
             for (int b = 0; b < B; ++b) {
-                put(ex->slot(p, b), std::vector<uint16_t>(kElems, kSlotSentinel));
-                put(ex->slot_grad(p, b), host_floats(kElems, slot_grad_seed(me, p, b)));
+                put(ex->slot(me, p, b), std::vector<uint16_t>(kElems, kSlotSentinel));
+                put(ex->slot_grad(me, p, b), host_floats(kElems, slot_grad_seed(me, p, b)));
             }
         }
         ep->team().host_barrier();
@@ -415,7 +423,7 @@ struct ExpertsGroup {
             for (int p = 0; p < kProjections; ++p) {
                 const std::vector<uint16_t> want = e >= 0 ? host_bf16(kElems, weight_seed(e / epn, p, e % epn))
                                                           : std::vector<uint16_t>(kElems, kSlotSentinel);
-                EXPECT_EQ(get(ex->slot(p, b), kElems), want)
+                EXPECT_EQ(get(ex->slot(me, p, b), kElems), want)
                     << what << ": slot " << b << " of rank " << me << " (expert " << e << ") projection " << p;
             }
         }
@@ -431,10 +439,10 @@ TEST(NcclExpertsGroupTest, PrefetchAndReduceMatchDefinition) {
     for (int32_t e : g.plan.copies) num_copies += e >= 0;
     ASSERT_GT(num_copies, 0) << "the skewed routing must produce copies";
     g.upload_inputs();
-    g.ex->prefetch_weight(*g.ep, nullptr);
+    g.ex->prefetch_weight(*g.ep, g.ep_plan, nullptr);
     g.ep->check(nullptr);
     g.expect_slots("prefetch");
-    g.ex->reduce_grad(*g.ep, nullptr);
+    g.ex->reduce_grad(*g.ep, g.ep_plan, nullptr);
     g.ep->check(nullptr);
     // Expected gradients of this rank's experts: g + slot(r0, b0) + slot(r1, b1) + ... in (rank, slot) order.
     for (int p = 0; p < kProjections; ++p) {
@@ -446,7 +454,7 @@ TEST(NcclExpertsGroupTest, PrefetchAndReduceMatchDefinition) {
                     const std::vector<float> sg = host_floats(kElems, slot_grad_seed(r, p, b));
                     for (int64_t i = 0; i < kElems; ++i) want[i] = want[i] + sg[i];
                 }
-            const std::vector<float> got = get(g.ex->grad(p, lg), kElems);
+            const std::vector<float> got = get(g.ex->grad(me, p, lg), kElems);
             EXPECT_EQ(std::memcmp(got.data(), want.data(), kElems * 4), 0)
                 << "gradient of expert " << me * epn + lg << " projection " << p;
         }
@@ -454,7 +462,7 @@ TEST(NcclExpertsGroupTest, PrefetchAndReduceMatchDefinition) {
             const bool used = g.plan.copies[static_cast<size_t>(me) * B + b] >= 0;
             const std::vector<float> want =
                 used ? std::vector<float>(kElems, 0.0f) : host_floats(kElems, slot_grad_seed(me, p, b));
-            const std::vector<float> got = get(g.ex->slot_grad(p, b), kElems);
+            const std::vector<float> got = get(g.ex->slot_grad(me, p, b), kElems);
             EXPECT_EQ(std::memcmp(got.data(), want.data(), kElems * 4), 0)
                 << "slot gradient " << b << " of rank " << me << " projection " << p << (used ? " (consumed)" : "");
         }
@@ -471,24 +479,24 @@ TEST(NcclExpertsGroupTest, PrefetchOnChannelOneBesideDispatch) {
     const auto tokens = testing::random_tokens(bc, g.routing, 5);
     g.io->upload(tokens[me]);
     g.upload_inputs();
-    g.ep->dispatch(nullptr);
-    g.ex->prefetch_weight(*g.ep, nullptr);
+    g.ep->dispatch(g.ep_plan, {&g.rank_io, 1}, nullptr);
+    g.ex->prefetch_weight(*g.ep, g.ep_plan, nullptr);
     g.ep->check(nullptr);
     const int64_t rows = g.plan.rows_used(me);
-    const std::vector<uint16_t> ref_rows = g.ep->download_recv_x(rows);
+    const std::vector<uint16_t> ref_rows = g.ep->download_recv_x(me, rows);
     g.expect_slots("sequential prefetch");
     // Poison, then dispatch on channel 0 / stream a and prefetch on channel 1 / stream b at the same time.
     g.upload_inputs();  // slots back to the sentinel (ends with a host barrier)
-    EVENEP_CUDA_CHECK(cudaMemset(g.ep->recv_x(), 0xff, static_cast<size_t>(rows) * 8 * 2));
+    EVENEP_CUDA_CHECK(cudaMemset(g.ep->recv_x(me), 0xff, static_cast<size_t>(rows) * 8 * 2));
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     cudaStream_t a, b;
     EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
     EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
-    g.ep->dispatch(a);
-    g.ex->prefetch_weight(*g.ep, b, 1);
+    g.ep->dispatch(g.ep_plan, {&g.rank_io, 1}, a);
+    g.ex->prefetch_weight(*g.ep, g.ep_plan, b, 1);
     g.ep->check(a);
     g.ep->check(b);
-    EXPECT_EQ(g.ep->download_recv_x(rows), ref_rows) << "dispatch beside prefetch, rank " << me;
+    EXPECT_EQ(g.ep->download_recv_x(me, rows), ref_rows) << "dispatch beside prefetch, rank " << me;
     g.expect_slots("prefetch beside dispatch");
     EVENEP_CUDA_CHECK(cudaStreamDestroy(a));
     EVENEP_CUDA_CHECK(cudaStreamDestroy(b));

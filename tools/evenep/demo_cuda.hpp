@@ -20,7 +20,7 @@ struct CudaDemoInfo {
     size_t layer_bytes = 0;        // device bytes of the layer's activations and scratch
 };
 
-// One MoE layer step of every virtual rank on one GPU (DeviceEp + DeviceExperts + DeviceMoeLayer): `warmup`
+// One MoE layer step of every virtual rank on one GPU (cuda::run_moe_layer over a LocalTeam): `warmup`
 // untimed steps (weight gradients zeroed after them), then the reported step with CUDA events at every phase
 // boundary. Fills out, grad_x, grad_topk_w, grad_w_* (at home after reduce_grad), plan (rank 0's device copy),
 // dst (every rank's device copy), times (GPU seconds per phase, all ranks together) and sizes. The GPU kernels

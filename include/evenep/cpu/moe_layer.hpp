@@ -28,23 +28,14 @@
 #include "evenep/cpu/expert_pool.hpp"
 #include "evenep/cpu/local_team.hpp"
 #include "evenep/detail/bf16.hpp"
+#include "evenep/moe.hpp"
 
 namespace evenep::cpu {
 
-// Seconds per phase on one rank (or the max over ranks).
-struct LayerTimes {
-    double plan = 0;  // planning and dst from the gathered histograms (part of dispatch)
-    double dispatch = 0;
-    double prefetch = 0;
-    double expert_forward = 0;  // grouped GEMMs + SwiGLU
-    double combine = 0;
-    double combine_backward = 0;
-    double expert_backward = 0;
-    double dispatch_backward = 0;
-    double reduce_grad = 0;
-    double total() const;  // sum of the phases except plan (contained in dispatch)
-    void max_with(const LayerTimes& o);
-};
+using evenep::LayerTimes;  // evenep/moe.hpp: the problem and result types shared with the CUDA layer
+using evenep::MoeProblem;
+using evenep::MoeResult;
+using evenep::MoeRunOptions;
 
 class MoeLayer {
   public:
@@ -79,18 +70,6 @@ class MoeLayer {
 // Group level: all ranks' inputs in, all ranks' outputs out (the oracle API).
 // ---------------------------------------------------------------------------------------------------------
 
-// All ranks' inputs of one MoE layer step.
-struct MoeProblem {
-    BufferConfig cfg;
-    std::vector<int32_t> s;                      // [R] tokens per rank
-    std::vector<std::vector<Bf16>> x;            // [R][s_r*H]
-    std::vector<std::vector<int32_t>> topk_idx;  // [R][s_r*K], -1 masked
-    std::vector<std::vector<float>> topk_w;      // [R][s_r*K]
-    std::vector<std::vector<Bf16>> grad_out;     // [R][s_r*H]
-    std::vector<Bf16> w_gate, w_up;              // [E, H, H'] (global expert order)
-    std::vector<Bf16> w_down;                    // [E, H', H]
-};
-
 // Deterministic data for a routing (topk_idx[r] has s[r]*K ids): x, grad_out ~ U(-1, 1); each weight matrix
 // ~ U(-1, 1)·sqrt(3/in); route weights positive and normalised per token over its unmasked entries.
 // Every value is a counter-based hash of (seed, tensor, index): the same on every platform.
@@ -99,26 +78,6 @@ MoeProblem make_moe_problem(const BufferConfig& cfg,
                             std::vector<int32_t> s,
                             uint64_t seed);
 
-struct MoeRunOptions {
-    PlannerMode mode = PlannerMode::kOptimized;
-    bool backward = true;
-    std::chrono::milliseconds barrier_timeout = kDefaultBarrierTimeout;
-    // > 1: that many layers with the same weights and inputs share one Buffer and one ExpertPool; all forwards
-    // run first, then all backwards in reverse order (as in training). The results are layer 0's.
-    int num_layers = 1;
-};
-
-struct MoeResult {
-    std::vector<std::vector<Bf16>> out;                      // [R][s_r*H]
-    std::vector<std::vector<Bf16>> grad_x;                   // [R][s_r*H] (backward)
-    std::vector<std::vector<float>> grad_topk_w;             // [R][s_r*K] (backward)
-    std::vector<float> grad_w_gate, grad_w_up, grad_w_down;  // [E*H*H'] fp32 at home after reduce_grad
-    Plan plan;
-    std::vector<std::vector<int32_t>> dst;  // [R][s_r*K]
-    TrafficReport traffic;                  // measured, summed over ranks
-    LayerTimes times;                       // max over ranks, per phase
-    BufferSizes sizes;
-};
 // Runs R virtual ranks (threads) through forward (and backward). Throws the lowest failing rank's error.
 MoeResult run_moe_layer(const MoeProblem& problem, const MoeRunOptions& options = {});
 

@@ -1,7 +1,8 @@
-// evenep/cuda/experts.hpp — expert weights, prefetch slots and gradient reduction on one GPU (SPEC §4.4).
+// evenep/cuda/experts.hpp — expert weights, prefetch slots and gradient reduction (SPEC §4.4), on any team.
 //
-// Per virtual rank one allocation (peers reach it through a device pointer table), with up to four regions, each
-// [P][n][elems] with P projections of `elems` elements per expert (gate, up and down all have H*H' elements):
+// Per rank one copy of a symmetric window (peers reach it through a device pointer table), with up to four
+// regions, each [P][n][elems] with P projections of `elems` elements per expert (gate, up and down all have H*H'
+// elements):
 //   weights     [P][epn][elems] bf16   the layer's local experts (global expert e = rank*epn + local index)
 //   slots       [P][B][elems]   bf16   prefetch slots (process-wide pool)
 //   slot_grads  [P][B][elems]   fp32   reduce buffer: weight gradients of the slots
@@ -9,16 +10,17 @@
 // with_weights allocates weights + slots (prefetch), with_grads slot_grads + grads (reduce_grad); benchmarks at
 // large shapes allocate one pair and fewer projections.
 //
-//   prefetch_weight(ep)  for every slot b of every rank r with e = copies[r][b] >= 0: slots(r)[p][b] = weights of
-//                        e on home(e). Owner push: each (expert, projection) tile is read from HBM once and written
-//                        to every slot that holds the expert. Slots with copies = -1 are untouched. Ends with a team
-//                        barrier (kPrefetchDone): every copy is visible on every rank.
-//   reduce_grad(ep)      team barrier (kReduceReady); every home rank h adds, for each rank r ascending and slot b
+//   prefetch_weight(ep, plan)  for every slot b of every rank r with e = copies[r][b] >= 0: slots(r)[p][b] =
+//                        weights of e on home(e). Owner push: each (expert, projection) tile is read from HBM once and
+//                        written to every slot that holds the expert. Slots with copies = -1 are untouched. Ends with a
+//                        team barrier (kPrefetchDone): every copy is visible on every rank.
+//   reduce_grad(ep, plan)  team barrier (kReduceReady); every home rank h adds, for each rank r ascending and slot b
 //                        ascending with home(copies[r][b]) == h, rank r's slot gradient to its local fp32 gradient of
 //                        that expert (g = g + slot, fp32, in that order: deterministic) and zeroes the consumed slot;
 //                        team barrier (kReduceDone). Unused slots are untouched. The CPU backend's order exactly.
-// Both read the copies table from each rank's own plan copy in `ep` (the last plan), launch one cooperative kernel
-// over all virtual ranks, and are graph capturable.
+// Both read the copies table from each rank's copy of the given plan in `ep` (made resident first), launch one
+// cooperative kernel over the ranks this process serves on the team channel `channel` (default 1, so that
+// prefetch_weight may run beside dispatch on another stream), are collective on the NCCL team and graph capturable.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "evenep/cuda/ep.hpp"
+#include "evenep/cuda/launchers.hpp"
 
 namespace evenep::cuda {
 
@@ -37,39 +40,42 @@ struct ExpertsShape {
     bool with_grads = true;
 };
 
-class DeviceExperts {
+// The expert regions of every rank, in one symmetric window of ep's team (works on either team).
+class Experts {
   public:
-    // Sized for ep's configuration (R, epn, B). Everything starts at zero.
-    DeviceExperts(const DeviceEp& ep, const ExpertsShape& shape);
-    ~DeviceExperts();
-    DeviceExperts(const DeviceExperts&) = delete;
-    DeviceExperts& operator=(const DeviceExperts&) = delete;
+    // Collective. Sized for ep's configuration (R, epn, B). Everything starts at zero.
+    Experts(Ep& ep, const ExpertsShape& shape);
+    ~Experts() = default;
+    Experts(const Experts&) = delete;
+    Experts& operator=(const Experts&) = delete;
 
     const ExpertsShape& shape() const { return shape_; }
-    // Device pointers to one [elems] matrix.
+    // Device pointers to one [elems] matrix of rank `rank` (any rank for addresses; dereference served ranks only
+    // on the host side, e.g. cudaMemcpy).
     uint16_t* weight(int rank, int proj, int local_expert) const;
     uint16_t* slot(int rank, int proj, int slot) const;
     float* slot_grad(int rank, int proj, int slot) const;
     float* grad(int rank, int proj, int local_expert) const;
 
-    void prefetch_weight(DeviceEp& ep, cudaStream_t stream);
-    void reduce_grad(DeviceEp& ep, cudaStream_t stream);
+    void prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
+    void reduce_grad(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
     int last_blocks_per_rank() const { return last_blocks_; }
 
-    // Region offsets inside one rank's allocation (bytes), for the kernels.
+    // Region offsets inside one rank's copy of the window (bytes), for the kernels.
     struct Offsets {
         size_t weights, slots, slot_grads, grads, total;
     };
     const Offsets& offsets() const { return off_; }
+    const Window& window() const { return *window_; }
 
   private:
     char* at(int rank, size_t region, int n, int proj, int index, size_t elem_bytes) const;
+    ExpertsView kernel_view() const;
 
     ExpertsShape shape_;
     int R_, epn_, B_;
     Offsets off_{};
-    std::vector<char*> bases_;  // [R]
-    char** d_bases_ = nullptr;  // device [R]
+    const Window* window_ = nullptr;
     int last_blocks_ = 0;
 };
 

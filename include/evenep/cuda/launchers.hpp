@@ -83,6 +83,10 @@ int launch_reduce_grad(
 int launch_barrier_test(
     const TeamView& team, size_t board_off, int rounds, int sm_budget, int32_t* d_errors, cudaStream_t stream);
 
+// Stores entries[i] into d_table[first + i] on `stream` (a small kernel taking the entries by value: graph
+// capturable, and the host span need not outlive the call).
+void launch_store_rank_io(RankIo* d_table, int first, std::span<const RankIo> entries, cudaStream_t stream);
+
 // Fills n bf16 values with a hash of (seed, index) mapped to U(-1, 1) (benchmark inputs; deterministic).
 void launch_fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, cudaStream_t stream);
 

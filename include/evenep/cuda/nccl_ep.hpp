@@ -1,21 +1,17 @@
-// evenep/cuda/nccl_ep.hpp — the CUDA data path of one rank of a multi-process EP group (one process per GPU,
-// NCCL team: evenep/cuda/nccl_team.hpp), and the conventional NCCL all-to-all it is benchmarked against.
+// evenep/cuda/nccl_ep.hpp — one rank of a multi-process EP group (one process per GPU, NCCL team:
+// evenep/cuda/nccl_team.hpp), and the conventional NCCL all-to-all it is benchmarked against.
 //
-// NcclEp is DeviceEp (evenep/cuda/ep.hpp) for one rank: the same kernels, layout and results bit for bit (the plan
-// arrays, encoded destinations, receive rows, combine output), launched with only this rank's blocks. Every rank of
-// the group constructs its NcclEp with the same configuration and makes the same calls in the same order (plan,
-// dispatch, combine, prefetch_weight and reduce_grad are collective). Asynchronous on the caller's stream, no host
-// synchronisation and no allocation per call (graph capturable per rank).
+// NcclEp is cuda::Ep (evenep/cuda/ep.hpp) over an NcclTeam it owns: the same kernels, layout and results bit for bit
+// as on the local team, launched with only this rank's blocks; every per-rank span has one entry (this rank's).
+// Every rank of the group constructs its NcclEp with the same configuration and makes the same calls in the same
+// order (collective calls: see ep.hpp).
 //
 //   NcclEp ep(cfg, H, nccl_bootstrap_from_env());
-//   ep.bind(io);                        // this rank's x, topk_idx, topk_w, out, out_w
-//   ep.plan(s, stream);                 // s: [R] tokens of every rank, the same array on every rank
-//   ep.dispatch(stream);
-//   ... expert compute writes y into ep.recv_x() in place ...
-//   ep.combine(apply_weights, CombineMode::kPull, stream);
-//   ep.check(stream);                   // synchronise and surface device-side errors (barrier timeouts name ranks)
-// Backward (SPEC §4.3; DeviceEp's contract, collective): ep.bind_backward(bio); ep.combine_backward(stream);
-// ... gradient rows into recv_x() ...; ep.dispatch_backward(mode, stream).
+//   EpPlan p = ep.plan({&io, 1}, s, stream);    // s: [R] tokens of every rank, the same array on every rank
+//   ep.dispatch(p, {&io, 1}, stream);
+//   ... expert compute writes y into ep.recv_x(ep.rank()) in place ...
+//   ep.combine(p, {&io, 1}, apply_weights, CombineMode::kPull, stream);
+//   ep.check(stream);                           // synchronise and surface device-side errors
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,120 +23,23 @@
 
 #include "evenep/config.hpp"
 #include "evenep/cuda/ep.hpp"
-#include "evenep/cuda/experts.hpp"
-#include "evenep/cuda/layout.hpp"
 #include "evenep/cuda/nccl_team.hpp"
 #include "evenep/cuda/types.hpp"
-#include "evenep/plan.hpp"
 
 namespace evenep::cuda {
 
-class NcclEp {
+class NcclEp : public Ep {
   public:
-    // Collective. Checks the configuration like DeviceEp (throws evenep::Error naming the value), requires
-    // cfg.R == boot.world_size, then creates the NCCL team with the rank's buffer (EpLayout) in its main window.
+    // Collective. Checks the configuration (throws evenep::Error naming the value), requires cfg.R ==
+    // boot.world_size, then creates the NCCL team (options.team) and the rank's buffer in a window of it.
     NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const EpOptions& options = {});
-    ~NcclEp();
-    NcclEp(const NcclEp&) = delete;
-    NcclEp& operator=(const NcclEp&) = delete;
-
-    const Config& config() const { return cfg_; }
-    int hidden() const { return hidden_; }
-    int rank() const { return team_->rank(); }
-    const EpOptions& options() const { return options_; }
-    const EpLayout& layout() const { return layout_; }
-    NcclTeam& team() { return *team_; }
-    const NcclTeam& team() const { return *team_; }
-    void set_sm_budget(int sm_budget);
-
-    // This rank's device pointers (synchronous, not part of the hot path).
-    void bind(const RankIo& io);
-    // s: [R] tokens of every rank (1..S), identical on every rank; when they differ, s_total is their sum.
-    void plan(std::span<const int32_t> s, cudaStream_t stream, int64_t s_total = -1);
-    void dispatch(cudaStream_t stream);
-    void combine(bool apply_weights, CombineMode mode, cudaStream_t stream);
-    // The backward calls of DeviceEp (evenep/cuda/ep.hpp) for this rank: bind_backward after bind (synchronous);
-    // combine_backward = dispatch of grad_out with the last plan; dispatch_backward = copy grad_recv_w (if set)
-    // over recv_w(), then an unweighted combine of recv_x() into grad_x with the gathered weights in grad_topk_w.
-    void bind_backward(const BackwardIo& io);
-    void combine_backward(cudaStream_t stream);
-    void dispatch_backward(CombineMode mode, cudaStream_t stream);
-    // Synchronises `stream` and throws for anything the device recorded (NcclTeam::check; after a timeout every
-    // rank calls team().recover() before the next call).
-    void check(cudaStream_t stream) const { team_->check(stream); }
-
-    std::span<const int32_t> s() const { return s_; }
-    int last_blocks_per_rank() const { return last_blocks_; }
-
-    // Device views of this rank's buffer.
-    char* base() const { return team_->base(); }
-    uint16_t* recv_x() const;           // [NvS, H] bf16
-    float* recv_w() const;              // [NvS]
-    const int32_t* cu_seqlens() const;  // [G] this rank's groups
-    const int32_t* copies() const;      // [R*B]
-
-    // Host read-back of this rank's state (synchronous; tests and checks). The plan as this rank computed it.
-    Plan download_plan() const;
-    std::vector<int32_t> download_dst() const;                  // [s_rank*K]
-    std::vector<uint16_t> download_recv_x(int64_t rows) const;  // [rows*H]
-    std::vector<float> download_recv_w(int64_t rows) const;
-    std::vector<int32_t> download_recv_next(int64_t rows) const;
-    std::vector<int32_t> download_recv_ret(int64_t rows) const;
+    int rank() const { return owned_->rank(); }
+    NcclTeam& team() { return *owned_; }
+    const NcclTeam& team() const { return *owned_; }
 
   private:
-    template <typename T>
-    std::vector<T> download(size_t offset, size_t count) const;
-
-    Config cfg_;
-    int hidden_;
-    EpOptions options_;
-    EpLayout layout_;
-    std::unique_ptr<NcclTeam> team_;
-    RankIo* d_io_ = nullptr;  // [R]: only this rank's entry is set
-    bool bound_ = false;
-    RankIo io_;       // host copy of this rank's bound pointers
-    BackwardIo bwd_;  // bound backward pointers
-    bool bwd_bound_ = false;
-    RankIo* d_bwd_io_ = nullptr;  // [R]: this rank's backward view (x = grad_out, out = grad_x, out_w = grad_topk_w)
-    void upload_backward_io();
-    std::vector<int32_t> s_;
-    bool planned_ = false;
-    int last_blocks_ = 0;
-};
-
-// Expert weights, prefetch slots and gradients of this rank in a symmetric window of the team (SPEC §4.4): the
-// regions and the contract of DeviceExperts (evenep/cuda/experts.hpp). prefetch_weight: each rank pushes the tiles
-// of its own experts into the holders' slots; reduce_grad: each home rank pulls its experts' slot gradients from
-// the holders in ascending (rank, slot) order and zeroes them. Both collective, on the team's channel `channel`
-// (default 1, so that prefetch_weight may run beside dispatch on another stream).
-class NcclExperts {
-  public:
-    NcclExperts(NcclEp& ep, const ExpertsShape& shape);  // collective
-    ~NcclExperts() = default;
-    NcclExperts(const NcclExperts&) = delete;
-    NcclExperts& operator=(const NcclExperts&) = delete;
-
-    const ExpertsShape& shape() const { return shape_; }
-    // This rank's [elems] matrices (device pointers).
-    uint16_t* weight(int proj, int local_expert) const;
-    uint16_t* slot(int proj, int slot) const;
-    float* slot_grad(int proj, int slot) const;
-    float* grad(int proj, int local_expert) const;
-
-    void prefetch_weight(NcclEp& ep, cudaStream_t stream, int channel = 1);
-    void reduce_grad(NcclEp& ep, cudaStream_t stream, int channel = 1);
-    int last_blocks_per_rank() const { return last_blocks_; }
-    const DeviceExperts::Offsets& offsets() const { return off_; }
-    const NcclWindowView& window() const { return *window_; }  // every rank's regions (peers) and this rank's
-
-  private:
-    char* at(size_t region, int n, int proj, int index, size_t elem_bytes) const;
-
-    ExpertsShape shape_;
-    int R_, epn_, B_;
-    DeviceExperts::Offsets off_{};
-    const NcclWindowView* window_ = nullptr;
-    int last_blocks_ = 0;
+    NcclEp(std::unique_ptr<NcclTeam> team, const Config& cfg, int hidden, const EpOptions& options);
+    std::unique_ptr<NcclTeam> owned_;
 };
 
 // The conventional EP all-to-all over NCCL (Megatron-style dispatcher), the benchmark's baseline (SPEC §7's

@@ -36,9 +36,9 @@
 
 namespace evenep::cuda {
 
-inline constexpr int kNcclUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
-inline constexpr int kMinNcclVersion = 22800;   // 2.28.0: ncclDevCommCreate, symmetric windows, LSA pointers
-inline constexpr int kNcclTeamChannels = 2;     // independent barrier states (see NcclTeam::view)
+inline constexpr int kNcclUniqueIdBytes = 128;           // NCCL_UNIQUE_ID_BYTES
+inline constexpr int kMinNcclVersion = 22800;            // 2.28.0: ncclDevCommCreate, symmetric windows, LSA pointers
+inline constexpr int kNcclTeamChannels = kTeamChannels;  // independent barrier states (see Team::view)
 
 // True when this build contains the NCCL team (CMake option EVENEP_NCCL).
 bool nccl_team_built();
@@ -90,15 +90,9 @@ struct LaunchResult {
 // Throws evenep::Error for bad options or when the build has no NCCL team.
 LaunchResult launch_local_group(const LaunchOptions& options);
 
-// One symmetric window of the team: the same number of bytes on every rank, zeroed at creation.
-struct NcclWindowView {
-    char* local = nullptr;           // this rank's copy (device pointer)
-    char* const* d_peers = nullptr;  // device table [R]: each rank's copy through its LSA mapping
-    std::vector<char*> peers;        // host copy of d_peers (device addresses valid in this process)
-    size_t bytes = 0;
-};
+using NcclWindowView = Window;  // one symmetric window (evenep/cuda/team.hpp)
 
-class NcclTeam {
+class NcclTeam final : public Team {
   public:
     // Collective over the group (every rank constructs its team with the same bytes_per_rank and options):
     // cudaSetDevice(boot.local_rank); the team's communicator, split (ncclCommSplit) from the group's root
@@ -109,41 +103,45 @@ class NcclTeam {
     // one clear message when NCCL is older than 2.28, a window cannot be registered, or some rank is not load/store
     // accessible from this one (no GPU peer access).
     NcclTeam(const NcclBootstrap& boot, size_t bytes_per_rank, const TeamOptions& options = {});
-    ~NcclTeam();
+    ~NcclTeam() override;
     NcclTeam(const NcclTeam&) = delete;
     NcclTeam& operator=(const NcclTeam&) = delete;
 
     int rank() const;
-    int size() const;
-    int device() const;
-    size_t bytes_per_rank() const;
-    const TeamOptions& options() const;
+    int size() const override;
+    int rank_begin() const override { return rank(); }
+    int num_local_ranks() const override { return 1; }
+    int device() const override;
+    size_t bytes_per_rank() const override;
+    const TeamOptions& options() const override;
     // This rank's copy of the main window (device pointer, 256-byte aligned, zeroed at construction).
     char* base() const;
+    char* base(int rank) const override;  // rank == rank(): base()
     // `peer`'s copy of the main window, mapped into this process (peer == rank() gives the self mapping, an alias
     // of base()). Device address: dereference in kernels only.
     char* peer_base(int peer) const;
-    const NcclWindowView& main_window() const;
+    using Team::peer_base;
+    const Window& main_window() const override;
 
     // The device-side view of channel `channel` (0 <= channel < kNcclTeamChannels): peers = the main window's
     // peer table; every channel has its own barrier flags and rank-local state, so kernels on different channels
     // may run at the same time (e.g. prefetch_weight beside dispatch); kernels on one channel run one at a time.
-    const TeamView& view(int channel = 0) const;
+    const TeamView& view(int channel = 0) const override;
 
     // Collective: a further symmetric window of `bytes` on every rank (zeroed). Owned by the team; the reference
     // stays valid until the team is destroyed.
-    const NcclWindowView& alloc_window(size_t bytes);
+    const Window& alloc_window(size_t bytes) override;
 
     // Synchronises `stream` and throws evenep::Error if the device recorded a failure: kTimeout for a barrier
     // timeout (names this rank, the missing peer and the phase), kInvalidArgument for a bad expert id, kInternal
-    // for a broken planner invariant, kRuntime for a CUDA error. Unlike LocalTeam::check it does not reset the
-    // barrier state: the peers' flags are only consistent again after recover().
-    void check(cudaStream_t stream) const;
+    // for a broken planner invariant, kRuntime for a CUDA error. Leaves the state (Team::check): the peers' flags
+    // are only consistent again after recover().
+    void check(cudaStream_t stream) const override;
     // The error record as text, without synchronising; "" when none is set.
-    std::string pending_error() const;
+    std::string pending_error() const override;
     // Collective: every rank waits for its GPU, zeroes its barrier flags, abort flag and error record, and waits
     // for the others (host barriers before and after), so the team is usable again after a timeout.
-    void recover();
+    void recover() override;
 
     // Collective: one team barrier on the device, on `stream` (the kernels' protocol and timeout; e.g. to start
     // every rank's timed region together). Asynchronous.
@@ -155,9 +153,9 @@ class NcclTeam {
 
     // Test hooks, applied to every channel's view: `rank` never arrives at barriers of `phase` (-1 disables);
     // the timeout per wait; the action on timeout.
-    void inject_fault(int rank, Phase phase);
-    void set_timeout_ms(double ms);
-    void set_timeout_action(TimeoutAction action);
+    void inject_fault(int rank, Phase phase) override;
+    void set_timeout_ms(double ms) override;
+    void set_timeout_action(TimeoutAction action) override;
 
     // The ncclComm_t (as void*) for host-side NCCL calls of the caller (e.g. the all-to-all baseline); the
     // communicator stays owned by the team.

@@ -1,4 +1,4 @@
-// evenep/cuda/team.hpp — the device team, local flavour (SPEC §5): R virtual ranks in one process on one GPU.
+// evenep/cuda/team.hpp — the device team interface (SPEC §5) and its local flavour: R virtual ranks on one GPU.
 //
 // Every virtual rank owns one device allocation of the same size (its "symmetric" buffer: the same offset holds
 // the same object on every rank) and sees every peer's allocation through a device peer-pointer table, exactly as
@@ -9,22 +9,24 @@
 // The device barrier (src/cuda/device/team.cuh) has release/acquire semantics at GPU scope and a timeout read
 // from the GPU's global timer. A rank that waits longer than the timeout prints "rank, peer, phase", records the
 // same in a host-mapped error record, raises the team's abort flag (every other wait then returns at once) and,
-// with TimeoutAction::kTrap, traps. LocalTeam::check() turns the record into evenep::Error(kTimeout) naming the
-// missing rank, and resets the synchronisation state so the team is usable for the next call (SPEC §8).
+// with TimeoutAction::kTrap, traps. Team::check() turns the record into evenep::Error(kTimeout) naming the
+// missing rank; Team::recover() clears the state so the team is usable for the next call (SPEC §8).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace evenep::cuda {
 
 inline constexpr int kMaxVirtualRanks = 256;
 
 enum class TimeoutAction : int {
-    kReport = 0,  // record + abort flag; kernels return; the host throws from LocalTeam::check()
+    kReport = 0,  // record + abort flag; kernels return; the host throws from Team::check()
     kTrap = 1,    // record + print, then __trap(): the context is lost; the record survives in host memory
 };
 
@@ -95,47 +97,111 @@ struct TeamOptions {
     TimeoutAction on_timeout = TimeoutAction::kReport;
 };
 
-// R virtual ranks on one GPU. Owns R device allocations of `bytes_per_rank` bytes (256-byte aligned, zeroed),
-// the device peer table, the barrier state and the host-mapped error record. Not copyable.
-class LocalTeam {
+inline constexpr int kTeamChannels = 2;  // independent barrier states of every team (see Team::view)
+
+// One symmetric window of a team: the same number of bytes for every rank, zeroed at creation, owned by the team.
+struct Window {
+    char* local = nullptr;           // the first served rank's copy (NCCL team: this rank's; local team: rank 0's)
+    char* const* d_peers = nullptr;  // device table [R]: every rank's copy as addressed by this process's kernels
+    std::vector<char*> peers;        // host copy of d_peers (device addresses: dereference in kernels only)
+    size_t bytes = 0;
+};
+
+// The host side of a device team (SPEC §5): what cuda::Ep, cuda::Experts and the tests are written against.
+// Implementations: LocalTeam (R virtual ranks on one GPU, every rank served by this process) and NcclTeam
+// (evenep/cuda/nccl_team.hpp: one rank per process and GPU). Kernels get the team as a TeamView per channel and
+// run the same device code on both (src/cuda/device/team.cuh, lsa_sync.cuh).
+//
+// Errors, the same on both teams: a kernel that fails (barrier timeout, bad expert id, broken invariant) records
+// it in the team's error record and raises the abort flag, so every later wait returns at once. check() throws
+// for it and LEAVES that state (every later call keeps failing fast); recover() clears it. On the NCCL team
+// recover() is collective (every rank calls it, after its own check() threw or not).
+class Team {
+  public:
+    virtual ~Team() = default;
+
+    virtual int size() const = 0;             // R
+    virtual int rank_begin() const = 0;       // first rank served by this process
+    virtual int num_local_ranks() const = 0;  // ranks [rank_begin, rank_begin + num_local_ranks) served here
+    virtual int device() const = 0;           // CUDA device ordinal
+    virtual const TeamOptions& options() const = 0;
+    bool serves(int rank) const { return rank >= rank_begin() && rank < rank_begin() + num_local_ranks(); }
+
+    // The main window (bytes_per_rank bytes per rank, given at construction; may be tiny) and rank `rank`'s copy
+    // of it (`rank` served by this process).
+    virtual size_t bytes_per_rank() const = 0;
+    virtual const Window& main_window() const = 0;
+    virtual char* base(int rank) const = 0;
+
+    // Device view of channel `channel` (0 <= channel < kTeamChannels): peers = the main window's table. Channels
+    // have separate barrier state, so kernels on different channels may run at the same time (prefetch_weight
+    // beside dispatch); kernels on one channel run one at a time, in the same order on every rank. Callers whose
+    // data lives in another window copy the view and set TeamView::peers to that window's d_peers.
+    virtual const TeamView& view(int channel = 0) const = 0;
+
+    // Collective: a further symmetric window of `bytes` per rank (zeroed), valid until the team is destroyed.
+    virtual const Window& alloc_window(size_t bytes) = 0;
+    // `peer`'s copy of `window` (device address).
+    char* peer_base(const Window& window, int peer) const;
+
+    // Synchronises `stream`, then throws evenep::Error if the device recorded a failure: kTimeout for a barrier
+    // timeout (names the waiting rank, the missing peer and the phase), kInvalidArgument for a bad expert id (rank,
+    // token, k, value), kInternal for a broken planner invariant, kRuntime for a CUDA error. Leaves the error state
+    // as it is: call recover() before the team is used again.
+    virtual void check(cudaStream_t stream) const = 0;
+    // The error record as one line, without synchronising; "" when none is set.
+    virtual std::string pending_error() const = 0;
+    // Waits for the device, clears the barrier state of every channel, the abort flag and the error record
+    // (synchronous; collective on the NCCL team). Not possible after a trap (the CUDA context is lost).
+    virtual void recover() = 0;
+
+    // Test hooks, applied to every channel: `rank` never arrives at barriers of `phase` (rank -1 disables); the
+    // timeout per wait; the action on timeout.
+    virtual void inject_fault(int rank, Phase phase) = 0;
+    virtual void set_timeout_ms(double ms) = 0;
+    virtual void set_timeout_action(TimeoutAction action) = 0;
+};
+
+// The device error record as one line (the formatter of both teams; `note` is appended to a peer timeout).
+std::string format_device_error(const DeviceErrorRecord& record, const char* note = "");
+
+// R virtual ranks on one GPU, all served by this process. The main window is R device allocations of
+// `bytes_per_rank` bytes (256-byte aligned, zeroed). Not copyable.
+class LocalTeam final : public Team {
   public:
     LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& options = {});
-    ~LocalTeam();
+    ~LocalTeam() override;
     LocalTeam(const LocalTeam&) = delete;
     LocalTeam& operator=(const LocalTeam&) = delete;
 
-    int size() const { return num_ranks_; }
-    int device() const { return options_.device; }
-    size_t bytes_per_rank() const { return bytes_per_rank_; }
-    const TeamOptions& options() const { return options_; }
-    // Device pointer to the start of `rank`'s symmetric allocation.
-    char* base(int rank) const;
-    const TeamView& view() const { return view_; }
-
-    // Synchronises `stream`, then throws evenep::Error if the device recorded a failure: kTimeout for a barrier
-    // timeout (message names the waiting rank, the missing peer and the phase), kInvalidArgument for a bad expert
-    // id (rank, token, k, value), kInternal for a broken planner invariant, kRuntime for a CUDA error. Before
-    // throwing it resets the barrier state, so the team is usable for the next call.
-    void check(cudaStream_t stream) const;
-    // Reads the error record without synchronising; returns "" when none is set.
-    std::string pending_error() const;
-    // Clears the barrier state, the abort flag and the error record (synchronous).
-    void reset_sync_state() const;
-    // Test hook: from the next launch on, `rank` never arrives at barriers of `phase` (rank -1 disables).
-    void inject_fault(int rank, Phase phase);
-    void set_timeout_ms(double ms);
-    void set_timeout_action(TimeoutAction action);
+    int size() const override { return num_ranks_; }
+    int rank_begin() const override { return 0; }
+    int num_local_ranks() const override { return num_ranks_; }
+    int device() const override { return options_.device; }
+    const TeamOptions& options() const override { return options_; }
+    size_t bytes_per_rank() const override { return main_->bytes; }
+    const Window& main_window() const override { return *main_; }
+    char* base(int rank) const override;
+    const TeamView& view(int channel = 0) const override;
+    const Window& alloc_window(size_t bytes) override;
+    void check(cudaStream_t stream) const override;
+    std::string pending_error() const override;
+    void recover() override;
+    void inject_fault(int rank, Phase phase) override;
+    void set_timeout_ms(double ms) override;
+    void set_timeout_action(TimeoutAction action) override;
 
   private:
+    void release() noexcept;
+
     int num_ranks_;
-    size_t bytes_per_rank_;
     TeamOptions options_;
-    char** bases_ = nullptr;      // host array [R] of device pointers
-    char** d_peers_ = nullptr;    // device array [R]
-    uint32_t* d_sync_ = nullptr;  // flags, arrive, gen, abort, claim in one allocation
+    std::vector<std::unique_ptr<Window>> windows_;  // [0]: the main window
+    const Window* main_ = nullptr;
+    uint32_t* d_sync_ = nullptr;  // per channel flags, arrive, gen; then abort, claim (one allocation)
     size_t sync_bytes_ = 0;
     DeviceErrorRecord* h_record_ = nullptr;
-    TeamView view_{};
+    TeamView views_[kTeamChannels]{};
 };
 
 }  // namespace evenep::cuda

@@ -1,6 +1,8 @@
 // The copy-bandwidth anchor: a plain device-to-device copy with 16-byte vectors, several loads in flight per thread.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "evenep/cuda/launchers.hpp"
@@ -41,7 +43,33 @@ __global__ void fill_random_bf16_kernel(uint16_t* dst, size_t n, uint64_t seed) 
     }
 }
 
+// Up to kRankIoBatch RankIo entries by value (kernel parameters are copied at launch: no host buffer must outlive
+// the call, and the store is ordered on the stream before the data-path kernel that reads the table).
+inline constexpr int kRankIoBatch = 32;
+struct RankIoBatch {
+    RankIo entries[kRankIoBatch];
+    int first;
+    int count;
+};
+
+__global__ void store_rank_io_kernel(RankIo* table, const RankIoBatch batch) {
+    const int i = static_cast<int>(threadIdx.x);
+    if (i < batch.count) table[batch.first + i] = batch.entries[i];
+}
+
 }  // namespace
+
+void launch_store_rank_io(RankIo* d_table, int first, std::span<const RankIo> entries, cudaStream_t stream) {
+    EVENEP_CHECK(d_table != nullptr && first >= 0, "store rank io: bad table or first = ", first);
+    for (size_t done = 0; done < entries.size(); done += kRankIoBatch) {
+        RankIoBatch b{};
+        b.first = first + static_cast<int>(done);
+        b.count = static_cast<int>(std::min<size_t>(kRankIoBatch, entries.size() - done));
+        for (int i = 0; i < b.count; ++i) b.entries[i] = entries[done + i];
+        store_rank_io_kernel<<<1, kRankIoBatch, 0, stream>>>(d_table, b);
+        check_launch(stream);
+    }
+}
 
 void launch_fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, cudaStream_t stream) {
     fill_random_bf16_kernel<<<1024, 256, 0, stream>>>(dst, n, seed);

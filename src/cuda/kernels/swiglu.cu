@@ -56,7 +56,7 @@ __device__ __forceinline__ void load_f32x8(const float* p, float (&f)[8]) {
 // Weight and gradient tables
 // ---------------------------------------------------------------------------------------------------------
 __global__ void __launch_bounds__(kTableThreads) moe_weight_tables_kernel(const MoeKernelParams p) {
-    const int rank = blockIdx.x;
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.x);
     const MoeRankView& v = p.ranks[rank];
     for (int i = threadIdx.x; i < kProjections * p.G; i += blockDim.x) {
         const int proj = i / p.G, g = i % p.G;
@@ -91,9 +91,9 @@ __global__ void __launch_bounds__(kTableThreads) moe_weight_tables_kernel(const 
 // Forward
 // ---------------------------------------------------------------------------------------------------------
 __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const MoeKernelParams p) {
-    const int rank = blockIdx.y;
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
     const int64_t num_vec = used_rows(p, rank) * p.F / kBf16PerVec;
-    const int64_t base = static_cast<int64_t>(rank) * p.nvs * p.F;
+    const int64_t base = static_cast<int64_t>(rank - p.rank_begin) * p.nvs * p.F;
     const uint4* g = reinterpret_cast<const uint4*>(p.g + base);
     const uint4* u = reinterpret_cast<const uint4*>(p.u + base);
     uint4* h = reinterpret_cast<uint4*>(p.h + base);
@@ -108,9 +108,9 @@ __global__ void __launch_bounds__(kThreads) swiglu_forward_kernel(const MoeKerne
 }
 
 __global__ void __launch_bounds__(kThreads) moe_place_output_kernel(const MoeKernelParams p) {
-    const int rank = blockIdx.y;
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
     const int64_t num_vec = used_rows(p, rank) * p.H / kBf16PerVec;
-    const int64_t base = static_cast<int64_t>(rank) * p.nvs * p.H;
+    const int64_t base = static_cast<int64_t>(rank - p.rank_begin) * p.nvs * p.H;
     uint4* recv = reinterpret_cast<uint4*>(p.ranks[rank].recv_x);
     uint4* x = reinterpret_cast<uint4*>(p.x + base);
     const uint4* y = reinterpret_cast<const uint4*>(p.y + base);
@@ -126,12 +126,12 @@ __global__ void __launch_bounds__(kThreads) moe_place_output_kernel(const MoeKer
 // One warp per row: lane l takes vectors l, l+32, ...; the partial dot products meet in a xor butterfly (the same
 // sum on every lane, independent of the launch shape).
 __global__ void __launch_bounds__(kThreads) moe_grad_rows_kernel(const MoeKernelParams p) {
-    const int rank = blockIdx.y;
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     const MoeRankView& v = p.ranks[rank];
     const int64_t rows = used_rows(p, rank);
     const int row_vec = p.H / kBf16PerVec;
-    const int64_t base = static_cast<int64_t>(rank) * p.nvs * p.H;
+    const int64_t base = static_cast<int64_t>(rank - p.rank_begin) * p.nvs * p.H;
     for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
          row += static_cast<int64_t>(gridDim.x) * kWarps) {
         const float w = v.recv_w[row];
@@ -158,10 +158,10 @@ __global__ void __launch_bounds__(kThreads) moe_grad_rows_kernel(const MoeKernel
 }
 
 __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const MoeKernelParams p) {
-    const int rank = blockIdx.y;
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
     const int64_t num_vec = used_rows(p, rank) * p.F / kBf16PerVec;
-    const int64_t base = static_cast<int64_t>(rank) * p.nvs * p.F;
-    const float* dh = p.f32a + static_cast<int64_t>(rank) * p.nvs * p.f32a_dim;
+    const int64_t base = static_cast<int64_t>(rank - p.rank_begin) * p.nvs * p.F;
+    const float* dh = p.f32a + static_cast<int64_t>(rank - p.rank_begin) * p.nvs * p.f32a_dim;
     const uint4* g = reinterpret_cast<const uint4*>(p.g + base);
     const uint4* u = reinterpret_cast<const uint4*>(p.u + base);
     uint4* dg = reinterpret_cast<uint4*>(p.dg + base);
@@ -182,10 +182,10 @@ __global__ void __launch_bounds__(kThreads) swiglu_backward_kernel(const MoeKern
 }
 
 __global__ void __launch_bounds__(kThreads) moe_sum_dx_kernel(const MoeKernelParams p) {
-    const int rank = blockIdx.y;
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
     const int64_t num_vec = used_rows(p, rank) * p.H / kBf16PerVec;
-    const float* a = p.f32a + static_cast<int64_t>(rank) * p.nvs * p.f32a_dim;
-    const float* b = p.f32b + static_cast<int64_t>(rank) * p.nvs * p.f32b_dim;
+    const float* a = p.f32a + static_cast<int64_t>(rank - p.rank_begin) * p.nvs * p.f32a_dim;
+    const float* b = p.f32b + static_cast<int64_t>(rank - p.rank_begin) * p.nvs * p.f32b_dim;
     uint4* dx = reinterpret_cast<uint4*>(p.ranks[rank].recv_x);
     for (int64_t i = first_index(); i < num_vec; i += grid_stride()) {
         float af[8], bf[8], sf[8];
@@ -203,12 +203,15 @@ void check_params(const MoeKernelParams& p, const char* name) {
     EVENEP_CHECK(p.H > 0 && p.H % kBf16PerVec == 0 && p.F > 0 && p.F % kBf16PerVec == 0, name, ": H = ", p.H,
                  ", H' = ", p.F, " must be positive multiples of ", kBf16PerVec);
     EVENEP_CHECK(p.blocks_per_rank >= 1, name, ": blocks per rank = ", p.blocks_per_rank);
+    EVENEP_CHECK(p.num_local >= 1 && p.rank_begin >= 0 && p.rank_begin + p.num_local <= p.R, name, ": served ranks [",
+                 p.rank_begin, ", ", p.rank_begin + p.num_local, ") outside [0, R = ", p.R, ")");
 }
 
 template <typename Kernel>
 void launch_per_rank(Kernel kernel, const MoeKernelParams& p, const char* name, cudaStream_t stream) {
     check_params(p, name);
-    kernel<<<dim3(static_cast<unsigned>(p.blocks_per_rank), static_cast<unsigned>(p.R)), kThreads, 0, stream>>>(p);
+    const dim3 grid(static_cast<unsigned>(p.blocks_per_rank), static_cast<unsigned>(p.num_local));
+    kernel<<<grid, kThreads, 0, stream>>>(p);
     check_launch(stream);
 }
 
@@ -218,7 +221,7 @@ void launch_moe_weight_tables(const MoeKernelParams& p, cudaStream_t stream) {
     check_params(p, "moe weight tables");
     EVENEP_CHECK(p.weight_tables != nullptr && p.grad_tables != nullptr && p.epn >= 1 && p.elems > 0,
                  "moe weight tables: tables, epn = ", p.epn, " and elements per matrix = ", p.elems, " required");
-    moe_weight_tables_kernel<<<static_cast<unsigned>(p.R), kTableThreads, 0, stream>>>(p);
+    moe_weight_tables_kernel<<<static_cast<unsigned>(p.num_local), kTableThreads, 0, stream>>>(p);
     check_launch(stream);
 }
 

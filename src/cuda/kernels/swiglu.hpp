@@ -1,8 +1,9 @@
 // The elementwise kernels of the GPU MoE layer (src/cuda/kernels/swiglu.cu) and their launchers; the layer itself
 // is evenep/cuda/moe_layer.hpp. Host-only declarations: the runtime includes this, swiglu.cu defines it.
 //
-// Every launcher covers all R virtual ranks in one launch (grid.y = rank) and bounds itself on the device by the
-// rank's used rows, cu_seqlens[G-1] of its own plan copy: no host synchronisation, graph capturable.
+// Every launcher covers the served ranks [rank_begin, rank_begin + num_local) in one launch (grid.y = rank -
+// rank_begin) and bounds itself on the device by the rank's used rows, cu_seqlens[G-1] of its own plan copy: no host
+// synchronisation, graph capturable.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,12 +27,13 @@ struct MoeRankView {
 };
 
 struct MoeKernelParams {
-    const MoeRankView* ranks = nullptr;  // device [R]
+    const MoeRankView* ranks = nullptr;  // device [R] (other processes' ranks: only weights, peer addresses)
     int R = 0, G = 0, epn = 0, B = 0;
-    int H = 0, F = 0;   // hidden and expert intermediate sizes (multiples of 8)
-    int64_t nvs = 0;    // receive rows per rank
-    int64_t elems = 0;  // H*F: elements of one expert matrix
-    // Layer buffers, each [R][NvS][dim] (rank r at r*NvS*dim).
+    int rank_begin = 0, num_local = 0;  // the ranks this process serves
+    int H = 0, F = 0;                   // hidden and expert intermediate sizes (multiples of 8)
+    int64_t nvs = 0;                    // receive rows per rank
+    int64_t elems = 0;                  // H*F: elements of one expert matrix
+    // Layer buffers, each [num_local][NvS][dim] (rank r at (r - rank_begin)*NvS*dim).
     uint16_t* x = nullptr;   // dim H: saved input rows
     uint16_t* g = nullptr;   // dim F: g_b
     uint16_t* u = nullptr;   // dim F: u_b

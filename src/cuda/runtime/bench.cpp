@@ -194,7 +194,7 @@ std::string shape_of(const BenchConfig& c) {
 }
 
 // Host reference of one token's combine (evenep/cpu/buffer.hpp contract) from downloaded rows.
-std::vector<uint16_t> reference_token(const DeviceEp& ep, const int32_t* codes, const float* w, bool apply) {
+std::vector<uint16_t> reference_token(const Ep& ep, const int32_t* codes, const float* w, bool apply) {
     const int K = ep.config().K, H = ep.hidden();
     const int64_t nvs = ep.layout().nvs;
     std::vector<float> acc(H, 0.0f);
@@ -333,10 +333,9 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         EVENEP_CUDA_CHECK(cudaMemcpy(w[r]->get(), weights[r].data(), weights[r].size() * 4, cudaMemcpyHostToDevice));
         io[r] = RankIo{x[r]->get(), idx[r]->get(), w[r]->get(), out[r]->get(), nullptr};
     }
-    ep.bind(io);
     cudaStream_t stream;
     EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    ep.plan(routing.s, stream);
+    EpPlan ep_plan = ep.plan(io, routing.s, stream);
     ep.check(stream);
 
     const Plan plan = make_plan(cfg, bc.mode, routing.tpe(), routing.s);
@@ -379,16 +378,16 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         if (bc.check) {
             wrong = 0;
             for (int r = 0; r < R; ++r) {
-                const Plan gp = ep.download_plan(r);
+                const Plan gp = ep.download_plan(ep_plan, r);
                 wrong += gp.alloc != plan.alloc || gp.cu_seqlens != plan.cu_seqlens || gp.copies != plan.copies ||
                          gp.seg_row != plan.seg_row || gp.group_expert != plan.group_expert ||
                          gp.cost.crossing_rows != plan.cost.crossing_rows;
-                const std::vector<int32_t> gd = ep.download_dst(r);
+                const std::vector<int32_t> gd = ep.download_dst(ep_plan, r);
                 for (size_t i = 0; i < gd.size(); ++i) wrong += gd[i] != dst[r][i];
             }
         }
-        const Stats fused = time_op([&] { ep.plan(routing.s, stream); }, stream, bc.warmup, bc.iters);
-        const std::optional<Stats> fused_graph = graph_stats([&] { ep.plan(routing.s, stream); });
+        const Stats fused = time_op([&] { ep.plan(io, routing.s, stream); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> fused_graph = graph_stats([&] { ep.plan(io, routing.s, stream); });
         const std::vector<int64_t> tf =
             download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 24);
         std::ostringstream fused_note;
@@ -408,7 +407,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         Stats one = time_op(
             [&] {
                 for (int i = 0; i < kBatch; ++i)
-                    launch_plan_only(ep.team().view(), ep.layout(), routing.s, locality, PlannerKernel::kParallel, 0, 1,
+                    launch_plan_only(ep.view(0), ep.layout(), routing.s, locality, PlannerKernel::kParallel, 0, 1,
                                      stream);
             },
             stream, bc.warmup, bc.iters);
@@ -425,15 +424,15 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                << static_cast<double>(ts[13] - ts[12]) / static_cast<double>(ts[8] - ts[0]) << " GHz";
         int64_t wrong_one = -1;
         if (bc.check) {
-            const Plan gp = ep.download_plan(0);
+            const EpPlan one_rank = ep.plan_from_tpe(routing.tpe(), routing.s, stream, 0, 1);
+            const Plan gp = ep.download_plan(one_rank, 0);
             wrong_one = (gp.alloc != plan.alloc) + (gp.cu_seqlens != plan.cu_seqlens) + (gp.copies != plan.copies) +
                         (gp.rest_prefix != plan.rest_prefix) + (gp.cap_prefix != plan.cap_prefix);
         }
         add("plan_rank", one, 0, 1, wrong_one, phases.str());
         {
             // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
-            launch_plan_only(ep.team().view(), ep.layout(), routing.s, locality, PlannerKernel::kParallel, 0, 1, stream,
-                             2);
+            launch_plan_only(ep.view(0), ep.layout(), routing.s, locality, PlannerKernel::kParallel, 0, 1, stream, 2);
             EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
             const std::vector<int64_t> tw =
                 download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 24);
@@ -450,19 +449,19 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         if (static_cast<int64_t>(R) * bc.E <= 8 * 1024) {  // the sequential reference is slow on one GPU thread
             const Stats serial = time_op(
                 [&] {
-                    launch_plan_only(ep.team().view(), ep.layout(), routing.s, locality, PlannerKernel::kSerial, 0, 1,
+                    launch_plan_only(ep.view(0), ep.layout(), routing.s, locality, PlannerKernel::kSerial, 0, 1,
                                      stream);
                 },
                 stream, 1, std::min(bc.iters, 3));
             add("plan_rank_serial", serial, 0, 1, -1, "plan_core.hpp's sequential code on one GPU thread (reference)");
         }
-        ep.plan(routing.s, stream);  // restore every rank's plan and dst
+        ep_plan = ep.plan(io, routing.s, stream);  // restore every rank's plan and dst
         ep.check(stream);
     }
 
     if (want("dispatch") || want("combine")) {
-        const Stats st = time_op([&] { ep.dispatch(stream); }, stream, bc.warmup, bc.iters);
-        const std::optional<Stats> stg = graph_stats([&] { ep.dispatch(stream); });
+        const Stats st = time_op([&] { ep.dispatch(ep_plan, io, stream); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> stg = graph_stats([&] { ep.dispatch(ep_plan, io, stream); });
         ep.check(stream);
         int64_t wrong = -1;
         if (bc.check) {
@@ -510,8 +509,9 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                                     {"combine_push", CombineMode::kPushPartials, false, bytes.combine_push},
                                     {"combine_pull_weighted", CombineMode::kPull, true, bytes.combine_pull}};
         for (const Variant& v : variants) {
-            const Stats st = time_op([&] { ep.combine(v.apply, v.mode, stream); }, stream, bc.warmup, bc.iters);
-            const std::optional<Stats> stg = graph_stats([&] { ep.combine(v.apply, v.mode, stream); });
+            const Stats st =
+                time_op([&] { ep.combine(ep_plan, io, v.apply, v.mode, stream); }, stream, bc.warmup, bc.iters);
+            const std::optional<Stats> stg = graph_stats([&] { ep.combine(ep_plan, io, v.apply, v.mode, stream); });
             ep.check(stream);
             int64_t wrong = -1;
             if (bc.check) {
@@ -563,15 +563,15 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         es.num_projections = projections_that_fit(false);
         es.elems = static_cast<int64_t>(n);
         es.with_grads = false;
-        DeviceExperts ex(ep, es);
+        Experts ex(ep, es);
         const int P = es.num_projections;
         for (int r = 0; r < R; ++r)
             for (int p = 0; p < P; ++p)
                 for (int g = 0; g < epn; ++g)
                     launch_fill_random_bf16(ex.weight(r, p, g), n, 7 + r * 131 + p * 17 + g, stream);
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
-        const Stats st = time_op([&] { ex.prefetch_weight(ep, stream); }, stream, bc.warmup, bc.iters);
-        const std::optional<Stats> stg = graph_stats([&] { ex.prefetch_weight(ep, stream); });
+        const Stats st = time_op([&] { ex.prefetch_weight(ep, ep_plan, stream); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> stg = graph_stats([&] { ex.prefetch_weight(ep, ep_plan, stream); });
         ep.check(stream);
         int64_t wrong = -1;
         if (bc.check) {
@@ -597,7 +597,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
         es.num_projections = projections_that_fit(true);
         es.elems = static_cast<int64_t>(n);
         es.with_weights = false;
-        DeviceExperts ex(ep, es);
+        Experts ex(ep, es);
         const int P = es.num_projections;
         // fp32 data: two random bf16 halves make a finite float in (-1, 1) with random low bits.
         for (int r = 0; r < R; ++r)
@@ -628,7 +628,7 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                         for (size_t i = 0; i < m; ++i) g[i] = g[i] + sg[i];
                     }
                 }
-            ex.reduce_grad(ep, stream);
+            ex.reduce_grad(ep, ep_plan, stream);
             ep.check(stream);
             wrong = 0;
             for (int h = 0; h < R; ++h)
@@ -642,8 +642,8 @@ std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::
                     if (plan.copies[static_cast<size_t>(r) * B + b] >= 0)
                         for (float v : download(ex.slot_grad(r, 0, b), m)) wrong += v != 0.0f;
         }
-        const Stats st = time_op([&] { ex.reduce_grad(ep, stream); }, stream, bc.warmup, bc.iters);
-        const std::optional<Stats> stg = graph_stats([&] { ex.reduce_grad(ep, stream); });
+        const Stats st = time_op([&] { ex.reduce_grad(ep, ep_plan, stream); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> stg = graph_stats([&] { ex.reduce_grad(ep, ep_plan, stream); });
         ep.check(stream);
         add("reduce", st, 8.0 * n * P * static_cast<double>(distinct + copies), ex.last_blocks_per_rank(), wrong,
             experts_note(P) + (bc.check ? " (timed runs after the checked one add zeroed slots)" : ""));

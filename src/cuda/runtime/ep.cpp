@@ -1,107 +1,233 @@
-// DeviceEp: R virtual ranks on one GPU (include/evenep/cuda/ep.hpp).
+// cuda::Ep: the data path over any device team (include/evenep/cuda/ep.hpp), and DeviceEp (a LocalTeam it owns).
 #include "evenep/cuda/ep.hpp"
 
+#include <climits>
 #include <cstring>
 
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/detail/buffer_layout.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {
 
-DeviceEp::DeviceEp(const Config& cfg, int hidden, const EpOptions& options)
-    : cfg_(cfg), hidden_(hidden), options_(options) {
-    cfg_.validate();
+// Device copies of plans that are not resident, [num_local][bytes] each; recycled when their plan is released.
+struct EpPlanPool {
+    size_t bytes = 0;  // one copy: all served ranks
+    std::vector<char*> free;
+    ~EpPlanPool() {
+        for (char* p : free) cudaFree(p);  // NOTE: never throws
+    }
+    char* take() {
+        if (!free.empty()) {
+            char* p = free.back();
+            free.pop_back();
+            return p;
+        }
+        void* p = nullptr;
+        EVENEP_CUDA_CHECK(cudaMalloc(&p, bytes));
+        return static_cast<char*>(p);
+    }
+};
+
+struct EpPlanState {
+    const Ep* owner = nullptr;
+    uint64_t id = 0;
+    std::vector<int32_t> s;
+    int64_t s_total = -1;
+    std::shared_ptr<EpPlanPool> pool;
+    char* copy = nullptr;  // the plan region of every served rank once copied out
+    bool lost = false;     // replaced while a graph was being captured, without a copy: unusable
+    ~EpPlanState() {
+        if (copy) pool->free.push_back(copy);
+    }
+};
+
+namespace {
+
+// The plan region of a rank's buffer: every array a plan leaves for the data path (histograms, per-block prefixes,
+// encoded destinations, the plan arrays); the planner's workspace after it is scratch.
+size_t plan_begin(const EpLayout& l) { return l.tpe; }
+size_t plan_bytes(const EpLayout& l) { return l.plan.work64 - l.tpe; }
+
+bool capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    EVENEP_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+std::span<const int32_t> EpPlan::s() const {
+    EVENEP_CHECK(state_ != nullptr, "cuda ep: empty plan");
+    return state_->s;
+}
+int64_t EpPlan::s_total() const {
+    EVENEP_CHECK(state_ != nullptr, "cuda ep: empty plan");
+    return state_->s_total;
+}
+
+EpLayout Ep::check_and_layout(const Config& cfg_in, int hidden, const EpOptions& options) {
+    Config cfg = cfg_in;
+    cfg.validate();
     EVENEP_CHECK(hidden >= detail::kHiddenAlign && hidden % detail::kHiddenAlign == 0,
                  "cuda ep: hidden size H = ", hidden, " must be a positive multiple of ", detail::kHiddenAlign);
-    EVENEP_CHECK(cfg_.R <= kMaxVirtualRanks, "cuda ep: R = ", cfg_.R, " exceeds ", kMaxVirtualRanks, " virtual ranks");
+    EVENEP_CHECK(cfg.R <= kMaxVirtualRanks, "cuda ep: R = ", cfg.R, " exceeds ", kMaxVirtualRanks, " ranks");
     EVENEP_CHECK(options.sm_budget >= 1, "cuda ep: sm_budget = ", options.sm_budget, " must be >= 1");
     EVENEP_CHECK(options.max_plan_blocks >= 1, "cuda ep: max_plan_blocks = ", options.max_plan_blocks);
-    layout_ =
-        EpLayout::make(cfg_.R, cfg_.E, cfg_.K, cfg_.S, cfg_.tp, cfg_.num_slots(), hidden, options.max_plan_blocks);
+    EVENEP_CHECK(options.channel >= 0 && options.channel < kTeamChannels, "cuda ep: channel = ", options.channel,
+                 " outside [0, ", kTeamChannels, ")");
+    const EpLayout layout =
+        EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden, options.max_plan_blocks);
     // Return addresses are int32: R * S * U units must fit.
-    const int64_t units = static_cast<int64_t>(cfg_.R) * layout_.buf.stage_units();
+    const int64_t units = static_cast<int64_t>(cfg.R) * layout.buf.stage_units();
     EVENEP_CHECK(units < INT32_MAX, "cuda ep: R*S*min(K,2R) = ", units, " staging units overflow int32");
-    team_ = std::make_unique<LocalTeam>(cfg_.R, layout_.total_bytes, options.team);
-    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_io_), sizeof(RankIo) * cfg_.R));
-    EVENEP_CUDA_CHECK(cudaMemset(d_io_, 0, sizeof(RankIo) * cfg_.R));
-    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_bwd_io_), sizeof(RankIo) * cfg_.R));
-    EVENEP_CUDA_CHECK(cudaMemset(d_bwd_io_, 0, sizeof(RankIo) * cfg_.R));
+    return layout;
+}
+
+Ep::Ep(Team& team, const Config& cfg, int hidden, const EpOptions& options)
+    : team_(team), cfg_(cfg), hidden_(hidden), options_(options) {
+    layout_ = check_and_layout(cfg, hidden, options);
+    EVENEP_CHECK(team.size() == cfg.R, "cuda ep: R = ", cfg.R, " but the team has ", team.size(), " ranks");
+    window_ = &team.alloc_window(layout_.total_bytes);
+    const size_t table = sizeof(RankIo) * cfg.R;
+    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_tables_), 4 * table));
+    EVENEP_CUDA_CHECK(cudaMemset(d_tables_, 0, 4 * table));
+    fwd_.eager = d_tables_;
+    fwd_.graph = d_tables_ + cfg.R;
+    bwd_.eager = d_tables_ + 2 * cfg.R;
+    bwd_.graph = d_tables_ + 3 * cfg.R;
     // Chain metadata starts as padding everywhere (what the CPU backend's buffer holds before any dispatch).
     std::vector<int32_t> next(layout_.nvs, detail::kChainEnd), ret(layout_.nvs, detail::kRetPadding);
-    for (int r = 0; r < cfg_.R; ++r) {
+    for (int r = rank_begin(); r < rank_begin() + num_local_ranks(); ++r) {
         EVENEP_CUDA_CHECK(
             cudaMemcpy(base(r) + layout_.recv_next(), next.data(), next.size() * 4, cudaMemcpyHostToDevice));
         EVENEP_CUDA_CHECK(cudaMemcpy(base(r) + layout_.recv_ret(), ret.data(), ret.size() * 4, cudaMemcpyHostToDevice));
     }
-    s_.assign(cfg_.R, 0);
+    pool_ = std::make_shared<EpPlanPool>();
+    pool_->bytes = plan_bytes(layout_) * num_local_ranks();
 }
 
-DeviceEp::~DeviceEp() {
-    cudaFree(d_bwd_io_);
-    cudaFree(d_io_);
-}
+Ep::~Ep() { cudaFree(d_tables_); }
 
-void DeviceEp::set_sm_budget(int sm_budget) {
+void Ep::set_sm_budget(int sm_budget) {
     EVENEP_CHECK(sm_budget >= 1, "cuda ep: sm_budget = ", sm_budget, " must be >= 1");
     options_.sm_budget = sm_budget;
 }
 
-void DeviceEp::bind(std::span<const RankIo> io) {
-    EVENEP_CHECK(static_cast<int>(io.size()) == cfg_.R, "cuda ep: bind got ", io.size(),
-                 " ranks, expected R = ", cfg_.R);
-    for (int r = 0; r < cfg_.R; ++r) {
-        EVENEP_CHECK(io[r].x && io[r].topk_idx && io[r].topk_w && io[r].out, "cuda ep: rank ", r,
-                     ": x, topk_idx, topk_w and out must be device pointers (out_w may be null)");
-        EVENEP_CHECK(reinterpret_cast<uintptr_t>(io[r].x) % 16 == 0 && reinterpret_cast<uintptr_t>(io[r].out) % 16 == 0,
-                     "cuda ep: rank ", r, ": x and out must be 16-byte aligned");
-    }
-    EVENEP_CUDA_CHECK(cudaMemcpy(d_io_, io.data(), sizeof(RankIo) * cfg_.R, cudaMemcpyHostToDevice));
-    io_.assign(io.begin(), io.end());
-    bound_ = true;
-    if (!bwd_.empty()) upload_backward_io();
+TeamView Ep::view(int channel) const {
+    TeamView v = team_.view(channel);
+    v.peers = window_->d_peers;
+    return v;
 }
 
-void DeviceEp::bind_backward(std::span<const BackwardIo> io) {
-    EVENEP_CHECK(bound_, "cuda ep: bind_backward before bind");
-    EVENEP_CHECK(static_cast<int>(io.size()) == cfg_.R, "cuda ep: bind_backward got ", io.size(),
-                 " ranks, expected R = ", cfg_.R);
-    for (int r = 0; r < cfg_.R; ++r) {
-        EVENEP_CHECK(io[r].grad_out && io[r].grad_x, "cuda ep: rank ", r,
-                     ": grad_out and grad_x must be device pointers (grad_topk_w, grad_recv_w may be null)");
-        EVENEP_CHECK(reinterpret_cast<uintptr_t>(io[r].grad_out) % 16 == 0 &&
-                         reinterpret_cast<uintptr_t>(io[r].grad_x) % 16 == 0,
-                     "cuda ep: rank ", r, ": grad_out and grad_x must be 16-byte aligned");
-    }
-    bwd_.assign(io.begin(), io.end());
-    upload_backward_io();
+int Ep::local_index(int rank) const {
+    EVENEP_CHECK(team_.serves(rank), "cuda ep: rank ", rank, " is not served by this process (ranks [", rank_begin(),
+                 ", ", rank_begin() + num_local_ranks(), "))");
+    return rank - rank_begin();
 }
 
-// The backward calls run the forward kernels on a second RankIo table: dispatch reads x (= grad_out) and topk_w,
-// combine writes out (= grad_x) and out_w (= grad_topk_w).
-void DeviceEp::upload_backward_io() {
-    std::vector<RankIo> t(io_);
-    for (int r = 0; r < cfg_.R; ++r) {
-        t[r].x = bwd_[r].grad_out;
-        t[r].out = bwd_[r].grad_x;
-        t[r].out_w = bwd_[r].grad_topk_w;
+char* Ep::base(int rank) const { return window_->peers[rank_begin() + local_index(rank)]; }
+
+void Ep::check_io(std::span<const RankIo> io, bool need_x, const char* call) const {
+    EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: ", call, " got ", io.size(),
+                 " rank inputs, expected ", num_local_ranks(), " (the ranks this process serves)");
+    for (int i = 0; i < num_local_ranks(); ++i) {
+        const int r = rank_begin() + i;
+        const RankIo& v = io[i];
+        if (need_x) {
+            EVENEP_CHECK(v.x && v.topk_w, "cuda ep: ", call, ": rank ", r, ": x and topk_w must be device pointers");
+            EVENEP_CHECK(reinterpret_cast<uintptr_t>(v.x) % 16 == 0, "cuda ep: ", call, ": rank ", r,
+                         ": x must be 16-byte aligned");
+        } else {
+            EVENEP_CHECK(v.topk_w && v.out, "cuda ep: ", call, ": rank ", r,
+                         ": topk_w and out must be device pointers (out_w may be null)");
+            EVENEP_CHECK(reinterpret_cast<uintptr_t>(v.out) % 16 == 0, "cuda ep: ", call, ": rank ", r,
+                         ": out must be 16-byte aligned");
+        }
     }
-    EVENEP_CUDA_CHECK(cudaMemcpy(d_bwd_io_, t.data(), sizeof(RankIo) * cfg_.R, cudaMemcpyHostToDevice));
 }
 
-void DeviceEp::plan(std::span<const int32_t> s, cudaStream_t stream, int64_t s_total) {
-    EVENEP_CHECK(bound_, "cuda ep: plan before bind");
+// The kernels read their pointers from a device table [R]. An eager call stores the served ranks' entries on its
+// stream when the table does not hold them already; a call being captured into a graph always stores them, into
+// a second table that only graphs use (so a replay never changes what the eager table holds, and each replay
+// stores its own pointers right before its kernel). Returns the table the kernel reads.
+const RankIo* Ep::store_io(Tables& t, std::span<const RankIo> io, cudaStream_t stream) {
+    if (capturing(stream)) {
+        launch_store_rank_io(t.graph, rank_begin(), io, stream);
+        return t.graph;
+    }
+    if (t.mirror.size() != io.size() || std::memcmp(t.mirror.data(), io.data(), io.size_bytes()) != 0) {
+        launch_store_rank_io(t.eager, rank_begin(), io, stream);
+        t.mirror.assign(io.begin(), io.end());
+    }
+    return t.eager;
+}
+
+// Copies the resident plan out before another one replaces it. Not while capturing a graph: a captured copy
+// would run at every replay, when the buffer holds whatever plan is resident then; the plan is marked lost instead.
+void Ep::save(EpPlanState& st, cudaStream_t stream) {
+    if (capturing(stream)) {
+        st.lost = true;
+        return;
+    }
+    if (st.copy == nullptr) st.copy = pool_->take();
+    const size_t n = plan_bytes(layout_);
+    for (int i = 0; i < num_local_ranks(); ++i)
+        EVENEP_CUDA_CHECK(cudaMemcpyAsync(st.copy + i * n, base(rank_begin() + i) + plan_begin(layout_), n,
+                                          cudaMemcpyDeviceToDevice, stream));
+}
+
+void Ep::use(const EpPlan& plan, cudaStream_t stream) {
+    EVENEP_CHECK(plan.state_ != nullptr, "cuda ep: empty plan (use the value returned by plan())");
+    EVENEP_CHECK(plan.state_->owner == this, "cuda ep: the plan belongs to another Ep");
+    const std::shared_ptr<EpPlanState> cur = resident_.lock();
+    if (cur == plan.state_) return;
+    if (cur && cur->copy == nullptr && !cur->lost) save(*cur, stream);
+    const EpPlanState& st = *plan.state_;
+    EVENEP_CHECK(!st.lost, "cuda ep: plan ", st.id,
+                 " was replaced by a plan made while capturing a graph (no copy is taken then); plan again");
+    EVENEP_CHECK_KIND(ErrorKind::kInternal, st.copy != nullptr, "cuda ep: plan ", st.id,
+                      " is neither resident nor copied out");
+    const size_t n = plan_bytes(layout_);
+    for (int i = 0; i < num_local_ranks(); ++i)
+        EVENEP_CUDA_CHECK(cudaMemcpyAsync(base(rank_begin() + i) + plan_begin(layout_), st.copy + i * n, n,
+                                          cudaMemcpyDeviceToDevice, stream));
+    resident_ = plan.state_;
+}
+
+std::span<const int32_t> Ep::checked_s(const EpPlan& plan, const char* call) const {
+    EVENEP_CHECK(plan.state_ != nullptr, "cuda ep: ", call, " with an empty plan (use the value returned by plan())");
+    return plan.state_->s;
+}
+
+EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStream_t stream, int64_t s_total) {
+    EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: plan got ", io.size(),
+                 " rank inputs, expected ", num_local_ranks());
+    for (int i = 0; i < num_local_ranks(); ++i)
+        EVENEP_CHECK(io[i].topk_idx != nullptr, "cuda ep: plan: rank ", rank_begin() + i,
+                     ": topk_idx must be a device pointer");
     EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "cuda ep: s has ", s.size(), " values, expected R = ", cfg_.R);
     check_group_tokens(cfg_, s, s_total);
-    last_blocks_ = launch_plan(team_->view(), layout_, d_io_, s, s_total, options_.mode == PlannerMode::kOptimized,
-                               options_.planner_kernel, options_.sm_budget, stream);
-    s_.assign(s.begin(), s.end());
-    planned_ = true;
+    const std::shared_ptr<EpPlanState> cur = resident_.lock();
+    if (cur && cur->copy == nullptr && !cur->lost) save(*cur, stream);  // the new plan overwrites the region
+    const RankIo* d_io = store_io(fwd_, io, stream);
+    last_blocks_ =
+        launch_plan(view(options_.channel), layout_, d_io, s, s_total, options_.mode == PlannerMode::kOptimized,
+                    options_.planner_kernel, options_.sm_budget, stream);
+    auto st = std::make_shared<EpPlanState>();
+    st->owner = this;
+    st->id = next_plan_id_++;
+    st->s.assign(s.begin(), s.end());
+    st->s_total = s_total;
+    st->pool = pool_;
+    resident_ = st;
+    return EpPlan(std::move(st));
 }
 
-void DeviceEp::plan_from_tpe(
-    std::span<const int32_t> tpe, std::span<const int32_t> s, cudaStream_t stream, int rank_begin, int num_ranks) {
+EpPlan Ep::plan_from_tpe(
+    std::span<const int32_t> tpe, std::span<const int32_t> s, cudaStream_t stream, int first, int num_ranks) {
     const size_t RE = static_cast<size_t>(cfg_.R) * cfg_.E;
     EVENEP_CHECK(tpe.size() == RE, "plan: tpe has ", tpe.size(), " values, expected R*E = ", RE);
     EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "plan: s has ", s.size(), " values, expected R = ", cfg_.R);
@@ -116,113 +242,212 @@ void DeviceEp::plan_from_tpe(
         EVENEP_CHECK(row <= static_cast<int64_t>(s[r]) * cfg_.K, "plan: rank ", r, ": ", row,
                      " routed entries exceed s*K = ", static_cast<int64_t>(s[r]) * cfg_.K);
     }
-    if (num_ranks < 0) num_ranks = cfg_.R - rank_begin;
-    for (int r = rank_begin; r < rank_begin + num_ranks; ++r)
+    if (first < 0) first = rank_begin();
+    if (num_ranks < 0) num_ranks = rank_begin() + num_local_ranks() - first;
+    EVENEP_CHECK(num_ranks >= 1 && team_.serves(first) && team_.serves(first + num_ranks - 1), "plan: ranks [", first,
+                 ", ", first + num_ranks, ") are not all served by this process");
+    const std::shared_ptr<EpPlanState> cur = resident_.lock();
+    if (cur && cur->copy == nullptr && !cur->lost) save(*cur, stream);
+    EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int r = first; r < first + num_ranks; ++r)
         EVENEP_CUDA_CHECK(cudaMemcpy(base(r) + layout_.tpe, tpe.data(), RE * 4, cudaMemcpyHostToDevice));
-    launch_plan_only(team_->view(), layout_, s, options_.mode == PlannerMode::kOptimized, options_.planner_kernel,
-                     rank_begin, num_ranks, stream);
-    s_.assign(s.begin(), s.end());
-    planned_ = true;
+    launch_plan_only(view(options_.channel), layout_, s, options_.mode == PlannerMode::kOptimized,
+                     options_.planner_kernel, first, num_ranks, stream);
+    auto st = std::make_shared<EpPlanState>();
+    st->owner = this;
+    st->id = next_plan_id_++;
+    st->s.assign(s.begin(), s.end());
+    st->pool = pool_;
+    resident_ = st;
+    return EpPlan(std::move(st));
 }
 
-void DeviceEp::dispatch(cudaStream_t stream) {
-    EVENEP_CHECK(planned_ && bound_, "cuda ep: dispatch before plan");
-    last_blocks_ = launch_dispatch(team_->view(), layout_, d_io_, s_, options_.sm_budget, stream);
+void Ep::dispatch(const EpPlan& plan, std::span<const RankIo> io, cudaStream_t stream) {
+    const std::span<const int32_t> s = checked_s(plan, "dispatch");
+    check_io(io, true, "dispatch");
+    use(plan, stream);
+    const RankIo* d_io = store_io(fwd_, io, stream);
+    last_blocks_ = launch_dispatch(view(options_.channel), layout_, d_io, s, options_.sm_budget, stream);
 }
 
-void DeviceEp::combine(bool apply_weights, CombineMode mode, cudaStream_t stream) {
-    EVENEP_CHECK(planned_ && bound_, "cuda ep: combine before plan");
-    last_blocks_ = launch_combine(team_->view(), layout_, d_io_, s_, apply_weights, mode, options_.sm_budget, stream);
+void Ep::combine(
+    const EpPlan& plan, std::span<const RankIo> io, bool apply_weights, CombineMode mode, cudaStream_t stream) {
+    const std::span<const int32_t> s = checked_s(plan, "combine");
+    check_io(io, false, "combine");
+    use(plan, stream);
+    const RankIo* d_io = store_io(fwd_, io, stream);
+    last_blocks_ =
+        launch_combine(view(options_.channel), layout_, d_io, s, apply_weights, mode, options_.sm_budget, stream);
 }
 
-void DeviceEp::combine_backward(cudaStream_t stream) {
-    EVENEP_CHECK(planned_ && bound_, "cuda ep: combine_backward before plan");
-    EVENEP_CHECK(!bwd_.empty(), "cuda ep: combine_backward before bind_backward");
-    last_blocks_ = launch_dispatch(team_->view(), layout_, d_bwd_io_, s_, options_.sm_budget, stream);
+namespace {
+
+// The backward calls run the forward kernels on a second RankIo table: dispatch reads x (= grad_out) and topk_w,
+// combine writes out (= grad_x) and out_w (= grad_topk_w).
+std::vector<RankIo> backward_table(std::span<const BackwardIo> io, int first) {
+    std::vector<RankIo> t(io.size());
+    for (size_t i = 0; i < io.size(); ++i) {
+        EVENEP_CHECK(io[i].grad_out && io[i].grad_x && io[i].topk_w, "cuda ep: rank ", first + static_cast<int>(i),
+                     ": grad_out, grad_x and topk_w must be device pointers (grad_topk_w, grad_recv_w may be null)");
+        EVENEP_CHECK(reinterpret_cast<uintptr_t>(io[i].grad_out) % 16 == 0 &&
+                         reinterpret_cast<uintptr_t>(io[i].grad_x) % 16 == 0,
+                     "cuda ep: rank ", first + static_cast<int>(i), ": grad_out and grad_x must be 16-byte aligned");
+        t[i].x = io[i].grad_out;
+        t[i].topk_w = io[i].topk_w;
+        t[i].out = io[i].grad_x;
+        t[i].out_w = io[i].grad_topk_w;
+    }
+    return t;
 }
 
-void DeviceEp::dispatch_backward(CombineMode mode, cudaStream_t stream) {
-    EVENEP_CHECK(planned_ && bound_, "cuda ep: dispatch_backward before plan");
-    EVENEP_CHECK(!bwd_.empty(), "cuda ep: dispatch_backward before bind_backward");
-    for (int r = 0; r < cfg_.R; ++r)
-        if (bwd_[r].grad_recv_w != nullptr && bwd_[r].grad_recv_w != recv_w(r))
-            EVENEP_CUDA_CHECK(cudaMemcpyAsync(recv_w(r), bwd_[r].grad_recv_w, static_cast<size_t>(layout_.nvs) * 4,
+}  // namespace
+
+void Ep::combine_backward(const EpPlan& plan, std::span<const BackwardIo> io, cudaStream_t stream) {
+    const std::span<const int32_t> s = checked_s(plan, "combine_backward");
+    EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: combine_backward got ", io.size(),
+                 " rank inputs, expected ", num_local_ranks());
+    const std::vector<RankIo> t = backward_table(io, rank_begin());
+    use(plan, stream);
+    const RankIo* d_io = store_io(bwd_, t, stream);
+    last_blocks_ = launch_dispatch(view(options_.channel), layout_, d_io, s, options_.sm_budget, stream);
+}
+
+// The copy into this rank's recv_w: peers read it (gathered weights) only after the combine kernel's entry barrier,
+// and in the intended order (combine_backward, then dispatch_backward) every peer has finished its previous
+// combine before the dispatch kernel's barriers.
+void Ep::dispatch_backward(const EpPlan& plan, std::span<const BackwardIo> io, CombineMode mode, cudaStream_t stream) {
+    const std::span<const int32_t> s = checked_s(plan, "dispatch_backward");
+    EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: dispatch_backward got ", io.size(),
+                 " rank inputs, expected ", num_local_ranks());
+    const std::vector<RankIo> t = backward_table(io, rank_begin());
+    use(plan, stream);
+    for (int i = 0; i < num_local_ranks(); ++i) {
+        float* rw = recv_w(rank_begin() + i);
+        if (io[i].grad_recv_w != nullptr && io[i].grad_recv_w != rw)
+            EVENEP_CUDA_CHECK(cudaMemcpyAsync(rw, io[i].grad_recv_w, static_cast<size_t>(layout_.nvs) * 4,
                                               cudaMemcpyDeviceToDevice, stream));
-    last_blocks_ = launch_combine(team_->view(), layout_, d_bwd_io_, s_, false, mode, options_.sm_budget, stream);
+    }
+    const RankIo* d_io = store_io(bwd_, t, stream);
+    last_blocks_ = launch_combine(view(options_.channel), layout_, d_io, s, false, mode, options_.sm_budget, stream);
 }
 
-uint16_t* DeviceEp::recv_x(int rank) const { return reinterpret_cast<uint16_t*>(base(rank) + layout_.recv_x()); }
-float* DeviceEp::recv_w(int rank) const { return reinterpret_cast<float*>(base(rank) + layout_.recv_w()); }
-const int32_t* DeviceEp::cu_seqlens(int rank) const {
+uint16_t* Ep::recv_x(int rank) const { return reinterpret_cast<uint16_t*>(base(rank) + layout_.recv_x()); }
+float* Ep::recv_w(int rank) const { return reinterpret_cast<float*>(base(rank) + layout_.recv_w()); }
+const int32_t* Ep::cu_seqlens(int rank) const {
     return reinterpret_cast<const int32_t*>(base(rank) + layout_.plan.cu_seqlens) +
            static_cast<size_t>(rank) * layout_.G;
 }
-const int32_t* DeviceEp::copies(int rank) const {
-    return reinterpret_cast<const int32_t*>(base(rank) + layout_.plan.copies);
+const int32_t* Ep::group_expert(int rank) const {
+    return reinterpret_cast<const int32_t*>(base(rank) + layout_.plan.group_expert) +
+           static_cast<size_t>(rank) * layout_.G;
 }
+const int32_t* Ep::copies(int rank) const { return reinterpret_cast<const int32_t*>(base(rank) + layout_.plan.copies); }
 
 template <typename T>
-std::vector<T> DeviceEp::download(int rank, size_t offset, size_t count) const {
+std::vector<T> Ep::download(const char* src, size_t offset, size_t count) const {
     std::vector<T> v(count);
-    if (count) EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), base(rank) + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
+    if (count) EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), src + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
     return v;
 }
 
-Plan DeviceEp::download_plan(int rank) const {
+// Where rank `rank`'s copy of the plan region starts, offset so that `src + offset` addresses the array at the
+// layout offset `offset`: the buffer when the plan is resident, else its copy.
+const char* Ep::plan_source(const EpPlan& plan, int rank, size_t) const {
+    EVENEP_CHECK(plan.state_ != nullptr && plan.state_->owner == this, "cuda ep: download of an empty or foreign plan");
+    const int i = local_index(rank);
+    if (resident_.lock() == plan.state_) return base(rank);
+    EVENEP_CHECK(!plan.state_->lost, "cuda ep: download of a plan replaced while capturing a graph");
+    EVENEP_CHECK_KIND(ErrorKind::kInternal, plan.state_->copy != nullptr,
+                      "cuda ep: plan is neither resident nor saved");
+    return plan.state_->copy + static_cast<size_t>(i) * plan_bytes(layout_) - plan_begin(layout_);
+}
+
+Plan Ep::download_plan(const EpPlan& plan, int rank) const {
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     const int R = cfg_.R, E = cfg_.E, G = cfg_.num_groups(), B = cfg_.num_slots();
     const PlanOffsets& o = layout_.plan;
+    const char* src = plan_source(plan, rank, 0);
     Plan p;
     p.cfg = cfg_;
     p.mode = options_.mode;
-    p.s = download<int32_t>(rank, o.s, R);
-    p.tpe = download<int32_t>(rank, layout_.tpe, static_cast<size_t>(R) * E);
-    p.expert_load = download<int64_t>(rank, o.expert_load, E);
-    p.load_before = download<int64_t>(rank, o.load_before, R);
-    p.q = download<int32_t>(rank, o.q, R);
-    p.alloc = download<int32_t>(rank, o.alloc, static_cast<size_t>(E) * R);
-    p.local_keep = download<int32_t>(rank, o.local_keep, static_cast<size_t>(E) * R);
-    p.rest_prefix = download<int32_t>(rank, o.rest_prefix, static_cast<size_t>(E) * (R + 1));
-    p.cap_prefix = download<int32_t>(rank, o.cap_prefix, static_cast<size_t>(E) * (R + 1));
-    p.seg_row = download<int32_t>(rank, o.seg_row, static_cast<size_t>(R) * E);
-    p.group_expert = download<int32_t>(rank, o.group_expert, static_cast<size_t>(R) * G);
-    p.group_count = download<int32_t>(rank, o.group_count, static_cast<size_t>(R) * G);
-    p.cu_seqlens = download<int32_t>(rank, o.cu_seqlens, static_cast<size_t>(R) * G);
-    const std::vector<int8_t> src = download<int8_t>(rank, o.group_source, static_cast<size_t>(R) * G);
-    p.group_source.resize(src.size());
-    for (size_t i = 0; i < src.size(); ++i) p.group_source[i] = static_cast<WeightSource>(src[i]);
-    p.group_slot = download<int32_t>(rank, o.group_slot, static_cast<size_t>(R) * G);
-    p.copies = download<int32_t>(rank, o.copies, static_cast<size_t>(R) * B);
-    p.remote_experts = download<int32_t>(rank, o.remote_experts, R);
-    p.copies_received = download<int32_t>(rank, o.copies_received, R);
-    p.copies_pushed = download<int32_t>(rank, o.copies_pushed, R);
-    p.peer_reads = download<int32_t>(rank, o.peer_reads, R);
-    p.crossing_out = download<int64_t>(rank, o.crossing_out, R);
-    const std::vector<int64_t> cost = download<int64_t>(rank, o.cost, 4);
+    p.s = download<int32_t>(src, o.s, R);
+    p.tpe = download<int32_t>(src, layout_.tpe, static_cast<size_t>(R) * E);
+    p.expert_load = download<int64_t>(src, o.expert_load, E);
+    p.load_before = download<int64_t>(src, o.load_before, R);
+    p.q = download<int32_t>(src, o.q, R);
+    p.alloc = download<int32_t>(src, o.alloc, static_cast<size_t>(E) * R);
+    p.local_keep = download<int32_t>(src, o.local_keep, static_cast<size_t>(E) * R);
+    p.rest_prefix = download<int32_t>(src, o.rest_prefix, static_cast<size_t>(E) * (R + 1));
+    p.cap_prefix = download<int32_t>(src, o.cap_prefix, static_cast<size_t>(E) * (R + 1));
+    p.seg_row = download<int32_t>(src, o.seg_row, static_cast<size_t>(R) * E);
+    p.group_expert = download<int32_t>(src, o.group_expert, static_cast<size_t>(R) * G);
+    p.group_count = download<int32_t>(src, o.group_count, static_cast<size_t>(R) * G);
+    p.cu_seqlens = download<int32_t>(src, o.cu_seqlens, static_cast<size_t>(R) * G);
+    const std::vector<int8_t> gs = download<int8_t>(src, o.group_source, static_cast<size_t>(R) * G);
+    p.group_source.resize(gs.size());
+    for (size_t i = 0; i < gs.size(); ++i) p.group_source[i] = static_cast<WeightSource>(gs[i]);
+    p.group_slot = download<int32_t>(src, o.group_slot, static_cast<size_t>(R) * G);
+    p.copies = download<int32_t>(src, o.copies, static_cast<size_t>(R) * B);
+    p.remote_experts = download<int32_t>(src, o.remote_experts, R);
+    p.copies_received = download<int32_t>(src, o.copies_received, R);
+    p.copies_pushed = download<int32_t>(src, o.copies_pushed, R);
+    p.peer_reads = download<int32_t>(src, o.peer_reads, R);
+    p.crossing_out = download<int64_t>(src, o.crossing_out, R);
+    const std::vector<int64_t> cost = download<int64_t>(src, o.cost, 4);
     p.cost = PlanCost{cost[0], cost[1], cost[2], cost[3]};
     return p;
 }
 
-std::vector<int32_t> DeviceEp::download_dst(int rank) const {
+std::vector<int32_t> Ep::download_dst(const EpPlan& plan, int rank) const {
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    return download<int32_t>(rank, layout_.dst, static_cast<size_t>(s_.at(rank)) * cfg_.K);
+    return download<int32_t>(plan_source(plan, rank, 0), layout_.dst, static_cast<size_t>(plan.s()[rank]) * cfg_.K);
+}
+std::vector<uint16_t> Ep::download_recv_x(int rank, int64_t rows) const {
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    return download<uint16_t>(base(rank), layout_.recv_x(), static_cast<size_t>(rows) * hidden_);
+}
+std::vector<float> Ep::download_recv_w(int rank, int64_t rows) const {
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    return download<float>(base(rank), layout_.recv_w(), static_cast<size_t>(rows));
+}
+std::vector<int32_t> Ep::download_recv_next(int rank, int64_t rows) const {
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    return download<int32_t>(base(rank), layout_.recv_next(), static_cast<size_t>(rows));
+}
+std::vector<int32_t> Ep::download_recv_ret(int rank, int64_t rows) const {
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    return download<int32_t>(base(rank), layout_.recv_ret(), static_cast<size_t>(rows));
 }
 
-std::vector<uint16_t> DeviceEp::download_recv_x(int rank, int64_t rows) const {
-    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    return download<uint16_t>(rank, layout_.recv_x(), static_cast<size_t>(rows) * hidden_);
+// ---- DeviceEp ----
+
+DeviceEp::DeviceEp(const Config& cfg, int hidden, const EpOptions& options)
+    : DeviceEp((check_and_layout(cfg, hidden, options), std::make_unique<LocalTeam>(cfg.R, 0, options.team)),
+               cfg,
+               hidden,
+               options) {}
+
+DeviceEp::DeviceEp(std::unique_ptr<LocalTeam> team, const Config& cfg, int hidden, const EpOptions& options)
+    : Ep(*team, cfg, hidden, options), owned_(std::move(team)) {}
+
+// ---- NcclEp ----
+
+namespace {
+std::unique_ptr<NcclTeam> make_nccl_team(const Config& cfg,
+                                         int hidden,
+                                         const NcclBootstrap& boot,
+                                         const EpOptions& options) {
+    Ep::check_and_layout(cfg, hidden, options);
+    EVENEP_CHECK(cfg.R == boot.world_size, "nccl ep: R = ", cfg.R, " but the group has ", boot.world_size,
+                 " processes (WORLD_SIZE)");
+    return std::make_unique<NcclTeam>(boot, 0, options.team);
 }
-std::vector<float> DeviceEp::download_recv_w(int rank, int64_t rows) const {
-    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    return download<float>(rank, layout_.recv_w(), static_cast<size_t>(rows));
-}
-std::vector<int32_t> DeviceEp::download_recv_next(int rank, int64_t rows) const {
-    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    return download<int32_t>(rank, layout_.recv_next(), static_cast<size_t>(rows));
-}
-std::vector<int32_t> DeviceEp::download_recv_ret(int rank, int64_t rows) const {
-    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    return download<int32_t>(rank, layout_.recv_ret(), static_cast<size_t>(rows));
-}
+}  // namespace
+
+NcclEp::NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const EpOptions& options)
+    : NcclEp(make_nccl_team(cfg, hidden, boot, options), cfg, hidden, options) {}
+
+NcclEp::NcclEp(std::unique_ptr<NcclTeam> team, const Config& cfg, int hidden, const EpOptions& options)
+    : Ep(*team, cfg, hidden, options), owned_(std::move(team)) {}
 
 }  // namespace evenep::cuda

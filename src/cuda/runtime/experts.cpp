@@ -1,4 +1,4 @@
-// DeviceExperts: expert weights, prefetch slots and gradient reduction on one GPU (include/evenep/cuda/experts.hpp).
+// cuda::Experts: expert weights, prefetch slots and gradient reduction on any team (include/evenep/cuda/experts.hpp).
 #include "evenep/cuda/experts.hpp"
 
 #include "evenep/cuda/check.hpp"
@@ -7,7 +7,7 @@
 
 namespace evenep::cuda {
 
-DeviceExperts::DeviceExperts(const DeviceEp& ep, const ExpertsShape& shape)
+Experts::Experts(Ep& ep, const ExpertsShape& shape)
     : shape_(shape), R_(ep.config().R), epn_(ep.config().epn()), B_(ep.config().num_slots()) {
     EVENEP_CHECK(shape.num_projections >= 1 && shape.num_projections <= 3,
                  "experts: num_projections = ", shape.num_projections, " outside [1, 3]");
@@ -25,64 +25,50 @@ DeviceExperts::DeviceExperts(const DeviceEp& ep, const ExpertsShape& shape)
     off_.grads = o;
     if (shape.with_grads) o += region(P * epn_ * n * 4);
     off_.total = o > 0 ? o : 256;
-    bases_.assign(R_, nullptr);
-    try {
-        for (int r = 0; r < R_; ++r) {
-            EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&bases_[r]), off_.total));
-            EVENEP_CUDA_CHECK(cudaMemset(bases_[r], 0, off_.total));
-        }
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_bases_), sizeof(char*) * R_));
-        EVENEP_CUDA_CHECK(cudaMemcpy(d_bases_, bases_.data(), sizeof(char*) * R_, cudaMemcpyHostToDevice));
-    } catch (...) {
-        for (char* b : bases_) cudaFree(b);
-        cudaFree(d_bases_);
-        throw;
-    }
+    window_ = &ep.team().alloc_window(off_.total);
 }
 
-DeviceExperts::~DeviceExperts() {
-    for (char* b : bases_) cudaFree(b);
-    cudaFree(d_bases_);
-}
-
-char* DeviceExperts::at(int rank, size_t region, int n, int proj, int index, size_t elem_bytes) const {
+char* Experts::at(int rank, size_t region, int n, int proj, int index, size_t elem_bytes) const {
     EVENEP_CHECK(rank >= 0 && rank < R_ && proj >= 0 && proj < shape_.num_projections && index >= 0 && index < n,
                  "experts: (rank ", rank, ", projection ", proj, ", index ", index, ") out of range");
-    return bases_[rank] + region + (static_cast<size_t>(proj) * n + index) * shape_.elems * elem_bytes;
+    return window_->peers[rank] + region + (static_cast<size_t>(proj) * n + index) * shape_.elems * elem_bytes;
 }
 
-uint16_t* DeviceExperts::weight(int rank, int proj, int local_expert) const {
+uint16_t* Experts::weight(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.with_weights, "experts: allocated without weights");
     return reinterpret_cast<uint16_t*>(at(rank, off_.weights, epn_, proj, local_expert, 2));
 }
-uint16_t* DeviceExperts::slot(int rank, int proj, int slot) const {
+uint16_t* Experts::slot(int rank, int proj, int slot) const {
     EVENEP_CHECK(shape_.with_weights, "experts: allocated without weights");
     return reinterpret_cast<uint16_t*>(at(rank, off_.slots, B_, proj, slot, 2));
 }
-float* DeviceExperts::slot_grad(int rank, int proj, int slot) const {
+float* Experts::slot_grad(int rank, int proj, int slot) const {
     EVENEP_CHECK(shape_.with_grads, "experts: allocated without gradients");
     return reinterpret_cast<float*>(at(rank, off_.slot_grads, B_, proj, slot, 4));
 }
-float* DeviceExperts::grad(int rank, int proj, int local_expert) const {
+float* Experts::grad(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.with_grads, "experts: allocated without gradients");
     return reinterpret_cast<float*>(at(rank, off_.grads, epn_, proj, local_expert, 4));
 }
 
-void DeviceExperts::prefetch_weight(DeviceEp& ep, cudaStream_t stream) {
+ExpertsView Experts::kernel_view() const {
+    return ExpertsView{window_->d_peers, off_.weights,           off_.slots,  off_.slot_grads,
+                       off_.grads,       shape_.num_projections, shape_.elems};
+}
+
+void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel) {
     EVENEP_CHECK(shape_.with_weights, "prefetch_weight: experts allocated without weights");
     EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_,
                  "prefetch_weight: experts sized for another group");
-    const ExpertsView v{d_bases_,   off_.weights,           off_.slots,  off_.slot_grads,
-                        off_.grads, shape_.num_projections, shape_.elems};
-    last_blocks_ = launch_prefetch_weight(ep.team().view(), ep.layout(), v, ep.options().sm_budget, stream);
+    ep.use(plan, stream);
+    last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), kernel_view(), ep.options().sm_budget, stream);
 }
 
-void DeviceExperts::reduce_grad(DeviceEp& ep, cudaStream_t stream) {
+void Experts::reduce_grad(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel) {
     EVENEP_CHECK(shape_.with_grads, "reduce_grad: experts allocated without gradients");
     EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_, "reduce_grad: experts sized for another group");
-    const ExpertsView v{d_bases_,   off_.weights,           off_.slots,  off_.slot_grads,
-                        off_.grads, shape_.num_projections, shape_.elems};
-    last_blocks_ = launch_reduce_grad(ep.team().view(), ep.layout(), v, ep.options().sm_budget, stream);
+    ep.use(plan, stream);
+    last_blocks_ = launch_reduce_grad(ep.view(channel), ep.layout(), kernel_view(), ep.options().sm_budget, stream);
 }
 
 }  // namespace evenep::cuda

@@ -1,6 +1,6 @@
-// DeviceMoeLayer: one SwiGLU MoE layer forward and backward for every virtual rank of a DeviceEp
+// cuda::MoeLayer: one SwiGLU MoE layer forward and backward for every rank an Ep serves, on either team
 // (include/evenep/cuda/moe_layer.hpp). The GEMMs are the grouped GEMM (evenep/cuda/grouped_gemm.hpp), one call
-// per rank and projection; the elementwise steps are src/cuda/kernels/swiglu.cu, one launch for all ranks.
+// per rank and projection; the elementwise steps are src/cuda/kernels/swiglu.cu, one launch for the served ranks.
 #include "evenep/cuda/moe_layer.hpp"
 
 #include <algorithm>
@@ -23,15 +23,11 @@ size_t aligned(size_t bytes) { return (bytes + kRegionAlign - 1) / kRegionAlign 
 
 }  // namespace
 
-double MoeLayerTimes::total() const {
-    return dispatch + prefetch + expert_forward + combine + combine_backward + expert_backward + dispatch_backward +
-           reduce_grad;
-}
-
-DeviceMoeLayer::DeviceMoeLayer(DeviceEp& ep, DeviceExperts& experts, int ffn_hidden, const MoeLayerOptions& options)
+MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptions& options)
     : ep_(ep), experts_(experts), ffn_hidden_(ffn_hidden), options_(options) {
     const Config& cfg = ep.config();
     const int R = cfg.R, H = ep.hidden(), F = ffn_hidden, G = ep.layout().G, epn = cfg.epn(), B = cfg.num_slots();
+    const int NL = ep.num_local_ranks();
     const int64_t nvs = ep.layout().nvs;
     const ExpertsShape& es = experts.shape();
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, F > 0 && F % 8 == 0, "moe layer: H' = ", F,
@@ -45,8 +41,8 @@ DeviceMoeLayer::DeviceMoeLayer(DeviceEp& ep, DeviceExperts& experts, int ffn_hid
                       kMaxGemmGroups);
     training_ = es.with_grads && B == epn;
 
-    // Regions of the one allocation, each [R][NvS][dim].
-    const size_t rows = static_cast<size_t>(R) * static_cast<size_t>(nvs);
+    // Regions of the one allocation, each [num_local][NvS][dim].
+    const size_t rows = static_cast<size_t>(NL) * static_cast<size_t>(nvs);
     Regions& g = regions_;
     size_t o = 0;
     auto take = [&o](size_t bytes) {
@@ -74,11 +70,16 @@ DeviceMoeLayer::DeviceMoeLayer(DeviceEp& ep, DeviceExperts& experts, int ffn_hid
     g.views = take(static_cast<size_t>(R) * sizeof(MoeRankView));
     g.total = o;
 
-    // Every rank's fixed pointers: receive buffer, its own plan copy's group arrays, expert regions.
+    // Every served rank's fixed pointers: receive buffer, its own plan copy's group arrays, expert regions; for the
+    // ranks of other processes only their weights (peer addresses: kPeer groups read them).
     const EpLayout& L = ep.layout();
     std::vector<MoeRankView> views(R);
     for (int r = 0; r < R; ++r) {
         MoeRankView& v = views[r];
+        if (!ep.team().serves(r)) {
+            for (int p = 0; p < kProjections; ++p) v.weights[p] = experts.weight(r, p, 0);
+            continue;
+        }
         char* base = ep.base(r);
         const size_t own = static_cast<size_t>(r) * G;
         v.recv_x = ep.recv_x(r);
@@ -122,32 +123,36 @@ DeviceMoeLayer::DeviceMoeLayer(DeviceEp& ep, DeviceExperts& experts, int ffn_hid
     const int64_t max_vec = nvs * std::max(H, F) / 8;
     const int64_t needed = std::max<int64_t>(1, (max_vec + 255) / 256);
     blocks_per_rank_ =
-        static_cast<int>(std::clamp<int64_t>((4 * static_cast<int64_t>(num_sms) + R - 1) / R, 1, needed));
+        static_cast<int>(std::clamp<int64_t>((4 * static_cast<int64_t>(num_sms) + NL - 1) / NL, 1, needed));
 }
 
-DeviceMoeLayer::~DeviceMoeLayer() {
+MoeLayer::~MoeLayer() {
     for (cudaEvent_t e : events_)
         if (e != nullptr) cudaEventDestroy(e);
     cudaFree(arena_);
 }
 
-uint16_t* DeviceMoeLayer::bf16_at(size_t region, int rank, int dim) const {
-    return reinterpret_cast<uint16_t*>(arena_ + region) + static_cast<size_t>(rank) * ep_.layout().nvs * dim;
+uint16_t* MoeLayer::bf16_at(size_t region, int rank, int dim) const {
+    const size_t i = static_cast<size_t>(rank - ep_.rank_begin());
+    return reinterpret_cast<uint16_t*>(arena_ + region) + i * ep_.layout().nvs * dim;
 }
 
-float* DeviceMoeLayer::f32_at(size_t region, int rank, size_t dim) const {
-    return reinterpret_cast<float*>(arena_ + region) + static_cast<size_t>(rank) * ep_.layout().nvs * dim;
+float* MoeLayer::f32_at(size_t region, int rank, size_t dim) const {
+    const size_t i = static_cast<size_t>(rank - ep_.rank_begin());
+    return reinterpret_cast<float*>(arena_ + region) + i * ep_.layout().nvs * dim;
 }
 
-const uint16_t* DeviceMoeLayer::saved_x(int rank) const { return bf16_at(regions_.x, rank, ep_.hidden()); }
-const uint16_t* DeviceMoeLayer::saved_h(int rank) const { return bf16_at(regions_.h, rank, ffn_hidden_); }
-const uint16_t* DeviceMoeLayer::saved_y(int rank) const { return bf16_at(regions_.y, rank, ep_.hidden()); }
+const uint16_t* MoeLayer::saved_x(int rank) const { return bf16_at(regions_.x, rank, ep_.hidden()); }
+const uint16_t* MoeLayer::saved_h(int rank) const { return bf16_at(regions_.h, rank, ffn_hidden_); }
+const uint16_t* MoeLayer::saved_y(int rank) const { return bf16_at(regions_.y, rank, ep_.hidden()); }
 
-kernels::MoeKernelParams DeviceMoeLayer::kernel_params() const {
+kernels::MoeKernelParams MoeLayer::kernel_params() const {
     const Config& cfg = ep_.config();
     MoeKernelParams p;
     p.ranks = static_cast<const MoeRankView*>(rank_views_);
     p.R = cfg.R;
+    p.rank_begin = ep_.rank_begin();
+    p.num_local = ep_.num_local_ranks();
     p.G = ep_.layout().G;
     p.epn = cfg.epn();
     p.B = cfg.num_slots();
@@ -155,17 +160,17 @@ kernels::MoeKernelParams DeviceMoeLayer::kernel_params() const {
     p.F = ffn_hidden_;
     p.nvs = ep_.layout().nvs;
     p.elems = experts_.shape().elems;
-    p.x = bf16_at(regions_.x, 0, p.H);
-    p.g = bf16_at(regions_.g, 0, p.F);
-    p.u = bf16_at(regions_.u, 0, p.F);
-    p.h = bf16_at(regions_.h, 0, p.F);
-    p.y = bf16_at(regions_.y, 0, p.H);
+    p.x = bf16_at(regions_.x, p.rank_begin, p.H);
+    p.g = bf16_at(regions_.g, p.rank_begin, p.F);
+    p.u = bf16_at(regions_.u, p.rank_begin, p.F);
+    p.h = bf16_at(regions_.h, p.rank_begin, p.F);
+    p.y = bf16_at(regions_.y, p.rank_begin, p.H);
     if (experts_.shape().with_grads) {
-        p.dy = bf16_at(regions_.dy, 0, p.H);
-        p.dg = bf16_at(regions_.dg, 0, p.F);
-        p.du = bf16_at(regions_.du, 0, p.F);
-        p.f32a = f32_at(regions_.f32a, 0, regions_.f32a_dim);
-        p.f32b = f32_at(regions_.f32b, 0, regions_.f32b_dim);
+        p.dy = bf16_at(regions_.dy, p.rank_begin, p.H);
+        p.dg = bf16_at(regions_.dg, p.rank_begin, p.F);
+        p.du = bf16_at(regions_.du, p.rank_begin, p.F);
+        p.f32a = f32_at(regions_.f32a, p.rank_begin, regions_.f32a_dim);
+        p.f32b = f32_at(regions_.f32b, p.rank_begin, regions_.f32b_dim);
         p.f32a_dim = static_cast<int64_t>(regions_.f32a_dim);
         p.f32b_dim = static_cast<int64_t>(regions_.f32b_dim);
     }
@@ -175,23 +180,11 @@ kernels::MoeKernelParams DeviceMoeLayer::kernel_params() const {
     return p;
 }
 
-void DeviceMoeLayer::bind(std::span<const RankIo> io, std::span<const BackwardIo> bwd) {
-    ep_.bind(io);
-    bound_ = true;
-    bound_backward_ = false;
-    if (!bwd.empty()) {
-        std::vector<BackwardIo> b(bwd.begin(), bwd.end());
-        for (BackwardIo& x : b) x.grad_recv_w = nullptr;  // the layer writes dw into recv_w itself
-        ep_.bind_backward(b);
-        bound_backward_ = true;
-    }
-}
-
-void DeviceMoeLayer::record(Event e, cudaStream_t stream) {
+void MoeLayer::record(Event e, cudaStream_t stream) {
     if (options_.timing) EVENEP_CUDA_CHECK(cudaEventRecord(events_[e], stream));
 }
 
-void DeviceMoeLayer::gemm(int rank, int proj, GemmOp op, const uint16_t* x, void* y, bool y_fp32, cudaStream_t stream) {
+void MoeLayer::gemm(int rank, int proj, GemmOp op, const uint16_t* x, void* y, bool y_fp32, cudaStream_t stream) {
     const int H = ep_.hidden(), F = ffn_hidden_, G = ep_.layout().G;
     GroupedGemmArgs a;
     a.x = x;
@@ -208,7 +201,7 @@ void DeviceMoeLayer::gemm(int rank, int proj, GemmOp op, const uint16_t* x, void
     grouped_gemm(a, stream);
 }
 
-void DeviceMoeLayer::wgrad(int rank, int proj, const uint16_t* x, const uint16_t* dy, cudaStream_t stream) {
+void MoeLayer::wgrad(int rank, int proj, const uint16_t* x, const uint16_t* dy, cudaStream_t stream) {
     const int H = ep_.hidden(), F = ffn_hidden_, G = ep_.layout().G;
     GroupedWgradArgs a;
     a.x = x;
@@ -223,62 +216,76 @@ void DeviceMoeLayer::wgrad(int rank, int proj, const uint16_t* x, const uint16_t
     grouped_gemm_wgrad(a, stream);
 }
 
-void DeviceMoeLayer::forward(std::span<const int32_t> s, int64_t s_total, cudaStream_t stream) {
-    EVENEP_CHECK(bound_, "moe layer: forward before bind");
-    const int R = ep_.config().R, H = ep_.hidden(), F = ffn_hidden_;
+MoeForward MoeLayer::forward(std::span<const RankIo> io,
+                             std::span<const int32_t> s,
+                             int64_t s_total,
+                             cudaStream_t stream) {
+    const int L0 = ep_.rank_begin(), NL = ep_.num_local_ranks(), H = ep_.hidden(), F = ffn_hidden_;
     has_forward_ = has_backward_ = false;
     const MoeKernelParams p = kernel_params();
 
     record(kFwdStart, stream);
-    ep_.plan(s, stream, s_total);
+    MoeForward f;
+    f.plan = ep_.plan(io, s, stream, s_total);
+    for (const RankIo& x : io) f.topk_w.push_back(x.topk_w);
+    f.serial = ++forwards_;
     record(kFwdPlanned, stream);
-    ep_.dispatch(stream);
+    ep_.dispatch(f.plan, io, stream);
     record(kFwdDispatched, stream);
-    if (ep_.config().num_slots() > 0) experts_.prefetch_weight(ep_, stream);
+    if (ep_.config().num_slots() > 0) experts_.prefetch_weight(ep_, f.plan, stream);
     record(kFwdPrefetched, stream);
 
     // Expert forward: tables from the new plan, g and u straight from the receive buffer (zero-copy input).
     kernels::launch_moe_weight_tables(p, stream);
-    for (int r = 0; r < R; ++r) {
+    for (int r = L0; r < L0 + NL; ++r) {
         gemm(r, detail::kProjGate, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.g, r, F), false, stream);
         gemm(r, detail::kProjUp, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.u, r, F), false, stream);
     }
     kernels::launch_swiglu_forward(p, stream);
-    for (int r = 0; r < R; ++r)
+    for (int r = L0; r < L0 + NL; ++r)
         gemm(r, detail::kProjDown, GemmOp::kForward, bf16_at(regions_.h, r, F), bf16_at(regions_.y, r, H), false,
              stream);
     // x saved for the weight gradients, y into the receive buffer for combine (zero-copy output).
     kernels::launch_moe_place_output(p, stream);
     record(kFwdExperts, stream);
 
-    ep_.combine(true, options_.combine_mode, stream);
+    ep_.combine(f.plan, io, true, options_.combine_mode, stream);
     record(kFwdCombined, stream);
     has_forward_ = true;
+    return f;
 }
 
-void DeviceMoeLayer::backward(cudaStream_t stream) {
+void MoeLayer::backward(const MoeForward& f, std::span<const BackwardIo> bwd, cudaStream_t stream) {
     const Config& cfg = ep_.config();
-    EVENEP_CHECK(has_forward_, "moe layer: backward without a forward");
+    EVENEP_CHECK(has_forward_ && f.plan.valid(), "moe layer: backward without a forward");
+    EVENEP_CHECK(f.serial == forwards_, "moe layer: backward of forward ", f.serial, " but the layer saved forward ",
+                 forwards_, " (one forward's activations are kept per layer)");
     EVENEP_CHECK(experts_.shape().with_grads, "moe layer: backward needs experts allocated with gradients");
     EVENEP_CHECK(training_, "moe layer: training needs B = epn (B = ", cfg.num_slots(), ", epn = ", cfg.epn(), ")");
-    EVENEP_CHECK(bound_backward_, "moe layer: backward before bind with backward pointers");
-    const int R = cfg.R, H = ep_.hidden(), F = ffn_hidden_;
+    const int L0 = ep_.rank_begin(), NL = ep_.num_local_ranks(), H = ep_.hidden(), F = ffn_hidden_;
+    EVENEP_CHECK(static_cast<int>(bwd.size()) == NL, "moe layer: backward got ", bwd.size(), " rank inputs, expected ",
+                 NL);
+    std::vector<BackwardIo> b(bwd.begin(), bwd.end());
+    for (int i = 0; i < NL; ++i) {
+        b[i].grad_recv_w = nullptr;  // the layer writes dw into recv_w itself
+        b[i].topk_w = f.topk_w[i];
+    }
     const MoeKernelParams p = kernel_params();
 
     record(kBwdStart, stream);
-    ep_.combine_backward(stream);
+    ep_.combine_backward(f.plan, b, stream);
     record(kBwdCombined, stream);
 
     // recv_x: grad_out rows, recv_w: route weights -> dw (in recv_w), dy.
     kernels::launch_moe_grad_rows(p, stream);
-    for (int r = 0; r < R; ++r) {
+    for (int r = L0; r < L0 + NL; ++r) {
         const uint16_t* dy = bf16_at(regions_.dy, r, H);
         wgrad(r, detail::kProjDown, bf16_at(regions_.h, r, F), dy, stream);  // dWd += h^T dy
         gemm(r, detail::kProjDown, GemmOp::kDgrad, dy, f32_at(regions_.f32a, r, regions_.f32a_dim), true,
              stream);  // dh = dy Wd^T
     }
     kernels::launch_swiglu_backward(p, stream);
-    for (int r = 0; r < R; ++r) {
+    for (int r = L0; r < L0 + NL; ++r) {
         const uint16_t* x = bf16_at(regions_.x, r, H);
         const uint16_t* dg = bf16_at(regions_.dg, r, F);
         const uint16_t* du = bf16_at(regions_.du, r, F);
@@ -291,14 +298,14 @@ void DeviceMoeLayer::backward(cudaStream_t stream) {
     kernels::launch_moe_sum_dx(p, stream);
     record(kBwdExperts, stream);
 
-    ep_.dispatch_backward(options_.combine_mode, stream);
+    ep_.dispatch_backward(f.plan, b, options_.combine_mode, stream);
     record(kBwdDispatched, stream);
-    experts_.reduce_grad(ep_, stream);
+    experts_.reduce_grad(ep_, f.plan, stream);
     record(kBwdReduced, stream);
     has_backward_ = true;
 }
 
-MoeLayerTimes DeviceMoeLayer::times() const {
+LayerTimes MoeLayer::times() const {
     EVENEP_CHECK(options_.timing, "moe layer: times() needs MoeLayerOptions::timing");
     EVENEP_CHECK(has_forward_, "moe layer: times() before a forward");
     EVENEP_CUDA_CHECK(cudaEventSynchronize(events_[has_backward_ ? kBwdReduced : kFwdCombined]));
@@ -307,7 +314,7 @@ MoeLayerTimes DeviceMoeLayer::times() const {
         EVENEP_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[a], events_[b]));
         return static_cast<double>(ms) * 1e-3;
     };
-    MoeLayerTimes t;
+    LayerTimes t;
     t.plan = span(kFwdStart, kFwdPlanned);
     t.dispatch = span(kFwdStart, kFwdDispatched);
     t.prefetch = span(kFwdDispatched, kFwdPrefetched);

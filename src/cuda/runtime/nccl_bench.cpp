@@ -12,6 +12,7 @@
 
 #include "evenep/cuda/bench.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/launchers.hpp"
 #include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/detail/bf16.hpp"
@@ -164,8 +165,8 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
     es.num_projections = mc.projections;
     es.elems = static_cast<int64_t>(H) * mc.ffn_hidden;
     const bool experts = want(mc, "prefetch") || want(mc, "reduce") || want(mc, "total");
-    std::unique_ptr<NcclExperts> ex;
-    if (experts) ex = std::make_unique<NcclExperts>(ep, es);
+    std::unique_ptr<Experts> ex;
+    if (experts) ex = std::make_unique<Experts>(ep, es);
     std::unique_ptr<NcclAllToAll> a2a;
     if (want(mc, "a2a")) a2a = std::make_unique<NcclAllToAll>(team, cfg, H);
 
@@ -238,12 +239,13 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         EVENEP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     }
     const RankIo io{x.p, idx.p, w.p, out.p, out_w.p};
-    ep.bind(io);
+    const std::span<const RankIo> ios(&io, 1);
+    EpPlan ep_plan;
     if (ex) {
         const int epn = cfg.epn();
         for (int p = 0; p < mc.projections; ++p)
             for (int g = 0; g < epn; ++g)
-                launch_fill_random_bf16(ex->weight(p, g), static_cast<size_t>(es.elems),
+                launch_fill_random_bf16(ex->weight(me, p, g), static_cast<size_t>(es.elems),
                                         1000 + static_cast<uint64_t>(me) * 1000 + p * 100 + g, sa);
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(sa));
         team.host_barrier();
@@ -261,12 +263,12 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         const Plan cpu_plan = make_plan(cfg, mc.mode, tpe, routing.s);
 
         // Plan once (checked), then time it.
-        ep.plan(routing.s, sa);
+        ep_plan = ep.plan(ios, routing.s, sa);
         ep.check(sa);
-        const std::vector<int32_t> dst = ep.download_dst();
+        const std::vector<int32_t> dst = ep.download_dst(ep_plan, me);
         int64_t plan_wrong = -1;
         if (mc.check) {
-            const Plan got = ep.download_plan();
+            const Plan got = ep.download_plan(ep_plan, me);
             std::vector<int32_t> want_dst(static_cast<size_t>(s) * K);
             compute_dst(cpu_plan, me, routing.topk_idx[me], want_dst);
             int64_t bad = 0;
@@ -316,12 +318,12 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
              << cpu_plan.cost.max_rank_copy_traffic;
 
         if (want(mc, "plan")) {
-            const Stats st = bench.time([&] { ep.plan(routing.s, sa); });
+            const Stats st = bench.time([&] { ep.plan(ios, routing.s, sa); });
             add_row("plan", maxvio, st, 4.0 * R * cfg.E, 4.0 * (R - 1) * cfg.E, plan_wrong, ep.last_blocks_per_rank(),
                     "histogram + all-gather + plan + dst");
         }
         if (want(mc, "dispatch")) {
-            const Stats st = bench.time([&] { ep.dispatch(sa); });
+            const Stats st = bench.time([&] { ep.dispatch(ep_plan, ios, sa); });
             int64_t wrong = -1;
             if (mc.check) {
                 // Every row of this rank names its source (rank, token) as the CPU plan's destinations say.
@@ -336,7 +338,7 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
                     }
                 }
                 const int64_t rows = cpu_plan.rows_used(me);
-                const std::vector<uint16_t> got = ep.download_recv_x(rows);
+                const std::vector<uint16_t> got = ep.download_recv_x(me, rows);
                 int64_t bad = 0;
                 for (int64_t row = 0; row < rows; ++row) {
                     const uint16_t* g = got.data() + row * H;
@@ -352,12 +354,12 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         }
         for (CombineMode mode : {CombineMode::kPull, CombineMode::kPushPartials}) {
             if (!want(mc, "combine")) break;
-            const Stats st = bench.time([&] { ep.combine(false, mode, sa); });
+            const Stats st = bench.time([&] { ep.combine(ep_plan, ios, false, mode, sa); });
             int64_t wrong = -1;
             if (mc.check) {
                 // The receive buffer still holds the dispatched rows (y = x): sampled tokens and columns.
                 EVENEP_CUDA_CHECK(cudaMemset(out.p, 0xff, static_cast<size_t>(s) * H * 2));
-                ep.combine(false, mode, sa);
+                ep.combine(ep_plan, ios, false, mode, sa);
                 ep.check(sa);
                 std::vector<uint16_t> got(static_cast<size_t>(s) * H);
                 EVENEP_CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 2, cudaMemcpyDeviceToHost));
@@ -374,7 +376,7 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         }
         const double copy_bytes = 2.0 * static_cast<double>(es.elems) * mc.projections;
         if (ex && want(mc, "prefetch")) {
-            const Stats st = bench.time([&] { ex->prefetch_weight(ep, sa); });
+            const Stats st = bench.time([&] { ex->prefetch_weight(ep, ep_plan, sa); });
             int64_t wrong = -1;
             if (mc.check) {
                 int64_t bad = 0;
@@ -389,7 +391,8 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
                             // The home's weights through this process's mapping of its window.
                             const size_t wofs =
                                 ex->offsets().weights + ((static_cast<size_t>(p) * epn + e % epn) * total + off) * 2;
-                            EVENEP_CUDA_CHECK(cudaMemcpy(a.data(), ex->slot(p, sl) + off, n * 2, cudaMemcpyDefault));
+                            EVENEP_CUDA_CHECK(
+                                cudaMemcpy(a.data(), ex->slot(me, p, sl) + off, n * 2, cudaMemcpyDefault));
                             EVENEP_CUDA_CHECK(
                                 cudaMemcpy(b.data(), ex->window().peers[e / epn] + wofs, n * 2, cudaMemcpyDefault));
                             bad += a != b;
@@ -401,17 +404,17 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
                     ex->last_blocks_per_rank(), "owner push; " + std::to_string(copies_held) + " slots filled here");
         }
         if (ex && want(mc, "reduce")) {
-            const Stats st = bench.time([&] { ex->reduce_grad(ep, sa); });
+            const Stats st = bench.time([&] { ex->reduce_grad(ep, ep_plan, sa); });
             add_row("reduce", maxvio, st, copies_pushed * 2.0 * copy_bytes, copies_pushed * 4.0 * copy_bytes, -1,
                     ex->last_blocks_per_rank(), "home pulls fp32 slot gradients (link: read + zeroing)");
         }
         if (ex && want(mc, "total")) {
             const Stats st = bench.time([&] {
-                ep.plan(routing.s, sa);
+                const EpPlan tp = ep.plan(ios, routing.s, sa);  // resident: no plan copies between the streams
                 EVENEP_CUDA_CHECK(cudaEventRecord(ev_plan, sa));
                 EVENEP_CUDA_CHECK(cudaStreamWaitEvent(sb, ev_plan, 0));
-                ep.dispatch(sa);
-                ex->prefetch_weight(ep, sb, 1);
+                ep.dispatch(tp, ios, sa);
+                ex->prefetch_weight(ep, tp, sb, 1);
                 EVENEP_CUDA_CHECK(cudaEventRecord(ev_b, sb));
                 EVENEP_CUDA_CHECK(cudaStreamWaitEvent(sa, ev_b, 0));
             });

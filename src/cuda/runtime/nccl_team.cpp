@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cuda/runtime/team_record.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/error.hpp"
 
@@ -179,11 +180,11 @@ ncclComm_t root_comm(const NcclBootstrap& boot) {
     return comm;
 }
 
-struct Window {
+struct NcclWindow {
     void* mem = nullptr;
     ncclWindow_t win = nullptr;
     char** d_peers = nullptr;
-    NcclWindowView view;
+    Window view;
 };
 
 }  // namespace
@@ -213,7 +214,7 @@ struct NcclTeam::Impl {
     unsigned char devcomm_slack[4096] = {};
     bool devcomm_made = false;
     cudaStream_t stream = nullptr;
-    std::vector<std::unique_ptr<Window>> windows;  // [0]: the main window
+    std::vector<std::unique_ptr<NcclWindow>> windows;  // [0]: the main window
     size_t flags_off = 0;
     uint32_t* d_local = nullptr;  // [C][2R] arrive, gen; then abort, claim
     size_t local_words = 0;
@@ -224,11 +225,11 @@ struct NcclTeam::Impl {
     TeamView views[kNcclTeamChannels]{};
     bool broken = false;  // a failure left the peers in an unknown state: skip collective teardown
 
-    const Window& main() const { return *windows.front(); }
+    const NcclWindow& main() const { return *windows.front(); }
 
-    const Window& add_window(size_t bytes) {
+    const NcclWindow& add_window(size_t bytes) {
         const size_t size = align_up(bytes > 0 ? bytes : 1, kWindowAlign);
-        auto w = std::make_unique<Window>();
+        auto w = std::make_unique<NcclWindow>();
         const ncclResult_t alloc = ncclMemAlloc(&w->mem, size);
         EVENEP_CHECK_KIND(ErrorKind::kRuntime, alloc == ncclSuccess, "nccl team: rank ", boot.rank,
                           ": ncclMemAlloc of ", size, " bytes failed: ", ncclGetErrorString(alloc), " (",
@@ -264,11 +265,11 @@ struct NcclTeam::Impl {
         return *windows.back();
     }
 
-    void release(Window& w) {
+    void release(NcclWindow& w) {
         if (w.d_peers) cudaFree(w.d_peers);
         if (w.win && !broken) ncclCommWindowDeregister(comm, w.win);
         if (w.mem && !broken) ncclMemFree(w.mem);
-        w = Window{};
+        w = NcclWindow{};
     }
 
     void host_barrier() {
@@ -420,8 +421,14 @@ int NcclTeam::device() const { return impl_->boot.local_rank; }
 size_t NcclTeam::bytes_per_rank() const { return impl_->bytes_per_rank; }
 const TeamOptions& NcclTeam::options() const { return impl_->options; }
 char* NcclTeam::base() const { return impl_->main().view.local; }
-const NcclWindowView& NcclTeam::main_window() const { return impl_->main().view; }
+const Window& NcclTeam::main_window() const { return impl_->main().view; }
 void* NcclTeam::nccl_comm() const { return impl_->comm; }
+
+char* NcclTeam::base(int rank) const {
+    EVENEP_CHECK(rank == this->rank(), "nccl team: rank ", rank, " is not served by this process (rank ", this->rank(),
+                 ")");
+    return base();
+}
 
 char* NcclTeam::peer_base(int peer) const {
     EVENEP_CHECK(peer >= 0 && peer < size(), "nccl team: peer ", peer, " outside [0, ", size(), ")");
@@ -434,8 +441,8 @@ const TeamView& NcclTeam::view(int channel) const {
     return impl_->views[channel];
 }
 
-const NcclWindowView& NcclTeam::alloc_window(size_t bytes) {
-    const NcclWindowView& v = impl_->add_window(bytes).view;
+const Window& NcclTeam::alloc_window(size_t bytes) {
+    const Window& v = impl_->add_window(bytes).view;
     impl_->host_barrier();
     return v;
 }
@@ -479,53 +486,13 @@ void NcclTeam::set_timeout_ms(double ms) { impl_->set_timeout_ms(ms); }
 void NcclTeam::set_timeout_action(TimeoutAction action) { impl_->set_timeout_action(action); }
 
 std::string NcclTeam::pending_error() const {
-    const volatile DeviceErrorRecord* rec = impl_->h_record;
-    if (rec->set == 0) return "";
-    std::ostringstream os;
-    const auto kind = static_cast<DeviceErrorKind>(rec->kind);
-    const char* phase = to_string(static_cast<Phase>(rec->phase));
-    switch (kind) {
-        case DeviceErrorKind::kBarrierTimeout:
-            if (rec->peer >= 0)
-                os << "barrier timeout: rank " << rec->rank << " waited " << rec->waited_ms << " ms at phase '" << phase
-                   << "' for peer rank " << rec->peer << ", which never arrived (missing rank " << rec->peer
-                   << "; NCCL team, one process per GPU)";
-            else
-                os << "barrier timeout: rank " << rec->rank << " waited " << rec->waited_ms << " ms at phase '" << phase
-                   << "' for its own blocks (rank-local barrier)";
-            break;
-        case DeviceErrorKind::kBadExpertId:
-            os << "routing: rank " << rec->rank << ", token " << rec->token << ", k " << rec->k << ": expert id "
-               << rec->value << " outside [0, E = " << rec->aux << ") (use -1 to mask)";
-            break;
-        case DeviceErrorKind::kInternal:
-            os << "internal: rank " << rec->rank << " at phase '" << phase << "': value " << rec->value
-               << " breaks a planner invariant (bound " << rec->aux << ")";
-            break;
-        default:
-            os << "device error record with unknown kind " << rec->kind;
-            break;
-    }
-    return os.str();
+    return detail_team::read_record(impl_->h_record, "; NCCL team, one process per GPU");
 }
 
 void NcclTeam::check(cudaStream_t stream) const {
     const cudaError_t sync_err = cudaStreamSynchronize(stream);
-    const std::string msg = pending_error();
-    if (!msg.empty()) {
-        const auto kind =
-            static_cast<DeviceErrorKind>(static_cast<const volatile DeviceErrorRecord*>(impl_->h_record)->kind);
-        const ErrorKind ek = kind == DeviceErrorKind::kBarrierTimeout ? ErrorKind::kTimeout
-                             : kind == DeviceErrorKind::kBadExpertId  ? ErrorKind::kInvalidArgument
-                                                                      : ErrorKind::kInternal;
-        if (sync_err != cudaSuccess) {
-            impl_->broken = true;
-            throw Error(ek, msg + " (device trapped: " + cudaGetErrorName(sync_err) + ")");
-        }
-        throw Error(ek, msg);
-    }
-    if (sync_err != cudaSuccess) impl_->broken = true;
-    EVENEP_CUDA_CHECK(sync_err);
+    if (sync_err != cudaSuccess) impl_->broken = true;  // a trap or a lost context: no collective teardown
+    detail_team::throw_recorded(impl_->h_record, sync_err, "; NCCL team, one process per GPU");
 }
 
 void NcclTeam::recover() {
@@ -564,9 +531,10 @@ size_t NcclTeam::bytes_per_rank() const { not_built(); }
 const TeamOptions& NcclTeam::options() const { not_built(); }
 char* NcclTeam::base() const { not_built(); }
 char* NcclTeam::peer_base(int) const { not_built(); }
-const NcclWindowView& NcclTeam::main_window() const { not_built(); }
+char* NcclTeam::base(int) const { not_built(); }
+const Window& NcclTeam::main_window() const { not_built(); }
 const TeamView& NcclTeam::view(int) const { not_built(); }
-const NcclWindowView& NcclTeam::alloc_window(size_t) { not_built(); }
+const Window& NcclTeam::alloc_window(size_t) { not_built(); }
 void NcclTeam::check(cudaStream_t) const { not_built(); }
 std::string NcclTeam::pending_error() const { not_built(); }
 void NcclTeam::recover() { not_built(); }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "cuda/runtime/team_record.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/error.hpp"
 
@@ -39,16 +40,77 @@ const char* to_string(Phase phase) {
     return "unknown";
 }
 
+std::string format_device_error(const DeviceErrorRecord& rec, const char* note) {
+    std::ostringstream os;
+    const auto kind = static_cast<DeviceErrorKind>(rec.kind);
+    const char* phase = to_string(static_cast<Phase>(rec.phase));
+    switch (kind) {
+        case DeviceErrorKind::kBarrierTimeout:
+            if (rec.peer >= 0)
+                os << "barrier timeout: rank " << rec.rank << " waited " << rec.waited_ms << " ms at phase '" << phase
+                   << "' for peer rank " << rec.peer << ", which never arrived (missing rank " << rec.peer << note
+                   << ")";
+            else
+                os << "barrier timeout: rank " << rec.rank << " waited " << rec.waited_ms << " ms at phase '" << phase
+                   << "' for its own blocks (rank-local barrier)";
+            break;
+        case DeviceErrorKind::kBadExpertId:
+            os << "routing: rank " << rec.rank << ", token " << rec.token << ", k " << rec.k << ": expert id "
+               << rec.value << " outside [0, E = " << rec.aux << ") (use -1 to mask)";
+            break;
+        case DeviceErrorKind::kInternal:
+            os << "internal: rank " << rec.rank << " at phase '" << phase << "': value " << rec.value
+               << " breaks a planner invariant (bound " << rec.aux << ")";
+            break;
+        default:
+            os << "device error record with unknown kind " << rec.kind;
+            break;
+    }
+    return os.str();
+}
+
+char* Team::peer_base(const Window& window, int peer) const {
+    EVENEP_CHECK(peer >= 0 && peer < static_cast<int>(window.peers.size()), "team: peer ", peer, " outside [0, ",
+                 window.peers.size(), ")");
+    return window.peers[peer];
+}
+
+namespace detail_team {
+
+std::string read_record(const DeviceErrorRecord* h_record, const char* note) {
+    const volatile DeviceErrorRecord* v = h_record;
+    if (v->set == 0) return "";
+    DeviceErrorRecord rec{};
+    rec.kind = v->kind, rec.rank = v->rank, rec.peer = v->peer, rec.phase = v->phase, rec.token = v->token;
+    rec.k = v->k, rec.value = v->value, rec.aux = v->aux, rec.waited_ms = v->waited_ms;
+    return format_device_error(rec, note);
+}
+
+bool throw_recorded(const DeviceErrorRecord* h_record, cudaError_t sync_err, const char* note) {
+    const std::string msg = read_record(h_record, note);
+    if (!msg.empty()) {
+        const auto kind = static_cast<DeviceErrorKind>(static_cast<const volatile DeviceErrorRecord*>(h_record)->kind);
+        const ErrorKind ek = kind == DeviceErrorKind::kBarrierTimeout ? ErrorKind::kTimeout
+                             : kind == DeviceErrorKind::kBadExpertId  ? ErrorKind::kInvalidArgument
+                                                                      : ErrorKind::kInternal;
+        if (sync_err != cudaSuccess) throw Error(ek, msg + " (device trapped: " + cudaGetErrorName(sync_err) + ")");
+        throw Error(ek, msg);
+    }
+    EVENEP_CUDA_CHECK(sync_err);
+    return false;
+}
+
+}  // namespace detail_team
+
 namespace {
 
-// Layout of the barrier state allocation (uint32 words).
+// Layout of the barrier state allocation (uint32 words): per channel flags [R*R], arrive [R], gen [R]; then the
+// abort flag and the error claim shared by all channels.
 struct SyncLayout {
-    size_t flags, arrive, gen, abort, claim, words;
+    size_t channel_words, abort, claim, words;
     explicit SyncLayout(int R) {
-        flags = 0;
-        arrive = flags + static_cast<size_t>(R) * R;
-        gen = arrive + R;
-        abort = gen + R;
+        channel_words = static_cast<size_t>(R) * R + 2 * static_cast<size_t>(R);
+        abort = channel_words * kTeamChannels;
         claim = abort + 1;
         words = claim + 1;
     }
@@ -57,23 +119,13 @@ struct SyncLayout {
 }  // namespace
 
 LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& options)
-    : num_ranks_(num_ranks), bytes_per_rank_(bytes_per_rank), options_(options) {
+    : num_ranks_(num_ranks), options_(options) {
     EVENEP_CHECK(num_ranks >= 1 && num_ranks <= kMaxVirtualRanks, "team: num_ranks = ", num_ranks, " outside [1, ",
                  kMaxVirtualRanks, "]");
     EVENEP_CHECK(options.timeout_ms > 0, "team: timeout_ms = ", options.timeout_ms, " must be positive");
     EVENEP_CUDA_CHECK(cudaSetDevice(options.device));
-    bytes_per_rank_ = (bytes_per_rank + 255) / 256 * 256;
-    if (bytes_per_rank_ == 0) bytes_per_rank_ = 256;
-    bases_ = new char*[num_ranks]();
     try {
-        for (int r = 0; r < num_ranks; ++r) {
-            void* p = nullptr;
-            EVENEP_CUDA_CHECK(cudaMalloc(&p, bytes_per_rank_));
-            bases_[r] = static_cast<char*>(p);
-            EVENEP_CUDA_CHECK(cudaMemset(p, 0, bytes_per_rank_));
-        }
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_peers_), sizeof(char*) * num_ranks));
-        EVENEP_CUDA_CHECK(cudaMemcpy(d_peers_, bases_, sizeof(char*) * num_ranks, cudaMemcpyHostToDevice));
+        main_ = &alloc_window(bytes_per_rank);
         const SyncLayout sl(num_ranks);
         sync_bytes_ = sl.words * sizeof(uint32_t);
         EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_sync_), sync_bytes_));
@@ -83,115 +135,110 @@ LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& op
         std::memset(static_cast<void*>(h_record_), 0, sizeof(DeviceErrorRecord));
         DeviceErrorRecord* d_record = nullptr;
         EVENEP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_record), h_record_, 0));
-
-        view_.num_ranks = num_ranks;
-        view_.peers = d_peers_;
-        view_.flags = d_sync_ + sl.flags;
-        view_.local_arrive = d_sync_ + sl.arrive;
-        view_.local_gen = d_sync_ + sl.gen;
-        view_.abort = d_sync_ + sl.abort;
-        view_.error_claim = reinterpret_cast<int32_t*>(d_sync_ + sl.claim);
-        view_.record = d_record;
-        view_.fault_rank = -1;
-        view_.fault_phase = 0;
-        view_.rank_begin = 0;
-        view_.launch_ranks = num_ranks;
-        view_.system_scope = 0;
-        view_.inbox = nullptr;
+        for (int c = 0; c < kTeamChannels; ++c) {
+            TeamView& v = views_[c];
+            uint32_t* ch = d_sync_ + c * sl.channel_words;
+            v.num_ranks = num_ranks;
+            v.peers = main_->d_peers;
+            v.flags = ch;
+            v.local_arrive = ch + static_cast<size_t>(num_ranks) * num_ranks;
+            v.local_gen = v.local_arrive + num_ranks;
+            v.abort = d_sync_ + sl.abort;
+            v.error_claim = reinterpret_cast<int32_t*>(d_sync_ + sl.claim);
+            v.record = d_record;
+            v.fault_rank = -1;
+            v.fault_phase = 0;
+            v.rank_begin = 0;
+            v.launch_ranks = num_ranks;
+            v.system_scope = 0;
+            v.inbox = nullptr;
+        }
         set_timeout_ms(options.timeout_ms);
         set_timeout_action(options.on_timeout);
     } catch (...) {
-        for (int r = 0; r < num_ranks; ++r)
-            if (bases_[r]) cudaFree(bases_[r]);
-        delete[] bases_;
-        if (d_peers_) cudaFree(d_peers_);
-        if (d_sync_) cudaFree(d_sync_);
-        if (h_record_) cudaFreeHost(h_record_);
+        release();
         throw;
     }
 }
 
-LocalTeam::~LocalTeam() {
-    // NOTE: destructors never throw; errors here (e.g. a context lost to a trap) are ignored.
-    for (int r = 0; r < num_ranks_; ++r)
-        if (bases_[r]) cudaFree(bases_[r]);
-    delete[] bases_;
-    cudaFree(d_peers_);
-    cudaFree(d_sync_);
-    cudaFreeHost(h_record_);
+void LocalTeam::release() noexcept {
+    // NOTE: never throws; errors here (e.g. a context lost to a trap) are ignored.
+    for (const auto& w : windows_) {
+        for (char* p : w->peers)
+            if (p) cudaFree(p);
+        if (w->d_peers) cudaFree(const_cast<char**>(w->d_peers));
+    }
+    windows_.clear();
+    if (d_sync_) cudaFree(d_sync_);
+    if (h_record_) cudaFreeHost(h_record_);
+    d_sync_ = nullptr;
+    h_record_ = nullptr;
+}
+
+LocalTeam::~LocalTeam() { release(); }
+
+const Window& LocalTeam::alloc_window(size_t bytes) {
+    auto w = std::make_unique<Window>();
+    w->bytes = (bytes + 255) / 256 * 256;
+    if (w->bytes == 0) w->bytes = 256;
+    w->peers.assign(num_ranks_, nullptr);
+    Window& ref = *w;
+    windows_.push_back(std::move(w));  // owned from here on: release() frees what was allocated
+    for (int r = 0; r < num_ranks_; ++r) {
+        void* p = nullptr;
+        EVENEP_CUDA_CHECK(cudaMalloc(&p, ref.bytes));
+        ref.peers[r] = static_cast<char*>(p);
+        EVENEP_CUDA_CHECK(cudaMemset(p, 0, ref.bytes));
+    }
+    char** d_peers = nullptr;
+    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_peers), sizeof(char*) * num_ranks_));
+    ref.d_peers = d_peers;
+    EVENEP_CUDA_CHECK(cudaMemcpy(d_peers, ref.peers.data(), sizeof(char*) * num_ranks_, cudaMemcpyHostToDevice));
+    ref.local = ref.peers[0];
+    return ref;
 }
 
 char* LocalTeam::base(int rank) const {
     EVENEP_CHECK(rank >= 0 && rank < num_ranks_, "team: rank ", rank, " outside [0, ", num_ranks_, ")");
-    return bases_[rank];
+    return main_->peers[rank];
+}
+
+const TeamView& LocalTeam::view(int channel) const {
+    EVENEP_CHECK(channel >= 0 && channel < kTeamChannels, "team: channel ", channel, " outside [0, ", kTeamChannels,
+                 ")");
+    return views_[channel];
 }
 
 void LocalTeam::set_timeout_ms(double ms) {
     EVENEP_CHECK(ms > 0, "team: timeout_ms = ", ms, " must be positive");
     options_.timeout_ms = ms;
-    view_.timeout_ns = static_cast<uint64_t>(ms * 1e6);
+    for (TeamView& v : views_) v.timeout_ns = static_cast<uint64_t>(ms * 1e6);
 }
 
 void LocalTeam::set_timeout_action(TimeoutAction action) {
     options_.on_timeout = action;
-    view_.trap_on_timeout = action == TimeoutAction::kTrap ? 1 : 0;
+    for (TeamView& v : views_) v.trap_on_timeout = action == TimeoutAction::kTrap ? 1 : 0;
 }
 
 void LocalTeam::inject_fault(int rank, Phase phase) {
     EVENEP_CHECK(rank >= -1 && rank < num_ranks_, "team: fault rank ", rank, " outside [-1, ", num_ranks_, ")");
-    view_.fault_rank = rank;
-    view_.fault_phase = static_cast<int32_t>(phase);
-}
-
-std::string LocalTeam::pending_error() const {
-    const volatile DeviceErrorRecord* rec = h_record_;
-    if (rec->set == 0) return "";
-    std::ostringstream os;
-    const auto kind = static_cast<DeviceErrorKind>(rec->kind);
-    const char* phase = to_string(static_cast<Phase>(rec->phase));
-    switch (kind) {
-        case DeviceErrorKind::kBarrierTimeout:
-            if (rec->peer >= 0)
-                os << "barrier timeout: rank " << rec->rank << " waited " << rec->waited_ms << " ms at phase '" << phase
-                   << "' for peer rank " << rec->peer << ", which never arrived (missing rank " << rec->peer << ")";
-            else
-                os << "barrier timeout: rank " << rec->rank << " waited " << rec->waited_ms << " ms at phase '" << phase
-                   << "' for its own blocks (rank-local barrier)";
-            break;
-        case DeviceErrorKind::kBadExpertId:
-            os << "routing: rank " << rec->rank << ", token " << rec->token << ", k " << rec->k << ": expert id "
-               << rec->value << " outside [0, E = " << rec->aux << ") (use -1 to mask)";
-            break;
-        case DeviceErrorKind::kInternal:
-            os << "internal: rank " << rec->rank << " at phase '" << phase << "': value " << rec->value
-               << " breaks a planner invariant (bound " << rec->aux << ")";
-            break;
-        default:
-            os << "device error record with unknown kind " << rec->kind;
-            break;
+    for (TeamView& v : views_) {
+        v.fault_rank = rank;
+        v.fault_phase = static_cast<int32_t>(phase);
     }
-    return os.str();
 }
 
-void LocalTeam::reset_sync_state() const {
+std::string LocalTeam::pending_error() const { return detail_team::read_record(h_record_, ""); }
+
+void LocalTeam::recover() {
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     EVENEP_CUDA_CHECK(cudaMemset(d_sync_, 0, sync_bytes_));
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     std::memset(static_cast<void*>(h_record_), 0, sizeof(DeviceErrorRecord));
 }
 
 void LocalTeam::check(cudaStream_t stream) const {
-    const cudaError_t sync_err = cudaStreamSynchronize(stream);
-    const std::string msg = pending_error();
-    const auto kind = static_cast<DeviceErrorKind>(static_cast<const volatile DeviceErrorRecord*>(h_record_)->kind);
-    if (!msg.empty()) {
-        if (sync_err == cudaSuccess) reset_sync_state();  // after a trap the context is gone: nothing to reset
-        const ErrorKind ek = kind == DeviceErrorKind::kBarrierTimeout ? ErrorKind::kTimeout
-                             : kind == DeviceErrorKind::kBadExpertId  ? ErrorKind::kInvalidArgument
-                                                                      : ErrorKind::kInternal;
-        if (sync_err != cudaSuccess) throw Error(ek, msg + " (device trapped: " + cudaGetErrorName(sync_err) + ")");
-        throw Error(ek, msg);
-    }
-    EVENEP_CUDA_CHECK(sync_err);
+    detail_team::throw_recorded(h_record_, cudaStreamSynchronize(stream), "");
 }
 
 }  // namespace evenep::cuda
