@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common.hpp"
 #include "evenep/config.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
@@ -557,8 +558,7 @@ void register_bench_gemm(CLI::App& bench) {
         for (const std::string& k : o->kernels)
             EVENEP_CHECK(k == "wgmma" || k == "mma", "bench gemm: --kernels entry '", k, "' must be wgmma or mma");
 #if defined(EVENEP_HAVE_CUDA)
-        EVENEP_CHECK_KIND(ErrorKind::kRuntime, cuda::device_available(),
-                          "bench gemm: no CUDA device is usable (cudaGetDeviceCount found none)");
+        require_cuda_device("bench gemm");
         if (o->calibrate)
             run_calibration(*o);
         else
