@@ -557,8 +557,8 @@ void register_bench_gemm(CLI::App& bench) {
                          op, "' must be fwd, dgrad, wgrad or wgrad_set");
         for (const std::string& k : o->kernels)
             EVENEP_CHECK(k == "wgmma" || k == "mma", "bench gemm: --kernels entry '", k, "' must be wgmma or mma");
-#if defined(EVENEP_HAVE_CUDA)
         require_cuda_device("bench gemm");
+#if defined(EVENEP_HAVE_CUDA)
         if (o->calibrate)
             run_calibration(*o);
         else

@@ -234,7 +234,7 @@ double physical_memory_bytes() {
 
 void ResourceLimits::add_to(CLI::App& cmd) {
     add_real(cmd, "--max-memory", max_bytes,
-             "refuse a run whose estimated memory exceeds this many bytes (0: half of the physical memory)", 0, 1e18);
+             "refuse a run whose estimated memory exceeds this many bytes (0: a quarter of the physical memory)", 0, 1e18);
     add_real(cmd, "--max-time", max_seconds, "refuse a run whose estimated time exceeds this many seconds", 1, 1e9)
         ->capture_default_str();
 }
@@ -242,7 +242,7 @@ void ResourceLimits::add_to(CLI::App& cmd) {
 double ResourceLimits::bytes() const {
     if (max_bytes > 0) return max_bytes;
     const double phys = physical_memory_bytes();
-    return phys > 0 ? phys / 2 : 8.0 * (1 << 30);
+    return phys > 0 ? phys / 4 : 4.0 * (1 << 30);
 }
 
 void Estimate::add_bytes(double b, const std::string& what) {
@@ -259,7 +259,9 @@ void check_estimate(std::string_view command, const Estimate& e, const ResourceL
     const double max_bytes = limits.bytes();
     EVENEP_CHECK(e.bytes <= max_bytes, command, ": estimated memory ", human_bytes(e.bytes), " (largest part: ",
                  e.bytes_detail, ") exceeds the limit ", human_bytes(max_bytes),
-                 limits.max_bytes > 0 ? " (--max-memory)" : " (half of the physical memory; raise it with --max-memory)");
+                 limits.max_bytes > 0 ? std::string(" (--max-memory)")
+                                      : fmt::format(" (a quarter of the physical memory {}; raise it with --max-memory)",
+                                                    human_bytes(physical_memory_bytes())));
     EVENEP_CHECK(e.seconds <= limits.max_seconds, command, ": estimated time ", fmt::format("{:.0f}", e.seconds),
                  " s (largest part: ", e.seconds_detail, ") exceeds the limit ", limits.max_seconds,
                  " s (raise it with --max-time)");
@@ -286,17 +288,22 @@ void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
                               passes > 1 ? " to find the sigma of --maxvio" : ""));
 }
 
-// Refuses a target maxvio the lognormal family cannot reach: above E/K - 1 (every token picks K distinct experts,
-// so no expert gets more than all tokens) at once, otherwise from the routings at the two ends of the sigma
-// bracket [1e-5, 10] of make_target_maxvio.
-void check_maxvio_reached(const RoutingSpec& spec, double target, const Routing& got) {
+// Refuses a target maxvio the lognormal family cannot reach (judged from the routings at the two ends of the
+// sigma bracket [1e-5, 10] of make_target_maxvio) when the user gave it; returns a note for the description when
+// it is the default target ("" when reached).
+std::string check_maxvio_reached(const RoutingSpec& spec, double target, const Routing& got, bool given) {
     const double tol = std::max(0.02 * target, 0.005);  // make_target_maxvio's tolerance
-    if (std::abs(got.maxvio() - target) <= tol) return;
+    if (std::abs(got.maxvio() - target) <= tol) return {};
     const double lo = make_lognormal(spec, 1e-5).maxvio(), hi = make_lognormal(spec, 10).maxvio();
-    EVENEP_CHECK(target >= lo - tol && target <= hi + tol, "--maxvio = ", target,
+    if (target >= lo - tol && target <= hi + tol) return {};
+    if (!given)
+        return fmt::format("; default target maxvio {:g} not reachable here (range [{:.3g}, {:.3g}]), closest used",
+                           target, lo, hi);
+    EVENEP_CHECK(false, "--maxvio = ", target,
                  " is not reachable for R=", spec.R, " E=", spec.E, " K=", spec.K, " S=", spec.S, " seed ", spec.seed,
                  ": lognormal routing reaches maxvio in [", fmt::format("{:.3g}, {:.3g}", lo, hi),
                  "] (sigma in [1e-5, 10]); give a target in that range or --sigma");
+    return {};
 }
 
 }  // namespace
@@ -309,7 +316,7 @@ void RoutingOptions::add_to(CLI::App& cmd) {
         add_int(cmd, "--S", S, "token capacity per rank (every rank passes S tokens)", 1, std::numeric_limits<int>::max());
     add_int(cmd, "--B", B, "prefetch slots per rank (-1 = epn; < epn only for inference)", -1, kMaxExperts);
     add_int(cmd, "--tp", tp, "token padding of every non-empty expert segment", 1, kMaxTokenPad);
-    CLI::Option* o_maxvio =
+    CLI::Option* o_maxvio = opt_maxvio =
         add_real(cmd, "--maxvio", maxvio,
                  "generate lognormal routing with this max violation (max/mean - 1); refused when unreachable", 0,
                  1e300)
@@ -377,15 +384,18 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
             in.sigma_used = opt.sigma;
             in.description = fmt::format("lognormal sigma={:.4g}, seed {}", opt.sigma, opt.seed);
         } else {
+            // Every token picks K distinct experts, so no expert gets more than all tokens: maxvio <= E/K - 1.
+            const bool given = opt.opt_maxvio == nullptr || opt.opt_maxvio->count() > 0;
             const double max_reachable = static_cast<double>(opt.E) / opt.K - 1;
-            EVENEP_CHECK(opt.maxvio <= max_reachable + std::max(0.02 * opt.maxvio, 0.005), "--maxvio = ", opt.maxvio,
+            EVENEP_CHECK(!given || opt.maxvio <= max_reachable + std::max(0.02 * opt.maxvio, 0.005), "--maxvio = ",
+                         opt.maxvio,
                          " is not reachable: with E=", opt.E, " and K=", opt.K,
                          " no routing exceeds maxvio E/K - 1 = ", max_reachable,
                          " (every token picks K distinct experts)");
             routing = make_target_maxvio(spec, opt.maxvio, &in.sigma_used);
-            check_maxvio_reached(spec, opt.maxvio, routing);
-            in.description =
-                fmt::format("lognormal sigma={:.4g} (target maxvio {:g}), seed {}", in.sigma_used, opt.maxvio, opt.seed);
+            const std::string note = check_maxvio_reached(spec, opt.maxvio, routing, given);
+            in.description = fmt::format("lognormal sigma={:.4g} (target maxvio {:g}), seed {}{}", in.sigma_used,
+                                         opt.maxvio, opt.seed, note);
         }
     }
     in.cfg = Config{.R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp};

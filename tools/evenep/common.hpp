@@ -79,7 +79,8 @@ void prepare_output_dir(const std::string& flag, const std::string& dir);
 
 // --- resource estimates ------------------------------------------------------------------------------------------
 
-// What a run may use: --max-memory (default: half of the physical memory, or of the cgroup limit when lower) and
+// What a run may use: --max-memory (default: a quarter of the physical memory, or of the cgroup limit when lower:
+// the machine is often shared, and the estimates are rough) and
 // --max-time (default 60 s). A run whose estimate passes either is refused before it starts.
 struct ResourceLimits {
     double max_bytes = 0;  // 0: the default
@@ -98,8 +99,8 @@ struct Estimate {
 };
 
 // Throws Error(kInvalidArgument) naming the estimate, its largest part and the limit when the estimate passes
-// the limit, e.g. "demo: estimated memory 11.4 GiB (largest part: ...) exceeds the limit 11.7 GiB (half of the
-// physical memory; raise it with --max-memory)".
+// the limit, e.g. "demo: estimated memory 12.5 GiB (largest part: ...) exceeds the limit 5.9 GiB (a quarter of
+// the physical memory 23.5 GiB; raise it with --max-memory)".
 void check_estimate(std::string_view command, const Estimate& e, const ResourceLimits& limits);
 
 // Physical memory of this machine in bytes (the cgroup limit when it is lower); 0 when unknown.
@@ -122,6 +123,7 @@ struct RoutingOptions {
     // Which flags were given (set by add_to).
     CLI::Option* opt_E = nullptr;
     CLI::Option* opt_sigma = nullptr;
+    CLI::Option* opt_maxvio = nullptr;
 
     // Adds --R --E --K --S --B --tp --maxvio --sigma --adversarial --seed --tpe --routing --planner --max-memory
     // --max-time, with the conflicts between them (--tpe and --routing exclude the generator flags).
