@@ -7,7 +7,10 @@
 #include "evenep/io.hpp"
 
 #include <algorithm>
+#include <sys/stat.h>
+
 #include <bit>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -32,11 +35,19 @@ using OrderedJson = nlohmann::ordered_json;
 inline constexpr char kNpyMagic[] = "\x93NUMPY";
 inline constexpr size_t kNpyMagicBytes = 6;
 inline constexpr size_t kNpyAlign = 64;  // numpy pads magic + length + header to a multiple of 64 bytes
+// numpy writes headers of a few hundred bytes (and by default reads none over 10000); a longer announced length is
+// a corrupt file, refused before the header is parsed.
+inline constexpr size_t kNpyMaxHeaderBytes = size_t{1} << 20;
 
 std::vector<char> read_file(const std::string& path, const char* what) {
-    std::error_code ec;
-    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, !std::filesystem::is_directory(path, ec), what, " '", path,
-                      "': is a directory");
+    // stat first: opening a named pipe for reading would block until a writer appears.
+    struct stat st {};
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, ::stat(path.c_str(), &st) == 0, what, " '", path,
+                      "': cannot open for reading: ", std::strerror(errno));
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, !S_ISDIR(st.st_mode), what, " '", path, "': is a directory");
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, S_ISREG(st.st_mode), what, " '", path, "': is ",
+                      S_ISFIFO(st.st_mode) ? "a named pipe (FIFO)" : "a device or socket",
+                      ", not a regular file");
     std::ifstream f(path, std::ios::binary | std::ios::ate);
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, f.is_open(), what, " '", path, "': cannot open for reading");
     const std::streamoff size = f.tellg();
@@ -66,6 +77,23 @@ std::string json_type(const Json& j) {
     if (j.is_number()) return "a number";
     return std::string(j.type_name());
 }
+
+// The DOM parser of nlohmann::json, keeping where a parse failed (a number overflow such as 1e400 otherwise
+// surfaces as an out_of_range exception without a position).
+class PositionedDomParser : public nlohmann::detail::json_sax_dom_parser<Json> {
+  public:
+    explicit PositionedDomParser(Json& root) : nlohmann::detail::json_sax_dom_parser<Json>(root, false) {}
+    bool parse_error(std::size_t position, const std::string& token, const Json::exception& e) {
+        error_position = position;
+        error_token = token;
+        error_what = e.what();
+        error_id = e.id;
+        return false;
+    }
+    std::size_t error_position = 0;
+    std::string error_token, error_what;
+    int error_id = 0;
+};
 
 // An int32 from `j` (an integer JSON number, not a float), else an Error naming `field`.
 int32_t json_int(const Json& j, const std::string& where, const std::string& field) {
@@ -133,6 +161,25 @@ DtypeInfo parse_dtype(const std::string& descr, const std::string& where) {
     return DtypeInfo{std::string(1, size == 1 ? '|' : '<') + kind + std::to_string(size), size};
 }
 
+// Up to 40 bytes of `text` around `pos` for an error message, control and non-ASCII bytes as \xNN (a header whose
+// announced length lies may hold binary data).
+std::string excerpt(const std::string& text, size_t pos) {
+    const size_t begin = pos > 20 ? pos - 20 : 0, end = std::min(text.size(), begin + 40);
+    std::string out = begin > 0 ? "..." : "";
+    for (size_t i = begin; i < end; ++i) {
+        const unsigned char c = static_cast<unsigned char>(text[i]);
+        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+            out.push_back(static_cast<char>(c));
+        } else {
+            static const char kHex[] = "0123456789abcdef";
+            out += "\\x";
+            out.push_back(kHex[c >> 4]);
+            out.push_back(kHex[c & 15]);
+        }
+    }
+    return end < text.size() ? out + "..." : out;
+}
+
 // The header dict of a .npy file: {'descr': '<i4', 'fortran_order': False, 'shape': (2, 3), }
 class NpyHeaderParser {
   public:
@@ -181,7 +228,8 @@ class NpyHeaderParser {
   private:
     [[noreturn]] void fail(const std::string& what) const {
         std::ostringstream os;
-        os << where_ << ": bad header (" << what << ") at offset " << pos_ << " of \"" << text_ << "\"";
+        os << where_ << ": bad header (" << what << ") at offset " << pos_ << " of " << text_.size()
+           << " header bytes, near \"" << excerpt(text_, pos_) << "\"";
         throw Error(ErrorKind::kInvalidArgument, os.str());
     }
     void check(bool cond, const std::string& what) const {
@@ -315,10 +363,16 @@ TpeFile read_tpe_json(const std::string& path) {
     const std::string where = "tpe JSON '" + path + "'";
     const std::vector<char> bytes = read_file(path, "tpe JSON");
     Json root;
-    try {
-        root = Json::parse(bytes.begin(), bytes.end());
-    } catch (const Json::parse_error& e) {
-        EVENEP_CHECK(false, where, ": parse error: ", e.what());
+    PositionedDomParser sax(root);
+    if (!Json::sax_parse(bytes.begin(), bytes.end(), &sax)) {
+        const size_t pos = std::min(sax.error_position, bytes.size());
+        const int64_t line = 1 + std::count(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(pos), '\n');
+        const auto line_start = std::find(std::make_reverse_iterator(bytes.begin() + static_cast<std::ptrdiff_t>(pos)),
+                                          bytes.rend(), '\n');
+        const int64_t column = std::distance(line_start.base(), bytes.begin() + static_cast<std::ptrdiff_t>(pos));
+        EVENEP_CHECK(sax.error_id != 406, where, ": line ", line, ", column ", column, ": number ",
+                     excerpt(sax.error_token, 0), " is out of range of a double");
+        EVENEP_CHECK(false, where, ": ", sax.error_what);  // nlohmann's text: "parse error at line L, column C: ..."
     }
     EVENEP_CHECK(root.is_object(), where, ": top level must be an object, got ", json_type(root));
     TpeFile f;
@@ -401,6 +455,8 @@ NpyArray read_npy(const std::string& path) {
     size_t header_len = 0;
     for (size_t i = 0; i < len_bytes; ++i)
         header_len |= static_cast<size_t>(static_cast<unsigned char>(bytes[kNpyMagicBytes + 2 + i])) << (8 * i);
+    EVENEP_CHECK(header_len <= kNpyMaxHeaderBytes, where, ": header length ", header_len,
+                 " bytes announced, more than any .npy header (limit ", kNpyMaxHeaderBytes, "); corrupt file?");
     EVENEP_CHECK(bytes.size() >= prefix + header_len, where, ": truncated header (", header_len,
                  " header bytes announced, ", bytes.size() - prefix, " present)");
     const std::string header(bytes.data() + prefix, header_len);

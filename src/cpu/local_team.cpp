@@ -257,16 +257,44 @@ std::vector<std::exception_ptr> run_ranks(LocalTeamGroup& group, const std::func
     std::vector<std::exception_ptr> errors(R);
     std::vector<std::thread> threads;
     threads.reserve(R);
-    for (int r = 0; r < R; ++r) {
-        threads.emplace_back([&, r] {
-            try {
-                fn(group.team(r));
-            } catch (...) {
-                errors[r] = std::current_exception();
-            }
-        });
+    // NOTE: the threads wait at a start gate until all R exist. If one cannot be created (thread or memory limit),
+    // the started ones return without calling fn (none of them is left waiting at a barrier for a rank that never
+    // starts), are joined, and the failure is reported as an Error instead of std::terminate.
+    std::mutex gate_mu;
+    std::condition_variable gate_cv;
+    enum class Gate { kWait, kGo, kAbort } gate = Gate::kWait;
+    const auto open_gate = [&](Gate g) {
+        {
+            std::lock_guard<std::mutex> lk(gate_mu);
+            gate = g;
+        }
+        gate_cv.notify_all();
+    };
+    std::string start_error;
+    for (int r = 0; r < R && start_error.empty(); ++r) {
+        try {
+            threads.emplace_back([&, r] {
+                {
+                    std::unique_lock<std::mutex> lk(gate_mu);
+                    gate_cv.wait(lk, [&] { return gate != Gate::kWait; });
+                    if (gate == Gate::kAbort) return;
+                }
+                try {
+                    fn(group.team(r));
+                } catch (...) {
+                    errors[r] = std::current_exception();
+                }
+            });
+        } catch (const std::exception& e) {
+            std::ostringstream os;
+            os << "run_ranks: cannot start the thread of rank " << r << " of R = " << R << " (" << e.what()
+               << "); started " << r << " (lower R, or raise the thread/memory limits)";
+            start_error = os.str();
+        }
     }
+    open_gate(start_error.empty() ? Gate::kGo : Gate::kAbort);
     for (auto& t : threads) t.join();
+    if (!start_error.empty()) throw Error(ErrorKind::kInvalidArgument, start_error);  // R too large here
     return errors;
 }
 

@@ -1,4 +1,4 @@
-// `evenep demo` end to end (the CLI binary built next to the tests).
+// `evenep demo` end to end (the CLI binary built next to the tests, EVENEP_CLI_PATH).
 //
 // Cases:
 //   CpuDemo.SmallRunPassesAndDumps     a small skewed run exits 0 with "result: PASS" and equal entries on every
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_run.hpp"
 #include "evenep/io.hpp"
 #include "evenep/routing.hpp"
 
@@ -30,23 +31,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-    int exit_code = -1;
-    std::string output;
-};
-
-CliRun run_cli(const std::string& args) {
-    const std::string cmd = std::string(EVENEP_CLI_PATH) + " " + args + " 2>&1";
-    CliRun run;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return run;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.output.append(buf, n);
-    const int status = pclose(p);
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return run;
-}
+using cli_test::CliRun;
+using cli_test::run_cli;
 
 fs::path temp_dir(const std::string& name) {
     const fs::path d = fs::temp_directory_path() / ("evenep_cpu_demo_test_" + std::to_string(getpid()) + "_" + name);
@@ -177,7 +163,7 @@ TEST(CpuDemo, BadInputExitsTwo) {
 }
 
 // `evenep bench gemm` rejects bad lists before touching a device (exit 2, the value named); without a GPU (or a
-// CUDA build) it says so and exits 1.
+// CUDA build) it says so, also with exit code 2 (tests/unit/cli_input_test.cpp).
 TEST(BenchGemmCli, BadInputExitsTwo) {
     for (const std::string& args : {std::string("bench gemm --kernels foo"), std::string("bench gemm --ops bar")}) {
         const CliRun run = run_cli(args);

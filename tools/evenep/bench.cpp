@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
@@ -50,6 +49,8 @@ Routing routing_for(const RoutingSpec& spec, double target) {
 }
 
 void run_bench_plan(const BenchPlanOptions& opt) {
+    OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
+    for (const std::string& name : opt.shapes) (void)shape_of(name, opt.seed);
     nlohmann::json rows = nlohmann::json::array();
     fmt::print("{:<7} {:>4} {:>4} {:>3} {:>7} {:<9} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7} {:>6}\n", "shape", "R",
                "E", "K", "maxvio", "planner", "plan p50", "plan min", "plan max", "dst/rank", "copies", "traffic",
@@ -125,11 +126,8 @@ void run_bench_plan(const BenchPlanOptions& opt) {
     fmt::print("plan = all ranks' plan from the gathered histograms on one CPU thread (every rank runs the same);\n"
                "dst/rank = one rank's encoded destinations for its own tokens. #wrong = {}\n",
                failures);
-    if (!opt.json_file.empty()) {
-        std::ofstream f(opt.json_file);
-        EVENEP_CHECK(f.good(), "--json: cannot open '", opt.json_file, "'");
-        f << nlohmann::json{{"bench", "plan"}, {"rows", rows}, {"wrong", failures}}.dump(2) << "\n";
-    }
+    json.write(nlohmann::json{{"bench", "plan"}, {"rows", rows}, {"wrong", failures}}.dump(2) + "\n");
+    json.close();
     EVENEP_CHECK_KIND(ErrorKind::kInternal, failures == 0, "bench plan: ", failures, " plan(s) failed the check");
 }
 
@@ -142,13 +140,15 @@ void register_bench(CLI::App& app) {
     CLI::App* plan = bench->add_subcommand(
         "plan", "CPU planner wall time at the MoonEP point (R=8 E=384 K=8 S=8192) and the K3 shape (R=64 E=896 K=16)");
     plan->add_option("--shapes", opt->shapes, "moonep, k3, small")->capture_default_str();
-    plan->add_option("--maxvio", opt->maxvios, "routing skews")->capture_default_str();
-    plan->add_option("--planners", opt->planners, "reference, optimized")->capture_default_str();
-    plan->add_option("--warmup", opt->warmup, "untimed runs first")->capture_default_str();
-    plan->add_option("--iters", opt->iters, "timed runs (median reported)")->capture_default_str();
-    plan->add_option("--seed", opt->seed, "routing seed")->capture_default_str();
+    add_reals(*plan, "--maxvio", opt->maxvios, "routing skews (target maxvio)", 0, 1e6);
+    plan->add_option("--planners", opt->planners, "reference, optimized")
+        ->check(CLI::IsMember({"reference", "optimized"}))
+        ->capture_default_str();
+    add_int(*plan, "--warmup", opt->warmup, "untimed runs first", 0, 1000000);
+    add_int(*plan, "--iters", opt->iters, "timed runs (median reported)", 1, 1000000);
+    add_u64(*plan, "--seed", opt->seed, "routing seed");
     plan->add_option("--check", opt->check, "validate every plan and dst (#wrong)")->capture_default_str();
-    plan->add_option("--json", opt->json_file, "write the rows as JSON");
+    add_output_file(*plan, "--json", opt->json_file, "write the rows as JSON (opened before the run)");
     plan->callback([opt] { run_bench_plan(*opt); });
     register_bench_cuda(*bench);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "common.hpp"
 #include "evenep/config.hpp"
 #include "evenep/error.hpp"
 #if defined(EVENEP_HAVE_CUDA)
@@ -156,6 +157,7 @@ void add_gpu_command(
     CLI::App* cmd = bench.add_subcommand(name, help);
     add_common(cmd, *opt, true);
     cmd->callback([opt, ops, plan_only, name] {
+        require_cuda_device(fmt::format("bench {}", name));
 #if defined(EVENEP_HAVE_CUDA)
         GpuBenchOptions o = *opt;
         const int H = plan_only ? 8 : o.H;  // the planner does not touch rows
@@ -190,6 +192,7 @@ void register_bench_cuda(CLI::App& bench) {
     suite->add_option("--projections", opt->projections, "prefetch/reduce: projections per copy")
         ->capture_default_str();
     suite->callback([opt] {
+        require_cuda_device("bench gpu-suite");
 #if defined(EVENEP_HAVE_CUDA)
         finish(run(*opt, {{"moonep", 8, 384, 8, 8192, 7168, 2048}, {"k3", 8, 896, 16, 8192, 3584, 2048}},
                    {"plan", "dispatch", "combine", "prefetch", "reduce"}));
@@ -201,6 +204,7 @@ void register_bench_cuda(CLI::App& bench) {
     CLI::App* copy = bench.add_subcommand("gpu-copy", "device-to-device copy bandwidth anchors");
     add_common(copy, *copy_opt, false);
     copy->callback([copy_opt] {
+        require_cuda_device("bench gpu-copy");
 #if defined(EVENEP_HAVE_CUDA)
         GpuBenchOptions o = *copy_opt;
         o.maxvios.clear();

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common.hpp"
 #include "evenep/config.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
@@ -556,9 +557,8 @@ void register_bench_gemm(CLI::App& bench) {
                          op, "' must be fwd, dgrad, wgrad or wgrad_set");
         for (const std::string& k : o->kernels)
             EVENEP_CHECK(k == "wgmma" || k == "mma", "bench gemm: --kernels entry '", k, "' must be wgmma or mma");
+        require_cuda_device("bench gemm");
 #if defined(EVENEP_HAVE_CUDA)
-        EVENEP_CHECK_KIND(ErrorKind::kRuntime, cuda::device_available(),
-                          "bench gemm: no CUDA device is usable (cudaGetDeviceCount found none)");
         if (o->calibrate)
             run_calibration(*o);
         else

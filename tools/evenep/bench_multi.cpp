@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common.hpp"
 #include "evenep/config.hpp"
 #include "evenep/error.hpp"
 #if defined(EVENEP_HAVE_CUDA)
@@ -118,6 +119,7 @@ void register_bench_multi(CLI::App& bench) {
     cmd->add_flag("--check", o->check, "verify plan, dst, dispatch rows, sampled combine and prefetch first");
     cmd->add_option("--json", o->json_file, "rank 0 writes all rows as JSON");
     cmd->callback([o] {
+        require_cuda_device("bench multi");
 #if defined(EVENEP_HAVE_CUDA)
         const cuda::NcclBootstrap boot = cuda::nccl_bootstrap_from_env();
         cuda::MultiBenchConfig mc;

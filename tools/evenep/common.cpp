@@ -1,35 +1,345 @@
 #include "common.hpp"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <type_traits>
+#include <fstream>
 
+#include "demo_cuda.hpp"
 #include "evenep/error.hpp"
 #include "evenep/io.hpp"
 
 namespace evenep::cli {
+namespace {
+
+// --- value checks (CLI11 validators: an empty return means the value is fine) ---
+
+// A value as it appears in a message: quoted, control bytes escaped, long values cut.
+std::string quote_value(std::string_view v) {
+    std::string out = "'";
+    for (size_t i = 0; i < v.size() && i < 64; ++i) {
+        const unsigned char c = static_cast<unsigned char>(v[i]);
+        out += (c < 0x20 || c >= 0x7f) ? fmt::format("\\x{:02x}", c) : std::string(1, static_cast<char>(c));
+    }
+    return out + (v.size() > 64 ? "...'" : "'");
+}
+
+// Reads a decimal integer (optional '-' when `allow_sign`, leading zeros read as decimal) into *out; the error
+// text when it is not one or lies outside [lo, hi]. Rewrites `s` to its canonical form, so CLI11's own
+// conversion (which would read "0100" as octal) sees plain decimal.
+template <typename T>
+std::string check_integer(std::string& s, T lo, T hi) {
+    const std::string range = fmt::format("[{}, {}]", lo, hi);
+    if (s.empty()) return fmt::format("empty value; expected a decimal integer in {}", range);
+    const bool negative = s[0] == '-';
+    const std::string_view digits = std::string_view(s).substr(negative ? 1 : 0);
+    const bool all_digits =
+        !digits.empty() && std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!all_digits) return fmt::format("value {} is not a decimal integer in {}", quote_value(s), range);
+    uint64_t magnitude = 0;
+    const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), magnitude);
+    bool in_range = ec == std::errc() && ptr == digits.data() + digits.size();
+    if (in_range && negative && magnitude != 0) {
+        if constexpr (std::is_unsigned_v<T>) {
+            in_range = false;
+        } else {
+            in_range = magnitude <= (uint64_t{1} << 63) && -static_cast<int64_t>(magnitude - 1) - 1 >= lo;
+        }
+    } else if (in_range) {
+        in_range = magnitude <= static_cast<uint64_t>(hi) && (lo <= 0 || magnitude >= static_cast<uint64_t>(lo));
+    }
+    if (!in_range) return fmt::format("value {} is outside {}", quote_value(s), range);
+    s = negative && magnitude != 0 ? "-" + std::to_string(magnitude) : std::to_string(magnitude);
+    return {};
+}
+
+std::string check_real(const std::string& s, double lo, double hi) {
+    const std::string range = fmt::format("[{:g}, {:g}]", lo, hi);
+    if (s.empty()) return fmt::format("empty value; expected a number in {}", range);
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(s.c_str(), &end);
+    if (end != s.c_str() + s.size() || std::isspace(static_cast<unsigned char>(s[0])))
+        return fmt::format("value {} is not a number", quote_value(s));
+    if (!std::isfinite(v) || errno == ERANGE) return fmt::format("value {} is not a finite number", quote_value(s));
+    if (v < lo || v > hi) return fmt::format("value {} is outside {}", quote_value(s), range);
+    return {};
+}
+
+// "a named pipe" etc. for a stat mode.
+const char* kind_of(mode_t m) {
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a named pipe (FIFO)";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISLNK(m)) return "a symbolic link";
+    return "not a regular file";
+}
+
+std::string check_input_file(const std::string& path) {
+    if (path.empty()) return "empty path";
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: {}", quote_value(path), std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) return fmt::format("{} is {}, not a regular file", quote_value(path), kind_of(st.st_mode));
+    if (::access(path.c_str(), R_OK) != 0) return fmt::format("{}: {}", quote_value(path), std::strerror(errno));
+    return {};
+}
+
+std::string check_output_file(const std::string& path) {
+    if (path.empty()) return "empty path";
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return {};  // created by the command (its directory is checked on open)
+    if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)) return {};
+    if (S_ISFIFO(st.st_mode)) {
+        // Opening a pipe without a reader for writing would block; O_NONBLOCK fails at once with ENXIO instead.
+        const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0) {
+            ::close(fd);
+            return {};
+        }
+        return fmt::format("{} is a named pipe (FIFO) with no reader; give a regular file", quote_value(path));
+    }
+    return fmt::format("{} is {}; give a regular file", quote_value(path), kind_of(st.st_mode));
+}
+
+CLI::Option* with_check(CLI::Option* o, std::function<std::string(std::string&)> f, const std::string& desc) {
+    o->transform(CLI::Validator(std::move(f), desc));
+    return o;
+}
+
+}  // namespace
+
+CLI::Option* add_int(CLI::App& cmd, const std::string& name, int& value, const std::string& help, int lo, int hi) {
+    return with_check(cmd.add_option(name, value, help)->capture_default_str(),
+                      [lo, hi](std::string& s) { return check_integer<int64_t>(s, lo, hi); },
+                      fmt::format("INT in [{}, {}]", lo, hi));
+}
+
+CLI::Option* add_u64(CLI::App& cmd, const std::string& name, uint64_t& value, const std::string& help) {
+    return with_check(cmd.add_option(name, value, help)->capture_default_str(),
+                      [](std::string& s) {
+                          return check_integer<uint64_t>(s, 0, std::numeric_limits<uint64_t>::max());
+                      },
+                      "UINT64");
+}
+
+CLI::Option* add_real(
+    CLI::App& cmd, const std::string& name, double& value, const std::string& help, double lo, double hi) {
+    return with_check(cmd.add_option(name, value, help),
+                      [lo, hi](std::string& s) { return check_real(s, lo, hi); },
+                      fmt::format("NUMBER in [{:g}, {:g}]", lo, hi));
+}
+
+CLI::Option* add_reals(CLI::App& cmd,
+                       const std::string& name,
+                       std::vector<double>& values,
+                       const std::string& help,
+                       double lo,
+                       double hi) {
+    return with_check(cmd.add_option(name, values, help)->capture_default_str(),
+                      [lo, hi](std::string& s) { return check_real(s, lo, hi); },
+                      fmt::format("NUMBER in [{:g}, {:g}]", lo, hi));
+}
+
+CLI::Option* add_input_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
+    return with_check(cmd.add_option(name, path, help), check_input_file, "FILE");
+}
+
+CLI::Option* add_output_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
+    return with_check(cmd.add_option(name, path, help), check_output_file, "FILE");
+}
+
+CLI::Option* add_output_dir(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
+    return with_check(cmd.add_option(name, path, help),
+                      [](std::string& s) { return s.empty() ? std::string("empty path") : std::string(); }, "DIR");
+}
+
+CLI::Option* add_string(CLI::App& cmd, const std::string& name, std::string& value, const std::string& help) {
+    return with_check(cmd.add_option(name, value, help),
+                      [](std::string& s) { return s.empty() ? std::string("empty value") : std::string(); }, "");
+}
+
+// --- outputs ---
+
+OutputFile::OutputFile(std::string flag, std::string path) : flag_(std::move(flag)), path_(std::move(path)) {
+    if (path_.empty()) return;
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd_ < 0) fail("cannot open for writing", errno);
+    // Non-blocking only for the open (a pipe without a reader fails instead of blocking); writes block.
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
+}
+
+OutputFile::~OutputFile() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void OutputFile::fail(const char* what, int err) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    throw Error(ErrorKind::kInvalidArgument, fmt::format("{} {}: {}: {}", flag_, quote_value(path_), what, std::strerror(err)));
+}
+
+void OutputFile::write(std::string_view text) {
+    while (fd_ >= 0 && !text.empty()) {
+        const ssize_t n = ::write(fd_, text.data(), text.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) fail("write failed", n < 0 ? errno : EIO);
+        text.remove_prefix(static_cast<size_t>(n));
+    }
+}
+
+void OutputFile::close() {
+    if (fd_ < 0) return;
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) {
+        const int err = errno;
+        fd_ = -1;
+        throw Error(ErrorKind::kInvalidArgument,
+                    fmt::format("{} {}: closing failed: {}", flag_, quote_value(path_), std::strerror(err)));
+    }
+}
+
+void prepare_output_dir(const std::string& flag, const std::string& dir) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    EVENEP_CHECK(!ec, flag, " ", quote_value(dir), ": cannot create the directory: ", ec.message());
+    struct stat st {};
+    EVENEP_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), flag, " ", quote_value(dir),
+                 " is not a directory");
+    EVENEP_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, flag, " ", quote_value(dir), ": ", std::strerror(errno));
+}
+
+// --- resource estimates ---
+
+double physical_memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    double bytes = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+    std::ifstream cg("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
+    double limit = 0;
+    if (cg >> limit && limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
+    return bytes;
+}
+
+void ResourceLimits::add_to(CLI::App& cmd) {
+    add_real(cmd, "--max-memory", max_bytes,
+             "refuse a run whose estimated memory exceeds this many bytes (0: a quarter of the physical memory)", 0, 1e18);
+    add_real(cmd, "--max-time", max_seconds, "refuse a run whose estimated time exceeds this many seconds", 1, 1e9)
+        ->capture_default_str();
+}
+
+double ResourceLimits::bytes() const {
+    if (max_bytes > 0) return max_bytes;
+    const double phys = physical_memory_bytes();
+    return phys > 0 ? phys / 4 : 4.0 * (1 << 30);
+}
+
+void Estimate::add_bytes(double b, const std::string& what) {
+    bytes += b;
+    if (b > top_bytes) top_bytes = b, bytes_detail = what;
+}
+
+void Estimate::add_seconds(double s, const std::string& what) {
+    seconds += s;
+    if (s > top_seconds) top_seconds = s, seconds_detail = what;
+}
+
+void check_estimate(std::string_view command, const Estimate& e, const ResourceLimits& limits) {
+    const double max_bytes = limits.bytes();
+    EVENEP_CHECK(e.bytes <= max_bytes, command, ": estimated memory ", human_bytes(e.bytes), " (largest part: ",
+                 e.bytes_detail, ") exceeds the limit ", human_bytes(max_bytes),
+                 limits.max_bytes > 0 ? std::string(" (--max-memory)")
+                                      : fmt::format(" (a quarter of the physical memory {}; raise it with --max-memory)",
+                                                    human_bytes(physical_memory_bytes())));
+    EVENEP_CHECK(e.seconds <= limits.max_seconds, command, ": estimated time ", fmt::format("{:.0f}", e.seconds),
+                 " s (largest part: ", e.seconds_detail, ") exceeds the limit ", limits.max_seconds,
+                 " s (raise it with --max-time)");
+}
+
+// --- routing input ---
+
+namespace {
+
+// Cost model of the routing generators on one core (measured on the build machine, rounded up): one uniform and
+// one compare per (token, expert) of every draw; a target maxvio bisects sigma over ~24 draws (40 at most).
+inline constexpr double kSecondsPerDraw = 2.5e-9;
+inline constexpr int kTargetMaxvioDraws = 24;
+
+void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
+    const double entries = static_cast<double>(opt.R) * opt.S * opt.K;
+    // The routing, the best one kept during the search, its histograms and the caller's copies.
+    e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
+    if (!opt.adversarial.empty()) return;
+    const double draws = static_cast<double>(opt.R) * opt.S * opt.E;
+    const int passes = opt.sigma_given() ? 1 : kTargetMaxvioDraws;
+    e.add_seconds(passes * draws * kSecondsPerDraw,
+                  fmt::format("{} lognormal draw{} of R*S*E = {:.3g} uniforms{}", passes, passes > 1 ? "s" : "", draws,
+                              passes > 1 ? " to find the sigma of --maxvio" : ""));
+}
+
+// Refuses a target maxvio the lognormal family cannot reach (judged from the routings at the two ends of the
+// sigma bracket [1e-5, 10] of make_target_maxvio) when the user gave it; returns a note for the description when
+// it is the default target ("" when reached).
+std::string check_maxvio_reached(const RoutingSpec& spec, double target, const Routing& got, bool given) {
+    const double tol = std::max(0.02 * target, 0.005);  // make_target_maxvio's tolerance
+    if (std::abs(got.maxvio() - target) <= tol) return {};
+    const double lo = make_lognormal(spec, 1e-5).maxvio(), hi = make_lognormal(spec, 10).maxvio();
+    if (target >= lo - tol && target <= hi + tol) return {};
+    if (!given)
+        return fmt::format("; default target maxvio {:g} not reachable here (range [{:.3g}, {:.3g}]), closest used",
+                           target, lo, hi);
+    EVENEP_CHECK(false, "--maxvio = ", target,
+                 " is not reachable for R=", spec.R, " E=", spec.E, " K=", spec.K, " S=", spec.S, " seed ", spec.seed,
+                 ": lognormal routing reaches maxvio in [", fmt::format("{:.3g}, {:.3g}", lo, hi),
+                 "] (sigma in [1e-5, 10]); give a target in that range or --sigma");
+    return {};
+}
+
+}  // namespace
 
 void RoutingOptions::add_to(CLI::App& cmd) {
-    cmd.add_option("--R", R, "EP group size (ranks)")->capture_default_str();
-    cmd.add_option("--E", E, "routed experts in the group (E % R == 0)")->capture_default_str();
-    cmd.add_option("--K", K, "top-k experts per token (<= 32)")->capture_default_str();
-    cmd.add_option("--S", S, "token capacity per rank (every rank passes S tokens)")->capture_default_str();
-    cmd.add_option("--B", B, "prefetch slots per rank (-1 = epn; < epn only for inference)")->capture_default_str();
-    cmd.add_option("--tp", tp, "token padding of every non-empty expert segment")->capture_default_str();
-    cmd.add_option("--maxvio", maxvio, "generate lognormal routing with this max violation (max/mean - 1)")
-        ->capture_default_str();
-    cmd.add_option("--sigma", sigma, "generate lognormal routing with this popularity sigma instead of --maxvio");
+    CLI::Option* o_R = add_int(cmd, "--R", R, "EP group size (ranks)", 1, kMaxRanks);
+    opt_E = add_int(cmd, "--E", E, "routed experts in the group (E % R == 0)", 1, kMaxExperts);
+    CLI::Option* o_K = add_int(cmd, "--K", K, "top-k experts per token", 1, 32);
+    CLI::Option* o_S =
+        add_int(cmd, "--S", S, "token capacity per rank (every rank passes S tokens)", 1, std::numeric_limits<int>::max());
+    add_int(cmd, "--B", B, "prefetch slots per rank (-1 = epn; < epn only for inference)", -1, kMaxExperts);
+    add_int(cmd, "--tp", tp, "token padding of every non-empty expert segment", 1, kMaxTokenPad);
+    CLI::Option* o_maxvio = opt_maxvio =
+        add_real(cmd, "--maxvio", maxvio,
+                 "generate lognormal routing with this max violation (max/mean - 1); refused when unreachable", 0,
+                 1e300)
+            ->capture_default_str();
+    opt_sigma = add_real(cmd, "--sigma", sigma,
+                         "generate lognormal routing with this popularity sigma instead of --maxvio", 0, 1000);
     std::vector<std::string> names;
     for (Adversarial a : all_adversarial()) names.push_back(to_string(a));
-    cmd.add_option("--adversarial", adversarial, "generate an adversarial routing")
-        ->check(CLI::IsMember(names));
-    cmd.add_option("--seed", seed, "seed of the routing generator")->capture_default_str();
-    cmd.add_option("--tpe", tpe_file, "read histograms from a JSON file {R,E,K,S,s,tpe} instead of generating");
-    cmd.add_option("--routing", routing_file, "read topk_idx from an int32 [R,S,K] .npy (-1 = masked); needs --E");
+    CLI::Option* o_adv =
+        cmd.add_option("--adversarial", adversarial, "generate an adversarial routing")->check(CLI::IsMember(names));
+    CLI::Option* o_seed = add_u64(cmd, "--seed", seed, "seed of the routing generator (and of demo's data)");
+    CLI::Option* o_tpe = add_input_file(cmd, "--tpe", tpe_file,
+                                        "read histograms from a JSON file {R,E,K,S,s,tpe} instead of generating");
+    CLI::Option* o_routing = add_input_file(
+        cmd, "--routing", routing_file, "read topk_idx from an int32 [R,S,K] .npy (-1 = masked); needs --E");
     cmd.add_option("--planner", planner, "planner mode")
         ->check(CLI::IsMember({"reference", "optimized"}))
         ->capture_default_str();
+    limits.add_to(cmd);
+    o_maxvio->excludes(opt_sigma);
+    o_adv->excludes(o_maxvio)->excludes(opt_sigma);
+    for (CLI::Option* gen : {o_R, opt_E, o_K, o_S, o_maxvio, opt_sigma, o_adv, o_seed, o_routing}) o_tpe->excludes(gen);
+    for (CLI::Option* gen : {o_R, o_K, o_S, o_maxvio, opt_sigma, o_adv}) o_routing->excludes(gen);
 }
 
 RoutingInput resolve_routing(const RoutingOptions& opt) {
@@ -47,11 +357,21 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
     }
     Routing routing;
     if (!opt.routing_file.empty()) {
+        EVENEP_CHECK(opt.opt_E == nullptr || opt.opt_E->count() > 0, "--routing '", opt.routing_file,
+                     "' needs --E: a routing file holds expert ids, not the number of experts");
+        std::error_code ec;
+        const double file_bytes = static_cast<double>(std::filesystem::file_size(opt.routing_file, ec));
+        Estimate e;
+        e.add_bytes(3 * file_bytes, fmt::format("reading '{}' ({})", opt.routing_file, human_bytes(file_bytes)));
+        check_estimate("--routing", e, opt.limits);
         routing = read_routing_npy(opt.routing_file, opt.E);
         in.description = fmt::format("routing from {}", opt.routing_file);
     } else {
         Config probe{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .B = opt.B, .tp = opt.tp};
         probe.validate();
+        Estimate e;
+        add_generation_estimate(opt, e);
+        check_estimate("routing generator", e, opt.limits);
         RoutingSpec spec{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .seed = opt.seed};
         if (!opt.adversarial.empty()) {
             Adversarial kind = Adversarial::kSingleHotExpert;
@@ -59,15 +379,23 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
                 if (to_string(a) == opt.adversarial) kind = a;
             routing = make_adversarial(spec, kind);
             in.description = fmt::format("adversarial '{}', seed {}", opt.adversarial, opt.seed);
-        } else if (opt.sigma >= 0) {
+        } else if (opt.sigma_given()) {
             routing = make_lognormal(spec, opt.sigma);
             in.sigma_used = opt.sigma;
             in.description = fmt::format("lognormal sigma={:.4g}, seed {}", opt.sigma, opt.seed);
         } else {
-            EVENEP_CHECK(opt.maxvio >= 0, "--maxvio = ", opt.maxvio, " must be >= 0");
+            // Every token picks K distinct experts, so no expert gets more than all tokens: maxvio <= E/K - 1.
+            const bool given = opt.opt_maxvio == nullptr || opt.opt_maxvio->count() > 0;
+            const double max_reachable = static_cast<double>(opt.E) / opt.K - 1;
+            EVENEP_CHECK(!given || opt.maxvio <= max_reachable + std::max(0.02 * opt.maxvio, 0.005), "--maxvio = ",
+                         opt.maxvio,
+                         " is not reachable: with E=", opt.E, " and K=", opt.K,
+                         " no routing exceeds maxvio E/K - 1 = ", max_reachable,
+                         " (every token picks K distinct experts)");
             routing = make_target_maxvio(spec, opt.maxvio, &in.sigma_used);
-            in.description =
-                fmt::format("lognormal sigma={:.4g} (target maxvio {:g}), seed {}", in.sigma_used, opt.maxvio, opt.seed);
+            const std::string note = check_maxvio_reached(spec, opt.maxvio, routing, given);
+            in.description = fmt::format("lognormal sigma={:.4g} (target maxvio {:g}), seed {}{}", in.sigma_used,
+                                         opt.maxvio, opt.seed, note);
         }
     }
     in.cfg = Config{.R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp};
@@ -76,6 +404,11 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
     in.tpe = routing.tpe();
     in.routing = std::move(routing);
     return in;
+}
+
+void require_cuda_device(std::string_view command) {
+    std::string why;
+    EVENEP_CHECK(demo_cuda_available(&why), command, ": ", why);
 }
 
 std::string bar(double value, double max_value, int width) {
@@ -91,9 +424,9 @@ std::string bar(double value, double max_value, int width) {
 }
 
 std::string human_bytes(double bytes) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     int u = 0;
-    while (bytes >= 1024 && u < 4) {
+    while (bytes >= 1024 && u < 6) {
         bytes /= 1024;
         ++u;
     }

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -126,7 +125,38 @@ void dump(const std::filesystem::path& dir, const cpu::MoeProblem& p, const cpu:
     write_npy_f32(dir / "grad_topk_w.npy", {R, S, K}, pad_f32(ep.grad_topk_w, S, K));
 }
 
+// Memory and time of the run past the routing (checked by resolve_routing). Model measured on the build machine,
+// rounded up: every rank holds its buffers (buffer_sizes), its own plan of the whole group (~96 B per (rank,
+// expert) pair: R ranks x R*E, so ~R^3 when E grows with R) and expert activations of ~6*H + 32*H' bytes per
+// receive row (NvS rows, which grow with --tp); tokens and weights exist in bf16, fp32 and the dense reference.
+// Time: ~3 ns per byte of buffers and activations touched, and 36*H*H' flops per entry (forward + backward,
+// EvenEP and the dense reference) at ~5 GFLOP/s. --plan-only: one plan and dst.
+Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc) {
+    const Config& c = bc.cfg;
+    const BufferSizes z = buffer_sizes(bc);
+    const double R = c.R, pairs = static_cast<double>(c.R) * c.E, entries = R * c.S * c.K;
+    Estimate e;
+    e.add_bytes(12 * entries + 64 * pairs, fmt::format("plan and dst of R*S*K = {:.3g} entries", entries));
+    if (opt.plan_only) return e;
+    const double rows = static_cast<double>(c.recv_rows());
+    const double buffers = static_cast<double>(z.comm_total + z.pool_total + z.layer_weights + z.layer_grads + z.workspace);
+    const double act = rows * (6.0 * bc.H + 32.0 * bc.ffn_hidden);
+    e.add_bytes(R * buffers, fmt::format("R={} ranks x {} of buffers", c.R, human_bytes(buffers)));
+    e.add_bytes(R * act, fmt::format("R={} ranks x {} of expert activations (NvS = {:.0f} rows)", c.R,
+                                     human_bytes(act), rows));
+    e.add_bytes(96 * R * pairs, fmt::format("R={} rank plans of R*E = {:.3g} pairs each", c.R, pairs));
+    e.add_bytes(R * c.S * bc.H * 24.0, "tokens (bf16, fp32 and the dense reference)");
+    e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 14, "expert weights and gradients");
+    e.add_seconds(3e-9 * R * (buffers + act), "touching every rank's buffers and activations");
+    e.add_seconds(36.0 * bc.H * bc.ffn_hidden * entries / 5e9,
+                  fmt::format("36*H*H' flops for each of R*S*K = {:.3g} entries", entries));
+    return e;
+}
+
 void run_demo(const DemoOptions& opt) {
+    // Outputs first: a bad target fails before the run.
+    OutputFile json("--json", opt.json_file);
+    if (!opt.dump_dir.empty()) prepare_output_dir("--dump", opt.dump_dir);
     RoutingInput in = resolve_routing(opt.routing);
     EVENEP_CHECK(in.routing.has_value(),
                  "demo: needs every token's expert ids (a generator or --routing FILE.npy), not histograms (--tpe)");
@@ -136,8 +166,7 @@ void run_demo(const DemoOptions& opt) {
     bc.H = opt.H;
     bc.ffn_hidden = opt.ffn_hidden;
     bc.validate();
-    EVENEP_CHECK(opt.threads >= 1, "--threads = ", opt.threads, " must be >= 1");
-    EVENEP_CHECK(opt.timeout_ms >= 1, "--timeout-ms = ", opt.timeout_ms, " must be >= 1");
+    check_estimate("demo", demo_estimate(opt, bc), opt.routing.limits);
     const Config& cfg = bc.cfg;
     const int R = cfg.R, epn = cfg.epn(), B = cfg.num_slots();
     const bool training = B == epn;
@@ -382,11 +411,9 @@ void run_demo(const DemoOptions& opt) {
         }
     }
     j["pass"] = pass;
-    if (!opt.json_file.empty()) {
-        std::ofstream f(opt.json_file);
-        EVENEP_CHECK(f.good(), "--json: cannot open '", opt.json_file, "' for writing");
-        f << j.dump(2) << "\n";
-        EVENEP_CHECK(f.good(), "--json: writing '", opt.json_file, "' failed");
+    if (json.active()) {
+        json.write(j.dump(2) + "\n");
+        json.close();
     }
     fmt::print("\nresult: {}\n", pass ? "PASS" : "FAIL");
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, pass, "demo: a check failed (see the report above)");
@@ -407,24 +434,25 @@ void register_demo(CLI::App& app) {
         "per-rank entries before/after balancing, copies, bytes across ranks (EvenEP vs conventional EP),\n"
         "correctness against a dense fp32 reference and per-phase times. The ranks are CPU threads, or all on\n"
         "one GPU with --backend cuda (auto: the GPU when this build has CUDA and a device is present; GPU phase\n"
-        "times from CUDA events). Exit 0 = correct, 1 = a check failed, 2 = bad input. --plan-only prints the\n"
-        "plan figures without running the layer (any size).");
+        "times from CUDA events). Exit 0 = correct, 1 = a check failed, 2 = bad input (including a run whose\n"
+        "memory or time estimate passes --max-memory / --max-time). --plan-only prints the plan figures without\n"
+        "running the layer.");
     opt->routing.add_to(*cmd);
-    cmd->add_option("--H", opt->H, "hidden size (multiple of 8)")->capture_default_str();
-    cmd->add_option("--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H'")->capture_default_str();
-    cmd->add_option("--threads", opt->threads, "threads of the dense reference")->capture_default_str();
-    cmd->add_option("--timeout-ms", opt->timeout_ms, "barrier timeout of the virtual ranks")->capture_default_str();
+    add_int(*cmd, "--H", opt->H, "hidden size (multiple of 8)", 8, kMaxHidden);
+    add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H'", 1, kMaxHidden);
+    add_int(*cmd, "--threads", opt->threads, "threads of the dense reference", 1, 4096);
+    add_int(*cmd, "--timeout-ms", opt->timeout_ms, "barrier timeout of the virtual ranks", 1, 86400000);
     cmd->add_option("--backend", opt->backend,
                     "cpu (threads), cuda (one GPU; exit 2 without one) or auto (cuda when built with CUDA and a "
                     "device is present, else cpu)")
+        ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
         ->capture_default_str();
-    cmd->add_option("--warmup", opt->warmup, "cuda: untimed layer steps before the reported one")
-        ->capture_default_str();
+    add_int(*cmd, "--warmup", opt->warmup, "cuda: untimed layer steps before the reported one", 0, 1000000);
     cmd->add_flag("--plan-only", opt->plan_only,
                   "plan, balance and byte figures only: no data, no GEMMs (e.g. the MoonEP point "
                   "--E 384 --K 8 --S 8192 --H 7168 --ffn-hidden 2048)");
-    cmd->add_option("--json", opt->json_file, "write the figures as JSON");
-    cmd->add_option("--dump", opt->dump_dir,
+    add_output_file(*cmd, "--json", opt->json_file, "write the figures as JSON (opened before the run)");
+    add_output_dir(*cmd, "--dump", opt->dump_dir,
                     "write x, topk_idx, topk_w, w_gate, w_up, w_down, out (and grad_out, grad_x, grad_topk_w) as .npy "
                     "into this directory");
     cmd->callback([opt] { run_demo(*opt); });

@@ -4,14 +4,21 @@
 // EVENEP_NCCL_ID set (NVLink multicast off: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 // NVSHMEM_DISABLE_NVLS=1 where unset), waits for all of them, and on the first failure terminates the rest and exits
 // with that rank's exit code. Registered by register_launch (called from main.cpp).
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common.hpp"
 #include "evenep/error.hpp"
 #if defined(EVENEP_HAVE_CUDA)
 #include "evenep/cuda/nccl_team.hpp"
@@ -26,6 +33,34 @@ struct LaunchCliOptions {
     std::vector<std::string> command;
 };
 
+// Where execvp would find `name` (a path when it holds a '/', else the first match on PATH); throws
+// Error(kInvalidArgument) naming the command and the reason, so a typo fails before any rank starts instead of as
+// N children exiting 127.
+void check_executable(const std::string& name) {
+    EVENEP_CHECK(!name.empty(), "launch: empty command");
+    const auto usable = [](const std::string& p, int* err) {
+        struct stat st {};
+        if (::stat(p.c_str(), &st) != 0) return *err = errno, false;
+        if (S_ISDIR(st.st_mode)) return *err = EISDIR, false;
+        if (::access(p.c_str(), X_OK) != 0) return *err = errno, false;
+        return true;
+    };
+    int err = ENOENT;
+    if (name.find('/') != std::string::npos) {
+        EVENEP_CHECK(usable(name, &err), "launch: cannot execute '", name, "': ", std::strerror(err));
+        return;
+    }
+    const char* path = std::getenv("PATH");
+    std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+    for (size_t begin = 0; begin <= dirs.size();) {
+        const size_t end = std::min(dirs.find(':', begin), dirs.size());
+        const std::string dir = dirs.substr(begin, end - begin);
+        if (usable((dir.empty() ? "." : dir) + "/" + name, &err)) return;
+        begin = end + 1;
+    }
+    EVENEP_CHECK(false, "launch: cannot execute '", name, "': not found on PATH");
+}
+
 }  // namespace
 
 void register_launch(CLI::App& app) {
@@ -34,11 +69,13 @@ void register_launch(CLI::App& app) {
         "launch",
         "Run a command as N ranks, one process per GPU: creates the NCCL unique id and sets RANK, WORLD_SIZE, "
         "LOCAL_RANK and EVENEP_NCCL_ID (e.g. evenep launch -n 8 -- evenep bench multi)");
-    cmd->add_option("-n,--nproc", opt->num_ranks, "number of ranks (processes, one GPU each)")->required();
-    cmd->add_option("--timeout", opt->timeout_s, "kill every rank after this many seconds (0: none)")
+    add_int(*cmd, "-n,--nproc", opt->num_ranks, "number of ranks (processes, one GPU each)", 1, 256)->required();
+    add_real(*cmd, "--timeout", opt->timeout_s, "kill every rank after this many seconds (0: none)", 0, 1e9)
         ->capture_default_str();
-    cmd->add_option("command", opt->command, "the command every rank runs (after --)")->required();
+    cmd->add_option("command", opt->command, "the command every rank runs (after --); must be executable")
+        ->required();
     cmd->callback([opt] {
+        check_executable(opt->command.front());
 #if defined(EVENEP_HAVE_CUDA)
         cuda::LaunchOptions lo;
         lo.num_ranks = opt->num_ranks;
@@ -51,7 +88,8 @@ void register_launch(CLI::App& app) {
             std::exit(r.exit_code);  // the failing rank's exit code, as torchrun does
         }
 #else
-        EVENEP_CHECK_KIND(ErrorKind::kRuntime, false, "launch: needs a CUDA build with the NCCL team");
+        EVENEP_CHECK(false, "launch: this evenep was built without the CUDA backend and its NCCL team; rebuild with "
+                            "-DEVENEP_CUDA=ON (and NCCL) to launch ranks");
 #endif
     });
 }

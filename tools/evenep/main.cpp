@@ -1,16 +1,60 @@
-// evenep — the command-line tool: plan, demo, bench, quality.
+// evenep — the command-line tool: plan, demo, bench, quality, launch.
+//
+// Exit codes: 0 success, 1 a failed check or a runtime failure, 2 bad input (flags, files, a run that would not
+// fit the machine). Every error is one line on stderr starting with "evenep: error: ".
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "commands.hpp"
 #include "evenep/error.hpp"
 
+namespace {
+
+// One line: newlines and other control characters become spaces, so every error is exactly one line.
+std::string one_line(std::string s) {
+    for (char& c : s)
+        if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+    return s;
+}
+
+int fail(const std::string& what, int code) {
+    std::fprintf(stderr, "evenep: error: %s\n", one_line(what).c_str());
+    return code;
+}
+
+// The subcommand path of argv ("bench plan") and, when a word where a subcommand is expected names none, that
+// word. CLI11 would report it as an unexpected extra argument without saying that a command was meant.
+std::string unknown_command(CLI::App& app, int argc, char** argv, std::string* path) {
+    CLI::App* cur = &app;
+    for (int i = 1; i < argc; ++i) {
+        const std::string word = argv[i];
+        if (word.empty() || word[0] == '-') return {};
+        if (cur->get_subcommands({}).empty()) return {};
+        CLI::App* next = nullptr;
+        for (CLI::App* sub : cur->get_subcommands({}))
+            if (sub->check_name(word)) next = sub;
+        if (next == nullptr) {
+            std::string names;
+            for (CLI::App* sub : cur->get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+            return "unknown command '" + word + "'" + (path->empty() ? "" : " for 'evenep " + *path + "'") +
+                   " (expected one of: " + names + ")";
+        }
+        *path += (path->empty() ? "" : " ") + word;
+        cur = next;
+    }
+    return {};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
     CLI::App app{
         "EvenEP: expert-parallel communication with perfect load balance through planned redundant expert copies.\n"
-        "Every rank computes exactly the same number of (token, expert) entries whatever the routing."};
+        "Every rank computes exactly the same number of (token, expert) entries whatever the routing.\n"
+        "Exit codes: 0 success, 1 a failed check, 2 bad input; errors are one line 'evenep: error: ...'."};
     app.require_subcommand(1);
     evenep::cli::register_plan(app);
     evenep::cli::register_quality(app);
@@ -19,17 +63,25 @@ int main(int argc, char** argv) {
     evenep::cli::register_launch(app);
     evenep::cli::register_bench_multi(*app.get_subcommand("bench"));
     evenep::cli::register_bench_gemm(*app.get_subcommand("bench"));
+    std::string path;
+    const std::string unknown = unknown_command(app, argc, argv, &path);
+    if (!unknown.empty()) return fail(unknown, 2);
     try {
         app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::CallForVersion& e) {
+        return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        const int rc = app.exit(e);
-        return rc == 0 ? 0 : 2;
+        return fail(std::string(e.what()) + " (see 'evenep " + (path.empty() ? "" : path + " ") + "--help')", 2);
     } catch (const evenep::Error& e) {
-        std::fprintf(stderr, "evenep: error: %s\n", e.what());
-        return e.kind() == evenep::ErrorKind::kInvalidArgument ? 2 : 1;
+        return fail(e.what(), e.kind() == evenep::ErrorKind::kInvalidArgument ? 2 : 1);
+    } catch (const std::bad_alloc&) {
+        return fail("out of memory (a size beyond what the estimate foresaw; lower the sizes)", 1);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "evenep: error: %s\n", e.what());
-        return 1;
+        return fail(e.what(), 1);
     }
     return 0;
 }

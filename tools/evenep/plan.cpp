@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -28,9 +27,36 @@ struct PlanOptions {
     std::string json_file;
 };
 
+// Memory and time of the run past the routing (the routing's own cost is checked by resolve_routing). Model
+// measured on the build machine, rounded up: the planner keeps ~64 B per (rank, expert) pair; dst and the traffic
+// models ~12 B and ~80 ns per entry; --check (validate_dst) ~16 B and ~40 ns per receive row of the group (R*NvS,
+// which grows with --tp); --json ~48 B per dst entry while the JSON is built.
+Estimate plan_estimate(const PlanOptions& opt, const RoutingInput& in) {
+    const Config& c = in.cfg;
+    const double pairs = static_cast<double>(c.R) * c.E;
+    const double entries = in.routing ? static_cast<double>(c.R) * c.S * c.K : 0;
+    const double rows = static_cast<double>(c.R) * static_cast<double>(c.recv_rows());
+    Estimate e;
+    e.add_bytes(64 * pairs, fmt::format("planner state of R*E = {:.3g} (rank, expert) pairs", pairs));
+    e.add_seconds(opt.repeat * 50e-9 * pairs, fmt::format("{} plans of R*E = {:.3g} pairs", opt.repeat, pairs));
+    e.add_bytes(12 * entries, fmt::format("dst and traffic of R*S*K = {:.3g} entries", entries));
+    e.add_seconds(80e-9 * entries, fmt::format("dst and traffic of R*S*K = {:.3g} entries", entries));
+    if (opt.check) {
+        e.add_bytes(16 * rows + 8 * entries,
+                    fmt::format("--check over R*NvS = {:.3g} receive rows (NvS grows with --tp)", rows));
+        e.add_seconds(40e-9 * rows + 40e-9 * entries, fmt::format("--check over R*NvS = {:.3g} receive rows", rows));
+    }
+    if (!opt.json_file.empty()) e.add_bytes(48 * (entries + 4 * pairs), "--json of the plan and dst");
+    return e;
+}
+
 void run_plan(const PlanOptions& opt) {
+    EVENEP_CHECK(!opt.extended || opt.routing.planner == "optimized",
+                 "--extended needs --planner optimized (got --planner ", opt.routing.planner, ")");
+    OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
     RoutingInput in = resolve_routing(opt.routing);
     const Config& cfg = in.cfg;
+    check_estimate("plan", plan_estimate(opt, in), opt.routing.limits);
     Planner planner(cfg, in.mode, opt.extended);
     Plan plan;
     std::vector<double> times;
@@ -123,11 +149,9 @@ void run_plan(const PlanOptions& opt) {
         fmt::print("\n");
     }
 
-    if (!opt.json_file.empty()) {
-        std::ofstream f(opt.json_file);
-        EVENEP_CHECK(f.good(), "--json: cannot open '", opt.json_file, "' for writing");
-        f << plan_to_json(plan, dst) << "\n";
-        EVENEP_CHECK(f.good(), "--json: writing '", opt.json_file, "' failed");
+    if (json.active()) {
+        json.write(plan_to_json(plan, dst) + "\n");
+        json.close();
         if (!opt.quiet) fmt::print("plan written to {}\n", opt.json_file);
     }
     if (opt.check) {
@@ -150,17 +174,19 @@ void register_plan(CLI::App& app) {
         "plan",
         "Plan one step: per-rank load before/after balancing, copies, crossing rows, link bytes, planner time.\n"
         "Routing comes from a generator (default: the MoonEP benchmark point R=8 E=384 K=8 S=8192, maxvio 1),\n"
-        "a histogram file (--tpe) or a routing file (--routing).");
+        "a histogram file (--tpe) or a routing file (--routing FILE.npy --E N). A run whose memory or time estimate\n"
+        "passes --max-memory / --max-time is refused before it starts (exit 2).");
     opt->routing.add_to(*cmd);
-    cmd->add_option("--H", opt->H, "hidden size, for byte estimates")->capture_default_str();
-    cmd->add_option("--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H', for byte estimates")
-        ->capture_default_str();
-    cmd->add_option("--repeat", opt->repeat, "plan this many times and report the median time")->capture_default_str();
+    add_int(*cmd, "--H", opt->H, "hidden size, for byte estimates", 1, kMaxHidden);
+    add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H', for byte estimates", 1, kMaxHidden);
+    add_int(*cmd, "--repeat", opt->repeat, "plan this many times and report the median time", 1, 1000000);
     cmd->add_flag("--check", opt->check, "validate the plan (and dst) with the independent validator; exit 1 if bad");
     cmd->add_flag("--extended", opt->extended,
-                  "optimized mode: also try the extended candidates (overshoot, push spreading, paths; CPU only)");
+                  "optimized mode: also try the extended candidates (overshoot, push spreading, paths; CPU only); "
+                  "refused with --planner reference");
     cmd->add_flag("--quiet", opt->quiet, "print nothing but errors and the check line");
-    cmd->add_option("--json", opt->json_file, "write the plan as JSON (schema evenep.plan/1, docs/plan-schema.md)");
+    add_output_file(*cmd, "--json", opt->json_file,
+                    "write the plan as JSON (schema evenep.plan/1, docs/plan-schema.md); opened before the run");
     cmd->callback([opt] { run_plan(*opt); });
 }
 

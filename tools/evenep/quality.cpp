@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -202,8 +201,7 @@ nlohmann::json case_json(const CaseResult& r) {
 void run_quality(const QualityOptions& opt) {
     EVENEP_CHECK(exact_solver_available(),
                  "quality: this build has no exact solver (configure with CBC: coinor-libcbc-dev, pkg-config cbc)");
-    EVENEP_CHECK(opt.cases >= 1, "quality: --cases = ", opt.cases, " must be >= 1");
-    EVENEP_CHECK(opt.time_limit > 0, "quality: --time-limit = ", opt.time_limit, " must be > 0");
+    OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
     std::vector<Case> corpus = make_corpus(opt);
     if (opt.only >= 0) {
         EVENEP_CHECK(opt.only < static_cast<int>(corpus.size()), "quality: --only = ", opt.only,
@@ -294,14 +292,13 @@ void run_quality(const QualityOptions& opt) {
                                         {"solver_seconds", solve_total},
                                         {"copies_bar", kCopiesBar},
                                         {"pass", pass}};
-        std::ofstream f(opt.json_file);
-        EVENEP_CHECK(f.good(), "quality: --json: cannot open '", opt.json_file, "'");
-        f << nlohmann::json{{"command", "quality"},
-                            {"corpus", {{"seed", opt.seed}, {"quick", opt.quick}, {"time_limit_s", opt.time_limit}}},
-                            {"cases", cases},
-                            {"summary", summary}}
-                 .dump(2)
-          << "\n";
+        json.write(nlohmann::json{{"command", "quality"},
+                                  {"corpus", {{"seed", opt.seed}, {"quick", opt.quick}, {"time_limit_s", opt.time_limit}}},
+                                  {"cases", cases},
+                                  {"summary", summary}}
+                       .dump(2) +
+                   "\n");
+        json.close();
     }
     // A miss of the bar is a finding, not a crash: exit code 1 (main maps a non-argument Error to 1).
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, pass, "quality: FAIL (see the summary above)");
@@ -314,15 +311,15 @@ void register_quality(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(
         "quality", "Planners vs the exact optimum (MILP, CBC) over a generated corpus of small instances "
                    "(docs/quality.md). Exit 0: PASS, 1: FAIL, 2: bad input.");
-    cmd->add_option("--cases", opt->cases, "Number of generated cases")->capture_default_str();
-    cmd->add_option("--seed", opt->seed, "Corpus seed (every case derives its own)")->capture_default_str();
-    cmd->add_option("--time-limit", opt->time_limit, "Solver time limit per objective and case, seconds")
+    CLI::Option* cases = add_int(*cmd, "--cases", opt->cases, "Number of generated cases", 1, 1000000);
+    add_u64(*cmd, "--seed", opt->seed, "Corpus seed (every case derives its own)");
+    add_real(*cmd, "--time-limit", opt->time_limit, "Solver time limit per objective and case, seconds", 1e-3, 1e6)
         ->capture_default_str();
-    cmd->add_option("--json", opt->json_file, "Write per-case and summary figures to FILE");
-    cmd->add_flag("--quick", opt->quick, "A tiny corpus (R <= 4) for smoke tests");
+    add_output_file(*cmd, "--json", opt->json_file, "Write per-case and summary figures to FILE (opened before the run)");
+    cmd->add_flag("--quick", opt->quick, "A tiny corpus (R <= 4) for smoke tests; excludes --cases")->excludes(cases);
     cmd->add_flag("--extended", opt->extended,
                   "Optimized planner with the extended candidate set (overshoot, push spreading, paths; CPU only)");
-    cmd->add_option("--only", opt->only, "Run only case INDEX of the corpus (to reproduce one row)");
+    add_int(*cmd, "--only", opt->only, "Run only case INDEX of the corpus (to reproduce one row)", -1, 1000000);
     cmd->callback([opt] { run_quality(*opt); });
 }
 

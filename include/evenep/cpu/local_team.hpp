@@ -42,7 +42,8 @@ class LocalTeamGroup {
 };
 
 // Runs fn(team(r)) for every rank r on its own std::thread and joins them all. Returns one exception_ptr per
-// rank (null where fn returned normally).
+// rank (null where fn returned normally). When a thread cannot be started (thread or memory limit), no rank runs
+// fn: the started threads are joined and Error(kInvalidArgument) names the rank that could not start.
 std::vector<std::exception_ptr> run_ranks(LocalTeamGroup& group, const std::function<void(Team&)>& fn);
 // Same, then rethrows the exception of the lowest failing rank (a bad-input error rather than the timeouts it
 // may have caused on other ranks when there is one).
