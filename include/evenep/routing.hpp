@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,13 @@ Routing make_round_robin(const RoutingSpec& spec);
 // per token proportionally to popularity (Gumbel-top-k) from its own stream derived from (seed, rank).
 // Groups with sum_r s_r * E >= 2^24 are generated on up to 16 threads, one rank at a time (same result).
 Routing make_lognormal(const RoutingSpec& spec, double sigma);
+// The standard normal scores z[E] of make_lognormal's popularity (popularity_e = exp(sigma * z_e)) for spec.seed.
+std::vector<double> lognormal_scores(const RoutingSpec& spec);
+// The sampler of make_lognormal with a given popularity: each rank draws K distinct experts per token with
+// probability proportional to exp(log_popularity[e]) (Gumbel-top-k) from its own stream of (spec.seed, rank).
+// log_popularity: [E], finite. Used for drifting routings (perf/drift.hpp). Not bit-identical to make_lognormal
+// with log_popularity = sigma * z (the normalisation rounds differently), so use make_lognormal for that case.
+Routing make_weighted(const RoutingSpec& spec, std::span<const double> log_popularity);
 // Lognormal with sigma bisected on a log scale in [1e-5, 10] until |maxvio - target| <= max(0.02*target, 0.005)
 // (or the bracket is exhausted). `sigma_out`, if given, receives the sigma used.
 Routing make_target_maxvio(const RoutingSpec& spec, double target_maxvio, double* sigma_out = nullptr);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <numbers>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -90,9 +91,7 @@ Routing empty_routing(const RoutingSpec& spec) { return empty_routing(spec, std:
 // popularity is normalised by the largest one (selection is scale-invariant) and 1/pop clamped to DBL_MAX
 // so that 0 * inv_pop is never NaN.
 std::vector<double> inverse_popularity(const RoutingSpec& spec, double sigma) {
-    Rng rng(derive_seed(spec.seed, tagged_stream(kStreamPopularity, 0)));
-    std::vector<double> z(spec.E);
-    for (double& v : z) v = rng.normal();
+    const std::vector<double> z = lognormal_scores(spec);
     const double z_max = *std::max_element(z.begin(), z.end());
     std::vector<double> inv_pop(spec.E);
     for (int e = 0; e < spec.E; ++e) {
@@ -129,9 +128,8 @@ void draw_topk_gumbel(Rng& rng, const double* inv_pop, int E, int K, int32_t* ou
     for (int k = 0; k < K; ++k) out[k] = best_e[k];
 }
 
-Routing lognormal_with_s(const RoutingSpec& spec, double sigma, const std::vector<int32_t>& s) {
-    EVENEP_CHECK(std::isfinite(sigma) && sigma >= 0, "routing: lognormal sigma = ", sigma, " must be finite and >= 0");
-    const std::vector<double> inv_pop = inverse_popularity(spec, sigma);
+// K distinct experts per token with probability proportional to 1/inv_pop (Gumbel-top-k), per-rank streams.
+Routing weighted_with_s(const RoutingSpec& spec, const std::vector<double>& inv_pop, const std::vector<int32_t>& s) {
     Routing out = empty_routing(spec, s);
     // Each rank draws from its own stream, so ranks can be generated in any order or in parallel with the
     // same result. Threads only pay off for large groups (the K3 shapes: R up to 112, E = 896).
@@ -158,6 +156,11 @@ Routing lognormal_with_s(const RoutingSpec& spec, double sigma, const std::vecto
         });
     for (std::thread& t : threads) t.join();
     return out;
+}
+
+Routing lognormal_with_s(const RoutingSpec& spec, double sigma, const std::vector<int32_t>& s) {
+    EVENEP_CHECK(std::isfinite(sigma) && sigma >= 0, "routing: lognormal sigma = ", sigma, " must be finite and >= 0");
+    return weighted_with_s(spec, inverse_popularity(spec, sigma), s);
 }
 
 // Takes the first K experts of `order` (a list of distinct expert ids) into token t of rank r.
@@ -438,6 +441,31 @@ Routing make_round_robin(const RoutingSpec& spec) {
 Routing make_lognormal(const RoutingSpec& spec, double sigma) {
     check_spec(spec);
     return lognormal_with_s(spec, sigma, std::vector<int32_t>(spec.R, spec.S));
+}
+
+std::vector<double> lognormal_scores(const RoutingSpec& spec) {
+    Rng rng(derive_seed(spec.seed, tagged_stream(kStreamPopularity, 0)));
+    std::vector<double> z(spec.E);
+    for (double& v : z) v = rng.normal();
+    return z;
+}
+
+Routing make_weighted(const RoutingSpec& spec, std::span<const double> log_popularity) {
+    check_spec(spec);
+    EVENEP_CHECK(log_popularity.size() == static_cast<size_t>(spec.E), "routing: log_popularity has ",
+                 log_popularity.size(), " entries, expected E = ", spec.E);
+    double l_max = -std::numeric_limits<double>::infinity();
+    for (size_t e = 0; e < log_popularity.size(); ++e) {
+        EVENEP_CHECK(std::isfinite(log_popularity[e]), "routing: log_popularity[", e, "] = ", log_popularity[e],
+                     " is not finite");
+        l_max = std::max(l_max, log_popularity[e]);
+    }
+    std::vector<double> inv_pop(spec.E);
+    for (int e = 0; e < spec.E; ++e) {
+        const double v = std::exp(l_max - log_popularity[e]);
+        inv_pop[e] = std::isfinite(v) ? v : DBL_MAX;
+    }
+    return weighted_with_s(spec, inv_pop, std::vector<int32_t>(spec.R, spec.S));
 }
 
 Routing make_target_maxvio(const RoutingSpec& spec, double target_maxvio, double* sigma_out) {

@@ -38,16 +38,6 @@ Shape shape_of(const std::string& name, uint64_t seed) {
     EVENEP_CHECK(false, "bench plan: unknown shape '", name, "' (expected moonep, k3 or small)");
 }
 
-// Routing with maxvio close to `target` at the full size; sigma is found on a smaller token count (same
-// popularity vector, so the expert skew carries over) to keep the K3 shape cheap to generate.
-Routing routing_for(const RoutingSpec& spec, double target) {
-    RoutingSpec probe = spec;
-    probe.S = std::min(spec.S, std::max(64, 65536 / std::max(1, spec.R * spec.K) * 8));
-    double sigma = 0;
-    make_target_maxvio(probe, target, &sigma);
-    return make_lognormal(spec, sigma);
-}
-
 void run_bench_plan(const BenchPlanOptions& opt) {
     OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
     for (const std::string& name : opt.shapes) (void)shape_of(name, opt.seed);
@@ -59,7 +49,7 @@ void run_bench_plan(const BenchPlanOptions& opt) {
     for (const std::string& shape_name : opt.shapes) {
         const Shape shape = shape_of(shape_name, opt.seed);
         for (double target : opt.maxvios) {
-            const Routing routing = routing_for(shape.spec, target);
+            const Routing routing = routing_near_maxvio(shape.spec, target);
             const std::vector<int32_t> tpe = routing.tpe();
             const Config cfg{.R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = -1, .tp = 128};
             for (const std::string& mode_name : opt.planners) {

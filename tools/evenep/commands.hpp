@@ -16,6 +16,8 @@ void register_bench(CLI::App& app);
 void register_bench_cuda(CLI::App& bench);
 // `evenep launch -n N -- cmd...`: one process per GPU with an NCCL unique id (launch.cpp).
 void register_launch(CLI::App& app);
+// `evenep simulate`: the CPU scale model with the conventional-EP and EPLB baselines (simulate.cpp).
+void register_simulate(CLI::App& app);
 // Multi-process benchmarks under `evenep bench` (bench_multi.cpp).
 void register_bench_multi(CLI::App& bench);
 // `evenep bench gemm`: the grouped GEMM against torch._grouped_mm and dense cuBLAS anchors (bench_gemm.cpp).

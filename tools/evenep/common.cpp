@@ -411,6 +411,15 @@ void require_cuda_device(std::string_view command) {
     EVENEP_CHECK(demo_cuda_available(&why), command, ": ", why);
 }
 
+Routing routing_near_maxvio(const RoutingSpec& spec, double target, double* sigma_out) {
+    RoutingSpec probe = spec;
+    probe.S = std::min(spec.S, std::max(64, 65536 / std::max(1, spec.R * spec.K) * 8));
+    double sigma = 0;
+    make_target_maxvio(probe, target, &sigma);
+    if (sigma_out) *sigma_out = sigma;
+    return make_lognormal(spec, sigma);
+}
+
 std::string bar(double value, double max_value, int width) {
     static const char* kEighths[] = {"", "▏", "▎", "▍", "▌", "▋", "▊", "▉"};
     if (max_value <= 0 || value <= 0) return std::string();

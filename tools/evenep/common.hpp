@@ -152,6 +152,12 @@ RoutingInput resolve_routing(const RoutingOptions& opt);
 // or no device is usable: the first line of every GPU command, as `demo --backend cuda` does.
 void require_cuda_device(std::string_view command);
 
+
+// Lognormal routing with maxvio close to `target` at the full size: sigma is bisected (make_target_maxvio) on a smaller
+// token count with the same popularity vector, keeping ~512K entries, then the routing is drawn once at full size
+// (its achieved maxvio differs from the probe's by sampling noise). `sigma_out`, if given, receives sigma, so that
+// make_lognormal(spec, sigma) (or `evenep plan --sigma`) reproduces the routing.
+Routing routing_near_maxvio(const RoutingSpec& spec, double target, double* sigma_out = nullptr);
 // A horizontal bar of `width` cells for value/max with eighth-block resolution.
 std::string bar(double value, double max_value, int width);
 // Human-readable bytes (KiB, MiB, GiB).

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
     evenep::cli::register_demo(app);
     evenep::cli::register_bench(app);
     evenep::cli::register_launch(app);
+    evenep::cli::register_simulate(app);
     evenep::cli::register_bench_multi(*app.get_subcommand("bench"));
     evenep::cli::register_bench_gemm(*app.get_subcommand("bench"));
     std::string path;

@@ -1,0 +1,43 @@
+// perf/baselines.hpp — per-rank rows and link bytes of the systems EvenEP is compared with, on one routing:
+//   conventional EP  every entry is computed on its expert's home rank (rank e / epn);
+//   EPLB-style       static replicas placed by eplb_place() (perf/eplb.hpp), tokens split evenly over an expert's
+//                    replicas;
+//   EvenEP           the plan's q[r] (equal within one entry by construction).
+// Link bytes reuse the traffic model of evenep/buffer.hpp (conventional_traffic, evenep_traffic); EPLB is modelled
+// as conventional EP over its physical experts. "Rows" are (token, expert) entries, unpadded.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "evenep/buffer.hpp"
+#include "evenep/config.hpp"
+#include "evenep/routing.hpp"
+#include "perf/eplb.hpp"
+
+namespace evenep::perf {
+
+// T_e = sum_r tpe[r*E + e]. tpe: [R*E].
+std::vector<int64_t> expert_loads(const Config& cfg, std::span<const int32_t> tpe);
+
+// Conventional EP: rows[r] = sum of T_e over rank r's home experts (the plan's load_before). expert_load: [E].
+std::vector<int64_t> conventional_rows(const Config& cfg, std::span<const int64_t> expert_load);
+
+// EPLB: replica j (in slot order) of expert e computes floor(T_e / c_e) + (j < T_e mod c_e) entries; rows[r] sums
+// the replicas in rank r's slots. expert_load: [E], the step being computed (not the one the placement came from).
+std::vector<int64_t> eplb_rows(const EplbPlacement& placement, std::span<const int64_t> expert_load);
+
+// The physical slot of every entry of `routing` under `placement` ([R][s_r*K], -1 masked): the entries of expert e,
+// in (source rank, token, k) order, fill its replicas in slot order with the shares of eplb_rows (contiguous runs,
+// so a source rank's entries of e stay together).
+std::vector<std::vector<int32_t>> eplb_slot_routing(const EplbPlacement& placement, const Routing& routing);
+
+// EPLB link bytes: conventional_traffic over the physical slots (rank r holds slots [r*spr, (r+1)*spr)). Token
+// traffic only: keeping replicas' weights and gradients in sync (training) is not counted.
+TrafficReport eplb_traffic(const EplbPlacement& placement, const Routing& routing, int H, bool training);
+
+// max(rows) / mean(rows); 1 for an empty or all-zero input.
+double imbalance(std::span<const int64_t> rows);
+
+}  // namespace evenep::perf

@@ -1,0 +1,290 @@
+// `evenep simulate`: the scale model on the CPU (no GPU). For every R and maxvio of the grid: planner time (CPU;
+// GPU from a device run's JSON), copies, the busiest rank's copy traffic, per-rank buffer bytes (EvenEP vs a
+// DeepEP-style worst case), link bytes of one training step and the compute imbalance of conventional EP,
+// EPLB-style replication (planned on the previous step of a drifting routing) and EvenEP. Method and columns:
+// docs/benchmarks.md, "Scale model" and "Baselines".
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "evenep/buffer.hpp"
+#include "evenep/error.hpp"
+#include "evenep/plan.hpp"
+#include "evenep/routing.hpp"
+#include "perf/baselines.hpp"
+#include "perf/drift.hpp"
+#include "perf/eplb.hpp"
+
+namespace evenep::cli {
+namespace {
+
+struct SimulateOptions {
+    std::vector<int> ranks{8, 16, 32, 56, 64, 112, 128, 224};
+    std::vector<double> maxvios{0.2, 1, 10, 20};
+    int E = 896, K = 16, S = 8192, H = 3584, ffn_hidden = 2048, tp = 128;
+    int redundant = -1;  // EPLB redundant slots per rank; -1: EvenEP's prefetch slots B = epn
+    double drift = 0.1;
+    uint64_t seed = 1;
+    std::string planner = "optimized";
+    int repeat = 5;
+    bool quick = false;
+    std::string gpu_json;
+    std::string json_file;
+};
+
+// The small grid of --quick (tests): applied to every option not given on the command line.
+void apply_quick(const CLI::App& cmd, SimulateOptions& o) {
+    if (!o.quick) return;
+    if (cmd.count("--R") == 0) o.ranks = {4, 8};
+    if (cmd.count("--maxvio") == 0) o.maxvios = {1, 10};
+    if (cmd.count("--E") == 0) o.E = 64;
+    if (cmd.count("--K") == 0) o.K = 4;
+    if (cmd.count("--S") == 0) o.S = 512;
+    if (cmd.count("--H") == 0) o.H = 256;
+    if (cmd.count("--ffn-hidden") == 0) o.ffn_hidden = 128;
+    if (cmd.count("--repeat") == 0) o.repeat = 3;
+}
+
+// Every flag checked before any work, so a bad one fails at once with one line naming it.
+void validate(const SimulateOptions& o) {
+    EVENEP_CHECK(!o.ranks.empty(), "--R: give at least one group size");
+    EVENEP_CHECK(!o.maxvios.empty(), "--maxvio: give at least one value");
+    for (double m : o.maxvios) EVENEP_CHECK(m >= 0 && m <= 1e6, "--maxvio = ", m, " must be in [0, 1e6]");
+    EVENEP_CHECK(o.repeat >= 1, "--repeat = ", o.repeat, " must be >= 1");
+    EVENEP_CHECK(o.drift >= 0 && o.drift <= 100, "--drift = ", o.drift, " must be in [0, 100]");
+    for (int R : o.ranks) {
+        const Config cfg{.R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp};
+        BufferConfig{.cfg = cfg, .H = o.H, .ffn_hidden = o.ffn_hidden}.validate();
+    }
+    EVENEP_CHECK(o.redundant >= -1 && o.redundant <= o.E, "--redundant = ", o.redundant,
+                 " must be -1 (= epn) or in [0, E = ", o.E, "]");
+    parse_planner_mode(o.planner);
+}
+
+// GPU planner figures of a device run (`evenep bench gpu-plan --json`): plan_rank median us by (R, E, K, S, maxvio).
+using GpuKey = std::tuple<int, int, int, int, double>;
+std::map<GpuKey, double> read_gpu_plan(const std::string& path) {
+    std::map<GpuKey, double> out;
+    if (path.empty()) return out;
+    std::ifstream f(path);
+    EVENEP_CHECK(f.good(), "--gpu-json: cannot open '", path, "'");
+    nlohmann::json j;
+    try {
+        f >> j;
+    } catch (const nlohmann::json::exception& e) {
+        EVENEP_CHECK(false, "--gpu-json: '", path, "' is not JSON (", e.what(), ")");
+    }
+    EVENEP_CHECK(j.contains("rows") && j["rows"].is_array(), "--gpu-json: '", path,
+                 "' has no \"rows\" array (expected `evenep bench gpu-plan --json` output)");
+    for (const auto& row : j["rows"]) {
+        if (row.value("op", "") != "plan_rank" || !row.contains("target_maxvio")) continue;
+        int R = 0, E = 0, K = 0, S = 0;
+        if (std::sscanf(row.value("shape", "").c_str(), "R%d E%d K%d S%d", &R, &E, &K, &S) != 4) continue;
+        out[{R, E, K, S, row["target_maxvio"].get<double>()}] = row.value("median_us", 0.0);
+    }
+    return out;
+}
+
+nlohmann::json traffic_json(const TrafficReport& t) {
+    nlohmann::json phases;
+    const std::pair<const char*, const PhaseTraffic*> named[] = {
+        {"gather", &t.gather},
+        {"dispatch", &t.dispatch},
+        {"combine", &t.combine},
+        {"combine_backward", &t.combine_backward},
+        {"dispatch_backward", &t.dispatch_backward},
+        {"prefetch", &t.prefetch},
+        {"reduce_grad", &t.reduce_grad}};
+    for (const auto& [name, p] : named) phases[name] = {{"bytes", p->bytes}, {"max_rank_bytes", p->max_rank_bytes()}};
+    const PhaseTraffic total = t.total();
+    return {{"total_bytes", total.bytes}, {"max_rank_bytes", total.max_rank_bytes()}, {"phases", phases}};
+}
+
+// One point of the grid: prints its row and returns its JSON.
+nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, const std::map<GpuKey, double>& gpu) {
+    const double t_start = now_seconds();
+    const Config cfg{.R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp};
+    const RoutingSpec spec{.R = R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed};
+    double sigma = 0;
+    const Routing routing = routing_near_maxvio(spec, target, &sigma);
+    const std::vector<int32_t> tpe = routing.tpe();
+    const double maxvio = routing.maxvio();
+
+    // EvenEP: the planner (timed), every rank's destinations, the traffic model.
+    const PlannerMode mode = parse_planner_mode(o.planner);
+    Planner planner(cfg, mode);
+    Plan plan;
+    std::vector<double> times;
+    for (int i = 0; i < o.repeat; ++i) {
+        const double t0 = now_seconds();
+        planner.plan(tpe, routing.s, plan);
+        times.push_back(now_seconds() - t0);
+    }
+    std::vector<std::vector<int32_t>> dst(R);
+    for (int r = 0; r < R; ++r) {
+        dst[r].resize(static_cast<size_t>(routing.s[r]) * cfg.K);
+        compute_dst(plan, r, routing.topk_idx[r], dst[r]);
+    }
+    const TrafficReport ev = evenep_traffic(plan, dst, o.H, o.ffn_hidden, /*training=*/true);
+    dst.clear();
+    dst.shrink_to_fit();
+
+    // Conventional EP.
+    const std::vector<int64_t> load = perf::expert_loads(cfg, tpe);
+    const std::vector<int64_t> conv_rows = perf::conventional_rows(cfg, load);
+    const TrafficReport cv = conventional_traffic(cfg, routing.topk_idx, o.H, /*training=*/true);
+
+    // EPLB-style: placed on the previous step's load of the drifting routing, computing this step.
+    const perf::DriftSpec drift{.spec = spec, .sigma = sigma, .drift = o.drift};
+    double prev_maxvio = 0;
+    std::vector<int64_t> prev_load;
+    {
+        const Routing prev = perf::drift_routing(drift, -1);
+        prev_maxvio = prev.maxvio();
+        prev_load = perf::expert_loads(cfg, prev.tpe());
+    }
+    const int redundant = o.redundant < 0 ? cfg.num_slots() : o.redundant;
+    const perf::EplbConfig ecfg{.num_ranks = R, .num_experts = o.E, .slots_per_rank = cfg.epn() + redundant};
+    const perf::EplbPlacement placement = perf::eplb_place(ecfg, prev_load);
+    const std::vector<int64_t> eplb_rows = perf::eplb_rows(placement, load);
+    const TrafficReport ep = perf::eplb_traffic(placement, routing, o.H, /*training=*/true);
+
+    const std::vector<int64_t> ev_rows(plan.q.begin(), plan.q.end());
+    const double imb_cv = perf::imbalance(conv_rows), imb_ep = perf::imbalance(eplb_rows),
+                 imb_ev = perf::imbalance(ev_rows);
+    const BufferSizes buf = buffer_sizes(BufferConfig{.cfg = cfg, .H = o.H, .ffn_hidden = o.ffn_hidden});
+    const int64_t expert_bytes = int64_t{3} * o.H * o.ffn_hidden * 2;  // bf16, 3 projections
+    const int max_remote = *std::max_element(plan.remote_experts.begin(), plan.remote_experts.end());
+    const int max_pushed = *std::max_element(plan.copies_pushed.begin(), plan.copies_pushed.end());
+    const double plan_ms = median(times) * 1e3;
+    const auto gpu_it = gpu.find({R, o.E, o.K, o.S, target});
+    const double gpu_ms = gpu_it == gpu.end() ? -1.0 : gpu_it->second * 1e-3;  // -1: no device figure
+    const double seconds = now_seconds() - t_start;
+
+    const auto hb = [](int64_t bytes) { return human_bytes(static_cast<double>(bytes)); };
+    fmt::print("{:>4} {:>7.3f} {:>8.3f} {:>7} {:>6} {:>3}/{:<3} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
+               "{:>6.3f} {:>6.3f} {:>6.4f} {:>6.1f}\n",
+               R, maxvio, plan_ms, gpu_ms >= 0 ? fmt::format("{:.3f}", gpu_ms) : std::string("-"), plan.cost.total_copies,
+               max_remote, cfg.epn(), plan.cost.max_rank_copy_traffic,
+               hb(plan.cost.max_rank_copy_traffic * expert_bytes), hb(buf.comm_total), hb(buf.deepep_recv_x),
+               hb(ev.total().max_rank_bytes()), hb(cv.total().max_rank_bytes()), hb(ep.total().max_rank_bytes()), imb_cv,
+               imb_ep, imb_ev, seconds);
+    std::fflush(stdout);
+
+    nlohmann::json j{{"R", R},
+                     {"E", o.E},
+                     {"K", o.K},
+                     {"S", o.S},
+                     {"H", o.H},
+                     {"ffn_hidden", o.ffn_hidden},
+                     {"tp", o.tp},
+                     {"epn", cfg.epn()},
+                     {"B", cfg.num_slots()},
+                     {"seed", o.seed},
+                     {"target_maxvio", target},
+                     {"maxvio", maxvio},
+                     {"sigma", sigma},
+                     {"planner", o.planner},
+                     {"plan_ms_cpu", plan_ms},
+                     {"plan_ms_gpu", gpu_ms >= 0 ? nlohmann::json(gpu_ms) : nlohmann::json(nullptr)},
+                     {"total_entries", plan.total_entries()}};
+    j["copies"] = {{"total", plan.cost.total_copies},
+                   {"max_rank", max_remote},
+                   {"bound", cfg.epn()},
+                   {"theorem2_need", theorem2_lower_bound(cfg.E, cfg.R)},
+                   {"max_rank_copy_traffic", plan.cost.max_rank_copy_traffic},
+                   {"max_rank_copy_traffic_bytes", plan.cost.max_rank_copy_traffic * expert_bytes},
+                   {"max_rank_pushed", max_pushed},
+                   {"expert_bytes", expert_bytes},
+                   {"crossing_rows", plan.cost.crossing_rows},
+                   {"moved_entries", plan.cost.moved_entries}};
+    j["buffers"] = {{"evenep_comm_total", buf.comm_total},
+                    {"evenep_recv_x", buf.recv_x},
+                    {"evenep_pool_total", buf.pool_total},
+                    {"evenep_layer_weights", buf.layer_weights},
+                    {"deepep_recv_x", buf.deepep_recv_x}};
+    j["link_bytes"] = {{"evenep", traffic_json(ev)}, {"conventional", traffic_json(cv)}, {"eplb", traffic_json(ep)}};
+    j["rows"] = {{"conventional", conv_rows}, {"eplb", eplb_rows}, {"evenep", ev_rows}};
+    j["imbalance"] = {{"conventional", imb_cv}, {"eplb", imb_ep}, {"evenep", imb_ev}};
+    j["eplb"] = {{"slots_per_rank", ecfg.slots_per_rank},
+                 {"redundant_per_rank", redundant},
+                 {"drift", o.drift},
+                 {"planned_on_step", -1},
+                 {"planned_on_maxvio", prev_maxvio}};
+    j["seconds"] = seconds;
+    return j;
+}
+
+void run_simulate(const SimulateOptions& o) {
+    validate(o);
+    const std::map<GpuKey, double> gpu = read_gpu_plan(o.gpu_json);
+    const double t0 = now_seconds();
+    fmt::print("EvenEP scale model: E={} K={} S={} H={} H'={} tp={} planner={} seed={}; EPLB: {} redundant slots per "
+               "rank, planned on the previous step, drift {}\n",
+               o.E, o.K, o.S, o.H, o.ffn_hidden, o.tp, o.planner, o.seed,
+               o.redundant < 0 ? std::string("epn") : std::to_string(o.redundant), o.drift);
+    fmt::print("{:>4} {:>7} {:>8} {:>7} {:>6} {:>7} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>6} "
+               "{:>6}\n",
+               "R", "maxvio", "plan ms", "gpu ms", "copies", "max/bnd", "traf", "traf bytes", "buf EvenEP", "buf DeepEP",
+               "link ev", "link conv", "link eplb", "conv", "eplb", "evenep", "sec");
+    nlohmann::json points = nlohmann::json::array();
+    for (int R : o.ranks)
+        for (double target : o.maxvios) points.push_back(simulate_point(o, R, target, gpu));
+    const double seconds = now_seconds() - t0;
+    fmt::print("columns: plan ms = CPU planner median over {} runs (all ranks, one thread); gpu ms = plan_rank of "
+               "--gpu-json; copies = total remote experts; max/bnd = most on one rank / bound epn; traf = busiest rank's "
+               "copies received + pushed (experts) and their bf16 bytes; buf EvenEP = communication buffer per rank; "
+               "buf DeepEP = worst-case receive buffer R*S*H*2; link = busiest rank's link bytes of one training step; "
+               "conv/eplb/evenep = max/mean of per-rank rows.\n",
+               o.repeat);
+    fmt::print("total {:.1f} s\n", seconds);
+    if (!o.json_file.empty()) {
+        std::ofstream f(o.json_file);
+        EVENEP_CHECK(f.good(), "--json: cannot open '", o.json_file, "' for writing");
+        f << nlohmann::json{{"schema", "evenep.simulate/1"}, {"seconds", seconds}, {"points", points}}.dump(1) << "\n";
+        EVENEP_CHECK(f.good(), "--json: writing '", o.json_file, "' failed");
+    }
+}
+
+}  // namespace
+
+void register_simulate(CLI::App& app) {
+    auto opt = std::make_shared<SimulateOptions>();
+    CLI::App* cmd = app.add_subcommand(
+        "simulate",
+        "Scale model on the CPU: planner time, copies, copy traffic, buffer bytes, link bytes and compute imbalance\n"
+        "(conventional EP, EPLB-style replication under drift, EvenEP) for each R and maxvio (docs/benchmarks.md).");
+    cmd->add_option("--R", opt->ranks, "EP group sizes")->capture_default_str();
+    cmd->add_option("--maxvio", opt->maxvios, "routing skews (target max/mean - 1)")->capture_default_str();
+    cmd->add_option("--E", opt->E, "routed experts")->capture_default_str();
+    cmd->add_option("--K", opt->K, "top-k")->capture_default_str();
+    cmd->add_option("--S", opt->S, "tokens per rank")->capture_default_str();
+    cmd->add_option("--H", opt->H, "hidden size")->capture_default_str();
+    cmd->add_option("--ffn-hidden", opt->ffn_hidden, "expert intermediate size H'")->capture_default_str();
+    cmd->add_option("--tp", opt->tp, "token padding of every expert segment")->capture_default_str();
+    cmd->add_option("--redundant", opt->redundant, "EPLB redundant slots per rank (-1: epn, EvenEP's bound)")
+        ->capture_default_str();
+    cmd->add_option("--drift", opt->drift, "per-step std of each expert's log-popularity (EPLB's staleness)")
+        ->capture_default_str();
+    cmd->add_option("--seed", opt->seed, "routing seed")->capture_default_str();
+    cmd->add_option("--planner", opt->planner, "planner mode")
+        ->check(CLI::IsMember({"reference", "optimized"}))
+        ->capture_default_str();
+    cmd->add_option("--repeat", opt->repeat, "planner runs per point (median reported)")->capture_default_str();
+    cmd->add_flag("--quick", opt->quick, "small grid for tests: R 4 8, E 64, K 4, S 512, H 256, H' 128, maxvio 1 10");
+    cmd->add_option("--gpu-json", opt->gpu_json, "GPU planner times: JSON of `evenep bench gpu-plan --json`");
+    cmd->add_option("--json", opt->json_file, "write every point as JSON (schema evenep.simulate/1)");
+    cmd->callback([opt, cmd] {
+        apply_quick(*cmd, *opt);
+        run_simulate(*opt);
+    });
+}
+
+}  // namespace evenep::cli
