@@ -1,4 +1,4 @@
-// evenep — the command-line tool: plan, demo, bench, quality.
+// evenep — the command-line tool: plan, demo, bench, quality, pipeline.
 #include <cstdio>
 #include <exception>
 
@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
     evenep::cli::register_demo(app);
     evenep::cli::register_bench(app);
     evenep::cli::register_launch(app);
+    evenep::cli::register_pipeline(app);
     evenep::cli::register_bench_multi(*app.get_subcommand("bench"));
     evenep::cli::register_bench_gemm(*app.get_subcommand("bench"));
     try {
