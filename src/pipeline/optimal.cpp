@@ -14,6 +14,7 @@
 //   VB p of mb i:  s_p >= s_{B(i,0)} + d + latency * (1 - a[p][0])
 //   pieces p < q, every rank r, w[p][q] in {0,1} (1: p first):
 //     s_q >= s_p + d_p - H(1 - w) - H(2 - a[p][r] - a[q][r]);  s_p >= s_q + d_q - H w - H(2 - a[p][r] - a[q][r])
+//   P * T >= all work (a valid cut that tightens the LP bound)
 // The solver starts from the `bubbles` schedule, so the answer is never worse than it. The solution's ranks and
 // order are executed by the simulator (never later than the MILP's times), which yields the reported schedule.
 #include <algorithm>
@@ -185,6 +186,8 @@ PolicyResult optimal_policy(const PipelineConfig& cfg, const VitWork& vit, const
                   cfg.backward_cost(mb) + cfg.latency);
         b.row({T, sp[p]}, {1, -1}, 'G', pc.cost);
     }
+    // Valid cut: no rank is busy longer than T, so P * T >= all work.
+    b.row({T}, {static_cast<double>(P)}, 'G', H - 1.0 - cfg.latency * (2.0 * m * PV + N));
     for (int p = 0; p < N; ++p)
         for (int q = p + 1; q < N; ++q)
             for (int r = 0; r < P; ++r) {
