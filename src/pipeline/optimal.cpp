@@ -19,6 +19,7 @@
 // order are executed by the simulator (never later than the MILP's times), which yields the reported schedule.
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "evenep/error.hpp"
@@ -53,18 +54,6 @@ bool optimal_policy_available() { return true; }
 
 namespace detail {
 namespace {
-
-class CbcModel {
-public:
-    CbcModel() : m_(Cbc_newModel()) { EVENEP_CHECK_KIND(ErrorKind::kRuntime, m_ != nullptr, "pipeline: CBC: out of memory"); }
-    ~CbcModel() { Cbc_deleteModel(m_); }
-    CbcModel(const CbcModel&) = delete;
-    CbcModel& operator=(const CbcModel&) = delete;
-    Cbc_Model* get() const { return m_; }
-
-private:
-    Cbc_Model* m_;
-};
 
 struct Builder {
     Cbc_Model* model;
@@ -108,7 +97,8 @@ PolicyResult optimal_policy(const PipelineConfig& cfg, const VitWork& vit, const
     for (const Piece& p : pieces) H += p.cost;
     H += cfg.latency * (2.0 * m * PV + N);
 
-    CbcModel holder;
+    const std::unique_ptr<Cbc_Model, decltype(&Cbc_deleteModel)> holder(Cbc_newModel(), &Cbc_deleteModel);
+    EVENEP_CHECK_KIND(ErrorKind::kRuntime, holder != nullptr, "pipeline: CBC: out of memory");
     Builder b{holder.get()};
     std::vector<int> st(2 * static_cast<size_t>(m) * PV), sp(N);
     for (int i = 0; i < m; ++i)

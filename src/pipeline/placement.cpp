@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -147,6 +148,47 @@ void occupy(Intervals& iv, size_t j, double start, double end) {
 
 enum class PieceOrder { kByTime, kBySize };
 
+// Mirrors time (t -> -t) so "as late as possible before a deadline" becomes "as early as possible after a release".
+void mirror(std::vector<Intervals>& free) {
+    for (Intervals& iv : free) {
+        std::reverse(iv.begin(), iv.end());
+        for (auto& [a, b] : iv) std::tie(a, b) = std::pair{-b, -a};
+    }
+}
+
+// Places every piece (in the order given: by release, then largest first, or largest first) at the earliest
+// start >= release(piece, rank) at which some rank is free for its whole cost (lowest rank on ties), and marks
+// that time busy. Returns (rank, start) per piece.
+template <typename Release>
+std::vector<std::pair<int, double>> place_earliest(std::vector<Intervals>& free, std::vector<Piece>& pieces,
+                                                   PieceOrder order, Release release) {
+    std::stable_sort(pieces.begin(), pieces.end(), [&](const Piece& a, const Piece& b) {
+        if (order == PieceOrder::kByTime && release(a, 0) != release(b, 0)) return release(a, 0) < release(b, 0);
+        return a.cost > b.cost;
+    });
+    std::vector<std::pair<int, double>> out;
+    for (const Piece& p : pieces) {
+        double best = kInf;
+        int best_r = -1;
+        size_t best_j = 0;
+        for (int r = 0; r < static_cast<int>(free.size()); ++r)
+            for (size_t j = 0; j < free[r].size(); ++j) {
+                const double lo = std::max(free[r][j].first, release(p, r));
+                if (free[r][j].second - lo < p.cost) continue;
+                if (lo < best) {
+                    best = lo;
+                    best_r = r;
+                    best_j = j;
+                }
+                break;
+            }
+        EVENEP_ASSERT(best_r >= 0, "bubbles: no slot for a ViT piece");
+        occupy(free[best_r], best_j, best, best + p.cost);
+        out.push_back({best_r, best});
+    }
+    return out;
+}
+
 // The K3 placement: forwards as late as possible before their deadline (mirror image of list scheduling, so the
 // early micro-batches' forwards spill before time 0: the synchronous part up front), backwards as early as
 // possible after their release. Returns the planned pieces (the simulator then executes the merged order).
@@ -163,62 +205,14 @@ std::vector<detail::PlacedPiece> bubbles_plan(const PipelineConfig& cfg, const V
     std::vector<detail::PlacedPiece> placed;
 
     std::vector<Piece> vf = pieces_of(vit, OpKind::kVitForward);
-    std::stable_sort(vf.begin(), vf.end(), [&](const Piece& a, const Piece& b) {
-        if (order == PieceOrder::kByTime && f0_start[a.step.mb] != f0_start[b.step.mb])
-            return f0_start[a.step.mb] > f0_start[b.step.mb];
-        return a.cost > b.cost;
-    });
-    for (const Piece& p : vf) {
-        double best = -kInf;
-        int best_r = -1;
-        size_t best_j = 0;
-        for (int r = 0; r < cfg.P; ++r) {
-            const double deadline = f0_start[p.step.mb] - lag(r);
-            for (size_t j = free[r].size(); j-- > 0;) {
-                const double hi = std::min(free[r][j].second, deadline);
-                if (hi - free[r][j].first >= p.cost) {
-                    if (hi - p.cost > best) {
-                        best = hi - p.cost;
-                        best_r = r;
-                        best_j = j;
-                    }
-                    break;
-                }
-            }
-        }
-        EVENEP_ASSERT(best_r >= 0, "bubbles: no slot for a ViT forward piece");
-        occupy(free[best_r], best_j, best, best + p.cost);
-        placed.push_back({best_r, best, p.step});
-    }
+    mirror(free);  // deadline f0_start - lag is the mirrored release lag - f0_start
+    const auto vf_at = place_earliest(free, vf, order, [&](const Piece& p, int r) { return lag(r) - f0_start[p.step.mb]; });
+    mirror(free);
+    for (size_t i = 0; i < vf.size(); ++i) placed.push_back({vf_at[i].first, -(vf_at[i].second + vf[i].cost), vf[i].step});
 
     std::vector<Piece> vb = pieces_of(vit, OpKind::kVitBackward);
-    std::stable_sort(vb.begin(), vb.end(), [&](const Piece& a, const Piece& b) {
-        if (order == PieceOrder::kByTime && b0_end[a.step.mb] != b0_end[b.step.mb])
-            return b0_end[a.step.mb] < b0_end[b.step.mb];
-        return a.cost > b.cost;
-    });
-    for (const Piece& p : vb) {
-        double best = kInf;
-        int best_r = -1;
-        size_t best_j = 0;
-        for (int r = 0; r < cfg.P; ++r) {
-            const double release = b0_end[p.step.mb] + lag(r);
-            for (size_t j = 0; j < free[r].size(); ++j) {
-                const double lo = std::max(free[r][j].first, release);
-                if (free[r][j].second - lo >= p.cost) {
-                    if (lo < best) {
-                        best = lo;
-                        best_r = r;
-                        best_j = j;
-                    }
-                    break;
-                }
-            }
-        }
-        EVENEP_ASSERT(best_r >= 0, "bubbles: no slot for a ViT backward piece");
-        occupy(free[best_r], best_j, best, best + p.cost);
-        placed.push_back({best_r, best, p.step});
-    }
+    const auto vb_at = place_earliest(free, vb, order, [&](const Piece& p, int r) { return b0_end[p.step.mb] + lag(r); });
+    for (size_t i = 0; i < vb.size(); ++i) placed.push_back({vb_at[i].first, vb_at[i].second, vb[i].step});
     return placed;
 }
 

@@ -8,9 +8,6 @@
 //                                    images file with the wrong number of micro-batches, an unknown policy or mix:
 //                                    exit 2 and one "evenep: error:" line naming the flag or value
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_testing.hpp"
 #include "evenep/pipeline.hpp"
 
 namespace evenep::pipeline {
@@ -27,30 +25,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-    int exit_code = -1;
-    std::string output;
-};
+using testing::run_cli;
+using testing::CliRun;
 
-CliRun run_cli(const std::string& args) {
-    const std::string cmd = std::string(EVENEP_CLI_PATH) + " " + args + " 2>&1";
-    CliRun run;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return run;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.output.append(buf, n);
-    const int status = pclose(p);
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return run;
-}
-
-fs::path temp_dir(const std::string& name) {
-    const fs::path d = fs::temp_directory_path() / ("evenep_pipeline_cli_test_" + std::to_string(getpid()) + "_" + name);
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-}
+fs::path temp_dir(const std::string& name) { return testing::temp_dir("evenep_pipeline_cli_test", name); }
 
 void write(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
 

@@ -17,29 +17,17 @@
 #include <vector>
 
 #include "evenep/error.hpp"
+#include "common/pipeline_testing.hpp"
 #include "evenep/pipeline.hpp"
 
 namespace evenep::pipeline {
 namespace {
 
-PipelineConfig cfg_of(int P, int m, int V, double latency = 0) {
-    PipelineConfig cfg;
-    cfg.P = P;
-    cfg.m = m;
-    cfg.V = V;
-    cfg.latency = latency;
-    return cfg;
-}
+using testing::joined;
+PipelineConfig cfg_of(int P, int m, int V, double latency = 0) { return testing::pipeline_config(P, m, V, latency); }
 
 VitWork work_for(const PipelineConfig& cfg, const VitWork& vit, VitPolicy p) {
-    return p == VitPolicy::kNone ? VitWork{std::vector<std::vector<double>>(cfg.m), std::vector<std::vector<double>>(cfg.m)}
-                                 : vit;
-}
-
-std::string joined(const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& x : v) s += x + "\n";
-    return s;
+    return p == VitPolicy::kNone ? testing::no_vit_work(cfg.m) : vit;
 }
 
 // Random ViT pieces: up to max_pieces per micro-batch, forward costs in [0, 2 * mean], backward 2x.
@@ -69,7 +57,7 @@ TEST(PipelinePolicy, EveryScheduleValidates) {
                         const VitWork vit =
                             vit_work_from_images(cfg, make_mix(mix, cfg.m, 3, 7), VitCostModel{}, P > 2 ? 2 : 1, load);
                         for (VitPolicy p : {VitPolicy::kNone, VitPolicy::kSync, VitPolicy::kBubbles}) {
-                            SCOPED_TRACE(testing::Message() << "P=" << P << " V=" << V << " latency=" << latency << " "
+                            SCOPED_TRACE(::testing::Message() << "P=" << P << " V=" << V << " latency=" << latency << " "
                                                             << mix << " load=" << load << " " << to_string(p));
                             const PolicyResult r = place_vit(cfg, vit, p);
                             const auto errors = validate_schedule(cfg, work_for(cfg, vit, p), r.schedule);
@@ -118,7 +106,7 @@ TEST(PipelinePolicy, WithinFivePercentOfOptimum) {
         }
         const PolicyResult bubbles = place_vit(cfg, vit, VitPolicy::kBubbles);
         const PolicyResult opt = place_vit(cfg, vit, VitPolicy::kOptimal, {.time_limit_s = 20});
-        SCOPED_TRACE(testing::Message() << "seed " << kSeed << " instance " << t << " P=" << P << " m=" << m
+        SCOPED_TRACE(::testing::Message() << "seed " << kSeed << " instance " << t << " P=" << P << " m=" << m
                                         << " V=" << V);
         EXPECT_TRUE(validate_schedule(cfg, vit, opt.schedule).empty());
         EXPECT_LE(opt.schedule.makespan, bubbles.schedule.makespan + 1e-9);

@@ -16,31 +16,17 @@
 #include <vector>
 
 #include "evenep/error.hpp"
+#include "common/pipeline_testing.hpp"
 #include "evenep/pipeline.hpp"
 
 namespace evenep::pipeline {
 namespace {
 
-PipelineConfig cfg_of(int P, int m, int V, double latency = 0) {
-    PipelineConfig cfg;
-    cfg.P = P;
-    cfg.m = m;
-    cfg.V = V;
-    cfg.latency = latency;
-    return cfg;
-}
-
-VitWork empty_work(int m) {
-    return VitWork{std::vector<std::vector<double>>(m), std::vector<std::vector<double>>(m)};
-}
+using testing::joined;
+PipelineConfig cfg_of(int P, int m, int V, double latency = 0) { return testing::pipeline_config(P, m, V, latency); }
+VitWork empty_work(int m) { return testing::no_vit_work(m); }
 
 Schedule text_only(const PipelineConfig& cfg) { return simulate(cfg, empty_work(cfg.m), interleaved_1f1b_order(cfg)); }
-
-std::string joined(const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& x : v) s += x + "\n";
-    return s;
-}
 
 TEST(PipelineSchedule, BubbleFormulaUniformCosts) {
     int cases = 0;
@@ -50,7 +36,7 @@ TEST(PipelineSchedule, BubbleFormulaUniformCosts) {
                 if (V > 1 && m % P != 0) continue;
                 const PipelineConfig cfg = cfg_of(P, m, V);
                 const Schedule s = text_only(cfg);
-                SCOPED_TRACE(testing::Message() << "P=" << P << " m=" << m << " V=" << V);
+                SCOPED_TRACE(::testing::Message() << "P=" << P << " m=" << m << " V=" << V);
                 const double expected = static_cast<double>(P - 1) / (m * V + P - 1);
                 EXPECT_NEAR(s.bubble_fraction[0], expected, 1e-12);
                 EXPECT_NEAR(s.makespan, 3.0 * (m * V + P - 1), 1e-9);
