@@ -24,7 +24,7 @@
 namespace evenep::pipeline {
 
 enum class OpKind { kForward, kBackward, kVitForward, kVitBackward };
-// "F", "B", "VF", "VB" (the JSON names); parse_op_kind throws evenep::Error on anything else.
+// "F", "B", "VF", "VB" (the JSON names).
 const char* to_string(OpKind kind);
 
 // The text pipeline. Throws evenep::Error (kInvalidArgument) from validate() naming the bad value.

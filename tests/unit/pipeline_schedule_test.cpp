@@ -44,7 +44,7 @@ TEST(PipelineSchedule, BubbleFormulaUniformCosts) {
                 EXPECT_TRUE(errors.empty()) << joined(errors);
                 ++cases;
             }
-    EXPECT_GT(cases, 200);
+    EXPECT_EQ(cases, 240);
 }
 
 TEST(PipelineSchedule, OrderShape) {

@@ -142,7 +142,7 @@ void print_policies(const PipelineOptions& opt) {
     fmt::print("hidden = 1 - exposed / (ViT total / P); exposed = makespan - text-only makespan; every schedule passed "
                "the independent validator\n");
     if (opt.json_file.empty() && opt.svg_file.empty()) return;
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime, chosen_result.has_value(), "pipeline: --vit-policy ", opt.policy,
+    EVENEP_CHECK(chosen_result.has_value(), "pipeline: --vit-policy ", opt.policy,
                       " is unavailable here (", optimal_absent(cfg, work), ")");
     if (!opt.json_file.empty()) {
         std::ofstream f(opt.json_file);
