@@ -22,5 +22,7 @@ void register_simulate(CLI::App& app);
 void register_bench_multi(CLI::App& bench);
 // `evenep bench gemm`: the grouped GEMM against torch._grouped_mm and dense cuBLAS anchors (bench_gemm.cpp).
 void register_bench_gemm(CLI::App& bench);
+// `evenep pipeline`: interleaved 1F1B with the vision encoder in the bubbles, dynamic CP (pipeline.cpp).
+void register_pipeline(CLI::App& app);
 
 }  // namespace evenep::cli
