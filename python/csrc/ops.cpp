@@ -47,8 +47,8 @@ struct PlanLayout {
     int copies() const { return group_slot() + G; }
     int width() const { return copies() + B; }
 };
-// Handle tensor: int32 [R, 1 + s*K], row r = [stamp of the dispatch, encoded destinations dst[s*K]] (tokens past
-// s_r hold kMaskedDst).
+// Handle tensor: int32 [R, s*K], rank r's encoded destinations dst (SPEC §3.4; tokens past s_r hold kMaskedDst).
+// The buffers remember which (plan, handle, topk_weights) they hold, by value, so no op depends on call history.
 
 // Bad input → ValueError (evenep::Error kInvalidArgument); everything else → RuntimeError.
 template <typename F>
@@ -156,8 +156,10 @@ class Context {
     }
 
     // Dispatches x ([R, s, H] bf16) with the handles (collective over the virtual ranks); the buffer then holds them.
-    void dispatch(std::vector<cpu::DispatchHandle>& hs, const at::Tensor& x, int32_t stamp) {
-        cur_stamp_ = 0;
+    std::vector<cpu::DispatchHandle>& dispatch(std::vector<cpu::DispatchHandle> hs, const at::Tensor& x,
+                                               const at::Tensor& plan, const at::Tensor& handle,
+                                               const at::Tensor& topk_w) {
+        invalidate();
         const int64_t s_pad = x.size(1);
         cpu::run_ranks_or_throw(group_, [&](Team& t) {
             const int r = t.rank();
@@ -165,38 +167,43 @@ class Context {
             buffers_[r]->dispatch(hs[r], {xr, static_cast<size_t>(hs[r].s) * H()});
         });
         cur_ = std::move(hs);
-        cur_stamp_ = stamp;
+        cur_plan_ = plan.clone();
+        cur_handle_ = handle.clone();
+        cur_topk_w_ = topk_w.clone();
+        return cur_;
     }
 
-    // Makes the buffer hold the dispatch `handle` (int32 [R, 1 + s*K]) of `plan` with weights topk_w: nothing to do
-    // when it already does; otherwise dispatches it again (zero rows, the handle's weights and chains).
+    // Makes the buffer hold the dispatch `handle` (int32 [R, s*K]) of `plan` with weights topk_w: nothing to do when
+    // it already does (same plan, destinations and weights); otherwise dispatches it again (zero rows, the
+    // handle's weights and chains).
     std::vector<cpu::DispatchHandle>& hold(const at::Tensor& plan, const at::Tensor& handle, const at::Tensor& topk_w,
                                           const char* op) {
         const int R = cfg().R, K = cfg().K;
-        check_tensor(handle, op, "handle", at::kInt, {R, handle.size(1)});
-        TORCH_CHECK_VALUE(handle.size(1) >= 1 + K && (handle.size(1) - 1) % K == 0, "evenep.", op,
-                          ": handle has ", handle.size(1), " columns, expected 1 + s*K");
-        const int64_t s_pad = (handle.size(1) - 1) / K;
+        check_tensor(handle, op, "handle", at::kInt, {R, handle.dim() == 2 ? handle.size(1) : -1});
+        TORCH_CHECK_VALUE(handle.size(1) >= K && handle.size(1) % K == 0, "evenep.", op, ": handle has ",
+                          handle.size(1), " columns, expected s*K");
+        const int64_t s_pad = handle.size(1) / K;
         check_tensor(topk_w, op, "topk_weights", at::kFloat, {R, s_pad, K});
-        const int32_t stamp = handle.data_ptr<int32_t>()[0];
-        if (stamp == cur_stamp_ && stamp != 0) return cur_;
+        check_tensor(plan, op, "plan", at::kInt, {R, plan_layout().width()});
+        if (holds(plan, handle, topk_w)) return cur_;
         const Plan& p = plan_of(plan, op);
         std::vector<cpu::DispatchHandle> hs = make_handles(p, {}, topk_w);
         for (int r = 0; r < R; ++r) {
             TORCH_CHECK_VALUE(hs[r].s <= s_pad, "evenep.", op, ": the plan gives rank ", r, " ", hs[r].s,
                               " tokens but the handle holds ", s_pad);
-            const int32_t* row = handle.data_ptr<int32_t>() + r * handle.size(1);
-            TORCH_CHECK_VALUE(row[0] == stamp, "evenep.", op, ": handle rows carry different stamps");
-            std::copy_n(row + 1, hs[r].dst.size(), hs[r].dst.begin());
+            std::copy_n(handle.data_ptr<int32_t>() + r * handle.size(1), hs[r].dst.size(), hs[r].dst.begin());
         }
         // NOTE: the destinations are trusted to be the plan's (as produced by dispatch); they are not re-derived.
-        dispatch(hs, at::zeros({R, s_pad, H()}, at::kBFloat16), stamp);
-        return cur_;
+        return dispatch(std::move(hs), at::zeros({R, s_pad, H()}, at::kBFloat16), plan, handle, topk_w);
     }
 
     // After dispatch_backward replaced the row weights with their gradients: the buffer no longer holds a dispatch.
-    void invalidate() { cur_stamp_ = 0; }
-    int32_t next_stamp() { return next_stamp_ = next_stamp_ % 0x7ffffffe + 1; }
+    void invalidate() { cur_plan_ = at::Tensor(); }
+    // Whether the buffers hold the dispatch (plan, handle, topk_w) (compared by value).
+    bool holds(const at::Tensor& plan, const at::Tensor& handle, const at::Tensor& topk_w) const {
+        return cur_plan_.defined() && cur_handle_.sizes() == handle.sizes() && at::equal(cur_plan_, plan) &&
+               at::equal(cur_handle_, handle) && at::equal(cur_topk_w_, topk_w);
+    }
 
     cpu::Buffer& buffer(int r) { return *buffers_[r]; }
     cpu::LocalTeamGroup& group() { return group_; }
@@ -222,9 +229,8 @@ class Context {
     cpu::LocalTeamGroup group_;
     Planner planner_;
     std::vector<std::unique_ptr<cpu::Buffer>> buffers_;
-    std::vector<cpu::DispatchHandle> cur_;  // the dispatch the buffers hold (valid when cur_stamp_ != 0)
-    int32_t cur_stamp_ = 0;
-    int32_t next_stamp_ = 0;
+    std::vector<cpu::DispatchHandle> cur_;  // the dispatch the buffers hold, valid when cur_plan_ is defined
+    at::Tensor cur_plan_, cur_handle_, cur_topk_w_;  // its tensors
     std::vector<int32_t> last_s_, last_tpe_;
     Plan last_plan_;
     std::mutex mutex_;
@@ -346,18 +352,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_op(const at:
             TORCH_CHECK_VALUE(p.s[r] == s[r], "evenep.dispatch: the plan was made for ", p.s[r], " tokens on rank ",
                               r, " but x holds ", s[r]);
         std::vector<cpu::DispatchHandle> hs = ctx->make_handles(p, idx, topk_weights);
-        const int32_t stamp = ctx->next_stamp();
-        at::Tensor handle = at::full({R, 1 + s_pad * K}, detail::kMaskedDst, at::kInt);
-        for (int r = 0; r < R; ++r) {
-            int32_t* row = handle.data_ptr<int32_t>() + r * handle.size(1);
-            row[0] = stamp;
-            std::copy(hs[r].dst.begin(), hs[r].dst.end(), row + 1);
-        }
+        at::Tensor handle = at::full({R, s_pad * K}, detail::kMaskedDst, at::kInt);
+        for (int r = 0; r < R; ++r)
+            std::copy(hs[r].dst.begin(), hs[r].dst.end(), handle.data_ptr<int32_t>() + r * handle.size(1));
         const int64_t nvs = ctx->nvs();
         at::Tensor recv_x = at::zeros({R, nvs, H}, at::kBFloat16);
         at::Tensor recv_w = at::zeros({R, nvs}, at::kFloat);
         at::Tensor cu = at::empty({R, G}, at::kInt);
-        ctx->dispatch(hs, x, stamp);
+        ctx->dispatch(std::move(hs), x, plan, handle, topk_weights);
         for (int r = 0; r < R; ++r) {
             cpu::Buffer& b = ctx->buffer(r);
             const int64_t rows = p.rows_used(r);
@@ -431,8 +433,8 @@ at::Tensor combine_backward_op(const at::Tensor& grad_out, const at::Tensor& top
         const int R = ctx->cfg().R, H = ctx->H();
         const int64_t s_pad = topk_weights.dim() == 3 ? topk_weights.size(1) : -1;
         check_tensor(grad_out, "combine_backward", "grad_out", at::kBFloat16, {R, s_pad, H});
-        std::vector<cpu::DispatchHandle> hs = ctx->hold(plan, handle, topk_weights, "combine_backward");
-        ctx->dispatch(hs, grad_out, handle.data_ptr<int32_t>()[0]);
+        std::vector<cpu::DispatchHandle>& hs = ctx->dispatch(
+            ctx->hold(plan, handle, topk_weights, "combine_backward"), grad_out, plan, handle, topk_weights);
         at::Tensor rows = at::zeros({R, ctx->nvs(), H}, at::kBFloat16);
         for (int r = 0; r < R; ++r)
             copy_rows(rows, r, ctx->buffer(r).recv_x().data(), hs[r].plan.rows_used(r));

@@ -6,7 +6,7 @@ G = 2 * E / R groups per rank, B prefetch slots per rank.
 
   plan(topk_idx [R,s,K] int, buffer, num_tokens=None) -> plan int32 [R, W]
   dispatch(x [R,s,H] bf16, topk_idx, topk_weights [R,s,K] f32, plan, buffer, num_tokens=None)
-      -> recv_x [R,NvS,H] bf16, recv_w [R,NvS] f32, cu_seqlens [R,G] int32, handle int32 [R, 1+s*K]
+      -> recv_x [R,NvS,H] bf16, recv_w [R,NvS] f32, cu_seqlens [R,G] int32, handle int32 [R, s*K]
   combine(expert_out [R,NvS,H] bf16, recv_w, topk_weights, plan, handle, buffer, apply_weights=True) -> [R,s,H] bf16
   combine_backward(grad_out [R,s,H] bf16, topk_weights, plan, handle, buffer) -> [R,NvS,H] bf16
   dispatch_backward(grad_recv_x [R,NvS,H] bf16, grad_recv_w [R,NvS] f32, topk_weights, plan, handle, buffer)
@@ -70,7 +70,7 @@ def _dispatch_fake(x, topk_idx, topk_weights, plan, buffer, num_tokens=None):
         x.new_empty((i.R, i.nvs, i.H), dtype=torch.bfloat16),
         x.new_empty((i.R, i.nvs), dtype=torch.float32),
         x.new_empty((i.R, i.G), dtype=torch.int32),
-        x.new_empty((i.R, 1 + s * i.K), dtype=torch.int32),
+        x.new_empty((i.R, s * i.K), dtype=torch.int32),
     )
 
 

@@ -40,7 +40,7 @@ class Handle(NamedTuple):
     """What one dispatch decided, passed to combine (tensors only: it composes with torch.compile).
 
     plan:          int32 [R, W] the group plan (PlanLayout)
-    dst:           int32 [R, 1 + s*K] the dispatch's stamp and every entry's encoded destination
+    dst:           int32 [R, s*K] every entry's encoded destination (SPEC §3.4)
     topk_weights:  fp32 [R, s, K] the route weights as dispatched
     recv_w:        fp32 [R, NvS] the row weights dispatch returned (the autograd edge of the weights in combine)
     """
