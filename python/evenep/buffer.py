@@ -150,6 +150,7 @@ class Buffer:
         num_tokens: optional s_r per rank (each <= s; rows past s_r are ignored), for unequal token counts.
         Returns the plan tensor (int32 [R, W], see PlanLayout).
         """
+        self._on_device("plan", topk_idx=topk_idx)
         return ops.plan(topk_idx, self._id, _tokens(num_tokens))
 
     def dispatch(
@@ -166,6 +167,7 @@ class Buffer:
         when None). Returns (recv_x bf16 [R, NvS, H], recv_w fp32 [R, NvS], cu_seqlens int32 [R, G], handle):
         rank r's rows in group order, group g ending at cu_seqlens[r, g] (padding rows zero).
         """
+        self._on_device("dispatch", x=x, topk_idx=topk_idx, topk_weights=topk_weights, plan=plan)
         n = _tokens(num_tokens)
         if plan is None:
             plan = ops.plan(topk_idx, self._id, n)
@@ -178,6 +180,7 @@ class Buffer:
         With apply_weights each entry is multiplied by its route weight (fp32 accumulation, one bf16 rounding);
         the route weights' gradient flows through handle.recv_w to dispatch's topk_weights.
         """
+        self._on_device("combine", expert_out=expert_out)
         return ops.combine(
             expert_out, handle.recv_w, handle.topk_weights, handle.plan, handle.dst, self._id, apply_weights
         )
@@ -199,6 +202,13 @@ class Buffer:
         x bf16 [R, NvS, a], weight [E, a, b], slots [R, B, a, b] -> fp32 [R, NvS, b] (padding rows 0).
         Autograd-aware (dgrad and wgrad)."""
         return ops.grouped_gemm(x, weight, slots, plan, self._id)
+
+
+    def _on_device(self, op, **tensors):
+        # The ops would dispatch a tensor of another device to that device's kernel (meta: shapes only).
+        for name, t in tensors.items():
+            if t is not None and t.device != self.device:
+                raise ValueError(f"evenep.{op}: {name} is on {t.device}, the buffer on {self.device}")
 
 
 def _tokens(num_tokens):
