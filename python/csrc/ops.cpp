@@ -3,238 +3,31 @@
 // packing, and calls into the library; autograd and fake (meta) implementations are registered in Python
 // (python/evenep/_ops.py), where the schemas are documented.
 //
-// State: a Context per evenep.Buffer (looked up by an int id passed to every op) owns the LocalTeamGroup, one
-// cpu::Buffer per virtual rank and a Planner. Every op is a function of its tensor arguments: the plan and the
-// dispatch handle are tensors (see kPlan* below and docs/python.md), so the op that finds the communication buffer
-// holding another dispatch's rows first dispatches its own handle again (re-dispatch, no planning). Normal call
-// orders (dispatch → combine, combine_backward → dispatch_backward) never re-dispatch.
+// State: a Context per evenep.Buffer (context.hpp, looked up by an int id passed to every op) owns the
+// LocalTeamGroup, one cpu::Buffer per virtual rank and a Planner. Every op is a function of its tensor arguments:
+// the plan and the dispatch handle are tensors (PlanLayout in context.hpp, docs/python.md), so the op that finds the
+// communication buffer holding another dispatch's rows first dispatches its own handle again (re-dispatch, no
+// planning). Normal call orders (dispatch → combine, combine_backward → dispatch_backward) never re-dispatch.
 //
 // CUDA: not built in this phase. The CUDA kernels register under the same schemas with
 // TORCH_LIBRARY_IMPL(evenep, CUDA, m) on top of cuda::Ep (see "CUDA dispatch point" below and docs/python.md).
+// NOTE: Python.h first (it may redefine feature macros the standard headers read).
 #include <Python.h>
-#include <torch/library.h>
+// clang-format off
 #include <ATen/ATen.h>
+#include <torch/library.h>
+// clang-format on
 
-#include <algorithm>
 #include <cstring>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
-#include <vector>
 
-#include "evenep/cpu/buffer.hpp"
+#include "context.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
-#include "evenep/cpu/local_team.hpp"
 #include "evenep/detail/layout.hpp"
-#include "evenep/error.hpp"
-#include "evenep/plan.hpp"
 
 namespace evenep::python {
 namespace {
-
-// Plan tensor: int32 [R, plan_width], row r = [s_r, tpe[r][0..E), cu_seqlens[G], group_count[G], group_expert[G],
-// group_source[G], group_slot[G], copies[B]] (rank r's part of the Plan; the whole Plan is a pure function of the
-// gathered (s, tpe), SPEC invariant 5, and is rebuilt from them). Mirrored by PlanLayout in python/evenep/buffer.py.
-struct PlanLayout {
-    int E, G, B;
-    int tpe() const { return 1; }
-    int cu_seqlens() const { return 1 + E; }
-    int group_count() const { return cu_seqlens() + G; }
-    int group_expert() const { return group_count() + G; }
-    int group_source() const { return group_expert() + G; }
-    int group_slot() const { return group_source() + G; }
-    int copies() const { return group_slot() + G; }
-    int width() const { return copies() + B; }
-};
-// Handle tensor: int32 [R, s*K], rank r's encoded destinations dst (SPEC §3.4; tokens past s_r hold kMaskedDst).
-// The buffers remember which (plan, handle, topk_weights) they hold, by value, so no op depends on call history.
-
-// Bad input → ValueError (evenep::Error kInvalidArgument); everything else → RuntimeError.
-template <typename F>
-auto translate(F&& f) -> decltype(f()) {
-    try {
-        return f();
-    } catch (const Error& e) {
-        if (e.kind() == ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
-        TORCH_CHECK(false, e.what());
-    }
-}
-
-void check_tensor(const at::Tensor& t, const char* op, const char* name, at::ScalarType dtype,
-                  std::initializer_list<int64_t> sizes) {
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "evenep.", op, ": ", name, " is on ", t.device(),
-                      ", expected cpu (this op has no kernel for that device yet)");
-    TORCH_CHECK_VALUE(t.scalar_type() == dtype, "evenep.", op, ": ", name, " has dtype ", t.scalar_type(),
-                      ", expected ", dtype);
-    TORCH_CHECK_VALUE(t.sizes().equals(sizes), "evenep.", op, ": ", name, " has shape ", t.sizes(),
-                      ", expected ", at::IntArrayRef(sizes));
-    TORCH_CHECK_VALUE(t.is_contiguous(), "evenep.", op, ": ", name, " is not contiguous");
-}
-
-template <typename T>
-std::span<T> span_of(const at::Tensor& t) {
-    return {reinterpret_cast<T*>(t.data_ptr()), static_cast<size_t>(t.numel())};
-}
-
-class Context {
-  public:
-    Context(const BufferConfig& cfg, PlannerMode mode)
-        : cfg_(cfg), group_(cfg.cfg.R), planner_(cfg.cfg, mode), buffers_(cfg.cfg.R), cur_(cfg.cfg.R) {
-        cpu::run_ranks_or_throw(group_, [&](Team& t) {
-            buffers_[t.rank()] = std::make_unique<cpu::Buffer>(t, cfg_, mode);
-        });
-    }
-
-    const Config& cfg() const { return cfg_.cfg; }
-    int H() const { return cfg_.H; }
-    int ffn_hidden() const { return cfg_.ffn_hidden; }
-    int64_t nvs() const { return cfg_.cfg.recv_rows(); }
-    PlanLayout plan_layout() const { return {cfg().E, cfg().num_groups(), cfg().num_slots()}; }
-    std::mutex& mutex() { return mutex_; }
-
-    // Plans from every rank's topk_idx (int32 [R, s, K]) with s_r tokens each; returns the plan tensor.
-    at::Tensor plan(const at::Tensor& topk_idx, const std::vector<int32_t>& s) {
-        const Config& c = cfg();
-        const int R = c.R, E = c.E, K = c.K;
-        const int64_t s_pad = topk_idx.size(1);
-        std::vector<int32_t> tpe(static_cast<size_t>(R) * E);
-        const int32_t* idx = topk_idx.data_ptr<int32_t>();
-        for (int r = 0; r < R; ++r)
-            compute_tpe(c, r, {idx + r * s_pad * K, static_cast<size_t>(s[r]) * K}, s[r],
-                        std::span(tpe).subspan(static_cast<size_t>(r) * E, E));
-        check_group_tokens(c, s, group_total(s));
-        const Plan& p = full_plan(s, tpe);
-        const PlanLayout L = plan_layout();
-        const int G = L.G, B = L.B;
-        at::Tensor out = at::zeros({R, L.width()}, at::kInt);
-        for (int r = 0; r < R; ++r) {
-            int32_t* row = out.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
-            row[0] = s[r];
-            std::copy_n(p.tpe.begin() + static_cast<int64_t>(r) * E, E, row + L.tpe());
-            std::copy_n(p.cu_seqlens.begin() + r * G, G, row + L.cu_seqlens());
-            std::copy_n(p.group_count.begin() + r * G, G, row + L.group_count());
-            std::copy_n(p.group_expert.begin() + r * G, G, row + L.group_expert());
-            for (int g = 0; g < G; ++g) row[L.group_source() + g] = static_cast<int32_t>(p.group_source[r * G + g]);
-            std::copy_n(p.group_slot.begin() + r * G, G, row + L.group_slot());
-            std::copy_n(p.copies.begin() + r * B, B, row + L.copies());
-        }
-        return out;
-    }
-
-    // The Plan a plan tensor stands for (checked: [R, width], s_r in [1, S]).
-    const Plan& plan_of(const at::Tensor& plan, const char* op) {
-        const PlanLayout L = plan_layout();
-        check_tensor(plan, op, "plan", at::kInt, {cfg().R, L.width()});
-        std::vector<int32_t> s(cfg().R), tpe(static_cast<size_t>(cfg().R) * cfg().E);
-        for (int r = 0; r < cfg().R; ++r) {
-            const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
-            s[r] = row[0];
-            std::copy_n(row + L.tpe(), cfg().E, tpe.begin() + static_cast<int64_t>(r) * cfg().E);
-        }
-        check_group_tokens(cfg(), s, group_total(s));
-        return full_plan(s, tpe);
-    }
-
-    // Handles of a dispatch of the plan with every rank's topk_idx and weights ([R, s, K]); no data moves.
-    std::vector<cpu::DispatchHandle> make_handles(const Plan& p, const at::Tensor& topk_idx, const at::Tensor& topk_w) {
-        const int R = cfg().R, K = cfg().K;
-        const int64_t s_pad = topk_w.size(1);
-        std::vector<cpu::DispatchHandle> hs(R);
-        for (int r = 0; r < R; ++r) {
-            cpu::DispatchHandle& h = hs[r];
-            h.plan = p;
-            h.rank = r;
-            h.s = p.s[r];
-            const size_t n = static_cast<size_t>(h.s) * K;
-            h.dst.resize(n);
-            h.topk_w.assign(topk_w.data_ptr<float>() + r * s_pad * K, topk_w.data_ptr<float>() + r * s_pad * K + n);
-            if (topk_idx.defined())
-                compute_dst(p, r, {topk_idx.data_ptr<int32_t>() + r * s_pad * K, n}, h.dst);
-        }
-        return hs;
-    }
-
-    // Dispatches x ([R, s, H] bf16) with the handles (collective over the virtual ranks); the buffer then holds them.
-    std::vector<cpu::DispatchHandle>& dispatch(std::vector<cpu::DispatchHandle> hs, const at::Tensor& x,
-                                               const at::Tensor& plan, const at::Tensor& handle,
-                                               const at::Tensor& topk_w) {
-        invalidate();
-        const int64_t s_pad = x.size(1);
-        cpu::run_ranks_or_throw(group_, [&](Team& t) {
-            const int r = t.rank();
-            const Bf16* xr = reinterpret_cast<const Bf16*>(x.data_ptr()) + r * s_pad * H();
-            buffers_[r]->dispatch(hs[r], {xr, static_cast<size_t>(hs[r].s) * H()});
-        });
-        cur_ = std::move(hs);
-        cur_plan_ = plan.clone();
-        cur_handle_ = handle.clone();
-        cur_topk_w_ = topk_w.clone();
-        return cur_;
-    }
-
-    // Makes the buffer hold the dispatch `handle` (int32 [R, s*K]) of `plan` with weights topk_w: nothing to do when
-    // it already does (same plan, destinations and weights); otherwise dispatches it again (zero rows, the
-    // handle's weights and chains).
-    std::vector<cpu::DispatchHandle>& hold(const at::Tensor& plan, const at::Tensor& handle, const at::Tensor& topk_w,
-                                          const char* op) {
-        const int R = cfg().R, K = cfg().K;
-        check_tensor(handle, op, "handle", at::kInt, {R, handle.dim() == 2 ? handle.size(1) : -1});
-        TORCH_CHECK_VALUE(handle.size(1) >= K && handle.size(1) % K == 0, "evenep.", op, ": handle has ",
-                          handle.size(1), " columns, expected s*K");
-        const int64_t s_pad = handle.size(1) / K;
-        check_tensor(topk_w, op, "topk_weights", at::kFloat, {R, s_pad, K});
-        check_tensor(plan, op, "plan", at::kInt, {R, plan_layout().width()});
-        if (holds(plan, handle, topk_w)) return cur_;
-        const Plan& p = plan_of(plan, op);
-        std::vector<cpu::DispatchHandle> hs = make_handles(p, {}, topk_w);
-        for (int r = 0; r < R; ++r) {
-            TORCH_CHECK_VALUE(hs[r].s <= s_pad, "evenep.", op, ": the plan gives rank ", r, " ", hs[r].s,
-                              " tokens but the handle holds ", s_pad);
-            std::copy_n(handle.data_ptr<int32_t>() + r * handle.size(1), hs[r].dst.size(), hs[r].dst.begin());
-        }
-        // NOTE: the destinations are trusted to be the plan's (as produced by dispatch); they are not re-derived.
-        return dispatch(std::move(hs), at::zeros({R, s_pad, H()}, at::kBFloat16), plan, handle, topk_w);
-    }
-
-    // After dispatch_backward replaced the row weights with their gradients: the buffer no longer holds a dispatch.
-    void invalidate() { cur_plan_ = at::Tensor(); }
-    // Whether the buffers hold the dispatch (plan, handle, topk_w) (compared by value).
-    bool holds(const at::Tensor& plan, const at::Tensor& handle, const at::Tensor& topk_w) const {
-        return cur_plan_.defined() && cur_handle_.sizes() == handle.sizes() && at::equal(cur_plan_, plan) &&
-               at::equal(cur_handle_, handle) && at::equal(cur_topk_w_, topk_w);
-    }
-
-    cpu::Buffer& buffer(int r) { return *buffers_[r]; }
-    cpu::LocalTeamGroup& group() { return group_; }
-
-  private:
-    static int64_t group_total(const std::vector<int32_t>& s) {
-        if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;
-        int64_t total = 0;
-        for (int32_t v : s) total += v;
-        return total;
-    }
-    const Plan& full_plan(const std::vector<int32_t>& s, const std::vector<int32_t>& tpe) {
-        if (s != last_s_ || tpe != last_tpe_) {
-            last_s_.clear();  // a failed plan leaves no cache entry
-            planner_.plan(tpe, s, last_plan_);
-            last_s_ = s;
-            last_tpe_ = tpe;
-        }
-        return last_plan_;
-    }
-
-    BufferConfig cfg_;
-    cpu::LocalTeamGroup group_;
-    Planner planner_;
-    std::vector<std::unique_ptr<cpu::Buffer>> buffers_;
-    std::vector<cpu::DispatchHandle> cur_;  // the dispatch the buffers hold, valid when cur_plan_ is defined
-    at::Tensor cur_plan_, cur_handle_, cur_topk_w_;  // its tensors
-    std::vector<int32_t> last_s_, last_tpe_;
-    Plan last_plan_;
-    std::mutex mutex_;
-};
 
 std::mutex g_registry_mutex;
 std::map<int64_t, std::shared_ptr<Context>> g_registry;
@@ -248,7 +41,9 @@ std::shared_ptr<Context> context(int64_t id) {
 }
 
 // s_r of every rank: num_tokens when given (each in [1, s_pad]), else s_pad for all.
-std::vector<int32_t> tokens(const Context& ctx, int64_t s_pad, const std::optional<at::IntArrayRef>& num_tokens,
+std::vector<int32_t> tokens(const Context& ctx,
+                            int64_t s_pad,
+                            const std::optional<at::IntArrayRef>& num_tokens,
                             const char* op) {
     const int R = ctx.cfg().R;
     TORCH_CHECK_VALUE(s_pad >= 1 && s_pad <= ctx.cfg().S, "evenep.", op, ": s = ", s_pad,
@@ -258,8 +53,8 @@ std::vector<int32_t> tokens(const Context& ctx, int64_t s_pad, const std::option
         TORCH_CHECK_VALUE(static_cast<int>(num_tokens->size()) == R, "evenep.", op, ": num_tokens has ",
                           num_tokens->size(), " values, expected R = ", R);
         for (int r = 0; r < R; ++r) {
-            TORCH_CHECK_VALUE((*num_tokens)[r] >= 1 && (*num_tokens)[r] <= s_pad, "evenep.", op,
-                              ": num_tokens[", r, "] = ", (*num_tokens)[r], " outside [1, s = ", s_pad, "]");
+            TORCH_CHECK_VALUE((*num_tokens)[r] >= 1 && (*num_tokens)[r] <= s_pad, "evenep.", op, ": num_tokens[", r,
+                              "] = ", (*num_tokens)[r], " outside [1, s = ", s_pad, "]");
             s[r] = static_cast<int32_t>((*num_tokens)[r]);
         }
     }
@@ -273,8 +68,8 @@ at::Tensor topk_int32(const Context& ctx, const at::Tensor& topk_idx, const char
     check_tensor(topk_idx, op, "topk_idx", topk_idx.scalar_type(), {ctx.cfg().R, s, ctx.cfg().K});
     if (topk_idx.scalar_type() == at::kLong && topk_idx.numel() > 0) {
         const int64_t lo = topk_idx.min().item<int64_t>(), hi = topk_idx.max().item<int64_t>();
-        TORCH_CHECK_VALUE(lo >= -1 && hi < ctx.cfg().E, "evenep.", op, ": topk_idx holds expert id ",
-                          lo < -1 ? lo : hi, " outside [-1, E = ", ctx.cfg().E, ")");
+        TORCH_CHECK_VALUE(lo >= -1 && hi < ctx.cfg().E, "evenep.", op, ": topk_idx holds expert id ", lo < -1 ? lo : hi,
+                          " outside [-1, E = ", ctx.cfg().E, ")");
     }
     return topk_idx.to(at::kInt);
 }
@@ -290,8 +85,15 @@ void copy_rows(at::Tensor& out, int r, const void* src, int64_t rows) {
 // Ops (CPU kernels). CUDA dispatch point: the same schemas get CUDA kernels over cuda::Ep in the next phase.
 // ---------------------------------------------------------------------------------------------------------
 
-int64_t create_buffer(int64_t num_ranks, int64_t num_experts, int64_t top_k, int64_t max_tokens, int64_t hidden,
-                      int64_t ffn_hidden, int64_t num_slots, int64_t token_padding, std::string planner) {
+int64_t create_buffer(int64_t num_ranks,
+                      int64_t num_experts,
+                      int64_t top_k,
+                      int64_t max_tokens,
+                      int64_t hidden,
+                      int64_t ffn_hidden,
+                      int64_t num_slots,
+                      int64_t token_padding,
+                      std::string planner) {
     return translate([&] {
         BufferConfig cfg;
         cfg.cfg.R = static_cast<int>(num_ranks);
@@ -319,7 +121,16 @@ void release_buffer(int64_t id) {
 std::vector<int64_t> buffer_info(int64_t id) {
     auto ctx = context(id);
     const Config& c = ctx->cfg();
-    return {c.R, c.E, c.K, c.S, ctx->H(), ctx->ffn_hidden(), c.num_slots(), c.tp, ctx->nvs(), c.num_groups(),
+    return {c.R,
+            c.E,
+            c.K,
+            c.S,
+            ctx->H(),
+            ctx->ffn_hidden(),
+            c.num_slots(),
+            c.tp,
+            ctx->nvs(),
+            c.num_groups(),
             ctx->plan_layout().width()};
 }
 
@@ -333,11 +144,11 @@ at::Tensor plan_op(const at::Tensor& topk_idx, int64_t buffer, std::optional<at:
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_op(const at::Tensor& x,
-                                                                      const at::Tensor& topk_idx,
-                                                                      const at::Tensor& topk_weights,
-                                                                      const at::Tensor& plan,
-                                                                      int64_t buffer,
-                                                                      std::optional<at::IntArrayRef> num_tokens) {
+                                                                       const at::Tensor& topk_idx,
+                                                                       const at::Tensor& topk_weights,
+                                                                       const at::Tensor& plan,
+                                                                       int64_t buffer,
+                                                                       std::optional<at::IntArrayRef> num_tokens) {
     auto ctx = context(buffer);
     std::lock_guard lock(ctx->mutex());
     return translate([&] {
@@ -349,8 +160,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_op(const at:
         const std::vector<int32_t> s = tokens(*ctx, s_pad, num_tokens, "dispatch");
         const Plan& p = ctx->plan_of(plan, "dispatch");
         for (int r = 0; r < R; ++r)
-            TORCH_CHECK_VALUE(p.s[r] == s[r], "evenep.dispatch: the plan was made for ", p.s[r], " tokens on rank ",
-                              r, " but x holds ", s[r]);
+            TORCH_CHECK_VALUE(p.s[r] == s[r], "evenep.dispatch: the plan was made for ", p.s[r], " tokens on rank ", r,
+                              " but x holds ", s[r]);
         std::vector<cpu::DispatchHandle> hs = ctx->make_handles(p, idx, topk_weights);
         at::Tensor handle = at::full({R, s_pad * K}, detail::kMaskedDst, at::kInt);
         for (int r = 0; r < R; ++r)
@@ -372,10 +183,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_op(const at:
 }
 
 // combine (apply_weights) and dispatch_backward (grad_recv_w given): both are the library's combine.
-std::tuple<at::Tensor, at::Tensor> combine_impl(const char* op, const at::Tensor& y,
+std::tuple<at::Tensor, at::Tensor> combine_impl(const char* op,
+                                                const at::Tensor& y,
                                                 const std::optional<at::Tensor>& recv_w_grad,
-                                                const at::Tensor& topk_weights, const at::Tensor& plan,
-                                                const at::Tensor& handle, int64_t buffer, bool apply_weights) {
+                                                const at::Tensor& topk_weights,
+                                                const at::Tensor& plan,
+                                                const at::Tensor& handle,
+                                                int64_t buffer,
+                                                bool apply_weights) {
     auto ctx = context(buffer);
     std::lock_guard lock(ctx->mutex());
     return translate([&] {
@@ -410,34 +225,44 @@ std::tuple<at::Tensor, at::Tensor> combine_impl(const char* op, const at::Tensor
     });
 }
 
-at::Tensor combine_op(const at::Tensor& expert_out, const at::Tensor& recv_w, const at::Tensor& topk_weights,
-                      const at::Tensor& plan, const at::Tensor& handle, int64_t buffer, bool apply_weights) {
+at::Tensor combine_op(const at::Tensor& expert_out,
+                      const at::Tensor& recv_w,
+                      const at::Tensor& topk_weights,
+                      const at::Tensor& plan,
+                      const at::Tensor& handle,
+                      int64_t buffer,
+                      bool apply_weights) {
     auto ctx = context(buffer);
     check_tensor(recv_w, "combine", "recv_w", at::kFloat, {ctx->cfg().R, ctx->nvs()});
     return std::get<0>(
         combine_impl("combine", expert_out, std::nullopt, topk_weights, plan, handle, buffer, apply_weights));
 }
 
-std::tuple<at::Tensor, at::Tensor> dispatch_backward_op(const at::Tensor& grad_recv_x, const at::Tensor& grad_recv_w,
-                                                        const at::Tensor& topk_weights, const at::Tensor& plan,
-                                                        const at::Tensor& handle, int64_t buffer) {
+std::tuple<at::Tensor, at::Tensor> dispatch_backward_op(const at::Tensor& grad_recv_x,
+                                                        const at::Tensor& grad_recv_w,
+                                                        const at::Tensor& topk_weights,
+                                                        const at::Tensor& plan,
+                                                        const at::Tensor& handle,
+                                                        int64_t buffer) {
     return combine_impl("dispatch_backward", grad_recv_x, grad_recv_w, topk_weights, plan, handle, buffer, false);
 }
 
 // combine_backward(h, g) = dispatch of g with the plan reused (SPEC §4.3): [R, s, H] → [R, NvS, H].
-at::Tensor combine_backward_op(const at::Tensor& grad_out, const at::Tensor& topk_weights, const at::Tensor& plan,
-                               const at::Tensor& handle, int64_t buffer) {
+at::Tensor combine_backward_op(const at::Tensor& grad_out,
+                               const at::Tensor& topk_weights,
+                               const at::Tensor& plan,
+                               const at::Tensor& handle,
+                               int64_t buffer) {
     auto ctx = context(buffer);
     std::lock_guard lock(ctx->mutex());
     return translate([&] {
         const int R = ctx->cfg().R, H = ctx->H();
         const int64_t s_pad = topk_weights.dim() == 3 ? topk_weights.size(1) : -1;
         check_tensor(grad_out, "combine_backward", "grad_out", at::kBFloat16, {R, s_pad, H});
-        std::vector<cpu::DispatchHandle>& hs = ctx->dispatch(
-            ctx->hold(plan, handle, topk_weights, "combine_backward"), grad_out, plan, handle, topk_weights);
+        std::vector<cpu::DispatchHandle>& hs = ctx->dispatch(ctx->hold(plan, handle, topk_weights, "combine_backward"),
+                                                             grad_out, plan, handle, topk_weights);
         at::Tensor rows = at::zeros({R, ctx->nvs(), H}, at::kBFloat16);
-        for (int r = 0; r < R; ++r)
-            copy_rows(rows, r, ctx->buffer(r).recv_x().data(), hs[r].plan.rows_used(r));
+        for (int r = 0; r < R; ++r) copy_rows(rows, r, ctx->buffer(r).recv_x().data(), hs[r].plan.rows_used(r));
         return rows;
     });
 }
@@ -515,8 +340,13 @@ void check_gemm_weights(const Context& ctx, const char* op, const at::Tensor& w,
 // fwd (transposed = false): out[r] = x[r] · W_g per group, x [R, NvS, a] → [R, NvS, b] fp32.
 // dgrad (transposed = true): out[r] = x[r] · W_g^T, x [R, NvS, b] → [R, NvS, a] fp32. Padding rows are 0.
 // Weights are used as bf16 (fp32 weights are rounded to bf16 first, as stored in the library's pools).
-at::Tensor grouped_gemm_impl(const char* op, const at::Tensor& x, const at::Tensor& w, const at::Tensor& slots,
-                             const at::Tensor& plan, int64_t buffer, bool transposed) {
+at::Tensor grouped_gemm_impl(const char* op,
+                             const at::Tensor& x,
+                             const at::Tensor& w,
+                             const at::Tensor& slots,
+                             const at::Tensor& plan,
+                             int64_t buffer,
+                             bool transposed) {
     auto ctx = context(buffer);
     return translate([&] {
         const Config& c = ctx->cfg();
@@ -533,30 +363,33 @@ at::Tensor grouped_gemm_impl(const char* op, const at::Tensor& x, const at::Tens
                                                  reinterpret_cast<const Bf16*>(sb.data_ptr()), a * b);
             cpu::GroupedGemmShape shape{{row + L.cu_seqlens(), static_cast<size_t>(L.G)},
                                         {row + L.group_count(), static_cast<size_t>(L.G)},
-                                        static_cast<int>(in), static_cast<int>(out_dim)};
-            cpu::grouped_gemm(shape, table, transposed,
-                              {reinterpret_cast<const Bf16*>(x.data_ptr()) + r * ctx->nvs() * in,
-                               static_cast<size_t>(ctx->nvs() * in)},
-                              {out.data_ptr<float>() + r * ctx->nvs() * out_dim, static_cast<size_t>(ctx->nvs() * out_dim)},
-                              false);
+                                        static_cast<int>(in),
+                                        static_cast<int>(out_dim)};
+            cpu::grouped_gemm(
+                shape, table, transposed,
+                {reinterpret_cast<const Bf16*>(x.data_ptr()) + r * ctx->nvs() * in,
+                 static_cast<size_t>(ctx->nvs() * in)},
+                {out.data_ptr<float>() + r * ctx->nvs() * out_dim, static_cast<size_t>(ctx->nvs() * out_dim)}, false);
         }
         return out;
     });
 }
 
-at::Tensor grouped_gemm_op(const at::Tensor& x, const at::Tensor& w, const at::Tensor& slots, const at::Tensor& plan,
-                           int64_t buffer) {
+at::Tensor grouped_gemm_op(
+    const at::Tensor& x, const at::Tensor& w, const at::Tensor& slots, const at::Tensor& plan, int64_t buffer) {
     return grouped_gemm_impl("grouped_gemm", x, w, slots, plan, buffer, false);
 }
-at::Tensor grouped_gemm_dgrad_op(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& slots,
-                                 const at::Tensor& plan, int64_t buffer) {
+at::Tensor grouped_gemm_dgrad_op(
+    const at::Tensor& dy, const at::Tensor& w, const at::Tensor& slots, const at::Tensor& plan, int64_t buffer) {
     return grouped_gemm_impl("grouped_gemm_dgrad", dy, w, slots, plan, buffer, true);
 }
 
 // wgrad: for every used row of every group, grad_W_g += x_row^T · dy_row (fp32), W_g the group's weight: the home
 // expert's gradient [E, a, b] (local and peer groups) or the slot's gradient [R, B, a, b].
-std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_op(const at::Tensor& x, const at::Tensor& dy,
-                                                         const at::Tensor& plan, int64_t buffer) {
+std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_op(const at::Tensor& x,
+                                                         const at::Tensor& dy,
+                                                         const at::Tensor& plan,
+                                                         int64_t buffer) {
     auto ctx = context(buffer);
     return translate([&] {
         const Config& c = ctx->cfg();
@@ -572,13 +405,14 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_op(const at::Tensor& x, co
             auto table = group_table<float>(*ctx, plan, r, gw.data_ptr<float>(), gs.data_ptr<float>(), a * b);
             cpu::GroupedGemmShape shape{{row + L.cu_seqlens(), static_cast<size_t>(L.G)},
                                         {row + L.group_count(), static_cast<size_t>(L.G)},
-                                        static_cast<int>(a), static_cast<int>(b)};
-            cpu::grouped_gemm_wgrad(shape,
-                                    {reinterpret_cast<const Bf16*>(x.data_ptr()) + r * ctx->nvs() * a,
-                                     static_cast<size_t>(ctx->nvs() * a)},
-                                    {reinterpret_cast<const Bf16*>(dy.data_ptr()) + r * ctx->nvs() * b,
-                                     static_cast<size_t>(ctx->nvs() * b)},
-                                    table);
+                                        static_cast<int>(a),
+                                        static_cast<int>(b)};
+            cpu::grouped_gemm_wgrad(
+                shape,
+                {reinterpret_cast<const Bf16*>(x.data_ptr()) + r * ctx->nvs() * a, static_cast<size_t>(ctx->nvs() * a)},
+                {reinterpret_cast<const Bf16*>(dy.data_ptr()) + r * ctx->nvs() * b,
+                 static_cast<size_t>(ctx->nvs() * b)},
+                table);
         }
         return std::make_tuple(gw, gs);
     });
@@ -589,25 +423,30 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_op(const at::Tensor& x, co
 
 TORCH_LIBRARY(evenep, m) {
     using namespace evenep::python;
-    m.def("create_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
-          "int num_slots, int token_padding, str planner) -> int",
-          &create_buffer);
+    m.def(
+        "create_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
+        "int num_slots, int token_padding, str planner) -> int",
+        &create_buffer);
     m.def("release_buffer(int buffer) -> ()", &release_buffer);
     m.def("buffer_info(int buffer) -> int[]", &buffer_info);
     m.def("plan(Tensor topk_idx, int buffer, int[]? num_tokens=None) -> Tensor");
-    m.def("dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor plan, int buffer, "
-          "int[]? num_tokens=None) -> (Tensor recv_x, Tensor recv_w, Tensor cu_seqlens, Tensor handle)");
-    m.def("combine(Tensor expert_out, Tensor recv_w, Tensor topk_weights, Tensor plan, Tensor handle, int buffer, "
-          "bool apply_weights=True) -> Tensor");
+    m.def(
+        "dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor plan, int buffer, "
+        "int[]? num_tokens=None) -> (Tensor recv_x, Tensor recv_w, Tensor cu_seqlens, Tensor handle)");
+    m.def(
+        "combine(Tensor expert_out, Tensor recv_w, Tensor topk_weights, Tensor plan, Tensor handle, int buffer, "
+        "bool apply_weights=True) -> Tensor");
     m.def("combine_backward(Tensor grad_out, Tensor topk_weights, Tensor plan, Tensor handle, int buffer) -> Tensor");
-    m.def("dispatch_backward(Tensor grad_recv_x, Tensor grad_recv_w, Tensor topk_weights, Tensor plan, "
-          "Tensor handle, int buffer) -> (Tensor grad_x, Tensor grad_topk_weights)");
+    m.def(
+        "dispatch_backward(Tensor grad_recv_x, Tensor grad_recv_w, Tensor topk_weights, Tensor plan, "
+        "Tensor handle, int buffer) -> (Tensor grad_x, Tensor grad_topk_weights)");
     m.def("prefetch_weight(Tensor weight, Tensor plan, int buffer) -> Tensor");
     m.def("reduce_grad(Tensor slot_grads, Tensor plan, int buffer) -> Tensor");
     m.def("grouped_gemm(Tensor x, Tensor weight, Tensor slots, Tensor plan, int buffer) -> Tensor");
     m.def("grouped_gemm_dgrad(Tensor dy, Tensor weight, Tensor slots, Tensor plan, int buffer) -> Tensor");
-    m.def("grouped_gemm_wgrad(Tensor x, Tensor dy, Tensor plan, int buffer) -> (Tensor grad_weight, "
-          "Tensor grad_slots)");
+    m.def(
+        "grouped_gemm_wgrad(Tensor x, Tensor dy, Tensor plan, int buffer) -> (Tensor grad_weight, "
+        "Tensor grad_slots)");
 }
 
 TORCH_LIBRARY_IMPL(evenep, CPU, m) {
@@ -628,7 +467,14 @@ TORCH_LIBRARY_IMPL(evenep, CPU, m) {
 
 // `import evenep._C` loads this library (the ops register at load time); the module itself is empty.
 PyMODINIT_FUNC PyInit__C(void) {
-    static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "EvenEP torch ops (torch.ops.evenep)", -1, nullptr,
-                                 nullptr, nullptr, nullptr, nullptr};
+    static PyModuleDef module = {PyModuleDef_HEAD_INIT,
+                                 "_C",
+                                 "EvenEP torch ops (torch.ops.evenep)",
+                                 -1,
+                                 nullptr,
+                                 nullptr,
+                                 nullptr,
+                                 nullptr,
+                                 nullptr};
     return PyModule_Create(&module);
 }
