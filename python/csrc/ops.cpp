@@ -267,49 +267,48 @@ at::Tensor combine_backward_op(const at::Tensor& grad_out,
     });
 }
 
+// Calls fn(r, b, e) for every prefetch slot b of every rank r holding a copy of expert e (the plan's copies table),
+// ranks ascending, slots ascending: the library's deterministic order.
+template <typename F>
+void for_each_copy(const Context& ctx, const at::Tensor& plan, const char* op, F&& fn) {
+    const Config& c = ctx.cfg();
+    const PlanLayout L = ctx.plan_layout();
+    check_tensor(plan, op, "plan", at::kInt, {c.R, L.width()});
+    for (int r = 0; r < c.R; ++r)
+        for (int b = 0; b < L.B; ++b) {
+            const int32_t e = plan.data_ptr<int32_t>()[r * L.width() + L.copies() + b];
+            TORCH_CHECK_VALUE(e >= -1 && e < c.E, "evenep.", op, ": plan copies[", r, "][", b, "] = ", e);
+            if (e >= 0) fn(r, b, e);
+        }
+}
+
 // prefetch_weight: slots[r, b] = w[copies[r][b]] (zero where the slot is empty). w: [E, a, b] (the home weights of
 // every expert, global order), slots: [R, B, a, b]. In-process ranks read every home directly.
 at::Tensor prefetch_weight_op(const at::Tensor& w, const at::Tensor& plan, int64_t buffer) {
     auto ctx = context(buffer);
-    std::lock_guard lock(ctx->mutex());
     return translate([&] {
         const Config& c = ctx->cfg();
-        const PlanLayout L = ctx->plan_layout();
         TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == c.E, "evenep.prefetch_weight: weight has shape ", w.sizes(),
                           ", expected [E = ", c.E, ", in, out]");
         TORCH_CHECK_VALUE(w.device().is_cpu(), "evenep.prefetch_weight: weight is on ", w.device());
-        check_tensor(plan, "prefetch_weight", "plan", at::kInt, {c.R, L.width()});
-        at::Tensor slots = at::zeros({c.R, L.B, w.size(1), w.size(2)}, w.options());
-        for (int r = 0; r < c.R; ++r)
-            for (int b = 0; b < L.B; ++b) {
-                const int32_t e = plan.data_ptr<int32_t>()[r * L.width() + L.copies() + b];
-                TORCH_CHECK_VALUE(e >= -1 && e < c.E, "evenep.prefetch_weight: plan copies[", r, "][", b, "] = ", e);
-                if (e >= 0) slots[r][b].copy_(w[e]);
-            }
+        at::Tensor slots = at::zeros({c.R, c.num_slots(), w.size(1), w.size(2)}, w.options());
+        for_each_copy(*ctx, plan, "prefetch_weight", [&](int r, int b, int e) { slots[r][b].copy_(w[e]); });
         return slots;
     });
 }
 
 // reduce_grad: grad[e] = sum over ranks r ascending, slots b ascending with copies[r][b] = e of slot_grads[r, b]
-// (the library's deterministic order, fp32); experts without copies get 0.
+// (fp32); experts without copies get 0.
 at::Tensor reduce_grad_op(const at::Tensor& slot_grads, const at::Tensor& plan, int64_t buffer) {
     auto ctx = context(buffer);
-    std::lock_guard lock(ctx->mutex());
     return translate([&] {
         const Config& c = ctx->cfg();
-        const PlanLayout L = ctx->plan_layout();
         TORCH_CHECK_VALUE(slot_grads.dim() == 4, "evenep.reduce_grad: slot_grads has shape ", slot_grads.sizes(),
                           ", expected [R, B, in, out]");
         check_tensor(slot_grads, "reduce_grad", "slot_grads", at::kFloat,
-                     {c.R, L.B, slot_grads.size(2), slot_grads.size(3)});
-        check_tensor(plan, "reduce_grad", "plan", at::kInt, {c.R, L.width()});
+                     {c.R, c.num_slots(), slot_grads.size(2), slot_grads.size(3)});
         at::Tensor grad = at::zeros({c.E, slot_grads.size(2), slot_grads.size(3)}, at::kFloat);
-        for (int r = 0; r < c.R; ++r)
-            for (int b = 0; b < L.B; ++b) {
-                const int32_t e = plan.data_ptr<int32_t>()[r * L.width() + L.copies() + b];
-                TORCH_CHECK_VALUE(e >= -1 && e < c.E, "evenep.reduce_grad: plan copies[", r, "][", b, "] = ", e);
-                if (e >= 0) grad[e].add_(slot_grads[r][b]);
-            }
+        for_each_copy(*ctx, plan, "reduce_grad", [&](int r, int b, int e) { grad[e].add_(slot_grads[r][b]); });
         return grad;
     });
 }
