@@ -9,6 +9,8 @@
 # wheel of Linux x86-64 is a CUDA build (torch 2.15: ~5.4 GiB installed with its nvidia-* wheels, about 2.5 min
 # here); pip's cache makes a fresh environment later take well under a minute. Later runs reuse the environment,
 # and the package is rebuilt (incrementally, in build/python/) and reinstalled only when its sources changed.
+# Offline machines with a system torch (e.g. the GPU machine): EVENEP_VENV_SYSTEM=1 creates the environment with
+# --system-site-packages, so nothing is downloaded when torch, pytest, numpy and scikit-build-core are there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -17,7 +19,7 @@ python=${PYTHON:-python3}
 
 if [[ ! -x $venv/bin/python ]]; then
     echo "run-python-tests: creating $venv"
-    "$python" -m venv "$venv"
+    "$python" -m venv ${EVENEP_VENV_SYSTEM:+--system-site-packages} "$venv"
 fi
 py=$venv/bin/python
 if ! "$py" -c "import torch, pytest, numpy, scikit_build_core" 2>/dev/null; then
