@@ -1,0 +1,219 @@
+// python/csrc/context.hpp — the state behind one evenep.Buffer of the torch binding (python/csrc/ops.cpp): the
+// CPU backend's virtual ranks, the plan and handle tensor layouts, and the argument checks shared by every op.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "evenep/cpu/buffer.hpp"
+#include "evenep/cpu/local_team.hpp"
+#include "evenep/error.hpp"
+#include "evenep/plan.hpp"
+
+namespace evenep::python {
+
+// Plan tensor: int32 [R, plan_width], row r = [s_r, tpe[r][0..E), cu_seqlens[G], group_count[G], group_expert[G],
+// group_source[G], group_slot[G], copies[B]] (rank r's part of the Plan; the whole Plan is a pure function of the
+// gathered (s, tpe), SPEC invariant 5, and is rebuilt from them). Mirrored by PlanLayout in python/evenep/buffer.py.
+struct PlanLayout {
+    int E, G, B;
+    int tpe() const { return 1; }
+    int cu_seqlens() const { return 1 + E; }
+    int group_count() const { return cu_seqlens() + G; }
+    int group_expert() const { return group_count() + G; }
+    int group_source() const { return group_expert() + G; }
+    int group_slot() const { return group_source() + G; }
+    int copies() const { return group_slot() + G; }
+    int width() const { return copies() + B; }
+};
+// Handle tensor: int32 [R, s*K], rank r's encoded destinations dst (SPEC §3.4; tokens past s_r hold kMaskedDst).
+// The buffers remember which (plan, handle, topk_weights) they hold, by value, so no op depends on call history.
+
+// Bad input → ValueError (evenep::Error kInvalidArgument); everything else → RuntimeError.
+template <typename F>
+inline auto translate(F&& f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const Error& e) {
+        if (e.kind() == ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
+        TORCH_CHECK(false, e.what());
+    }
+}
+
+inline void check_tensor(
+    const at::Tensor& t, const char* op, const char* name, at::ScalarType dtype, std::initializer_list<int64_t> sizes) {
+    TORCH_CHECK_VALUE(t.device().is_cpu(), "evenep.", op, ": ", name, " is on ", t.device(),
+                      ", expected cpu (this op has no kernel for that device yet)");
+    TORCH_CHECK_VALUE(t.scalar_type() == dtype, "evenep.", op, ": ", name, " has dtype ", t.scalar_type(),
+                      ", expected ", dtype);
+    TORCH_CHECK_VALUE(t.sizes().equals(sizes), "evenep.", op, ": ", name, " has shape ", t.sizes(), ", expected ",
+                      at::IntArrayRef(sizes));
+    TORCH_CHECK_VALUE(t.is_contiguous(), "evenep.", op, ": ", name, " is not contiguous");
+}
+
+class Context {
+  public:
+    Context(const BufferConfig& cfg, PlannerMode mode)
+        : cfg_(cfg), group_(cfg.cfg.R), planner_(cfg.cfg, mode), buffers_(cfg.cfg.R), cur_(cfg.cfg.R) {
+        cpu::run_ranks_or_throw(group_,
+                                [&](Team& t) { buffers_[t.rank()] = std::make_unique<cpu::Buffer>(t, cfg_, mode); });
+    }
+
+    const Config& cfg() const { return cfg_.cfg; }
+    int H() const { return cfg_.H; }
+    int ffn_hidden() const { return cfg_.ffn_hidden; }
+    int64_t nvs() const { return cfg_.cfg.recv_rows(); }
+    PlanLayout plan_layout() const { return {cfg().E, cfg().num_groups(), cfg().num_slots()}; }
+    std::mutex& mutex() { return mutex_; }
+
+    // Plans from every rank's topk_idx (int32 [R, s, K]) with s_r tokens each; returns the plan tensor.
+    at::Tensor plan(const at::Tensor& topk_idx, const std::vector<int32_t>& s) {
+        const Config& c = cfg();
+        const int R = c.R, E = c.E, K = c.K;
+        const int64_t s_pad = topk_idx.size(1);
+        std::vector<int32_t> tpe(static_cast<size_t>(R) * E);
+        const int32_t* idx = topk_idx.data_ptr<int32_t>();
+        for (int r = 0; r < R; ++r)
+            compute_tpe(c, r, {idx + r * s_pad * K, static_cast<size_t>(s[r]) * K}, s[r],
+                        std::span(tpe).subspan(static_cast<size_t>(r) * E, E));
+        check_group_tokens(c, s, group_total(s));
+        const Plan& p = full_plan(s, tpe);
+        const PlanLayout L = plan_layout();
+        const int G = L.G, B = L.B;
+        at::Tensor out = at::zeros({R, L.width()}, at::kInt);
+        for (int r = 0; r < R; ++r) {
+            int32_t* row = out.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
+            row[0] = s[r];
+            std::copy_n(p.tpe.begin() + static_cast<int64_t>(r) * E, E, row + L.tpe());
+            std::copy_n(p.cu_seqlens.begin() + r * G, G, row + L.cu_seqlens());
+            std::copy_n(p.group_count.begin() + r * G, G, row + L.group_count());
+            std::copy_n(p.group_expert.begin() + r * G, G, row + L.group_expert());
+            for (int g = 0; g < G; ++g) row[L.group_source() + g] = static_cast<int32_t>(p.group_source[r * G + g]);
+            std::copy_n(p.group_slot.begin() + r * G, G, row + L.group_slot());
+            std::copy_n(p.copies.begin() + r * B, B, row + L.copies());
+        }
+        return out;
+    }
+
+    // The Plan a plan tensor stands for (checked: [R, width], s_r in [1, S]).
+    const Plan& plan_of(const at::Tensor& plan, const char* op) {
+        const PlanLayout L = plan_layout();
+        check_tensor(plan, op, "plan", at::kInt, {cfg().R, L.width()});
+        std::vector<int32_t> s(cfg().R), tpe(static_cast<size_t>(cfg().R) * cfg().E);
+        for (int r = 0; r < cfg().R; ++r) {
+            const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
+            s[r] = row[0];
+            std::copy_n(row + L.tpe(), cfg().E, tpe.begin() + static_cast<int64_t>(r) * cfg().E);
+        }
+        check_group_tokens(cfg(), s, group_total(s));
+        return full_plan(s, tpe);
+    }
+
+    // Handles of a dispatch of the plan with every rank's topk_idx and weights ([R, s, K]); no data moves.
+    std::vector<cpu::DispatchHandle> make_handles(const Plan& p, const at::Tensor& topk_idx, const at::Tensor& topk_w) {
+        const int R = cfg().R, K = cfg().K;
+        const int64_t s_pad = topk_w.size(1);
+        std::vector<cpu::DispatchHandle> hs(R);
+        for (int r = 0; r < R; ++r) {
+            cpu::DispatchHandle& h = hs[r];
+            h.plan = p;
+            h.rank = r;
+            h.s = p.s[r];
+            const size_t n = static_cast<size_t>(h.s) * K;
+            h.dst.resize(n);
+            h.topk_w.assign(topk_w.data_ptr<float>() + r * s_pad * K, topk_w.data_ptr<float>() + r * s_pad * K + n);
+            if (topk_idx.defined()) compute_dst(p, r, {topk_idx.data_ptr<int32_t>() + r * s_pad * K, n}, h.dst);
+        }
+        return hs;
+    }
+
+    // Dispatches x ([R, s, H] bf16) with the handles (collective over the virtual ranks); the buffer then holds them.
+    std::vector<cpu::DispatchHandle>& dispatch(std::vector<cpu::DispatchHandle> hs,
+                                               const at::Tensor& x,
+                                               const at::Tensor& plan,
+                                               const at::Tensor& handle,
+                                               const at::Tensor& topk_w) {
+        invalidate();
+        const int64_t s_pad = x.size(1);
+        cpu::run_ranks_or_throw(group_, [&](Team& t) {
+            const int r = t.rank();
+            const Bf16* xr = reinterpret_cast<const Bf16*>(x.data_ptr()) + r * s_pad * H();
+            buffers_[r]->dispatch(hs[r], {xr, static_cast<size_t>(hs[r].s) * H()});
+        });
+        cur_ = std::move(hs);
+        cur_plan_ = plan.clone();
+        cur_handle_ = handle.clone();
+        cur_topk_w_ = topk_w.clone();
+        return cur_;
+    }
+
+    // Makes the buffer hold the dispatch `handle` (int32 [R, s*K]) of `plan` with weights topk_w: nothing to do when
+    // it already does (same plan, destinations and weights); otherwise dispatches it again (zero rows, the
+    // handle's weights and chains).
+    std::vector<cpu::DispatchHandle>& hold(const at::Tensor& plan,
+                                           const at::Tensor& handle,
+                                           const at::Tensor& topk_w,
+                                           const char* op) {
+        const int R = cfg().R, K = cfg().K;
+        check_tensor(handle, op, "handle", at::kInt, {R, handle.dim() == 2 ? handle.size(1) : -1});
+        TORCH_CHECK_VALUE(handle.size(1) >= K && handle.size(1) % K == 0, "evenep.", op, ": handle has ",
+                          handle.size(1), " columns, expected s*K");
+        const int64_t s_pad = handle.size(1) / K;
+        check_tensor(topk_w, op, "topk_weights", at::kFloat, {R, s_pad, K});
+        check_tensor(plan, op, "plan", at::kInt, {R, plan_layout().width()});
+        if (holds(plan, handle, topk_w)) return cur_;
+        const Plan& p = plan_of(plan, op);
+        std::vector<cpu::DispatchHandle> hs = make_handles(p, {}, topk_w);
+        for (int r = 0; r < R; ++r) {
+            TORCH_CHECK_VALUE(hs[r].s <= s_pad, "evenep.", op, ": the plan gives rank ", r, " ", hs[r].s,
+                              " tokens but the handle holds ", s_pad);
+            std::copy_n(handle.data_ptr<int32_t>() + r * handle.size(1), hs[r].dst.size(), hs[r].dst.begin());
+        }
+        // NOTE: the destinations are trusted to be the plan's (as produced by dispatch); they are not re-derived.
+        return dispatch(std::move(hs), at::zeros({R, s_pad, H()}, at::kBFloat16), plan, handle, topk_w);
+    }
+
+    // After dispatch_backward replaced the row weights with their gradients: the buffer no longer holds a dispatch.
+    void invalidate() { cur_plan_ = at::Tensor(); }
+    // Whether the buffers hold the dispatch (plan, handle, topk_w) (compared by value).
+    bool holds(const at::Tensor& plan, const at::Tensor& handle, const at::Tensor& topk_w) const {
+        return cur_plan_.defined() && cur_handle_.sizes() == handle.sizes() && at::equal(cur_plan_, plan) &&
+               at::equal(cur_handle_, handle) && at::equal(cur_topk_w_, topk_w);
+    }
+
+    cpu::Buffer& buffer(int r) { return *buffers_[r]; }
+    cpu::LocalTeamGroup& group() { return group_; }
+
+  private:
+    static int64_t group_total(const std::vector<int32_t>& s) {
+        if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;
+        int64_t total = 0;
+        for (int32_t v : s) total += v;
+        return total;
+    }
+    const Plan& full_plan(const std::vector<int32_t>& s, const std::vector<int32_t>& tpe) {
+        if (s != last_s_ || tpe != last_tpe_) {
+            last_s_.clear();  // a failed plan leaves no cache entry
+            planner_.plan(tpe, s, last_plan_);
+            last_s_ = s;
+            last_tpe_ = tpe;
+        }
+        return last_plan_;
+    }
+
+    BufferConfig cfg_;
+    cpu::LocalTeamGroup group_;
+    Planner planner_;
+    std::vector<std::unique_ptr<cpu::Buffer>> buffers_;
+    std::vector<cpu::DispatchHandle> cur_;           // the dispatch the buffers hold, valid when cur_plan_ is defined
+    at::Tensor cur_plan_, cur_handle_, cur_topk_w_;  // its tensors
+    std::vector<int32_t> last_s_, last_tpe_;
+    Plan last_plan_;
+    std::mutex mutex_;
+};
+
+}  // namespace evenep::python

@@ -1,0 +1,18 @@
+"""EvenEP for PyTorch: balanced expert-parallel dispatch/combine ops (torch.ops.evenep) and an MoE layer.
+
+    import evenep
+    buf = evenep.Buffer(num_experts=8, top_k=2, max_tokens=64, hidden=128, virtual_ranks=4)
+    moe = evenep.nn.MoE(128, 256, 8, 2, buffer=buf)
+    out = moe(x)            # x: [R, s, H], the tokens of every virtual rank
+
+See docs/python.md.
+"""
+
+from . import _ops  # noqa: F401  (registers fake implementations and autograd)
+from . import nn  # noqa: F401
+from .buffer import Buffer, Handle, PlanLayout
+
+__all__ = ["Buffer", "Handle", "PlanLayout", "nn", "ops"]
+__version__ = "0.1.0"
+
+ops = _ops.ops

@@ -1,0 +1,215 @@
+"""evenep.Buffer: the EP communication buffer of one MoE group, and the handle of one dispatch."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+
+from . import _ops
+from ._ops import ops
+
+
+class PlanLayout(NamedTuple):
+    """Columns of one rank's row of the plan tensor (int32 [R, width]); mirrors PlanLayout in python/csrc/ops.cpp.
+
+    Row r = [s_r, tpe[r] (E), cu_seqlens (G), group_count (G), group_expert (G), group_source (G),
+    group_slot (G), copies (B)]. The whole plan is a pure function of the gathered (s, tpe) (SPEC invariant 5).
+    """
+
+    E: int
+    G: int
+    B: int
+
+    def field(self, plan: torch.Tensor, name: str) -> torch.Tensor:
+        E, G, B = self.E, self.G, self.B
+        start = {
+            "s": (0, 1),
+            "tpe": (1, E),
+            "cu_seqlens": (1 + E, G),
+            "group_count": (1 + E + G, G),
+            "group_expert": (1 + E + 2 * G, G),
+            "group_source": (1 + E + 3 * G, G),
+            "group_slot": (1 + E + 4 * G, G),
+            "copies": (1 + E + 5 * G, B),
+        }[name]
+        return plan[:, start[0] : start[0] + start[1]]
+
+
+class Handle(NamedTuple):
+    """What one dispatch decided, passed to combine (tensors only: it composes with torch.compile).
+
+    plan:          int32 [R, W] the group plan (PlanLayout)
+    dst:           int32 [R, s*K] every entry's encoded destination (SPEC §3.4)
+    topk_weights:  fp32 [R, s, K] the route weights as dispatched
+    recv_w:        fp32 [R, NvS] the row weights dispatch returned (the autograd edge of the weights in combine)
+    """
+
+    plan: torch.Tensor
+    dst: torch.Tensor
+    topk_weights: torch.Tensor
+    recv_w: torch.Tensor
+
+
+class Buffer:
+    """The EP buffer of one MoE group, shared by all MoE layers of a model.
+
+    Args:
+        num_experts: E routed experts of the group (E % R == 0).
+        top_k: K experts per token (1..32).
+        max_tokens: S, the most tokens one rank passes in one call; sizes the fixed receive buffer
+            (NvS = align(S*K + (tp-1)*2*E/R, tp) rows per rank). Calls may pass any s <= S.
+        hidden: H, the token row size (bf16 elements, H % 8 == 0).
+        group: a torch.distributed process group (one rank per process over EvenEP's NCCL team). Not available
+            yet: raises NotImplementedError (the NCCL path comes with the CUDA ops).
+        virtual_ranks: R ranks in this process (threads over the CPU backend). Every tensor of the API then
+            leads with R: x [R, s, H], topk_idx/topk_weights [R, s, K]. Default 1.
+        num_sms: SMs the CUDA kernels may use (kept for the CUDA backend; unused on the CPU).
+        prefetch_slots: B expert copies per rank (default E/R, required for training).
+        device: "cpu" (the CPU backend). CUDA raises NotImplementedError in this version.
+        ffn_hidden: H' of the experts (sizes the library's expert pools; default hidden).
+        token_padding: tp, the row padding of every expert segment (128 matches the GPU GEMM tile; smaller
+            values make CPU tests faster).
+        planner: "optimized" (default) or "reference".
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        max_tokens: int,
+        hidden: int,
+        *,
+        group=None,
+        virtual_ranks: Optional[int] = None,
+        num_sms: int = 32,
+        prefetch_slots: Optional[int] = None,
+        device="cpu",
+        ffn_hidden: Optional[int] = None,
+        token_padding: int = 128,
+        planner: str = "optimized",
+    ):
+        if group is not None:
+            raise NotImplementedError(
+                "evenep.Buffer(group=...): the multi-process path needs EvenEP's NCCL team, which the CUDA "
+                "backend of the Python package brings; use virtual_ranks=R in one process for now"
+            )
+        self.device = torch.device(device)
+        if self.device.type != "cpu":
+            # CUDA dispatch point: a CUDA Buffer wraps cuda::Ep (next phase).
+            raise NotImplementedError(f"evenep.Buffer(device={self.device}): only the CPU backend is built yet")
+        R = 1 if virtual_ranks is None else int(virtual_ranks)
+        self.num_sms = num_sms
+        self._id = ops.create_buffer(
+            R,
+            num_experts,
+            top_k,
+            max_tokens,
+            hidden,
+            hidden if ffn_hidden is None else ffn_hidden,
+            -1 if prefetch_slots is None else prefetch_slots,
+            token_padding,
+            planner,
+        )
+        self.info = _ops.info(self._id)
+        self.layout = PlanLayout(self.info.E, self.info.G, self.info.B)
+
+    # Static shape -----------------------------------------------------------------------------------------
+    @property
+    def id(self) -> int:
+        """The int every torch.ops.evenep op takes as `buffer`."""
+        return self._id
+
+    @property
+    def num_ranks(self) -> int:
+        return self.info.R
+
+    @property
+    def num_recv_rows(self) -> int:
+        """NvS: receive-buffer rows per rank (fixed, independent of the routing)."""
+        return self.info.nvs
+
+    @property
+    def num_slots(self) -> int:
+        return self.info.B
+
+    def __del__(self):
+        try:
+            ops.release_buffer(self._id)
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        i = self.info
+        return f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs})"
+
+    # Data path --------------------------------------------------------------------------------------------
+    def plan(self, topk_idx: torch.Tensor, num_tokens: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """Plans a dispatch of every rank's routing topk_idx ([R, s, K], int32/int64, -1 = masked).
+
+        num_tokens: optional s_r per rank (each <= s; rows past s_r are ignored), for unequal token counts.
+        Returns the plan tensor (int32 [R, W], see PlanLayout).
+        """
+        self._on_device("plan", topk_idx=topk_idx)
+        return ops.plan(topk_idx, self._id, _tokens(num_tokens))
+
+    def dispatch(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        plan: Optional[torch.Tensor] = None,
+        num_tokens: Optional[Sequence[int]] = None,
+    ):
+        """Sends every token row to the ranks computing its entries (autograd-aware).
+
+        x: bf16 [R, s, H]; topk_idx: [R, s, K]; topk_weights: fp32 [R, s, K]; plan: from plan() (planned here
+        when None). Returns (recv_x bf16 [R, NvS, H], recv_w fp32 [R, NvS], cu_seqlens int32 [R, G], handle):
+        rank r's rows in group order, group g ending at cu_seqlens[r, g] (padding rows zero).
+        """
+        self._on_device("dispatch", x=x, topk_idx=topk_idx, topk_weights=topk_weights, plan=plan)
+        n = _tokens(num_tokens)
+        if plan is None:
+            plan = ops.plan(topk_idx, self._id, n)
+        recv_x, recv_w, cu, dst = ops.dispatch(x, topk_idx, topk_weights, plan, self._id, n)
+        return recv_x, recv_w, cu, Handle(plan, dst, topk_weights.detach(), recv_w)
+
+    def combine(self, expert_out: torch.Tensor, handle: Handle, apply_weights: bool = True) -> torch.Tensor:
+        """Sums every token's expert outputs back on its rank (autograd-aware): [R, NvS, H] bf16 -> [R, s, H].
+
+        With apply_weights each entry is multiplied by its route weight (fp32 accumulation, one bf16 rounding);
+        the route weights' gradient flows through handle.recv_w to dispatch's topk_weights.
+        """
+        self._on_device("combine", expert_out=expert_out)
+        return ops.combine(
+            expert_out, handle.recv_w, handle.topk_weights, handle.plan, handle.dst, self._id, apply_weights
+        )
+
+    def prefetch_weight(self, weight: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
+        """Copies of the experts each rank computes without owning them: weight [E, a, b] -> slots [R, B, a, b].
+
+        Autograd-aware: the slots' gradients are reduced home (reduce_grad) into weight's gradient, so the
+        optimizer only ever sees home weights.
+        """
+        return ops.prefetch_weight(weight, plan, self._id)
+
+    def reduce_grad(self, slot_grads: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
+        """Adds every copy's gradient home: slot_grads fp32 [R, B, a, b] -> fp32 [E, a, b] (deterministic)."""
+        return ops.reduce_grad(slot_grads, plan, self._id)
+
+    def grouped_gemm(self, x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, plan: torch.Tensor):
+        """Per receive-buffer group, x_rows · W_g (W_g the group's home weight or prefetched slot):
+        x bf16 [R, NvS, a], weight [E, a, b], slots [R, B, a, b] -> fp32 [R, NvS, b] (padding rows 0).
+        Autograd-aware (dgrad and wgrad)."""
+        return ops.grouped_gemm(x, weight, slots, plan, self._id)
+
+
+    def _on_device(self, op, **tensors):
+        # The ops would dispatch a tensor of another device to that device's kernel (meta: shapes only).
+        for name, t in tensors.items():
+            if t is not None and t.device != self.device:
+                raise ValueError(f"evenep.{op}: {name} is on {t.device}, the buffer on {self.device}")
+
+
+def _tokens(num_tokens):
+    return None if num_tokens is None else [int(v) for v in num_tokens]

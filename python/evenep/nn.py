@@ -1,0 +1,140 @@
+"""evenep.nn: a drop-in MoE layer over an evenep.Buffer, and the plain PyTorch MoE it is checked against.
+
+Both compute, per token x and entry k (expert e = topk_idx[k], weight w_k):
+    y_e(x) = (silu(x·W_gate[e]) * (x·W_up[e])) · W_down[e];   out = sum_k w_k · y_{e_k}(x)  (+ shared expert)
+with the router  logits = x·W_router (fp32); softmax (or sigmoid) scores; top-k; weights renormalised over the
+top-k. Tokens use the virtual-rank layout [R, s, H].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .buffer import Buffer
+
+
+def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int, router: str):
+    """Router: x [..., H] -> (topk_idx int64 [..., K], topk_weights fp32 [..., K]) (fp32 throughout)."""
+    logits = x.float() @ router_weight.float()
+    if router == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif router == "sigmoid":
+        scores = torch.sigmoid(logits)
+    else:
+        raise ValueError(f"router = {router!r}, expected 'softmax' or 'sigmoid'")
+    vals, idx = torch.topk(scores, top_k, dim=-1)
+    return idx, vals / vals.sum(dim=-1, keepdim=True)
+
+
+class _Experts(nn.Module):
+    """Home expert weights [E, in, out] (global expert order; rank r homes experts r*E/R .. (r+1)*E/R - 1)."""
+
+    def __init__(self, hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype):
+        super().__init__()
+        self.hidden, self.ffn_hidden, self.num_experts, self.top_k, self.router = (
+            hidden, ffn_hidden, num_experts, top_k, router,
+        )
+        if router not in ("softmax", "sigmoid"):
+            raise ValueError(f"router = {router!r}, expected 'softmax' or 'sigmoid'")
+        self.router_weight = nn.Parameter(torch.empty(hidden, num_experts, dtype=dtype))
+        self.w_gate = nn.Parameter(torch.empty(num_experts, hidden, ffn_hidden, dtype=dtype))
+        self.w_up = nn.Parameter(torch.empty(num_experts, hidden, ffn_hidden, dtype=dtype))
+        self.w_down = nn.Parameter(torch.empty(num_experts, ffn_hidden, hidden, dtype=dtype))
+        self.shared_expert = shared_expert
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        for w, fan_in in (
+            (self.router_weight, self.hidden),
+            (self.w_gate, self.hidden),
+            (self.w_up, self.hidden),
+            (self.w_down, self.ffn_hidden),
+        ):
+            bound = math.sqrt(3.0 / fan_in)
+            nn.init.uniform_(w, -bound, bound)
+
+    def _route(self, x, routing):
+        # routing = (topk_idx, topk_weights) replaces the router (custom routers, tests: -1 masks an entry).
+        return route(x, self.router_weight, self.top_k, self.router) if routing is None else routing
+
+    def _shared(self, x):
+        return 0 if self.shared_expert is None else self.shared_expert(x)
+
+
+class MoE(_Experts):
+    """SwiGLU MoE layer over EvenEP: router -> plan -> dispatch -> prefetch -> grouped GEMMs -> combine.
+
+    Args:
+        hidden, ffn_hidden: H and H' of the experts.
+        num_experts, top_k: E and K (must match the buffer's).
+        buffer: the evenep.Buffer (shared by all MoE layers of the model).
+        router: "softmax" or "sigmoid" scores; top-k weights renormalised to sum to 1.
+        shared_expert: optional module applied to every token and added to the output.
+        dtype: parameter dtype (fp32 master weights by default; the data path is bf16).
+
+    forward(x [R, s, H], num_tokens=None, routing=None) -> [R, s, H] in x's dtype; num_tokens: s_r per rank
+    (rows past s_r are ignored and give 0); routing: (topk_idx, topk_weights) [R, s, K] instead of the router. Expert weights are home nn.Parameters;
+    the copies each rank computes without owning are prefetched (evenep.prefetch_weight) and their gradients
+    reduced home (reduce_grad) inside autograd, before the optimizer or any gradient hook sees them.
+    """
+
+    def __init__(self, hidden, ffn_hidden, num_experts, top_k, *, buffer: Buffer, router="softmax",
+                 shared_expert: Optional[nn.Module] = None, dtype=torch.float32):
+        super().__init__(hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype)
+        i = buffer.info
+        if (i.E, i.K, i.H) != (num_experts, top_k, hidden):
+            raise ValueError(
+                f"MoE(E={num_experts}, K={top_k}, H={hidden}) does not match the buffer's (E={i.E}, K={i.K}, H={i.H})"
+            )
+        self.buffer = buffer
+
+    def forward(self, x: torch.Tensor, num_tokens: Optional[Sequence[int]] = None, routing=None) -> torch.Tensor:
+        buf = self.buffer
+        topk_idx, topk_w = self._route(x, routing)
+        xb = x.to(torch.bfloat16)
+        plan = buf.plan(topk_idx, num_tokens)
+        recv_x, _, _, handle = buf.dispatch(xb, topk_idx, topk_w, plan, num_tokens)
+        # Gate and up projections as one GEMM ([H, 2H']): one dgrad, one bf16 rounding of grad x.
+        w_gu = torch.cat([self.w_gate, self.w_up], dim=2)
+        gu = buf.grouped_gemm(recv_x, w_gu, buf.prefetch_weight(w_gu, plan), plan)
+        g, u = gu.to(torch.bfloat16).split(self.ffn_hidden, dim=-1)
+        h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
+        y = buf.grouped_gemm(h, self.w_down, buf.prefetch_weight(self.w_down, plan), plan).to(torch.bfloat16)
+        out = buf.combine(y, handle).to(x.dtype)
+        return out + self._shared(x)
+
+
+class TorchMoE(_Experts):
+    """The plain PyTorch MoE (the same parameters and mathematics, fp32 on bf16-valued inputs, one expert at a
+    time: gather its tokens, three matmuls, index_add_ back). The reference of the tests and of
+    examples/train_moe.py --backend reference."""
+
+    def __init__(self, hidden, ffn_hidden, num_experts, top_k, *, router="softmax",
+                 shared_expert: Optional[nn.Module] = None, dtype=torch.float32):
+        super().__init__(hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype)
+
+    def forward(self, x: torch.Tensor, num_tokens: Optional[Sequence[int]] = None, routing=None) -> torch.Tensor:
+        topk_idx, topk_w = self._route(x, routing)
+        lead = x.shape[:-1]
+        xf = x.to(torch.bfloat16).float().reshape(-1, self.hidden)
+        idx = topk_idx.reshape(-1, self.top_k)
+        w = topk_w.reshape(-1, self.top_k)
+        if num_tokens is not None:  # tokens past s_r on rank r do not exist
+            s = x.shape[1]
+            valid = torch.arange(s, device=x.device)[None, :] < torch.tensor(num_tokens, device=x.device)[:, None]
+            w = w * valid.reshape(-1, 1)
+        out = torch.zeros_like(xf)
+        wg, wu, wd = (p.to(torch.bfloat16).float() for p in (self.w_gate, self.w_up, self.w_down))
+        for e in range(self.num_experts):
+            tok, k = torch.nonzero(idx == e, as_tuple=True)
+            if tok.numel() == 0:
+                continue
+            xe = xf[tok]
+            ye = (F.silu(xe @ wg[e]) * (xe @ wu[e])) @ wd[e]
+            out = out.index_add(0, tok, ye * w[tok, k].unsqueeze(-1))
+        return out.reshape(*lead, self.hidden).to(x.dtype) + self._shared(x)
