@@ -211,19 +211,25 @@ Schedule simulate(const PipelineConfig& cfg, const VitWork& vit, const RankOrder
     for (int n = 0; n < g.num_nodes; ++n)
         for (auto& [d, l] : deps[n]) l = lag(d, n);
     if (barrier == Barrier::kVitOutside) {
-        std::vector<int> text_nodes, vf_nodes, vb_nodes;
-        for (int n = 0; n < g.num_nodes; ++n) {
-            if (n < g.num_text)
-                text_nodes.push_back(n);
-            else if (step_of[n].kind == OpKind::kVitForward)
-                vf_nodes.push_back(n);
-            else
-                vb_nodes.push_back(n);
+        // Ranks run their orders in sequence, so the first text op of every rank waiting for all VF and every VB
+        // waiting for the last text op of every rank is the whole barrier.
+        std::vector<int> vf_nodes, vb_nodes, first_text, last_text;
+        for (int n = g.num_text; n < g.num_nodes; ++n)
+            (step_of[n].kind == OpKind::kVitForward ? vf_nodes : vb_nodes).push_back(n);
+        for (int r = 0; r < P; ++r) {
+            int first = -1, last = -1;
+            for (const Step& st : orders[r])
+                if (const int n = g.node(st); n < g.num_text) {
+                    if (first < 0) first = n;
+                    last = n;
+                }
+            if (first >= 0) first_text.push_back(first);
+            if (last >= 0) last_text.push_back(last);
         }
-        for (int t : text_nodes)
+        for (int t : first_text)
             for (int v : vf_nodes) deps[t].push_back({v, 0});
         for (int v : vb_nodes)
-            for (int t : text_nodes) deps[v].push_back({t, 0});
+            for (int t : last_text) deps[v].push_back({t, 0});
     }
 
     // Execute: each rank runs its next step once its dependencies have ended.
