@@ -2,21 +2,23 @@
 """Calibrates the ViT cost model of `evenep pipeline` (include/evenep/pipeline/vit_calibration.hpp, docs/pipeline.md).
 
 Times one real ViT block on one image of n patches and fits  forward(n) = a*n + c*n^2 + k  seconds by weighted
-least squares (weights 1/t^2: relative error, the times span three orders of magnitude).
+least squares (weights 1/t: relative error, the times span three orders of magnitude; coefficients >= 0).
 
 Block (stated, change with the flags): hidden 1280, 16 heads (head dim 80), MLP 4x = 5120 with GELU (tanh),
 pre-LayerNorm, qkv and output projections with bias, attention by torch.nn.functional.scaled_dot_product_attention
-(non-causal: a ViT), residuals; bf16 weights and activations; batch 1 (one image), patches 256 ... 16384.
+(non-causal: a ViT), residuals; bf16 weights and activations; patches 256 ... 16384 (small images batched).
 Also times forward + backward (grad of the input and the weights) and reports backward / forward, which the C++
 model fixes at kVitBackwardRatio = 2.
 
-Timing: CUDA events around each call, median of --iters runs after --warmup runs (CPU: perf_counter).
+Timing: CUDA events around each call, median of --iters runs after --warmup runs (CPU: perf_counter). Small images
+are timed as a batch of B = ceil(--batch-patches / n) images in one call and reported per image, so that launch
+overhead (which a pipeline with many images per micro-batch amortises the same way) does not swamp them.
 
 On the GPU machine (torch 2.11, no network):
     python3 scripts/device/vit_calibrate.py --out vit_calibration.json
 then paste the three printed `inline constexpr` lines into include/evenep/pipeline/vit_calibration.hpp.
 Here (CPU, smoke test):  python3 scripts/device/vit_calibrate.py --device cpu --quick --out /tmp/vit.json
-Without torch:           python3 scripts/device/vit_calibrate.py --self-test   (checks the fit on synthetic times)
+Without torch (numpy):   python3 scripts/device/vit_calibrate.py --self-test   (checks the fit on synthetic times)
 """
 import argparse
 import json
@@ -27,32 +29,24 @@ GPU_PATCHES = [256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384]
 QUICK_PATCHES = [64, 128, 256, 512]
 
 
-def solve3(m, v):
-    """Solves the 3x3 system m x = v by Gaussian elimination with partial pivoting."""
-    a = [row[:] + [v[i]] for i, row in enumerate(m)]
-    for col in range(3):
-        piv = max(range(col, 3), key=lambda r: abs(a[r][col]))
-        a[col], a[piv] = a[piv], a[col]
-        for r in range(3):
-            if r != col and a[col][col] != 0:
-                f = a[r][col] / a[col][col]
-                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
-    return [a[i][3] / a[i][i] for i in range(3)]
-
-
 def fit(patches, seconds):
-    """Weighted least squares of t = a*n + c*n^2 + k with weights 1/t^2. Returns (a, c, k)."""
-    ata = [[0.0] * 3 for _ in range(3)]
-    atb = [0.0] * 3
-    for n, t in zip(patches, seconds):
-        w = 1.0 / (t * t)
-        row = [float(n), float(n) * n, 1.0]
-        for i in range(3):
-            atb[i] += w * row[i] * t
-            for j in range(3):
-                ata[i][j] += w * row[i] * row[j]
-    a, c, k = solve3(ata, atb)
-    return a, c, k
+    """Weighted least squares of t = a*n + c*n^2 + k with weights 1/t (relative error: the times span three orders
+    of magnitude), all coefficients >= 0: a term whose unconstrained fit is negative is dropped and the rest refit.
+    Returns (a, c, k)."""
+    import numpy as np
+
+    n = np.asarray(patches, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    columns = {"a": n, "c": n * n, "k": np.ones_like(n)}
+    active = ["a", "c", "k"]
+    while True:
+        m = np.stack([columns[name] for name in active], axis=1) / t[:, None]
+        coef, *_ = np.linalg.lstsq(m, np.ones_like(t), rcond=None)
+        if (coef >= 0).all() or len(active) == 1:
+            break
+        active.pop(int(np.argmin(coef)))
+    got = dict(zip(active, coef))
+    return float(got.get("a", 0.0)), float(got.get("c", 0.0)), float(got.get("k", 0.0))
 
 
 def model(a, c, k, n):
@@ -86,7 +80,7 @@ def make_block(torch, hidden, heads, device, dtype):
             self.fc1 = nn.Linear(hidden, 4 * hidden)
             self.fc2 = nn.Linear(4 * hidden, hidden)
 
-        def forward(self, x):  # x [1, n, hidden]
+        def forward(self, x):  # x [b, n, hidden]
             b, n, _ = x.shape
             q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
             o = F.scaled_dot_product_attention(q, k, v)  # [b, heads, n, head_dim]
@@ -125,6 +119,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=1280)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--patches", type=int, nargs="*", help="patch counts (default 256 ... 16384; --quick: 64 ... 512)")
+    ap.add_argument("--batch-patches", type=int, default=32768,
+                    help="images of n patches are timed B = ceil(this / n) at a time, reported per image")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="small sizes, float32 on CPU, few iterations (smoke test)")
@@ -148,12 +144,13 @@ def main():
     block = make_block(torch, args.hidden, args.heads, device, dtype)
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
     print(f"ViT block: hidden {args.hidden}, {args.heads} heads, MLP {4 * args.hidden}, {dtype}, SDPA, on {name}")
-    print(f"{'patches':>8} {'fwd ms':>10} {'fwd+bwd ms':>11} {'bwd/fwd':>8}")
-    fwd, bwd_ratio = [], []
+    print(f"{'patches':>8} {'batch':>6} {'fwd ms':>10} {'fwd+bwd ms':>11} {'bwd/fwd':>8}   (per image)")
+    fwd, bwd_ratio, batches = [], [], []
     for n in patches:
-        x = torch.randn(1, n, args.hidden, device=device, dtype=dtype)
+        b = max(1, -(-args.batch_patches // n))
+        x = torch.randn(b, n, args.hidden, device=device, dtype=dtype)
         with torch.no_grad():
-            t_f = median_seconds(torch, lambda: block(x), device, warmup, iters)
+            t_f = median_seconds(torch, lambda: block(x), device, warmup, iters) / b
         xg = x.clone().requires_grad_(True)
         dy = torch.randn_like(x)
 
@@ -161,10 +158,11 @@ def main():
             block.zero_grad(set_to_none=True)
             block(xg).backward(dy)
 
-        t_fb = median_seconds(torch, step, device, warmup, iters)
+        t_fb = median_seconds(torch, step, device, warmup, iters) / b
         fwd.append(t_f)
+        batches.append(b)
         bwd_ratio.append((t_fb - t_f) / t_f)
-        print(f"{n:>8} {t_f * 1e3:>10.4f} {t_fb * 1e3:>11.4f} {bwd_ratio[-1]:>8.2f}")
+        print(f"{n:>8} {b:>6} {t_f * 1e3:>10.4f} {t_fb * 1e3:>11.4f} {bwd_ratio[-1]:>8.2f}")
 
     a, c, k = fit(patches, fwd)
     print(f"\nfit forward(n) = a*n + c*n^2 + k:  a = {a:.4g} s/patch, c = {c:.4g} s/patch^2, k = {k:.4g} s")
@@ -187,6 +185,7 @@ def main():
         "device": name,
         "torch": torch.__version__,
         "patches": patches,
+        "batch": batches,
         "forward_s": fwd,
         "backward_over_forward": bwd_ratio,
         "fit": {"a": a, "c": c, "k": k, "max_rel_error": max_rel},
