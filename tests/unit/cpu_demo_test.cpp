@@ -10,8 +10,6 @@
 //   CpuDemo.RoutingFile                --routing FILE.npy (int32 [R,S,K]) is used as given.
 //   CpuDemo.BadInputExitsTwo           E % R != 0, H % 8 != 0, a float32 routing file, a histogram file: exit 2.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -24,36 +22,18 @@
 
 #include "evenep/io.hpp"
 #include "evenep/routing.hpp"
+#include "common/cli_testing.hpp"
 
 namespace evenep {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-    int exit_code = -1;
-    std::string output;
-};
+using testing::CliRun;
 
-CliRun run_cli(const std::string& args) {
-    const std::string cmd = std::string(EVENEP_CLI_PATH) + " " + args + " 2>&1";
-    CliRun run;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return run;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.output.append(buf, n);
-    const int status = pclose(p);
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return run;
-}
+CliRun run_cli(const std::string& args) { return testing::run_command(std::string(EVENEP_CLI_PATH) + " " + args); }
 
-fs::path temp_dir(const std::string& name) {
-    const fs::path d = fs::temp_directory_path() / ("evenep_cpu_demo_test_" + std::to_string(getpid()) + "_" + name);
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-}
+fs::path temp_dir(const std::string& name) { return testing::fresh_temp_dir("evenep_cpu_demo_test", name); }
 
 std::vector<float> load_f32(const fs::path& p, std::vector<int64_t>* shape = nullptr) {
     const NpyArray a = read_npy(p.string());

@@ -19,8 +19,6 @@
 //                                                        a missing --gpu-json: exit 2, one line on stderr
 //   SimulateCli.GpuJsonFillsColumn                       a bench gpu-plan style JSON fills plan_ms_gpu of its point
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_testing.hpp"
 #include "evenep/buffer.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/routing.hpp"
@@ -43,30 +42,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-    int exit_code = -1;
-    std::string output;
-};
+using testing::CliRun;
 
-CliRun run_cli(const std::string& args) {
-    const std::string cmd = std::string(EVENEP_CLI_PATH) + " " + args + " 2>&1";
-    CliRun run;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return run;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.output.append(buf, n);
-    const int status = pclose(p);
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return run;
-}
+CliRun run_cli(const std::string& args) { return testing::run_command(std::string(EVENEP_CLI_PATH) + " " + args); }
 
-fs::path temp_dir(const std::string& name) {
-    const fs::path d = fs::temp_directory_path() / ("evenep_simulate_test_" + std::to_string(getpid()) + "_" + name);
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-}
+fs::path temp_dir(const std::string& name) { return testing::fresh_temp_dir("evenep_simulate_test", name); }
 
 nlohmann::json read_json(const fs::path& p) {
     std::ifstream f(p);
