@@ -17,10 +17,10 @@ void EplbConfig::validate() const {
                  " is not a multiple of num_ranks = ", num_ranks);
     EVENEP_CHECK(num_experts % num_groups == 0, "eplb: num_experts = ", num_experts,
                  " is not a multiple of num_groups = ", num_groups);
-    EVENEP_CHECK(num_groups % num_nodes == 0, "eplb: num_groups = ", num_groups, " is not a multiple of num_nodes = ",
-                 num_nodes);
-    EVENEP_CHECK(num_ranks % num_nodes == 0, "eplb: num_ranks = ", num_ranks, " is not a multiple of num_nodes = ",
-                 num_nodes);
+    EVENEP_CHECK(num_groups % num_nodes == 0, "eplb: num_groups = ", num_groups,
+                 " is not a multiple of num_nodes = ", num_nodes);
+    EVENEP_CHECK(num_ranks % num_nodes == 0, "eplb: num_ranks = ", num_ranks,
+                 " is not a multiple of num_nodes = ", num_nodes);
     EVENEP_CHECK(slots_per_rank >= num_experts / num_ranks, "eplb: slots_per_rank = ", slots_per_rank,
                  " is below the experts per rank E/R = ", num_experts / num_ranks);
 }

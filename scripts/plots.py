@@ -75,7 +75,8 @@ def by_maxvio(points):
 def log2_axis(ax, ranks):
     ax.set_xscale("log", base=2)
     ax.set_xticks(ranks)
-    ax.set_xticklabels([str(r) for r in ranks])
+    ax.set_xticklabels([str(r) for r in ranks], rotation=60, fontsize=7)
+    ax.minorticks_off()
     ax.set_xlabel("R (ranks)")
     ax.grid(True, alpha=0.3)
 

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "common/cli_run.hpp"
+#include "common/cli_testing.hpp"
 #include "evenep/io.hpp"
 #include "evenep/routing.hpp"
 
@@ -38,7 +38,7 @@ namespace evenep {
 namespace {
 
 namespace fs = std::filesystem;
-using cli_test::run_cli;
+using testing::run_cli;
 
 // Files every case may name, under one directory made once per test binary.
 const fs::path& data_dir() {
@@ -133,7 +133,7 @@ class Input : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Input, OneLineExitTwo) {
     const Case& c = GetParam();
-    const cli_test::CliRun run = run_cli(c.args, /*merge_stderr=*/false, /*timeout_s=*/60);
+    const testing::CliRun run = run_cli(c.args, /*merge_stderr=*/false, /*timeout_s=*/60);
     EXPECT_EQ(run.exit_code, 2) << c.args << "\nstderr: " << run.error;
     EXPECT_LT(run.seconds, 30) << c.args;
     ASSERT_FALSE(run.error.empty()) << c.args;
@@ -155,7 +155,7 @@ INSTANTIATE_TEST_SUITE_P(CliRefuses, Input, ::testing::ValuesIn(cases()), [](con
 });
 
 TEST(CliAccepts, LeadingZeroIsDecimal) {
-    const cli_test::CliRun run = run_cli("plan --R 4 --E 0100 --K 2 --S 64 --repeat 1");
+    const testing::CliRun run = run_cli("plan --R 4 --E 0100 --K 2 --S 64 --repeat 1");
     ASSERT_EQ(run.exit_code, 0) << run.output;
     EXPECT_NE(run.output.find("R=4 E=100 "), std::string::npos) << run.output;
     // The default target (maxvio 1) is below what 64 tokens per rank reach: said, not refused (it was not asked for).
@@ -163,7 +163,7 @@ TEST(CliAccepts, LeadingZeroIsDecimal) {
 }
 
 TEST(CliAccepts, OutputToCharDevice) {
-    const cli_test::CliRun run = run_cli("plan --quiet --R 4 --E 16 --K 2 --S 64 --repeat 1 --json /dev/null");
+    const testing::CliRun run = run_cli("plan --quiet --R 4 --E 16 --K 2 --S 64 --repeat 1 --json /dev/null");
     EXPECT_EQ(run.exit_code, 0) << run.output;
 }
 

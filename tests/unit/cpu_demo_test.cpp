@@ -10,8 +10,6 @@
 //   CpuDemo.RoutingFile                --routing FILE.npy (int32 [R,S,K]) is used as given.
 //   CpuDemo.BadInputExitsTwo           E % R != 0, H % 8 != 0, a float32 routing file, a histogram file: exit 2.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -22,24 +20,19 @@
 #include <string>
 #include <vector>
 
-#include "common/cli_run.hpp"
 #include "evenep/io.hpp"
 #include "evenep/routing.hpp"
+#include "common/cli_testing.hpp"
 
 namespace evenep {
 namespace {
 
 namespace fs = std::filesystem;
 
-using cli_test::CliRun;
-using cli_test::run_cli;
+using testing::CliRun;
+using testing::run_cli;
 
-fs::path temp_dir(const std::string& name) {
-    const fs::path d = fs::temp_directory_path() / ("evenep_cpu_demo_test_" + std::to_string(getpid()) + "_" + name);
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-}
+fs::path temp_dir(const std::string& name) { return testing::temp_dir("evenep_cpu_demo_test", name); }
 
 std::vector<float> load_f32(const fs::path& p, std::vector<int64_t>* shape = nullptr) {
     const NpyArray a = read_npy(p.string());

@@ -66,8 +66,8 @@ std::vector<int64_t> random_loads(int E, uint64_t seed, double sigma) {
 TEST(EplbReplicate, GreedyIsOptimal) {
     for (uint64_t seed = 1; seed <= 40; ++seed) {
         Rng rng(seed);
-        const int n = 2 + static_cast<int>(rng.uniform() * 4);        // 2..5 experts
-        const int phys = n + static_cast<int>(rng.uniform() * 6);     // 0..5 redundant
+        const int n = 2 + static_cast<int>(rng.uniform() * 4);     // 2..5 experts
+        const int phys = n + static_cast<int>(rng.uniform() * 6);  // 0..5 redundant
         std::vector<double> load(n);
         for (double& v : load) v = std::floor(1 + 100 * rng.uniform() * rng.uniform());
         const std::vector<int32_t> count = eplb_replicate(load, phys);
@@ -125,8 +125,8 @@ TEST(EplbPlace, Properties) {
     for (const Shape& sh : {Shape{4, 16, 8, 1.0}, Shape{8, 64, 16, 2.0}, Shape{8, 64, 9, 0.5}, Shape{1, 8, 8, 1.5},
                             Shape{16, 32, 2, 1.0}, Shape{56, 896, 32, 1.5}}) {
         for (uint64_t seed = 1; seed <= 3; ++seed) {
-            SCOPED_TRACE(::testing::Message() << "R=" << sh.R << " E=" << sh.E << " slots=" << sh.slots
-                                              << " seed=" << seed);
+            SCOPED_TRACE(::testing::Message()
+                         << "R=" << sh.R << " E=" << sh.E << " slots=" << sh.slots << " seed=" << seed);
             const std::vector<int64_t> load = random_loads(sh.E, seed, sh.sigma);
             const EplbConfig cfg{.num_ranks = sh.R, .num_experts = sh.E, .slots_per_rank = sh.slots};
             const EplbPlacement p = eplb_place(cfg, load);

@@ -22,7 +22,6 @@
 //                                    JSON holds cases and summary. Skipped without the binary or the solver.
 //   QualityCli.BadFlagExitsTwo       --cases 0 and --time-limit 0 exit 2.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -36,6 +35,7 @@
 #include "evenep/exact.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/routing.hpp"
+#include "common/cli_testing.hpp"
 
 namespace evenep {
 namespace {
@@ -295,23 +295,9 @@ INSTANTIATE_TEST_SUITE_P(ExactCorpus, ExactVsPlanners, ::testing::ValuesIn(corpu
 
 // --- the CLI --------------------------------------------------------------------------------------------------
 
-struct CliRun {
-    int exit_code = -1;
-    std::string output;
-};
+using testing::CliRun;
 
-CliRun run_cli(const std::string& args) {
-    const std::string cmd = std::string(EVENEP_CLI_PATH) + " " + args + " 2>&1";
-    CliRun run;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return run;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.output.append(buf, n);
-    const int status = pclose(p);
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return run;
-}
+using testing::run_cli;
 
 #define EVENEP_REQUIRE_CLI()                                                                  \
     if (!fs::exists(EVENEP_CLI_PATH)) GTEST_SKIP() << "no CLI binary at " << EVENEP_CLI_PATH; \

@@ -19,8 +19,6 @@
 //                                                        a missing --gpu-json: exit 2, one line on stderr
 //   SimulateCli.GpuJsonFillsColumn                       a bench gpu-plan style JSON fills plan_ms_gpu of its point
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_testing.hpp"
 #include "evenep/buffer.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/routing.hpp"
@@ -43,30 +42,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-    int exit_code = -1;
-    std::string output;
-};
+using testing::CliRun;
 
-CliRun run_cli(const std::string& args) {
-    const std::string cmd = std::string(EVENEP_CLI_PATH) + " " + args + " 2>&1";
-    CliRun run;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return run;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.output.append(buf, n);
-    const int status = pclose(p);
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return run;
-}
+using testing::run_cli;
 
-fs::path temp_dir(const std::string& name) {
-    const fs::path d = fs::temp_directory_path() / ("evenep_simulate_test_" + std::to_string(getpid()) + "_" + name);
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-}
+fs::path temp_dir(const std::string& name) { return testing::temp_dir("evenep_simulate_test", name); }
 
 nlohmann::json read_json(const fs::path& p) {
     std::ifstream f(p);
@@ -95,7 +75,8 @@ TEST(SimulateBaselines, EvenEpRowsAllEqual) {
         const Config cfg{.R = 8, .E = 64, .K = 4, .S = 256};
         const Plan plan = make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s);
         const std::vector<int64_t> rows(plan.q.begin(), plan.q.end());
-        const int64_t mx = *std::max_element(rows.begin(), rows.end()), mn = *std::min_element(rows.begin(), rows.end());
+        const int64_t mx = *std::max_element(rows.begin(), rows.end()),
+                      mn = *std::min_element(rows.begin(), rows.end());
         if (plan.total_entries() % 8 == 0)
             EXPECT_EQ(mx, mn);
         else
@@ -157,10 +138,12 @@ TEST(SimulateCli, QuickMatchesPlan) {
         SCOPED_TRACE(::testing::Message() << "R=" << R << " sigma=" << sigma);
         char sigma_str[64];
         std::snprintf(sigma_str, sizeof(sigma_str), "%.17g", sigma);
-        const fs::path plan_json = dir / ("plan_R" + std::to_string(R) + "_" + std::to_string(pt["target_maxvio"].get<double>()) + ".json");
-        const CliRun plan_run = run_cli("plan --quiet --repeat 1 --R " + std::to_string(R) + " --E " + std::to_string(E) +
-                                        " --K " + std::to_string(K) + " --S " + std::to_string(S) + " --sigma " +
-                                        sigma_str + " --seed " + std::to_string(seed) + " --json " + plan_json.string());
+        const fs::path plan_json =
+            dir / ("plan_R" + std::to_string(R) + "_" + std::to_string(pt["target_maxvio"].get<double>()) + ".json");
+        const CliRun plan_run =
+            run_cli("plan --quiet --repeat 1 --R " + std::to_string(R) + " --E " + std::to_string(E) + " --K " +
+                    std::to_string(K) + " --S " + std::to_string(S) + " --sigma " + sigma_str + " --seed " +
+                    std::to_string(seed) + " --json " + plan_json.string());
         ASSERT_EQ(plan_run.exit_code, 0) << plan_run.output;
         const nlohmann::json pj = read_json(plan_json);
         // Copies.
@@ -178,8 +161,9 @@ TEST(SimulateCli, QuickMatchesPlan) {
         const std::vector<std::vector<int32_t>> dst = pj["dst"];
         const std::vector<std::vector<int32_t>> copies = pj["copies"];
         for (int r = 0; r < R; ++r)
-            EXPECT_EQ(copies[r], std::vector<int32_t>(plan.copies.begin() + static_cast<size_t>(r) * cfg.num_slots(),
-                                                      plan.copies.begin() + static_cast<size_t>(r + 1) * cfg.num_slots()));
+            EXPECT_EQ(copies[r],
+                      std::vector<int32_t>(plan.copies.begin() + static_cast<size_t>(r) * cfg.num_slots(),
+                                           plan.copies.begin() + static_cast<size_t>(r + 1) * cfg.num_slots()));
         const TrafficReport ev = evenep_traffic(plan, dst, H, ffn, /*training=*/true);
         EXPECT_EQ(pt["link_bytes"]["evenep"]["total_bytes"], ev.total().bytes);
         EXPECT_EQ(pt["link_bytes"]["evenep"]["max_rank_bytes"], ev.total().max_rank_bytes());
@@ -205,11 +189,10 @@ TEST(SimulateCli, BadFlagsExitTwoWithOneLine) {
 
 TEST(SimulateCli, GpuJsonFillsColumn) {
     const fs::path dir = temp_dir("gpu");
-    const nlohmann::json gpu{{"rows",
-                              {{{"op", "plan_rank"}, {"shape", "R4 E64 K4 S512 H256"}, {"target_maxvio", 1.0},
-                                {"median_us", 42.0}},
-                               {{"op", "plan_fused"}, {"shape", "R4 E64 K4 S512 H256"}, {"target_maxvio", 1.0},
-                                {"median_us", 99.0}}}}};
+    const nlohmann::json gpu{
+        {"rows",
+         {{{"op", "plan_rank"}, {"shape", "R4 E64 K4 S512 H256"}, {"target_maxvio", 1.0}, {"median_us", 42.0}},
+          {{"op", "plan_fused"}, {"shape", "R4 E64 K4 S512 H256"}, {"target_maxvio", 1.0}, {"median_us", 99.0}}}}};
     std::ofstream(dir / "gpu.json") << gpu.dump();
     const CliRun run = run_cli("simulate --quick --R 4 --gpu-json " + (dir / "gpu.json").string() + " --json " +
                                (dir / "sim.json").string());

@@ -35,7 +35,7 @@ struct SimulateOptions {
     std::string planner = "optimized";
     int repeat = 5;
     bool quick = false;
-    std::string gpu_json;
+    std::vector<std::string> gpu_json;
     std::string json_file;
 };
 
@@ -68,11 +68,10 @@ void validate(const SimulateOptions& o) {
     parse_planner_mode(o.planner);
 }
 
-// GPU planner figures of a device run (`evenep bench gpu-plan --json`): plan_rank median us by (R, E, K, S, maxvio).
+// GPU planner figures of device runs (`evenep bench gpu-plan --json`, one file per R): plan_rank median us by
+// (R, E, K, S, target maxvio).
 using GpuKey = std::tuple<int, int, int, int, double>;
-std::map<GpuKey, double> read_gpu_plan(const std::string& path) {
-    std::map<GpuKey, double> out;
-    if (path.empty()) return out;
+void read_gpu_plan(const std::string& path, std::map<GpuKey, double>& out) {
     std::ifstream f(path);
     EVENEP_CHECK(f.good(), "--gpu-json: cannot open '", path, "'");
     nlohmann::json j;
@@ -89,19 +88,17 @@ std::map<GpuKey, double> read_gpu_plan(const std::string& path) {
         if (std::sscanf(row.value("shape", "").c_str(), "R%d E%d K%d S%d", &R, &E, &K, &S) != 4) continue;
         out[{R, E, K, S, row["target_maxvio"].get<double>()}] = row.value("median_us", 0.0);
     }
-    return out;
 }
 
 nlohmann::json traffic_json(const TrafficReport& t) {
     nlohmann::json phases;
-    const std::pair<const char*, const PhaseTraffic*> named[] = {
-        {"gather", &t.gather},
-        {"dispatch", &t.dispatch},
-        {"combine", &t.combine},
-        {"combine_backward", &t.combine_backward},
-        {"dispatch_backward", &t.dispatch_backward},
-        {"prefetch", &t.prefetch},
-        {"reduce_grad", &t.reduce_grad}};
+    const std::pair<const char*, const PhaseTraffic*> named[] = {{"gather", &t.gather},
+                                                                 {"dispatch", &t.dispatch},
+                                                                 {"combine", &t.combine},
+                                                                 {"combine_backward", &t.combine_backward},
+                                                                 {"dispatch_backward", &t.dispatch_backward},
+                                                                 {"prefetch", &t.prefetch},
+                                                                 {"reduce_grad", &t.reduce_grad}};
     for (const auto& [name, p] : named) phases[name] = {{"bytes", p->bytes}, {"max_rank_bytes", p->max_rank_bytes()}};
     const PhaseTraffic total = t.total();
     return {{"total_bytes", total.bytes}, {"max_rank_bytes", total.max_rank_bytes()}, {"phases", phases}};
@@ -169,13 +166,13 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
     const double seconds = now_seconds() - t_start;
 
     const auto hb = [](int64_t bytes) { return human_bytes(static_cast<double>(bytes)); };
-    fmt::print("{:>4} {:>7.3f} {:>8.3f} {:>7} {:>6} {:>3}/{:<3} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
-               "{:>6.3f} {:>6.3f} {:>6.4f} {:>6.1f}\n",
-               R, maxvio, plan_ms, gpu_ms >= 0 ? fmt::format("{:.3f}", gpu_ms) : std::string("-"), plan.cost.total_copies,
-               max_remote, cfg.epn(), plan.cost.max_rank_copy_traffic,
-               hb(plan.cost.max_rank_copy_traffic * expert_bytes), hb(buf.comm_total), hb(buf.deepep_recv_x),
-               hb(ev.total().max_rank_bytes()), hb(cv.total().max_rank_bytes()), hb(ep.total().max_rank_bytes()), imb_cv,
-               imb_ep, imb_ev, seconds);
+    fmt::print(
+        "{:>4} {:>7.3f} {:>8.3f} {:>7} {:>6} {:>3}/{:<3} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} "
+        "{:>6.3f} {:>6.3f} {:>6.4f} {:>6.1f}\n",
+        R, maxvio, plan_ms, gpu_ms >= 0 ? fmt::format("{:.3f}", gpu_ms) : std::string("-"), plan.cost.total_copies,
+        max_remote, cfg.epn(), plan.cost.max_rank_copy_traffic, hb(plan.cost.max_rank_copy_traffic * expert_bytes),
+        hb(buf.comm_total), hb(buf.deepep_recv_x), hb(ev.total().max_rank_bytes()), hb(cv.total().max_rank_bytes()),
+        hb(ep.total().max_rank_bytes()), imb_cv, imb_ep, imb_ev, seconds);
     std::fflush(stdout);
 
     nlohmann::json j{{"R", R},
@@ -224,26 +221,30 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
 
 void run_simulate(const SimulateOptions& o) {
     validate(o);
-    const std::map<GpuKey, double> gpu = read_gpu_plan(o.gpu_json);
+    std::map<GpuKey, double> gpu;
+    for (const std::string& path : o.gpu_json) read_gpu_plan(path, gpu);
     const double t0 = now_seconds();
-    fmt::print("EvenEP scale model: E={} K={} S={} H={} H'={} tp={} planner={} seed={}; EPLB: {} redundant slots per "
-               "rank, planned on the previous step, drift {}\n",
-               o.E, o.K, o.S, o.H, o.ffn_hidden, o.tp, o.planner, o.seed,
-               o.redundant < 0 ? std::string("epn") : std::to_string(o.redundant), o.drift);
-    fmt::print("{:>4} {:>7} {:>8} {:>7} {:>6} {:>7} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>6} "
-               "{:>6}\n",
-               "R", "maxvio", "plan ms", "gpu ms", "copies", "max/bnd", "traf", "traf bytes", "buf EvenEP", "buf DeepEP",
-               "link ev", "link conv", "link eplb", "conv", "eplb", "evenep", "sec");
+    fmt::print(
+        "EvenEP scale model: E={} K={} S={} H={} H'={} tp={} planner={} seed={}; EPLB: {} redundant slots per "
+        "rank, planned on the previous step, drift {}\n",
+        o.E, o.K, o.S, o.H, o.ffn_hidden, o.tp, o.planner, o.seed,
+        o.redundant < 0 ? std::string("epn") : std::to_string(o.redundant), o.drift);
+    fmt::print(
+        "{:>4} {:>7} {:>8} {:>7} {:>6} {:>7} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>6} "
+        "{:>6}\n",
+        "R", "maxvio", "plan ms", "gpu ms", "copies", "max/bnd", "traf", "traf bytes", "buf EvenEP", "buf DeepEP",
+        "link ev", "link conv", "link eplb", "conv", "eplb", "evenep", "sec");
     nlohmann::json points = nlohmann::json::array();
     for (int R : o.ranks)
         for (double target : o.maxvios) points.push_back(simulate_point(o, R, target, gpu));
     const double seconds = now_seconds() - t0;
-    fmt::print("columns: plan ms = CPU planner median over {} runs (all ranks, one thread); gpu ms = plan_rank of "
-               "--gpu-json; copies = total remote experts; max/bnd = most on one rank / bound epn; traf = busiest rank's "
-               "copies received + pushed (experts) and their bf16 bytes; buf EvenEP = communication buffer per rank; "
-               "buf DeepEP = worst-case receive buffer R*S*H*2; link = busiest rank's link bytes of one training step; "
-               "conv/eplb/evenep = max/mean of per-rank rows.\n",
-               o.repeat);
+    fmt::print(
+        "columns: plan ms = CPU planner median over {} runs (all ranks, one thread); gpu ms = plan_rank of "
+        "--gpu-json; copies = total remote experts; max/bnd = most on one rank / bound epn; traf = busiest rank's "
+        "copies received + pushed (experts) and their bf16 bytes; buf EvenEP = communication buffer per rank; "
+        "buf DeepEP = worst-case receive buffer R*S*H*2; link = busiest rank's link bytes of one training step; "
+        "conv/eplb/evenep = max/mean of per-rank rows.\n",
+        o.repeat);
     fmt::print("total {:.1f} s\n", seconds);
     if (!o.json_file.empty()) {
         std::ofstream f(o.json_file);
@@ -279,7 +280,8 @@ void register_simulate(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--repeat", opt->repeat, "planner runs per point (median reported)")->capture_default_str();
     cmd->add_flag("--quick", opt->quick, "small grid for tests: R 4 8, E 64, K 4, S 512, H 256, H' 128, maxvio 1 10");
-    cmd->add_option("--gpu-json", opt->gpu_json, "GPU planner times: JSON of `evenep bench gpu-plan --json`");
+    cmd->add_option("--gpu-json", opt->gpu_json,
+                    "GPU planner times: JSON files of `evenep bench gpu-plan --json` (plan_rank rows)");
     cmd->add_option("--json", opt->json_file, "write every point as JSON (schema evenep.simulate/1)");
     cmd->callback([opt, cmd] {
         apply_quick(*cmd, *opt);
