@@ -39,7 +39,9 @@
 //   layer.backward(f, bwd, stream);                         // combine_backward, experts, dispatch_backward,
 //   reduce_grad ep.check(stream);                                       // optional: synchronise and surface
 //   device-side errors
-// Layers sharing one Ep may interleave: the forward's result holds its plan, which backward makes resident again.
+// Layers sharing one Ep may interleave: the forward's result holds its plan, which backward makes resident again;
+// layers sharing one ExpertPool (Experts(ep, pool, shape)) get their slots prefetched again in backward when another
+// layer used them in between (as the CPU layer does).
 // One forward's activations are saved per layer (the next forward of the same layer overwrites them).
 #pragma once
 
