@@ -178,7 +178,8 @@ struct MoeRunInfo {
 // (at home after reduce_grad); plan (the first served rank's device copy), times (GPU seconds per phase, the
 // served ranks together), sizes, and traffic (the byte model on the device's plan and dst; only when the team
 // serves every rank). options.num_layers must be 1; options.barrier_timeout becomes the team's timeout.
-// Collective on the NCCL team. Throws evenep::Error on a bad problem or a device failure.
+// Collective on the NCCL team. Throws evenep::Error on a bad problem or a device failure. The Ep's and the
+// experts' windows stay allocated in `team` until the team is destroyed (teams free windows only then).
 MoeResult run_moe_layer(Team& team,
                         const MoeProblem& problem,
                         const MoeRunOptions& options = {},
