@@ -7,6 +7,8 @@
 //       slot gradients and gradients of uncopied experts are untouched. Shapes: 3 projections x 64 elements,
 //       1 projection x 40008 elements (several 32 KiB tiles and a partial one), B < epn (inference), R = 8.
 //   ExpertsTest.ReduceTwiceIsDeterministic  the same inputs reduced twice give the same bits
+//   ExpertPoolTest.LayersShareSlots  two layers on one ExpertPool: each prefetch fills the shared slots with that
+//       layer's home weights; ExpertPool::holds names the last layer and plan
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -193,6 +195,39 @@ TEST(ExpertsDeterminismTest, ReduceTwiceIsDeterministic) {
             for (size_t i = 0; i < grads.size(); ++i)
                 ASSERT_EQ(std::memcmp(grads[i].data(), first[i].data(), 4096 * 4), 0) << "gradient " << i;
     }
+}
+
+// Two layers share one ExpertPool: each prefetch fills the shared slots with its own layer's weights, and the pool
+// records whose weights (and which plan) it holds.
+TEST(ExpertPoolTest, LayersShareSlots) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Shape sh{4, 16, -1, 2, 64, "R4_E16_P2_shared"};
+    Fixture f = make_fixture(sh);
+    Experts second(*f.ep, f.ex->pool(), f.ex->shape());
+    const int R = sh.R, epn = f.cfg.epn(), B = f.cfg.num_slots();
+    const size_t n = static_cast<size_t>(sh.elems);
+    for (int r = 0; r < R; ++r)
+        for (int p = 0; p < sh.P; ++p)
+            for (int g = 0; g < epn; ++g) {
+                put(f.ex->weight(r, p, g), host_bf16(n, 100 + (r * 3 + p) * 97 + g));
+                put(second.weight(r, p, g), host_bf16(n, 200 + (r * 3 + p) * 97 + g));
+            }
+    EXPECT_FALSE(f.ex->pool().holds(*f.ex, f.ep_plan));
+    for (Experts* layer : {f.ex.get(), &second, f.ex.get()}) {
+        layer->prefetch_weight(*f.ep, f.ep_plan, nullptr);
+        f.ep->check(nullptr);
+        EXPECT_TRUE(f.ex->pool().holds(*layer, f.ep_plan));
+        EXPECT_FALSE(f.ex->pool().holds(layer == &second ? *f.ex : second, f.ep_plan));
+        for (int r = 0; r < R; ++r)
+            for (int b = 0; b < B; ++b) {
+                const int32_t e = f.plan.copies[static_cast<size_t>(r) * B + b];
+                if (e < 0) continue;
+                for (int p = 0; p < sh.P; ++p)
+                    ASSERT_EQ(get(layer->slot(r, p, b), n), get(layer->weight(e / epn, p, e % epn), n))
+                        << "slot " << b << " of rank " << r << " (expert " << e << ") projection " << p;
+            }
+    }
+    EXPECT_EQ(second.slot(1, 0, 0), f.ex->slot(1, 0, 0)) << "the layers' slots are the pool's";
 }
 
 }  // namespace

@@ -25,8 +25,9 @@
 //       step bitwise.
 //   GpuMoeLayerNccl.OneRankMatchesCpu      the same runner (cuda::run_moe_layer) and comparison over the NCCL team with
 //       one rank (in-process bootstrap), both planner modes; and bitwise equal to the local team's one-rank run.
-//   GpuMoeLayerFlow.OtherLayersPlanBetweenForwardAndBackward  two layers on one Ep; layer B plans twice between
-//       layer A's forward and backward; A's results equal A alone bitwise (A's backward uses A's plan).
+//   GpuMoeLayerFlow.OtherLayersPlanBetweenForwardAndBackward  two layers on one Ep and one ExpertPool; layer B
+//       plans (and prefetches into the shared slots) twice between layer A's forward and backward; A's results
+//       equal A alone bitwise (A's backward uses A's plan and prefetches A's weights again).
 //   GpuMoeLayerFlow.InferenceWithBLessThanEpn   B = 1 < epn, Theorem 2 routing (peer groups): forward only, vs CPU
 //       and dense reference; backward throws.
 //   GpuMoeLayerFlow.RejectsBadArguments    H' not a multiple of 8, experts of the wrong size, backward before
@@ -435,8 +436,10 @@ TEST(GpuMoeLayerFlow, OtherLayersPlanBetweenForwardAndBackward) {
     alone.ep.check(nullptr);
     const GpuResult want = alone.download();
 
-    GpuLayer a(pa, PlannerMode::kOptimized);  // owns the Ep; layer B shares it with its own weights and inputs
-    Experts eb(a.ep, ExpertsShape{3, static_cast<int64_t>(lc.cfg.H) * lc.cfg.ffn_hidden, true, true});
+    // Layer A owns the Ep and the expert pool; layer B shares both, with its own weights (zero) and inputs, so its
+    // prefetches overwrite A's slots: A's backward must prefetch again.
+    GpuLayer a(pa, PlannerMode::kOptimized);
+    Experts eb(a.ep, a.experts.pool(), a.experts.shape());
     MoeLayer lb(a.ep, eb, lc.cfg.ffn_hidden);
     const int R = lc.cfg.cfg.R, S = lc.cfg.cfg.S, K = lc.cfg.cfg.K, H = lc.cfg.H;
     GroupIo iob(R, S, K, H);

@@ -17,7 +17,7 @@
 #include <string>
 #include <tuple>
 
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/team.hpp"
 #include "evenep/error.hpp"
 #include "gpu_testing.hpp"

@@ -33,7 +33,7 @@
 #include "common/plan_testing.hpp"
 #include "evenep/cpu/oracle.hpp"
 #include "evenep/cuda/check.hpp"
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/cuda/nccl_team.hpp"
 #include "evenep/error.hpp"

@@ -74,6 +74,7 @@ class EpPlan {
   public:
     EpPlan() = default;
     bool valid() const { return state_ != nullptr; }
+    uint64_t id() const;                 // unique among the plans of its Ep (1, 2, ...)
     std::span<const int32_t> s() const;  // [R] tokens of every rank
     int64_t s_total() const;             // the group total given to plan(), -1 when the s were equal
 

@@ -4,8 +4,8 @@
 // regions, each [P][n][elems] with P projections of `elems` elements per expert (gate, up and down all have H*H'
 // elements):
 //   weights     [P][epn][elems] bf16   the layer's local experts (global expert e = rank*epn + local index)
-//   slots       [P][B][elems]   bf16   prefetch slots (process-wide pool)
-//   slot_grads  [P][B][elems]   fp32   reduce buffer: weight gradients of the slots
+//   slots       [P][B][elems]   bf16   prefetch slots      } in the ExpertPool's window, shared by the layers
+//   slot_grads  [P][B][elems]   fp32   reduce buffer: weight gradients of the slots }
 //   grads       [P][epn][elems] fp32   the local experts' gradients
 // with_weights allocates weights + slots (prefetch), with_grads slot_grads + grads (reduce_grad); benchmarks at
 // large shapes allocate one pair and fewer projections.
@@ -26,10 +26,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "evenep/cuda/ep.hpp"
-#include "evenep/cuda/launchers.hpp"
 
 namespace evenep::cuda {
 
@@ -40,28 +40,66 @@ struct ExpertsShape {
     bool with_grads = true;
 };
 
-// The expert regions of every rank, in one symmetric window of ep's team (works on either team).
+struct ExpertsView;  // evenep/cuda/detail/launchers.hpp
+class Experts;
+
+// The prefetch slots and the reduce buffer (slots, slot_grads), shared by every layer of an Ep as cpu::ExpertPool
+// is: one symmetric window of the team. Records which layer and plan its slots hold, so a layer's backward
+// prefetches again only when another layer (or another plan) used the slots in between.
+class ExpertPool {
+  public:
+    // Collective. Sized for ep's configuration (R, B) and `shape` (with_weights: slots; with_grads: slot_grads).
+    ExpertPool(Ep& ep, const ExpertsShape& shape);
+    ExpertPool(const ExpertPool&) = delete;
+    ExpertPool& operator=(const ExpertPool&) = delete;
+
+    const ExpertsShape& shape() const { return shape_; }
+    uint16_t* slot(int rank, int proj, int slot) const;  // [elems] bf16 (device pointer)
+    float* slot_grad(int rank, int proj, int slot) const;
+    const Window& window() const { return *window_; }
+    size_t slots_offset() const { return slots_; }
+    size_t slot_grads_offset() const { return slot_grads_; }
+    // True when the slots hold `experts`' weights as prefetched for `plan` (the last prefetch_weight into them).
+    bool holds(const Experts& experts, const EpPlan& plan) const;
+
+  private:
+    friend class Experts;
+    char* at(int rank, size_t region, int proj, int index, size_t elem_bytes) const;
+    ExpertsShape shape_;
+    int R_, B_, rank_begin_;
+    size_t slots_ = 0, slot_grads_ = 0;
+    const Window* window_ = nullptr;
+    const Experts* filled_by_ = nullptr;  // the last prefetch_weight's layer and plan
+    uint64_t filled_plan_ = 0;
+};
+
+// One layer's expert weights and gradients (weights, grads) in a symmetric window of ep's team, with the slots and
+// reduce buffer of an ExpertPool (works on either team).
 class Experts {
   public:
-    // Collective. Sized for ep's configuration (R, epn, B). Everything starts at zero.
+    // Collective. Sized for ep's configuration (R, epn, B). Everything starts at zero. Without a pool the layer
+    // gets a pool of its own; with one, `pool` (same shape, same Ep) must outlive the layer.
     Experts(Ep& ep, const ExpertsShape& shape);
+    Experts(Ep& ep, ExpertPool& pool, const ExpertsShape& shape);
     ~Experts() = default;
     Experts(const Experts&) = delete;
     Experts& operator=(const Experts&) = delete;
 
     const ExpertsShape& shape() const { return shape_; }
-    // Device pointers to one [elems] matrix of rank `rank` (any rank for addresses; dereference served ranks only
-    // on the host side, e.g. cudaMemcpy).
+    ExpertPool& pool() const { return *pool_; }
+    // Device pointers to one [elems] matrix of rank `rank` (any rank for addresses; host copies only for served
+    // ranks).
     uint16_t* weight(int rank, int proj, int local_expert) const;
-    uint16_t* slot(int rank, int proj, int slot) const;
-    float* slot_grad(int rank, int proj, int slot) const;
+    uint16_t* slot(int rank, int proj, int slot) const { return pool_->slot(rank, proj, slot); }
+    float* slot_grad(int rank, int proj, int slot) const { return pool_->slot_grad(rank, proj, slot); }
     float* grad(int rank, int proj, int local_expert) const;
 
     void prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
     void reduce_grad(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
     int last_blocks_per_rank() const { return last_blocks_; }
 
-    // Region offsets inside one rank's copy of the window (bytes), for the kernels.
+    // Region offsets inside one rank's copy of the layer's window (weights, grads) and of the pool's window
+    // (slots, slot_grads), bytes.
     struct Offsets {
         size_t weights, slots, slot_grads, grads, total;
     };
@@ -69,11 +107,14 @@ class Experts {
     const Window& window() const { return *window_; }
 
   private:
+    void init(Ep& ep);
     char* at(int rank, size_t region, int n, int proj, int index, size_t elem_bytes) const;
     ExpertsView kernel_view() const;
 
     ExpertsShape shape_;
-    int R_, epn_, B_;
+    int R_, epn_, B_, rank_begin_;
+    std::unique_ptr<ExpertPool> own_pool_;
+    ExpertPool* pool_ = nullptr;
     Offsets off_{};
     const Window* window_ = nullptr;
     int last_blocks_ = 0;

@@ -39,7 +39,9 @@
 //   layer.backward(f, bwd, stream);                         // combine_backward, experts, dispatch_backward,
 //   reduce_grad ep.check(stream);                                       // optional: synchronise and surface
 //   device-side errors
-// Layers sharing one Ep may interleave: the forward's result holds its plan, which backward makes resident again.
+// Layers sharing one Ep may interleave: the forward's result holds its plan, which backward makes resident again;
+// layers sharing one ExpertPool (Experts(ep, pool, shape)) get their slots prefetched again in backward when another
+// layer used them in between (as the CPU layer does).
 // One forward's activations are saved per layer (the next forward of the same layer overwrites them).
 #pragma once
 
@@ -176,7 +178,8 @@ struct MoeRunInfo {
 // (at home after reduce_grad); plan (the first served rank's device copy), times (GPU seconds per phase, the
 // served ranks together), sizes, and traffic (the byte model on the device's plan and dst; only when the team
 // serves every rank). options.num_layers must be 1; options.barrier_timeout becomes the team's timeout.
-// Collective on the NCCL team. Throws evenep::Error on a bad problem or a device failure.
+// Collective on the NCCL team. Throws evenep::Error on a bad problem or a device failure. The Ep's and the
+// experts' windows stay allocated in `team` until the team is destroyed (teams free windows only then).
 MoeResult run_moe_layer(Team& team,
                         const MoeProblem& problem,
                         const MoeRunOptions& options = {},

@@ -5,7 +5,7 @@
 
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/layout.hpp"
 #include "evenep/detail/layout.hpp"
 

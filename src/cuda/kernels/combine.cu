@@ -22,7 +22,7 @@
 
 #include "cuda/device/data_path.cuh"
 #include "cuda/kernels/launch.cuh"
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 
 namespace evenep::cuda {
 namespace {

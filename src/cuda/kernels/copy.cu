@@ -5,7 +5,7 @@
 
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 
 namespace evenep::cuda {
 namespace {

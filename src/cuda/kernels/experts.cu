@@ -17,7 +17,7 @@
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 
 namespace evenep::cuda {
 namespace {
@@ -51,8 +51,8 @@ struct SlotLists {
 // Builds lists.first_entry from the copies table (ascending entry order): the lowest entry of every expert by an
 // atomicMin per entry, then a warp compaction. Ends with __syncthreads.
 // Only experts homed on ranks [home_begin, home_end) are listed.
-__device__ void build_expert_list(const int32_t* copies, int num_entries, int num_experts, int epn, int home_begin,
-                                  int home_end, SlotLists& lists) {
+__device__ void build_expert_list(
+    const int32_t* copies, int num_entries, int num_experts, int epn, int home_begin, int home_end, SlotLists& lists) {
     for (int e = threadIdx.x; e < num_experts; e += blockDim.x) lists.first_of[e] = INT_MAX;
     __syncthreads();
     for (int i = threadIdx.x; i < num_entries; i += blockDim.x) {
@@ -107,8 +107,7 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
     }
     // The launch moves the experts homed on its ranks (all of them in the local team; its own in the NCCL team:
     // the owner pushes its weight tiles and pulls its experts' slot gradients).
-    build_expert_list(copies, num_entries, L.E, epn, p.team.rank_begin, p.team.rank_begin + p.team.launch_ranks,
-                      lists);
+    build_expert_list(copies, num_entries, L.E, epn, p.team.rank_begin, p.team.rank_begin + p.team.launch_ranks, lists);
     const int elem_bytes = kPrefetch ? 2 : 4;
     const int64_t num_vec = X.elems * elem_bytes / 16;  // host checks elems*elem_bytes % 16 == 0
     const int64_t tiles = (num_vec + kTileVec - 1) / kTileVec;
@@ -140,8 +139,8 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
             }
             for (int d = 0; d < n; ++d) {
                 const int entry = lists.dests[d], r = entry / B, b = entry % B;
-                uint4* dst =
-                    reinterpret_cast<uint4*>(X.bases[r] + X.slots + (static_cast<int64_t>(proj) * B + b) * X.elems * 2);
+                uint4* dst = reinterpret_cast<uint4*>(X.pool_bases[r] + X.slots +
+                                                      (static_cast<int64_t>(proj) * B + b) * X.elems * 2);
 #pragma unroll
                 for (int u = 0; u < kExpertUnroll; ++u) {
                     const int64_t v = v0 + u * kExpertThreads;
@@ -169,7 +168,7 @@ __global__ void __launch_bounds__(kExpertThreads) experts_kernel(const ExpertPar
                         sg[j] = nullptr;
                         if (d0 + j >= n) continue;
                         const int entry = lists.dests[d0 + j], r = entry / B, b = entry % B;
-                        sg[j] = reinterpret_cast<float4*>(X.bases[r] + X.slot_grads +
+                        sg[j] = reinterpret_cast<float4*>(X.pool_bases[r] + X.slot_grads +
                                                           (static_cast<int64_t>(proj) * B + b) * X.elems * 4);
 #pragma unroll
                         for (int u = 0; u < kReduceUnroll; ++u) {
@@ -214,6 +213,8 @@ int launch_experts(
                  ": num_projections = ", experts.num_projections);
     EVENEP_CHECK(experts.elems > 0 && experts.elems % 8 == 0, name, ": elements per expert matrix = ", experts.elems,
                  " must be a positive multiple of 8 (16-byte vectors)");
+    EVENEP_CHECK(experts.bases != nullptr && experts.pool_bases != nullptr, name,
+                 ": the layer's and the pool's peer tables must be set");
     ExpertParams p{};
     p.team = team;
     p.lay = layout;

@@ -20,7 +20,7 @@
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/detail/layout.hpp"
 
 namespace evenep::cuda {

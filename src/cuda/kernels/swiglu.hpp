@@ -14,8 +14,8 @@ namespace evenep::cuda::kernels {
 
 // Device pointers of one virtual rank, fixed for the life of the layer (one [R] table in device memory).
 struct MoeRankView {
-    uint16_t* recv_x;             // [NvS, H] bf16 receive buffer (DeviceEp::recv_x)
-    float* recv_w;                // [NvS] route weight of each receive row (DeviceEp::recv_w)
+    uint16_t* recv_x;             // [NvS, H] bf16 receive buffer (Ep::recv_x)
+    float* recv_w;                // [NvS] route weight of each receive row (Ep::recv_w)
     const int32_t* cu_seqlens;    // [G] the rank's inclusive padded group ends (its own plan copy)
     const int8_t* group_source;   // [G] WeightSource of each group
     const int32_t* group_expert;  // [G] global expert id, -1 for an empty group

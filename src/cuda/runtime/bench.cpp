@@ -12,9 +12,9 @@
 #include <sstream>
 
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/ep.hpp"
 #include "evenep/cuda/experts.hpp"
-#include "evenep/cuda/launchers.hpp"
 #include "evenep/detail/bf16.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/error.hpp"

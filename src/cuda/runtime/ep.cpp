@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "evenep/cuda/check.hpp"
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/detail/buffer_layout.hpp"
 #include "evenep/error.hpp"
@@ -59,6 +59,10 @@ bool capturing(cudaStream_t stream) {
 
 }  // namespace
 
+uint64_t EpPlan::id() const {
+    EVENEP_CHECK(state_ != nullptr, "cuda ep: empty plan");
+    return state_->id;
+}
 std::span<const int32_t> EpPlan::s() const {
     EVENEP_CHECK(state_ != nullptr, "cuda ep: empty plan");
     return state_->s;
@@ -128,7 +132,12 @@ int Ep::local_index(int rank) const {
     return rank - rank_begin();
 }
 
-char* Ep::base(int rank) const { return window_->peers[rank_begin() + local_index(rank)]; }
+// The served rank's own copy: the first one is Window::local (on the NCCL team the allocation itself; peers[] holds
+// its LSA mapping), the local team's others are its peers[] entries (the allocations).
+char* Ep::base(int rank) const {
+    const int i = local_index(rank);
+    return i == 0 ? window_->local : window_->peers[rank];
+}
 
 void Ep::check_io(std::span<const RankIo> io, bool need_x, const char* call) const {
     EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: ", call, " got ", io.size(),

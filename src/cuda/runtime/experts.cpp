@@ -1,50 +1,120 @@
-// cuda::Experts: expert weights, prefetch slots and gradient reduction on any team (include/evenep/cuda/experts.hpp).
+// cuda::ExpertPool and cuda::Experts: expert weights, prefetch slots and gradient reduction on any team
+// (include/evenep/cuda/experts.hpp).
 #include "evenep/cuda/experts.hpp"
 
 #include "evenep/cuda/check.hpp"
-#include "evenep/cuda/launchers.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {
+namespace {
 
-Experts::Experts(Ep& ep, const ExpertsShape& shape)
-    : shape_(shape), R_(ep.config().R), epn_(ep.config().epn()), B_(ep.config().num_slots()) {
+size_t region_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+void check_shape(const ExpertsShape& shape) {
     EVENEP_CHECK(shape.num_projections >= 1 && shape.num_projections <= 3,
                  "experts: num_projections = ", shape.num_projections, " outside [1, 3]");
     EVENEP_CHECK(shape.elems > 0 && shape.elems % 8 == 0, "experts: elements per matrix = ", shape.elems,
                  " must be a positive multiple of 8");
+}
+
+// A rank's copy of a window as host code addresses it: the first served rank's is Window::local (on the NCCL team
+// the allocation itself, peers[] holding its LSA mapping; see Ep::base), every other rank's is its peers[] entry.
+char* copy_of(const Window& w, int rank_begin, int rank) { return rank == rank_begin ? w.local : w.peers[rank]; }
+
+}  // namespace
+
+// ---- ExpertPool ----
+
+ExpertPool::ExpertPool(Ep& ep, const ExpertsShape& shape)
+    : shape_(shape), R_(ep.config().R), B_(ep.config().num_slots()), rank_begin_(ep.rank_begin()) {
+    check_shape(shape);
     const size_t P = shape.num_projections, n = static_cast<size_t>(shape.elems);
-    auto region = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    size_t o = 0;
+    slots_ = o;
+    if (shape.with_weights) o += region_bytes(P * B_ * n * 2);
+    slot_grads_ = o;
+    if (shape.with_grads) o += region_bytes(P * B_ * n * 4);
+    window_ = &ep.team().alloc_window(o > 0 ? o : 256);
+}
+
+char* ExpertPool::at(int rank, size_t region, int proj, int index, size_t elem_bytes) const {
+    EVENEP_CHECK(rank >= 0 && rank < R_ && proj >= 0 && proj < shape_.num_projections && index >= 0 && index < B_,
+                 "expert pool: (rank ", rank, ", projection ", proj, ", slot ", index, ") out of range");
+    return copy_of(*window_, rank_begin_, rank) + region +
+           (static_cast<size_t>(proj) * B_ + index) * shape_.elems * elem_bytes;
+}
+
+uint16_t* ExpertPool::slot(int rank, int proj, int slot) const {
+    EVENEP_CHECK(shape_.with_weights, "expert pool: allocated without weights");
+    return reinterpret_cast<uint16_t*>(at(rank, slots_, proj, slot, 2));
+}
+
+float* ExpertPool::slot_grad(int rank, int proj, int slot) const {
+    EVENEP_CHECK(shape_.with_grads, "expert pool: allocated without gradients");
+    return reinterpret_cast<float*>(at(rank, slot_grads_, proj, slot, 4));
+}
+
+bool ExpertPool::holds(const Experts& experts, const EpPlan& plan) const {
+    return plan.valid() && filled_by_ == &experts && filled_plan_ == plan.id();
+}
+
+// ---- Experts ----
+
+Experts::Experts(Ep& ep, const ExpertsShape& shape)
+    : shape_(shape),
+      R_(ep.config().R),
+      epn_(ep.config().epn()),
+      B_(ep.config().num_slots()),
+      rank_begin_(ep.rank_begin()) {
+    check_shape(shape);
+    own_pool_ = std::make_unique<ExpertPool>(ep, shape);
+    pool_ = own_pool_.get();
+    init(ep);
+}
+
+Experts::Experts(Ep& ep, ExpertPool& pool, const ExpertsShape& shape)
+    : shape_(shape),
+      R_(ep.config().R),
+      epn_(ep.config().epn()),
+      B_(ep.config().num_slots()),
+      rank_begin_(ep.rank_begin()),
+      pool_(&pool) {
+    check_shape(shape);
+    const ExpertsShape& ps = pool.shape();
+    EVENEP_CHECK(ps.num_projections == shape.num_projections && ps.elems == shape.elems &&
+                     ps.with_weights == shape.with_weights && ps.with_grads == shape.with_grads && pool.R_ == R_ &&
+                     pool.B_ == B_,
+                 "experts: the pool holds ", ps.num_projections, " projections of ", ps.elems,
+                 " elements for R = ", pool.R_, ", B = ", pool.B_, "; the layer needs ", shape.num_projections, " of ",
+                 shape.elems, " for R = ", R_, ", B = ", B_);
+    init(ep);
+}
+
+// The layer's window: weights [P][epn][elems] bf16, grads [P][epn][elems] fp32; slots in the pool's window.
+void Experts::init(Ep& ep) {
+    const size_t P = shape_.num_projections, n = static_cast<size_t>(shape_.elems);
     size_t o = 0;
     off_.weights = o;
-    if (shape.with_weights) o += region(P * epn_ * n * 2);
-    off_.slots = o;
-    if (shape.with_weights) o += region(P * B_ * n * 2);
-    off_.slot_grads = o;
-    if (shape.with_grads) o += region(P * B_ * n * 4);
+    if (shape_.with_weights) o += region_bytes(P * epn_ * n * 2);
     off_.grads = o;
-    if (shape.with_grads) o += region(P * epn_ * n * 4);
+    if (shape_.with_grads) o += region_bytes(P * epn_ * n * 4);
     off_.total = o > 0 ? o : 256;
+    off_.slots = pool_->slots_offset();
+    off_.slot_grads = pool_->slot_grads_offset();
     window_ = &ep.team().alloc_window(off_.total);
 }
 
 char* Experts::at(int rank, size_t region, int n, int proj, int index, size_t elem_bytes) const {
     EVENEP_CHECK(rank >= 0 && rank < R_ && proj >= 0 && proj < shape_.num_projections && index >= 0 && index < n,
                  "experts: (rank ", rank, ", projection ", proj, ", index ", index, ") out of range");
-    return window_->peers[rank] + region + (static_cast<size_t>(proj) * n + index) * shape_.elems * elem_bytes;
+    return copy_of(*window_, rank_begin_, rank) + region +
+           (static_cast<size_t>(proj) * n + index) * shape_.elems * elem_bytes;
 }
 
 uint16_t* Experts::weight(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.with_weights, "experts: allocated without weights");
     return reinterpret_cast<uint16_t*>(at(rank, off_.weights, epn_, proj, local_expert, 2));
-}
-uint16_t* Experts::slot(int rank, int proj, int slot) const {
-    EVENEP_CHECK(shape_.with_weights, "experts: allocated without weights");
-    return reinterpret_cast<uint16_t*>(at(rank, off_.slots, B_, proj, slot, 2));
-}
-float* Experts::slot_grad(int rank, int proj, int slot) const {
-    EVENEP_CHECK(shape_.with_grads, "experts: allocated without gradients");
-    return reinterpret_cast<float*>(at(rank, off_.slot_grads, B_, proj, slot, 4));
 }
 float* Experts::grad(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.with_grads, "experts: allocated without gradients");
@@ -52,8 +122,16 @@ float* Experts::grad(int rank, int proj, int local_expert) const {
 }
 
 ExpertsView Experts::kernel_view() const {
-    return ExpertsView{window_->d_peers, off_.weights,           off_.slots,  off_.slot_grads,
-                       off_.grads,       shape_.num_projections, shape_.elems};
+    ExpertsView v{};
+    v.bases = window_->d_peers;
+    v.pool_bases = pool_->window().d_peers;
+    v.weights = off_.weights;
+    v.slots = off_.slots;
+    v.slot_grads = off_.slot_grads;
+    v.grads = off_.grads;
+    v.num_projections = shape_.num_projections;
+    v.elems = shape_.elems;
+    return v;
 }
 
 void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel) {
@@ -62,6 +140,8 @@ void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, i
                  "prefetch_weight: experts sized for another group");
     ep.use(plan, stream);
     last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), kernel_view(), ep.options().sm_budget, stream);
+    pool_->filled_by_ = this;
+    pool_->filled_plan_ = plan.id();
 }
 
 void Experts::reduce_grad(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel) {

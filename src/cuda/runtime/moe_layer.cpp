@@ -274,6 +274,8 @@ void MoeLayer::backward(const MoeForward& f, std::span<const BackwardIo> bwd, cu
 
     record(kBwdStart, stream);
     ep_.combine_backward(f.plan, b, stream);
+    // The pool's slots are shared by the layers: fill them again when another layer (or plan) used them since.
+    if (cfg.num_slots() > 0 && !experts_.pool().holds(experts_, f.plan)) experts_.prefetch_weight(ep_, f.plan, stream);
     record(kBwdCombined, stream);
 
     // recv_x: grad_out rows, recv_w: route weights -> dw (in recv_w), dy.

@@ -12,8 +12,8 @@
 
 #include "evenep/cuda/bench.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/experts.hpp"
-#include "evenep/cuda/launchers.hpp"
 #include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/detail/bf16.hpp"
 #include "evenep/detail/layout.hpp"

@@ -1,4 +1,5 @@
-// evenep/cuda/launchers.hpp — the kernel launchers of the CUDA backend (one .cu per family under src/cuda/kernels).
+// evenep/cuda/detail/launchers.hpp — the kernel launchers of the CUDA backend (one .cu per family under
+// src/cuda/kernels): not a contract of the library; for its runtime, its benchmarks and the tests.
 //
 // Every launcher validates its arguments, derives the grid from the team and the SM budget, launches on `stream`
 // (last parameter) and checks cudaGetLastError(). None allocates or synchronises, so each is graph capturable.
@@ -63,9 +64,11 @@ int launch_combine(const TeamView& team,
                    int sm_budget,
                    cudaStream_t stream);
 
-// Expert regions of every rank (see evenep/cuda/experts.hpp): bases is a device table [R].
+// Expert regions of every rank (see evenep/cuda/experts.hpp): bases and pool_bases are device tables [R] of the
+// layer's window (weights, grads) and of the shared pool's window (slots, slot_grads).
 struct ExpertsView {
     char* const* bases;
+    char* const* pool_bases;
     size_t weights, slots, slot_grads, grads;  // byte offsets of [P][n][elems] regions
     int num_projections;
     int64_t elems;
