@@ -10,6 +10,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <type_traits>
@@ -63,8 +64,13 @@ std::string check_integer(std::string& s, T lo, T hi) {
     return {};
 }
 
+// "[lo, hi]", or "[lo, inf)" when only finite values bound it above.
+std::string real_range(double lo, double hi) {
+    return std::isinf(hi) ? fmt::format("[{:g}, inf)", lo) : fmt::format("[{:g}, {:g}]", lo, hi);
+}
+
 std::string check_real(const std::string& s, double lo, double hi) {
-    const std::string range = fmt::format("[{:g}, {:g}]", lo, hi);
+    const std::string range = real_range(lo, hi);
     if (s.empty()) return fmt::format("empty value; expected a number in {}", range);
     char* end = nullptr;
     errno = 0;
@@ -123,7 +129,7 @@ CLI::Option* with_check(CLI::Option* o, std::function<std::string(std::string&)>
 CLI::Option* add_int(CLI::App& cmd, const std::string& name, int& value, const std::string& help, int lo, int hi) {
     return with_check(cmd.add_option(name, value, help)->capture_default_str(),
                       [lo, hi](std::string& s) { return check_integer<int64_t>(s, lo, hi); },
-                      fmt::format("INT in [{}, {}]", lo, hi));
+                      fmt::format("[{}, {}]", lo, hi));
 }
 
 CLI::Option* add_u64(CLI::App& cmd, const std::string& name, uint64_t& value, const std::string& help) {
@@ -131,14 +137,14 @@ CLI::Option* add_u64(CLI::App& cmd, const std::string& name, uint64_t& value, co
                       [](std::string& s) {
                           return check_integer<uint64_t>(s, 0, std::numeric_limits<uint64_t>::max());
                       },
-                      "UINT64");
+                      "decimal");
 }
 
 CLI::Option* add_real(
     CLI::App& cmd, const std::string& name, double& value, const std::string& help, double lo, double hi) {
     return with_check(cmd.add_option(name, value, help),
                       [lo, hi](std::string& s) { return check_real(s, lo, hi); },
-                      fmt::format("NUMBER in [{:g}, {:g}]", lo, hi));
+                      real_range(lo, hi));
 }
 
 CLI::Option* add_reals(CLI::App& cmd,
@@ -149,7 +155,7 @@ CLI::Option* add_reals(CLI::App& cmd,
                        double hi) {
     return with_check(cmd.add_option(name, values, help)->capture_default_str(),
                       [lo, hi](std::string& s) { return check_real(s, lo, hi); },
-                      fmt::format("NUMBER in [{:g}, {:g}]", lo, hi));
+                      real_range(lo, hi));
 }
 
 CLI::Option* add_input_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
@@ -233,8 +239,21 @@ double physical_memory_bytes() {
 }
 
 void ResourceLimits::add_to(CLI::App& cmd) {
-    add_real(cmd, "--max-memory", max_bytes,
-             "refuse a run whose estimated memory exceeds this many bytes (0: a quarter of the physical memory)", 0, 1e18);
+    // Bytes, or with a binary suffix K, M, G, T (8G = 8 GiB); rewritten to plain bytes before the range check.
+    const auto size = [](std::string& v) {
+        static const std::string kSuffixes = "KMGT";
+        const size_t unit = v.empty() ? std::string::npos : kSuffixes.find(static_cast<char>(std::toupper(v.back())));
+        if (unit != std::string::npos) {
+            const std::string number = v.substr(0, v.size() - 1);
+            if (!check_real(number, 0, 1e15).empty()) return fmt::format("value {} is not a size such as 8G", quote_value(v));
+            v = fmt::format("{:.0f}", std::strtod(number.c_str(), nullptr) * std::ldexp(1.0, 10 * static_cast<int>(unit + 1)));
+        }
+        return check_real(v, 0, 1e18);
+    };
+    with_check(cmd.add_option("--max-memory", max_bytes,
+                              "refuse a run whose estimated memory exceeds this many bytes (suffix K/M/G/T allowed; "
+                              "default 0: a quarter of the physical memory)"),
+               size, "SIZE");
     add_real(cmd, "--max-time", max_seconds, "refuse a run whose estimated time exceeds this many seconds", 1, 1e9)
         ->capture_default_str();
 }
@@ -271,21 +290,25 @@ void check_estimate(std::string_view command, const Estimate& e, const ResourceL
 
 namespace {
 
-// Cost model of the routing generators on one core (measured on the build machine, rounded up): one uniform and
-// one compare per (token, expert) of every draw; a target maxvio bisects sigma over ~24 draws (40 at most).
-inline constexpr double kSecondsPerDraw = 2.5e-9;
-inline constexpr int kTargetMaxvioDraws = 24;
+// Cost model of the lognormal generator on one core (fitted on the build machine, rounded up): per token one
+// uniform and compare per expert (~1.5 ns each) and ~K*(1 + ln(E/K)) logarithms (~25 ns each) for the candidates
+// it keeps; a target maxvio bisects sigma, typically over ~6 draws (40 at most).
+inline constexpr double kSecondsPerExpertDraw = 1.5e-9;
+inline constexpr double kSecondsPerCandidate = 25e-9;
+inline constexpr int kTargetMaxvioDraws = 6;
 
 void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
     const double entries = static_cast<double>(opt.R) * opt.S * opt.K;
     // The routing, the best one kept during the search, its histograms and the caller's copies.
     e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
     if (!opt.adversarial.empty()) return;
-    const double draws = static_cast<double>(opt.R) * opt.S * opt.E;
+    const double tokens = static_cast<double>(opt.R) * opt.S;
+    const double per_token = kSecondsPerExpertDraw * opt.E +
+                             kSecondsPerCandidate * opt.K * (1 + std::log(static_cast<double>(opt.E) / opt.K));
     const int passes = opt.sigma_given() ? 1 : kTargetMaxvioDraws;
-    e.add_seconds(passes * draws * kSecondsPerDraw,
-                  fmt::format("{} lognormal draw{} of R*S*E = {:.3g} uniforms{}", passes, passes > 1 ? "s" : "", draws,
-                              passes > 1 ? " to find the sigma of --maxvio" : ""));
+    e.add_seconds(passes * tokens * per_token,
+                  fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", passes,
+                              passes > 1 ? "s" : "", tokens, opt.E, passes > 1 ? " to find the sigma of --maxvio" : ""));
 }
 
 // Refuses a target maxvio the lognormal family cannot reach (judged from the routings at the two ends of the
@@ -319,7 +342,7 @@ void RoutingOptions::add_to(CLI::App& cmd) {
     CLI::Option* o_maxvio = opt_maxvio =
         add_real(cmd, "--maxvio", maxvio,
                  "generate lognormal routing with this max violation (max/mean - 1); refused when unreachable", 0,
-                 1e300)
+                 std::numeric_limits<double>::infinity())
             ->capture_default_str();
     opt_sigma = add_real(cmd, "--sigma", sigma,
                          "generate lognormal routing with this popularity sigma instead of --maxvio", 0, 1000);

@@ -79,7 +79,10 @@ int main(int argc, char** argv) {
     } catch (const evenep::Error& e) {
         return fail(e.what(), e.kind() == evenep::ErrorKind::kInvalidArgument ? 2 : 1);
     } catch (const std::bad_alloc&) {
-        return fail("out of memory (a size beyond what the estimate foresaw; lower the sizes)", 1);
+        // The estimates (--max-memory) should refuse such a run up front; this is the backstop.
+        return fail("out of memory (std::bad_alloc): the sizes given need more memory than this machine has; lower "
+                    "them",
+                    2);
     } catch (const std::exception& e) {
         return fail(e.what(), 1);
     }
