@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_run.hpp"
 #include "evenep/error.hpp"
 #include "evenep/exact.hpp"
 #include "evenep/plan.hpp"
@@ -295,23 +296,8 @@ INSTANTIATE_TEST_SUITE_P(ExactCorpus, ExactVsPlanners, ::testing::ValuesIn(corpu
 
 // --- the CLI --------------------------------------------------------------------------------------------------
 
-struct CliRun {
-    int exit_code = -1;
-    std::string output;
-};
-
-CliRun run_cli(const std::string& args) {
-    const std::string cmd = std::string(EVENEP_CLI_PATH) + " " + args + " 2>&1";
-    CliRun run;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return run;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) run.output.append(buf, n);
-    const int status = pclose(p);
-    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return run;
-}
+using cli_test::CliRun;
+using cli_test::run_cli;
 
 #define EVENEP_REQUIRE_CLI()                                                                  \
     if (!fs::exists(EVENEP_CLI_PATH)) GTEST_SKIP() << "no CLI binary at " << EVENEP_CLI_PATH; \
