@@ -1,5 +1,6 @@
 // The CLI refuses bad input the way a new user meets it (issue 10, item 7): exit code 2, exactly one stderr line
-// "evenep: error: ..." naming the flag or file and the value, within seconds (the binary built next to the tests, EVENEP_CLI_PATH).
+// "evenep: error: ..." naming the flag or file and the value, within seconds (the binary built next to the tests,
+// EVENEP_CLI_PATH).
 //
 // Cases (CliRefuses/Input.OneLineExitTwo/<case>), each with the words its line must hold:
 //   files:     fifo_routing, fifo_tpe, fifo_json (a named pipe is refused, never opened for reading; an output
@@ -88,7 +89,8 @@ std::vector<Case> cases() {
         {"H_negative", "plan --H -1", {"--H", "'-1'", "[1, 262144]"}},
         {"ffn_hidden_huge", "plan --ffn-hidden 99999999999", {"--ffn-hidden", "'99999999999'", "[1, 262144]"}},
         {"maxvio_above_bound", "plan --maxvio 1e18", {"--maxvio", "1e+18", "not reachable", "E/K - 1 = 47"}},
-        {"maxvio_below_range", "plan --R 8 --E 64 --K 2 --S 16 --maxvio 0",
+        {"maxvio_below_range",
+         "plan --R 8 --E 64 --K 2 --S 16 --maxvio 0",
          {"--maxvio = 0", "not reachable", "reaches maxvio in ["}},
         {"sigma_negative", "plan --sigma -5", {"--sigma", "'-5'"}},
         {"sigma_nan", "plan --sigma nan", {"--sigma", "'nan'", "not a finite number"}},
@@ -113,12 +115,17 @@ std::vector<Case> cases() {
         {"bench_plan_json_dev_full",
          "bench plan --shapes small --maxvio 1 --planners optimized --warmup 0 --iters 1 --json /dev/full",
          {"--json", "/dev/full", "No space"}},
-        {"demo_r512_memory", "demo --backend cpu --R 512 --E 512 --K 1 --S 1 --H 8 --ffn-hidden 1 --max-memory 4e9",
+        {"demo_r512_memory",
+         "demo --backend cpu --R 512 --E 512 --K 1 --S 1 --H 8 --ffn-hidden 1 --max-memory 4e9",
          {"demo: estimated memory", "R=512 rank plans", "--max-memory"}},
-        {"demo_tp_memory", "demo --backend cpu --tp 100000 --max-memory 8e9", {"demo: estimated memory", "NvS", "--max-memory"}},
-        {"plan_long_generation", "plan --R 8 --E 64 --K 8 --S 3000000",
+        {"demo_tp_memory",
+         "demo --backend cpu --tp 100000 --max-memory 8e9",
+         {"demo: estimated memory", "NvS", "--max-memory"}},
+        {"plan_long_generation",
+         "plan --R 8 --E 64 --K 8 --S 3000000",
          {"estimated time", "lognormal draws", "--max-time"}},
-        {"plan_check_memory", "plan --tp 1000003 --check --max-memory 4e9",
+        {"plan_check_memory",
+         "plan --tp 1000003 --check --max-memory 4e9",
          {"plan: estimated memory", "--check", "--max-memory"}},
         {"bench_dispatch_no_gpu", "bench dispatch", {"bench dispatch: ", "CUDA"}},
         {"bench_gemm_no_gpu", "bench gemm", {"bench gemm: ", "CUDA"}},

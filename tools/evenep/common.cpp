@@ -6,15 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <cctype>
 #include <cstring>
 #include <filesystem>
-#include <type_traits>
 #include <fstream>
+#include <type_traits>
 
 #include "demo_cuda.hpp"
 #include "evenep/error.hpp"
@@ -97,7 +97,8 @@ std::string check_input_file(const std::string& path) {
     if (path.empty()) return "empty path";
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: {}", quote_value(path), std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) return fmt::format("{} is {}, not a regular file", quote_value(path), kind_of(st.st_mode));
+    if (!S_ISREG(st.st_mode))
+        return fmt::format("{} is {}, not a regular file", quote_value(path), kind_of(st.st_mode));
     if (::access(path.c_str(), R_OK) != 0) return fmt::format("{}: {}", quote_value(path), std::strerror(errno));
     return {};
 }
@@ -127,24 +128,22 @@ CLI::Option* with_check(CLI::Option* o, std::function<std::string(std::string&)>
 }  // namespace
 
 CLI::Option* add_int(CLI::App& cmd, const std::string& name, int& value, const std::string& help, int lo, int hi) {
-    return with_check(cmd.add_option(name, value, help)->capture_default_str(),
-                      [lo, hi](std::string& s) { return check_integer<int64_t>(s, lo, hi); },
-                      fmt::format("[{}, {}]", lo, hi));
+    return with_check(
+        cmd.add_option(name, value, help)->capture_default_str(),
+        [lo, hi](std::string& s) { return check_integer<int64_t>(s, lo, hi); }, fmt::format("[{}, {}]", lo, hi));
 }
 
 CLI::Option* add_u64(CLI::App& cmd, const std::string& name, uint64_t& value, const std::string& help) {
-    return with_check(cmd.add_option(name, value, help)->capture_default_str(),
-                      [](std::string& s) {
-                          return check_integer<uint64_t>(s, 0, std::numeric_limits<uint64_t>::max());
-                      },
-                      "decimal");
+    return with_check(
+        cmd.add_option(name, value, help)->capture_default_str(),
+        [](std::string& s) { return check_integer<uint64_t>(s, 0, std::numeric_limits<uint64_t>::max()); }, "decimal");
 }
 
 CLI::Option* add_real(
     CLI::App& cmd, const std::string& name, double& value, const std::string& help, double lo, double hi) {
-    return with_check(cmd.add_option(name, value, help),
-                      [lo, hi](std::string& s) { return check_real(s, lo, hi); },
-                      real_range(lo, hi));
+    return with_check(
+        cmd.add_option(name, value, help), [lo, hi](std::string& s) { return check_real(s, lo, hi); },
+        real_range(lo, hi));
 }
 
 CLI::Option* add_reals(CLI::App& cmd,
@@ -153,9 +152,9 @@ CLI::Option* add_reals(CLI::App& cmd,
                        const std::string& help,
                        double lo,
                        double hi) {
-    return with_check(cmd.add_option(name, values, help)->capture_default_str(),
-                      [lo, hi](std::string& s) { return check_real(s, lo, hi); },
-                      real_range(lo, hi));
+    return with_check(
+        cmd.add_option(name, values, help)->capture_default_str(),
+        [lo, hi](std::string& s) { return check_real(s, lo, hi); }, real_range(lo, hi));
 }
 
 CLI::Option* add_input_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
@@ -167,13 +166,15 @@ CLI::Option* add_output_file(CLI::App& cmd, const std::string& name, std::string
 }
 
 CLI::Option* add_output_dir(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
-    return with_check(cmd.add_option(name, path, help),
-                      [](std::string& s) { return s.empty() ? std::string("empty path") : std::string(); }, "DIR");
+    return with_check(
+        cmd.add_option(name, path, help),
+        [](std::string& s) { return s.empty() ? std::string("empty path") : std::string(); }, "DIR");
 }
 
 CLI::Option* add_string(CLI::App& cmd, const std::string& name, std::string& value, const std::string& help) {
-    return with_check(cmd.add_option(name, value, help),
-                      [](std::string& s) { return s.empty() ? std::string("empty value") : std::string(); }, "");
+    return with_check(
+        cmd.add_option(name, value, help),
+        [](std::string& s) { return s.empty() ? std::string("empty value") : std::string(); }, "");
 }
 
 // --- outputs ---
@@ -193,7 +194,8 @@ OutputFile::~OutputFile() {
 void OutputFile::fail(const char* what, int err) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
-    throw Error(ErrorKind::kInvalidArgument, fmt::format("{} {}: {}: {}", flag_, quote_value(path_), what, std::strerror(err)));
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{} {}: {}: {}", flag_, quote_value(path_), what, std::strerror(err)));
 }
 
 void OutputFile::write(std::string_view text) {
@@ -245,8 +247,10 @@ void ResourceLimits::add_to(CLI::App& cmd) {
         const size_t unit = v.empty() ? std::string::npos : kSuffixes.find(static_cast<char>(std::toupper(v.back())));
         if (unit != std::string::npos) {
             const std::string number = v.substr(0, v.size() - 1);
-            if (!check_real(number, 0, 1e15).empty()) return fmt::format("value {} is not a size such as 8G", quote_value(v));
-            v = fmt::format("{:.0f}", std::strtod(number.c_str(), nullptr) * std::ldexp(1.0, 10 * static_cast<int>(unit + 1)));
+            if (!check_real(number, 0, 1e15).empty())
+                return fmt::format("value {} is not a size such as 8G", quote_value(v));
+            v = fmt::format("{:.0f}",
+                            std::strtod(number.c_str(), nullptr) * std::ldexp(1.0, 10 * static_cast<int>(unit + 1)));
         }
         return check_real(v, 0, 1e18);
     };
@@ -276,11 +280,12 @@ void Estimate::add_seconds(double s, const std::string& what) {
 
 void check_estimate(std::string_view command, const Estimate& e, const ResourceLimits& limits) {
     const double max_bytes = limits.bytes();
-    EVENEP_CHECK(e.bytes <= max_bytes, command, ": estimated memory ", human_bytes(e.bytes), " (largest part: ",
-                 e.bytes_detail, ") exceeds the limit ", human_bytes(max_bytes),
-                 limits.max_bytes > 0 ? std::string(" (--max-memory)")
-                                      : fmt::format(" (a quarter of the physical memory {}; raise it with --max-memory)",
-                                                    human_bytes(physical_memory_bytes())));
+    EVENEP_CHECK(e.bytes <= max_bytes, command, ": estimated memory ", human_bytes(e.bytes),
+                 " (largest part: ", e.bytes_detail, ") exceeds the limit ", human_bytes(max_bytes),
+                 limits.max_bytes > 0
+                     ? std::string(" (--max-memory)")
+                     : fmt::format(" (a quarter of the physical memory {}; raise it with --max-memory)",
+                                   human_bytes(physical_memory_bytes())));
     EVENEP_CHECK(e.seconds <= limits.max_seconds, command, ": estimated time ", fmt::format("{:.0f}", e.seconds),
                  " s (largest part: ", e.seconds_detail, ") exceeds the limit ", limits.max_seconds,
                  " s (raise it with --max-time)");
@@ -306,9 +311,10 @@ void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
     const double per_token = kSecondsPerExpertDraw * opt.E +
                              kSecondsPerCandidate * opt.K * (1 + std::log(static_cast<double>(opt.E) / opt.K));
     const int passes = opt.sigma_given() ? 1 : kTargetMaxvioDraws;
-    e.add_seconds(passes * tokens * per_token,
-                  fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", passes,
-                              passes > 1 ? "s" : "", tokens, opt.E, passes > 1 ? " to find the sigma of --maxvio" : ""));
+    e.add_seconds(
+        passes * tokens * per_token,
+        fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", passes, passes > 1 ? "s" : "",
+                    tokens, opt.E, passes > 1 ? " to find the sigma of --maxvio" : ""));
 }
 
 // Refuses a target maxvio the lognormal family cannot reach (judged from the routings at the two ends of the
@@ -322,9 +328,9 @@ std::string check_maxvio_reached(const RoutingSpec& spec, double target, const R
     if (!given)
         return fmt::format("; default target maxvio {:g} not reachable here (range [{:.3g}, {:.3g}]), closest used",
                            target, lo, hi);
-    EVENEP_CHECK(false, "--maxvio = ", target,
-                 " is not reachable for R=", spec.R, " E=", spec.E, " K=", spec.K, " S=", spec.S, " seed ", spec.seed,
-                 ": lognormal routing reaches maxvio in [", fmt::format("{:.3g}, {:.3g}", lo, hi),
+    EVENEP_CHECK(false, "--maxvio = ", target, " is not reachable for R=", spec.R, " E=", spec.E, " K=", spec.K,
+                 " S=", spec.S, " seed ", spec.seed, ": lognormal routing reaches maxvio in [",
+                 fmt::format("{:.3g}, {:.3g}", lo, hi),
                  "] (sigma in [1e-5, 10]); give a target in that range or --sigma");
     return {};
 }
@@ -335,8 +341,8 @@ void RoutingOptions::add_to(CLI::App& cmd) {
     CLI::Option* o_R = add_int(cmd, "--R", R, "EP group size (ranks)", 1, kMaxRanks);
     opt_E = add_int(cmd, "--E", E, "routed experts in the group (E % R == 0)", 1, kMaxExperts);
     CLI::Option* o_K = add_int(cmd, "--K", K, "top-k experts per token", 1, 32);
-    CLI::Option* o_S =
-        add_int(cmd, "--S", S, "token capacity per rank (every rank passes S tokens)", 1, std::numeric_limits<int>::max());
+    CLI::Option* o_S = add_int(cmd, "--S", S, "token capacity per rank (every rank passes S tokens)", 1,
+                               std::numeric_limits<int>::max());
     add_int(cmd, "--B", B, "prefetch slots per rank (-1 = epn; < epn only for inference)", -1, kMaxExperts);
     add_int(cmd, "--tp", tp, "token padding of every non-empty expert segment", 1, kMaxTokenPad);
     CLI::Option* o_maxvio = opt_maxvio =
@@ -353,8 +359,8 @@ void RoutingOptions::add_to(CLI::App& cmd) {
     CLI::Option* o_seed = add_u64(cmd, "--seed", seed, "seed of the routing generator (and of demo's data)");
     CLI::Option* o_tpe = add_input_file(cmd, "--tpe", tpe_file,
                                         "read histograms from a JSON file {R,E,K,S,s,tpe} instead of generating");
-    CLI::Option* o_routing = add_input_file(
-        cmd, "--routing", routing_file, "read topk_idx from an int32 [R,S,K] .npy (-1 = masked); needs --E");
+    CLI::Option* o_routing = add_input_file(cmd, "--routing", routing_file,
+                                            "read topk_idx from an int32 [R,S,K] .npy (-1 = masked); needs --E");
     cmd.add_option("--planner", planner, "planner mode")
         ->check(CLI::IsMember({"reference", "optimized"}))
         ->capture_default_str();
@@ -410,9 +416,8 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
             // Every token picks K distinct experts, so no expert gets more than all tokens: maxvio <= E/K - 1.
             const bool given = opt.opt_maxvio == nullptr || opt.opt_maxvio->count() > 0;
             const double max_reachable = static_cast<double>(opt.E) / opt.K - 1;
-            EVENEP_CHECK(!given || opt.maxvio <= max_reachable + std::max(0.02 * opt.maxvio, 0.005), "--maxvio = ",
-                         opt.maxvio,
-                         " is not reachable: with E=", opt.E, " and K=", opt.K,
+            EVENEP_CHECK(!given || opt.maxvio <= max_reachable + std::max(0.02 * opt.maxvio, 0.005),
+                         "--maxvio = ", opt.maxvio, " is not reachable: with E=", opt.E, " and K=", opt.K,
                          " no routing exceeds maxvio E/K - 1 = ", max_reachable,
                          " (every token picks K distinct experts)");
             routing = make_target_maxvio(spec, opt.maxvio, &in.sigma_used);

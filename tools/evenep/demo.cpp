@@ -140,7 +140,8 @@ Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_g
     e.add_bytes(12 * entries + 64 * pairs, fmt::format("plan and dst of R*S*K = {:.3g} entries", entries));
     if (opt.plan_only) return e;
     const double rows = static_cast<double>(c.recv_rows());
-    const double buffers = static_cast<double>(z.comm_total + z.pool_total + z.layer_weights + z.layer_grads + z.workspace);
+    const double buffers =
+        static_cast<double>(z.comm_total + z.pool_total + z.layer_weights + z.layer_grads + z.workspace);
     const double act = rows * (6.0 * bc.H + 32.0 * bc.ffn_hidden);
     e.add_bytes(R * c.S * bc.H * 24.0, "tokens (bf16, fp32 and the dense reference)");
     e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 14, "expert weights and gradients");
