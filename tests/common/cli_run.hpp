@@ -21,11 +21,15 @@ struct CliRun {
     double seconds = 0;
 };
 
-// Runs `evenep <args>` through the shell (args are shell words), killed after `timeout_s` seconds (exit code 124).
-inline CliRun run_cli(const std::string& args, bool merge_stderr = true, int timeout_s = 600) {
+// Runs `evenep <args>` through the shell (args are shell words), killed after `timeout_s` seconds (exit code 124);
+// `shell_prefix` runs first in the same shell (e.g. "ulimit -v 1000000;").
+inline CliRun run_cli(const std::string& args,
+                      bool merge_stderr = true,
+                      int timeout_s = 600,
+                      const std::string& shell_prefix = "") {
     const std::string err_file = ::testing::TempDir() + "evenep_cli_stderr_" + std::to_string(getpid()) + ".txt";
-    const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + std::string(EVENEP_CLI_PATH) + " " + args +
-                            (merge_stderr ? " 2>&1" : " 2>" + err_file);
+    const std::string cmd = shell_prefix + " timeout " + std::to_string(timeout_s) + " " +
+                            std::string(EVENEP_CLI_PATH) + " " + args + (merge_stderr ? " 2>&1" : " 2>" + err_file);
     CliRun run;
     const auto t0 = std::chrono::steady_clock::now();
     FILE* p = popen(cmd.c_str(), "r");

@@ -15,7 +15,8 @@
 //   parser:    unknown_command, unknown_bench_command, unknown_flag, missing_value
 //   outputs:   quality_json_dev_full, bench_plan_json_dev_full (a failed write is detected at close)
 //   machine:   demo_r512_memory (~R^3 plan state), demo_tp_memory, plan_long_generation (time estimate),
-//              plan_check_memory (the --check cost), bench_dispatch_no_gpu, bench_gemm_no_gpu,
+//              plan_check_memory (the --check cost), demo_threads_cannot_start (1 GB of address space: the rank
+//              threads cannot all start; no std::terminate), bench_dispatch_no_gpu, bench_gemm_no_gpu,
 //              launch_nonexistent, launch_not_on_path
 // Plus:
 //   CliAccepts.LeadingZeroIsDecimal   --E 0100 plans with E = 100 (never octal); an unreachable default
@@ -68,9 +69,12 @@ const fs::path& data_dir() {
 std::string path(const char* name) { return (data_dir() / name).string(); }
 
 struct Case {
+    Case(std::string n, std::string a, std::vector<std::string> w, std::string prefix = "")
+        : name(std::move(n)), args(std::move(a)), needles(std::move(w)), shell_prefix(std::move(prefix)) {}
     std::string name;
     std::string args;
     std::vector<std::string> needles;  // each must appear in the error line
+    std::string shell_prefix;          // run first in the same shell (a resource limit)
 };
 
 std::vector<Case> cases() {
@@ -129,6 +133,10 @@ std::vector<Case> cases() {
          {"plan: estimated memory", "--check", "--max-memory"}},
         {"bench_dispatch_no_gpu", "bench dispatch", {"bench dispatch: ", "CUDA"}},
         {"bench_gemm_no_gpu", "bench gemm", {"bench gemm: ", "CUDA"}},
+        {"demo_threads_cannot_start",
+         "demo --backend cpu --R 2048 --E 2048 --K 1 --S 1 --H 8 --ffn-hidden 1 --max-memory 10T --max-time 1e6",
+         {"cannot start the thread of rank", "R = 2048"},
+         "ulimit -v 1000000;"},
         {"launch_nonexistent", "launch -n 2 -- /nonexistent", {"launch", "'/nonexistent'", "No such file"}},
         {"launch_not_on_path", "launch -n 2 -- evenep_no_such_command", {"'evenep_no_such_command'", "not found"}},
     };
@@ -140,7 +148,7 @@ class Input : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Input, OneLineExitTwo) {
     const Case& c = GetParam();
-    const cli_test::CliRun run = run_cli(c.args, /*merge_stderr=*/false, /*timeout_s=*/60);
+    const cli_test::CliRun run = run_cli(c.args, /*merge_stderr=*/false, /*timeout_s=*/60, c.shell_prefix);
     EXPECT_EQ(run.exit_code, 2) << c.args << "\nstderr: " << run.error;
     EXPECT_LT(run.seconds, 30) << c.args;
     ASSERT_FALSE(run.error.empty()) << c.args;
