@@ -355,13 +355,13 @@ void RoutingOptions::add_to(CLI::App& cmd) {
     std::vector<std::string> names;
     for (Adversarial a : all_adversarial()) names.push_back(to_string(a));
     CLI::Option* o_adv =
-        cmd.add_option("--adversarial", adversarial, "generate an adversarial routing")->check(CLI::IsMember(names));
+        add_string(cmd, "--adversarial", adversarial, "generate an adversarial routing")->check(CLI::IsMember(names));
     CLI::Option* o_seed = add_u64(cmd, "--seed", seed, "seed of the routing generator (and of demo's data)");
     CLI::Option* o_tpe = add_input_file(cmd, "--tpe", tpe_file,
                                         "read histograms from a JSON file {R,E,K,S,s,tpe} instead of generating");
     CLI::Option* o_routing = add_input_file(cmd, "--routing", routing_file,
                                             "read topk_idx from an int32 [R,S,K] .npy (-1 = masked); needs --E");
-    cmd.add_option("--planner", planner, "planner mode")
+    add_string(cmd, "--planner", planner, "planner mode")
         ->check(CLI::IsMember({"reference", "optimized"}))
         ->capture_default_str();
     limits.add_to(cmd);

@@ -445,7 +445,7 @@ void register_demo(CLI::App& app) {
     add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H'", 1, kMaxHidden);
     add_int(*cmd, "--threads", opt->threads, "threads of the dense reference", 1, 4096);
     add_int(*cmd, "--timeout-ms", opt->timeout_ms, "barrier timeout of the virtual ranks", 1, 86400000);
-    cmd->add_option("--backend", opt->backend,
+    add_string(*cmd, "--backend", opt->backend,
                     "cpu (threads), cuda (one GPU; exit 2 without one) or auto (cuda when built with CUDA and a "
                     "device is present, else cpu)")
         ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
