@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/cli_run.hpp"
+#include "evenep/exact.hpp"
 #include "evenep/io.hpp"
 #include "evenep/routing.hpp"
 
@@ -144,10 +145,20 @@ std::vector<Case> cases() {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
+// True when this binary can use a GPU (a CUDA build on a machine with a device): the *_no_gpu cases do not apply.
+bool gpu_usable() {
+    static const bool usable =
+        run_cli("demo --backend cuda --plan-only --R 1 --E 1 --K 1 --S 1 --H 8 --ffn-hidden 1", true, 120).exit_code ==
+        0;
+    return usable;
+}
+
 class Input : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Input, OneLineExitTwo) {
     const Case& c = GetParam();
+    if (c.name.find("no_gpu") != std::string::npos && gpu_usable()) GTEST_SKIP() << "a GPU is usable here";
+    if (c.name.rfind("quality_", 0) == 0 && !exact_solver_available()) GTEST_SKIP() << "built without CBC";
     const cli_test::CliRun run = run_cli(c.args, /*merge_stderr=*/false, /*timeout_s=*/60, c.shell_prefix);
     EXPECT_EQ(run.exit_code, 2) << c.args << "\nstderr: " << run.error;
     EXPECT_LT(run.seconds, 30) << c.args;
