@@ -6,14 +6,14 @@
 // write are ErrorKind::kRuntime.
 #include "evenep/io.hpp"
 
-#include <algorithm>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -35,18 +35,15 @@ using OrderedJson = nlohmann::ordered_json;
 inline constexpr char kNpyMagic[] = "\x93NUMPY";
 inline constexpr size_t kNpyMagicBytes = 6;
 inline constexpr size_t kNpyAlign = 64;  // numpy pads magic + length + header to a multiple of 64 bytes
-// numpy writes headers of a few hundred bytes (and by default reads none over 10000); a longer announced length is
-// a corrupt file, refused before the header is parsed.
-inline constexpr size_t kNpyMaxHeaderBytes = size_t{1} << 20;
+inline constexpr size_t kNpyMaxHeaderBytes = size_t{1} << 20;  // numpy writes a few hundred bytes, reads <= 10000
 
 std::vector<char> read_file(const std::string& path, const char* what) {
     // stat first: opening a named pipe for reading would block until a writer appears.
     struct stat st {};
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, ::stat(path.c_str(), &st) == 0, what, " '", path,
                       "': cannot open for reading: ", std::strerror(errno));
-    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, !S_ISDIR(st.st_mode), what, " '", path, "': is a directory");
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, S_ISREG(st.st_mode), what, " '", path, "': is ",
-                      S_ISFIFO(st.st_mode) ? "a named pipe (FIFO)" : "a device or socket",
+                      S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a named pipe (FIFO)" : "a device",
                       ", not a regular file");
     std::ifstream f(path, std::ios::binary | std::ios::ate);
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, f.is_open(), what, " '", path, "': cannot open for reading");
@@ -84,15 +81,14 @@ class PositionedDomParser : public nlohmann::detail::json_sax_dom_parser<Json> {
   public:
     explicit PositionedDomParser(Json& root) : nlohmann::detail::json_sax_dom_parser<Json>(root, false) {}
     bool parse_error(std::size_t position, const std::string& token, const Json::exception& e) {
-        error_position = position;
-        error_token = token;
-        error_what = e.what();
-        error_id = e.id;
+        failure = {position, token, e.what(), e.id};
         return false;
     }
-    std::size_t error_position = 0;
-    std::string error_token, error_what;
-    int error_id = 0;
+    struct Failure {
+        std::size_t position = 0;  // bytes read, i.e. the end of the failing token
+        std::string token, what;
+        int id = 0;  // nlohmann's error id: 406 = number out of range
+    } failure;
 };
 
 // An int32 from `j` (an integer JSON number, not a float), else an Error naming `field`.
@@ -168,14 +164,9 @@ std::string excerpt(const std::string& text, size_t pos) {
     std::string out = begin > 0 ? "..." : "";
     for (size_t i = begin; i < end; ++i) {
         const unsigned char c = static_cast<unsigned char>(text[i]);
-        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
-            out.push_back(static_cast<char>(c));
-        } else {
-            static const char kHex[] = "0123456789abcdef";
-            out += "\\x";
-            out.push_back(kHex[c >> 4]);
-            out.push_back(kHex[c & 15]);
-        }
+        char hex[8];
+        std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+        out += (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') ? std::string(1, static_cast<char>(c)) : hex;
     }
     return end < text.size() ? out + "..." : out;
 }
@@ -365,14 +356,12 @@ TpeFile read_tpe_json(const std::string& path) {
     Json root;
     PositionedDomParser sax(root);
     if (!Json::sax_parse(bytes.begin(), bytes.end(), &sax)) {
-        const size_t pos = std::min(sax.error_position, bytes.size());
-        const int64_t line = 1 + std::count(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(pos), '\n');
-        const auto line_start = std::find(std::make_reverse_iterator(bytes.begin() + static_cast<std::ptrdiff_t>(pos)),
-                                          bytes.rend(), '\n');
-        const int64_t column = std::distance(line_start.base(), bytes.begin() + static_cast<std::ptrdiff_t>(pos));
-        EVENEP_CHECK(sax.error_id != 406, where, ": line ", line, ", column ", column, ": number ",
-                     excerpt(sax.error_token, 0), " is out of range of a double");
-        EVENEP_CHECK(false, where, ": ", sax.error_what);  // nlohmann's text: "parse error at line L, column C: ..."
+        int64_t line = 1, column = 0;  // of the end of the failing token
+        for (size_t i = 0; i < std::min(sax.failure.position, bytes.size()); ++i)
+            bytes[i] == '\n' ? (++line, column = 0) : ++column;
+        EVENEP_CHECK(sax.failure.id != 406, where, ": line ", line, ", column ", column, ": number ",
+                     excerpt(sax.failure.token, 0), " is out of range of a double");
+        EVENEP_CHECK(false, where, ": ", sax.failure.what);  // nlohmann's text: "parse error at line L, column C: ..."
     }
     EVENEP_CHECK(root.is_object(), where, ": top level must be an object, got ", json_type(root));
     TpeFile f;

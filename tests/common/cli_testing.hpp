@@ -23,10 +23,14 @@ struct CliRun {
     double seconds = 0;
 };
 
-// Runs `command` through the shell, killed after `timeout_s` seconds.
-inline CliRun run_command(const std::string& command, bool merge_stderr = true, int timeout_s = 600) {
+// Runs `command` through the shell, killed after `timeout_s` seconds (exit code 124); `shell_prefix` runs first in
+// the same shell (e.g. "ulimit -v 1000000;").
+inline CliRun run_command(const std::string& command,
+                          bool merge_stderr = true,
+                          int timeout_s = 600,
+                          const std::string& shell_prefix = "") {
     const std::string err_file = ::testing::TempDir() + "evenep_cli_stderr_" + std::to_string(getpid()) + ".txt";
-    const std::string cmd = "timeout " + std::to_string(timeout_s) + " " + command +
+    const std::string cmd = shell_prefix + " timeout " + std::to_string(timeout_s) + " " + command +
                             (merge_stderr ? " 2>&1" : " 2>" + err_file);
     CliRun run;
     const auto t0 = std::chrono::steady_clock::now();
@@ -49,8 +53,11 @@ inline CliRun run_command(const std::string& command, bool merge_stderr = true, 
 }
 
 // `evenep ARGS` (args are shell words).
-inline CliRun run_cli(const std::string& args, bool merge_stderr = true, int timeout_s = 600) {
-    return run_command(std::string(EVENEP_CLI_PATH) + " " + args, merge_stderr, timeout_s);
+inline CliRun run_cli(const std::string& args,
+                      bool merge_stderr = true,
+                      int timeout_s = 600,
+                      const std::string& shell_prefix = "") {
+    return run_command(std::string(EVENEP_CLI_PATH) + " " + args, merge_stderr, timeout_s, shell_prefix);
 }
 
 // An empty directory <tmp>/<prefix>_<pid>_<name>.

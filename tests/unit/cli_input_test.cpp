@@ -1,5 +1,6 @@
 // The CLI refuses bad input the way a new user meets it (issue 10, item 7): exit code 2, exactly one stderr line
-// "evenep: error: ..." naming the flag or file and the value, within seconds (the binary built next to the tests, EVENEP_CLI_PATH).
+// "evenep: error: ..." naming the flag or file and the value, within seconds (the binary built next to the tests,
+// EVENEP_CLI_PATH).
 //
 // Cases (CliRefuses/Input.OneLineExitTwo/<case>), each with the words its line must hold:
 //   files:     fifo_routing, fifo_tpe, fifo_json (a named pipe is refused, never opened for reading; an output
@@ -14,7 +15,8 @@
 //   parser:    unknown_command, unknown_bench_command, unknown_flag, missing_value
 //   outputs:   quality_json_dev_full, bench_plan_json_dev_full (a failed write is detected at close)
 //   machine:   demo_r512_memory (~R^3 plan state), demo_tp_memory, plan_long_generation (time estimate),
-//              plan_check_memory (the --check cost), bench_dispatch_no_gpu, bench_gemm_no_gpu,
+//              plan_check_memory (the --check cost), demo_threads_cannot_start (1 GB of address space: the rank
+//              threads cannot all start; no std::terminate), bench_dispatch_no_gpu, bench_gemm_no_gpu,
 //              launch_nonexistent, launch_not_on_path
 // Plus:
 //   CliAccepts.LeadingZeroIsDecimal   --E 0100 plans with E = 100 (never octal); an unreachable default
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "common/cli_testing.hpp"
+#include "evenep/exact.hpp"
 #include "evenep/io.hpp"
 #include "evenep/routing.hpp"
 
@@ -67,9 +70,12 @@ const fs::path& data_dir() {
 std::string path(const char* name) { return (data_dir() / name).string(); }
 
 struct Case {
+    Case(std::string n, std::string a, std::vector<std::string> w, std::string prefix = "")
+        : name(std::move(n)), args(std::move(a)), needles(std::move(w)), shell_prefix(std::move(prefix)) {}
     std::string name;
     std::string args;
     std::vector<std::string> needles;  // each must appear in the error line
+    std::string shell_prefix;          // run first in the same shell (a resource limit)
 };
 
 std::vector<Case> cases() {
@@ -88,7 +94,8 @@ std::vector<Case> cases() {
         {"H_negative", "plan --H -1", {"--H", "'-1'", "[1, 262144]"}},
         {"ffn_hidden_huge", "plan --ffn-hidden 99999999999", {"--ffn-hidden", "'99999999999'", "[1, 262144]"}},
         {"maxvio_above_bound", "plan --maxvio 1e18", {"--maxvio", "1e+18", "not reachable", "E/K - 1 = 47"}},
-        {"maxvio_below_range", "plan --R 8 --E 64 --K 2 --S 16 --maxvio 0",
+        {"maxvio_below_range",
+         "plan --R 8 --E 64 --K 2 --S 16 --maxvio 0",
          {"--maxvio = 0", "not reachable", "reaches maxvio in ["}},
         {"sigma_negative", "plan --sigma -5", {"--sigma", "'-5'"}},
         {"sigma_nan", "plan --sigma nan", {"--sigma", "'nan'", "not a finite number"}},
@@ -113,15 +120,24 @@ std::vector<Case> cases() {
         {"bench_plan_json_dev_full",
          "bench plan --shapes small --maxvio 1 --planners optimized --warmup 0 --iters 1 --json /dev/full",
          {"--json", "/dev/full", "No space"}},
-        {"demo_r512_memory", "demo --R 512 --E 512 --K 1 --S 1 --H 8 --ffn-hidden 1 --max-memory 4e9",
+        {"demo_r512_memory",
+         "demo --backend cpu --R 512 --E 512 --K 1 --S 1 --H 8 --ffn-hidden 1 --max-memory 4e9",
          {"demo: estimated memory", "R=512 rank plans", "--max-memory"}},
-        {"demo_tp_memory", "demo --tp 100000 --max-memory 8e9", {"demo: estimated memory", "NvS", "--max-memory"}},
-        {"plan_long_generation", "plan --R 8 --E 64 --K 8 --S 3000000",
+        {"demo_tp_memory",
+         "demo --backend cpu --tp 100000 --max-memory 8e9",
+         {"demo: estimated memory", "NvS", "--max-memory"}},
+        {"plan_long_generation",
+         "plan --R 8 --E 64 --K 8 --S 3000000",
          {"estimated time", "lognormal draws", "--max-time"}},
-        {"plan_check_memory", "plan --tp 1000003 --check --max-memory 4e9",
+        {"plan_check_memory",
+         "plan --tp 1000003 --check --max-memory 4e9",
          {"plan: estimated memory", "--check", "--max-memory"}},
         {"bench_dispatch_no_gpu", "bench dispatch", {"bench dispatch: ", "CUDA"}},
         {"bench_gemm_no_gpu", "bench gemm", {"bench gemm: ", "CUDA"}},
+        {"demo_threads_cannot_start",
+         "demo --backend cpu --R 2048 --E 2048 --K 1 --S 1 --H 8 --ffn-hidden 1 --max-memory 10T --max-time 1e6",
+         {"cannot start the thread of rank", "R = 2048"},
+         "ulimit -v 1000000;"},
         {"launch_nonexistent", "launch -n 2 -- /nonexistent", {"launch", "'/nonexistent'", "No such file"}},
         {"launch_not_on_path", "launch -n 2 -- evenep_no_such_command", {"'evenep_no_such_command'", "not found"}},
     };
@@ -129,11 +145,21 @@ std::vector<Case> cases() {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
+// True when this binary can use a GPU (a CUDA build on a machine with a device): the *_no_gpu cases do not apply.
+bool gpu_usable() {
+    static const bool usable =
+        run_cli("demo --backend cuda --plan-only --R 1 --E 1 --K 1 --S 1 --H 8 --ffn-hidden 1", true, 120).exit_code ==
+        0;
+    return usable;
+}
+
 class Input : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Input, OneLineExitTwo) {
     const Case& c = GetParam();
-    const testing::CliRun run = run_cli(c.args, /*merge_stderr=*/false, /*timeout_s=*/60);
+    if (c.name.find("no_gpu") != std::string::npos && gpu_usable()) GTEST_SKIP() << "a GPU is usable here";
+    if (c.name.rfind("quality_", 0) == 0 && !exact_solver_available()) GTEST_SKIP() << "built without CBC";
+    const testing::CliRun run = run_cli(c.args, /*merge_stderr=*/false, /*timeout_s=*/60, c.shell_prefix);
     EXPECT_EQ(run.exit_code, 2) << c.args << "\nstderr: " << run.error;
     EXPECT_LT(run.seconds, 30) << c.args;
     ASSERT_FALSE(run.error.empty()) << c.args;

@@ -6,14 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <type_traits>
 #include <fstream>
+#include <type_traits>
 
 #include "demo_cuda.hpp"
 #include "evenep/error.hpp"
@@ -63,8 +64,13 @@ std::string check_integer(std::string& s, T lo, T hi) {
     return {};
 }
 
+// "[lo, hi]", or "[lo, inf)" when only finite values bound it above.
+std::string real_range(double lo, double hi) {
+    return std::isinf(hi) ? fmt::format("[{:g}, inf)", lo) : fmt::format("[{:g}, {:g}]", lo, hi);
+}
+
 std::string check_real(const std::string& s, double lo, double hi) {
-    const std::string range = fmt::format("[{:g}, {:g}]", lo, hi);
+    const std::string range = real_range(lo, hi);
     if (s.empty()) return fmt::format("empty value; expected a number in {}", range);
     char* end = nullptr;
     errno = 0;
@@ -91,7 +97,8 @@ std::string check_input_file(const std::string& path) {
     if (path.empty()) return "empty path";
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: {}", quote_value(path), std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) return fmt::format("{} is {}, not a regular file", quote_value(path), kind_of(st.st_mode));
+    if (!S_ISREG(st.st_mode))
+        return fmt::format("{} is {}, not a regular file", quote_value(path), kind_of(st.st_mode));
     if (::access(path.c_str(), R_OK) != 0) return fmt::format("{}: {}", quote_value(path), std::strerror(errno));
     return {};
 }
@@ -121,24 +128,22 @@ CLI::Option* with_check(CLI::Option* o, std::function<std::string(std::string&)>
 }  // namespace
 
 CLI::Option* add_int(CLI::App& cmd, const std::string& name, int& value, const std::string& help, int lo, int hi) {
-    return with_check(cmd.add_option(name, value, help)->capture_default_str(),
-                      [lo, hi](std::string& s) { return check_integer<int64_t>(s, lo, hi); },
-                      fmt::format("INT in [{}, {}]", lo, hi));
+    return with_check(
+        cmd.add_option(name, value, help)->capture_default_str(),
+        [lo, hi](std::string& s) { return check_integer<int64_t>(s, lo, hi); }, fmt::format("[{}, {}]", lo, hi));
 }
 
 CLI::Option* add_u64(CLI::App& cmd, const std::string& name, uint64_t& value, const std::string& help) {
-    return with_check(cmd.add_option(name, value, help)->capture_default_str(),
-                      [](std::string& s) {
-                          return check_integer<uint64_t>(s, 0, std::numeric_limits<uint64_t>::max());
-                      },
-                      "UINT64");
+    return with_check(
+        cmd.add_option(name, value, help)->capture_default_str(),
+        [](std::string& s) { return check_integer<uint64_t>(s, 0, std::numeric_limits<uint64_t>::max()); }, "decimal");
 }
 
 CLI::Option* add_real(
     CLI::App& cmd, const std::string& name, double& value, const std::string& help, double lo, double hi) {
-    return with_check(cmd.add_option(name, value, help),
-                      [lo, hi](std::string& s) { return check_real(s, lo, hi); },
-                      fmt::format("NUMBER in [{:g}, {:g}]", lo, hi));
+    return with_check(
+        cmd.add_option(name, value, help), [lo, hi](std::string& s) { return check_real(s, lo, hi); },
+        real_range(lo, hi));
 }
 
 CLI::Option* add_reals(CLI::App& cmd,
@@ -147,9 +152,9 @@ CLI::Option* add_reals(CLI::App& cmd,
                        const std::string& help,
                        double lo,
                        double hi) {
-    return with_check(cmd.add_option(name, values, help)->capture_default_str(),
-                      [lo, hi](std::string& s) { return check_real(s, lo, hi); },
-                      fmt::format("NUMBER in [{:g}, {:g}]", lo, hi));
+    return with_check(
+        cmd.add_option(name, values, help)->capture_default_str(),
+        [lo, hi](std::string& s) { return check_real(s, lo, hi); }, real_range(lo, hi));
 }
 
 CLI::Option* add_input_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
@@ -161,13 +166,15 @@ CLI::Option* add_output_file(CLI::App& cmd, const std::string& name, std::string
 }
 
 CLI::Option* add_output_dir(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
-    return with_check(cmd.add_option(name, path, help),
-                      [](std::string& s) { return s.empty() ? std::string("empty path") : std::string(); }, "DIR");
+    return with_check(
+        cmd.add_option(name, path, help),
+        [](std::string& s) { return s.empty() ? std::string("empty path") : std::string(); }, "DIR");
 }
 
 CLI::Option* add_string(CLI::App& cmd, const std::string& name, std::string& value, const std::string& help) {
-    return with_check(cmd.add_option(name, value, help),
-                      [](std::string& s) { return s.empty() ? std::string("empty value") : std::string(); }, "");
+    return with_check(
+        cmd.add_option(name, value, help),
+        [](std::string& s) { return s.empty() ? std::string("empty value") : std::string(); }, "");
 }
 
 // --- outputs ---
@@ -187,7 +194,8 @@ OutputFile::~OutputFile() {
 void OutputFile::fail(const char* what, int err) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
-    throw Error(ErrorKind::kInvalidArgument, fmt::format("{} {}: {}: {}", flag_, quote_value(path_), what, std::strerror(err)));
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{} {}: {}: {}", flag_, quote_value(path_), what, std::strerror(err)));
 }
 
 void OutputFile::write(std::string_view text) {
@@ -233,8 +241,23 @@ double physical_memory_bytes() {
 }
 
 void ResourceLimits::add_to(CLI::App& cmd) {
-    add_real(cmd, "--max-memory", max_bytes,
-             "refuse a run whose estimated memory exceeds this many bytes (0: a quarter of the physical memory)", 0, 1e18);
+    // Bytes, or with a binary suffix K, M, G, T (8G = 8 GiB); rewritten to plain bytes before the range check.
+    const auto size = [](std::string& v) {
+        static const std::string kSuffixes = "KMGT";
+        const size_t unit = v.empty() ? std::string::npos : kSuffixes.find(static_cast<char>(std::toupper(v.back())));
+        if (unit != std::string::npos) {
+            const std::string number = v.substr(0, v.size() - 1);
+            if (!check_real(number, 0, 1e15).empty())
+                return fmt::format("value {} is not a size such as 8G", quote_value(v));
+            v = fmt::format("{:.0f}",
+                            std::strtod(number.c_str(), nullptr) * std::ldexp(1.0, 10 * static_cast<int>(unit + 1)));
+        }
+        return check_real(v, 0, 1e18);
+    };
+    with_check(cmd.add_option("--max-memory", max_bytes,
+                              "refuse a run whose estimated memory exceeds this many bytes (suffix K/M/G/T allowed; "
+                              "default 0: a quarter of the physical memory)"),
+               size, "SIZE");
     add_real(cmd, "--max-time", max_seconds, "refuse a run whose estimated time exceeds this many seconds", 1, 1e9)
         ->capture_default_str();
 }
@@ -257,11 +280,12 @@ void Estimate::add_seconds(double s, const std::string& what) {
 
 void check_estimate(std::string_view command, const Estimate& e, const ResourceLimits& limits) {
     const double max_bytes = limits.bytes();
-    EVENEP_CHECK(e.bytes <= max_bytes, command, ": estimated memory ", human_bytes(e.bytes), " (largest part: ",
-                 e.bytes_detail, ") exceeds the limit ", human_bytes(max_bytes),
-                 limits.max_bytes > 0 ? std::string(" (--max-memory)")
-                                      : fmt::format(" (a quarter of the physical memory {}; raise it with --max-memory)",
-                                                    human_bytes(physical_memory_bytes())));
+    EVENEP_CHECK(e.bytes <= max_bytes, command, ": estimated memory ", human_bytes(e.bytes),
+                 " (largest part: ", e.bytes_detail, ") exceeds the limit ", human_bytes(max_bytes),
+                 limits.max_bytes > 0
+                     ? std::string(" (--max-memory)")
+                     : fmt::format(" (a quarter of the physical memory {}; raise it with --max-memory)",
+                                   human_bytes(physical_memory_bytes())));
     EVENEP_CHECK(e.seconds <= limits.max_seconds, command, ": estimated time ", fmt::format("{:.0f}", e.seconds),
                  " s (largest part: ", e.seconds_detail, ") exceeds the limit ", limits.max_seconds,
                  " s (raise it with --max-time)");
@@ -271,21 +295,26 @@ void check_estimate(std::string_view command, const Estimate& e, const ResourceL
 
 namespace {
 
-// Cost model of the routing generators on one core (measured on the build machine, rounded up): one uniform and
-// one compare per (token, expert) of every draw; a target maxvio bisects sigma over ~24 draws (40 at most).
-inline constexpr double kSecondsPerDraw = 2.5e-9;
-inline constexpr int kTargetMaxvioDraws = 24;
+// Cost model of the lognormal generator on one core (fitted on the build machine, rounded up): per token one
+// uniform and compare per expert (~1.5 ns each) and ~K*(1 + ln(E/K)) logarithms (~25 ns each) for the candidates
+// it keeps; a target maxvio bisects sigma, typically over ~6 draws (40 at most).
+inline constexpr double kSecondsPerExpertDraw = 1.5e-9;
+inline constexpr double kSecondsPerCandidate = 25e-9;
+inline constexpr int kTargetMaxvioDraws = 6;
 
 void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
     const double entries = static_cast<double>(opt.R) * opt.S * opt.K;
     // The routing, the best one kept during the search, its histograms and the caller's copies.
     e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
     if (!opt.adversarial.empty()) return;
-    const double draws = static_cast<double>(opt.R) * opt.S * opt.E;
+    const double tokens = static_cast<double>(opt.R) * opt.S;
+    const double per_token = kSecondsPerExpertDraw * opt.E +
+                             kSecondsPerCandidate * opt.K * (1 + std::log(static_cast<double>(opt.E) / opt.K));
     const int passes = opt.sigma_given() ? 1 : kTargetMaxvioDraws;
-    e.add_seconds(passes * draws * kSecondsPerDraw,
-                  fmt::format("{} lognormal draw{} of R*S*E = {:.3g} uniforms{}", passes, passes > 1 ? "s" : "", draws,
-                              passes > 1 ? " to find the sigma of --maxvio" : ""));
+    e.add_seconds(
+        passes * tokens * per_token,
+        fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", passes, passes > 1 ? "s" : "",
+                    tokens, opt.E, passes > 1 ? " to find the sigma of --maxvio" : ""));
 }
 
 // Refuses a target maxvio the lognormal family cannot reach (judged from the routings at the two ends of the
@@ -299,9 +328,9 @@ std::string check_maxvio_reached(const RoutingSpec& spec, double target, const R
     if (!given)
         return fmt::format("; default target maxvio {:g} not reachable here (range [{:.3g}, {:.3g}]), closest used",
                            target, lo, hi);
-    EVENEP_CHECK(false, "--maxvio = ", target,
-                 " is not reachable for R=", spec.R, " E=", spec.E, " K=", spec.K, " S=", spec.S, " seed ", spec.seed,
-                 ": lognormal routing reaches maxvio in [", fmt::format("{:.3g}, {:.3g}", lo, hi),
+    EVENEP_CHECK(false, "--maxvio = ", target, " is not reachable for R=", spec.R, " E=", spec.E, " K=", spec.K,
+                 " S=", spec.S, " seed ", spec.seed, ": lognormal routing reaches maxvio in [",
+                 fmt::format("{:.3g}, {:.3g}", lo, hi),
                  "] (sigma in [1e-5, 10]); give a target in that range or --sigma");
     return {};
 }
@@ -312,27 +341,27 @@ void RoutingOptions::add_to(CLI::App& cmd) {
     CLI::Option* o_R = add_int(cmd, "--R", R, "EP group size (ranks)", 1, kMaxRanks);
     opt_E = add_int(cmd, "--E", E, "routed experts in the group (E % R == 0)", 1, kMaxExperts);
     CLI::Option* o_K = add_int(cmd, "--K", K, "top-k experts per token", 1, 32);
-    CLI::Option* o_S =
-        add_int(cmd, "--S", S, "token capacity per rank (every rank passes S tokens)", 1, std::numeric_limits<int>::max());
+    CLI::Option* o_S = add_int(cmd, "--S", S, "token capacity per rank (every rank passes S tokens)", 1,
+                               std::numeric_limits<int>::max());
     add_int(cmd, "--B", B, "prefetch slots per rank (-1 = epn; < epn only for inference)", -1, kMaxExperts);
     add_int(cmd, "--tp", tp, "token padding of every non-empty expert segment", 1, kMaxTokenPad);
     CLI::Option* o_maxvio = opt_maxvio =
         add_real(cmd, "--maxvio", maxvio,
                  "generate lognormal routing with this max violation (max/mean - 1); refused when unreachable", 0,
-                 1e300)
+                 std::numeric_limits<double>::infinity())
             ->capture_default_str();
     opt_sigma = add_real(cmd, "--sigma", sigma,
                          "generate lognormal routing with this popularity sigma instead of --maxvio", 0, 1000);
     std::vector<std::string> names;
     for (Adversarial a : all_adversarial()) names.push_back(to_string(a));
     CLI::Option* o_adv =
-        cmd.add_option("--adversarial", adversarial, "generate an adversarial routing")->check(CLI::IsMember(names));
+        add_string(cmd, "--adversarial", adversarial, "generate an adversarial routing")->check(CLI::IsMember(names));
     CLI::Option* o_seed = add_u64(cmd, "--seed", seed, "seed of the routing generator (and of demo's data)");
     CLI::Option* o_tpe = add_input_file(cmd, "--tpe", tpe_file,
                                         "read histograms from a JSON file {R,E,K,S,s,tpe} instead of generating");
-    CLI::Option* o_routing = add_input_file(
-        cmd, "--routing", routing_file, "read topk_idx from an int32 [R,S,K] .npy (-1 = masked); needs --E");
-    cmd.add_option("--planner", planner, "planner mode")
+    CLI::Option* o_routing = add_input_file(cmd, "--routing", routing_file,
+                                            "read topk_idx from an int32 [R,S,K] .npy (-1 = masked); needs --E");
+    add_string(cmd, "--planner", planner, "planner mode")
         ->check(CLI::IsMember({"reference", "optimized"}))
         ->capture_default_str();
     limits.add_to(cmd);
@@ -387,9 +416,8 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
             // Every token picks K distinct experts, so no expert gets more than all tokens: maxvio <= E/K - 1.
             const bool given = opt.opt_maxvio == nullptr || opt.opt_maxvio->count() > 0;
             const double max_reachable = static_cast<double>(opt.E) / opt.K - 1;
-            EVENEP_CHECK(!given || opt.maxvio <= max_reachable + std::max(0.02 * opt.maxvio, 0.005), "--maxvio = ",
-                         opt.maxvio,
-                         " is not reachable: with E=", opt.E, " and K=", opt.K,
+            EVENEP_CHECK(!given || opt.maxvio <= max_reachable + std::max(0.02 * opt.maxvio, 0.005),
+                         "--maxvio = ", opt.maxvio, " is not reachable: with E=", opt.E, " and K=", opt.K,
                          " no routing exceeds maxvio E/K - 1 = ", max_reachable,
                          " (every token picks K distinct experts)");
             routing = make_target_maxvio(spec, opt.maxvio, &in.sigma_used);

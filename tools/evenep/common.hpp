@@ -36,12 +36,8 @@ CLI::Option* add_u64(CLI::App& cmd, const std::string& name, uint64_t& value, co
 // A finite real option in [lo, hi]; the vector form checks every entry.
 CLI::Option* add_real(
     CLI::App& cmd, const std::string& name, double& value, const std::string& help, double lo, double hi);
-CLI::Option* add_reals(CLI::App& cmd,
-                       const std::string& name,
-                       std::vector<double>& values,
-                       const std::string& help,
-                       double lo,
-                       double hi);
+CLI::Option* add_reals(
+    CLI::App& cmd, const std::string& name, std::vector<double>& values, const std::string& help, double lo, double hi);
 // A path read by the command: it must exist and be a regular file.
 CLI::Option* add_input_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help);
 // A file written by the command: refused when it is a directory, a socket, a block device or a named pipe without

@@ -130,8 +130,9 @@ void dump(const std::filesystem::path& dir, const cpu::MoeProblem& p, const cpu:
 // expert) pair: R ranks x R*E, so ~R^3 when E grows with R) and expert activations of ~6*H + 32*H' bytes per
 // receive row (NvS rows, which grow with --tp); tokens and weights exist in bf16, fp32 and the dense reference.
 // Time: ~3 ns per byte of buffers and activations touched, and 36*H*H' flops per entry (forward + backward,
-// EvenEP and the dense reference) at ~5 GFLOP/s. --plan-only: one plan and dst.
-Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc) {
+// EvenEP and the dense reference) at ~5 GFLOP/s. --plan-only: one plan and dst. On the GPU the ranks' buffers live
+// in device memory (the device reports its own limit) and only the dense reference computes on the host.
+Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_gpu) {
     const Config& c = bc.cfg;
     const BufferSizes z = buffer_sizes(bc);
     const double R = c.R, pairs = static_cast<double>(c.R) * c.E, entries = R * c.S * c.K;
@@ -139,17 +140,19 @@ Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc) {
     e.add_bytes(12 * entries + 64 * pairs, fmt::format("plan and dst of R*S*K = {:.3g} entries", entries));
     if (opt.plan_only) return e;
     const double rows = static_cast<double>(c.recv_rows());
-    const double buffers = static_cast<double>(z.comm_total + z.pool_total + z.layer_weights + z.layer_grads + z.workspace);
+    const double buffers =
+        static_cast<double>(z.comm_total + z.pool_total + z.layer_weights + z.layer_grads + z.workspace);
     const double act = rows * (6.0 * bc.H + 32.0 * bc.ffn_hidden);
+    e.add_bytes(R * c.S * bc.H * 24.0, "tokens (bf16, fp32 and the dense reference)");
+    e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 14, "expert weights and gradients");
+    e.add_seconds((on_gpu ? 18.0 : 36.0) * bc.H * bc.ffn_hidden * entries / 5e9,
+                  fmt::format("{}*H*H' flops for each of R*S*K = {:.3g} entries", on_gpu ? 18 : 36, entries));
+    if (on_gpu) return e;
     e.add_bytes(R * buffers, fmt::format("R={} ranks x {} of buffers", c.R, human_bytes(buffers)));
     e.add_bytes(R * act, fmt::format("R={} ranks x {} of expert activations (NvS = {:.0f} rows)", c.R,
                                      human_bytes(act), rows));
     e.add_bytes(96 * R * pairs, fmt::format("R={} rank plans of R*E = {:.3g} pairs each", c.R, pairs));
-    e.add_bytes(R * c.S * bc.H * 24.0, "tokens (bf16, fp32 and the dense reference)");
-    e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 14, "expert weights and gradients");
     e.add_seconds(3e-9 * R * (buffers + act), "touching every rank's buffers and activations");
-    e.add_seconds(36.0 * bc.H * bc.ffn_hidden * entries / 5e9,
-                  fmt::format("36*H*H' flops for each of R*S*K = {:.3g} entries", entries));
     return e;
 }
 
@@ -166,7 +169,6 @@ void run_demo(const DemoOptions& opt) {
     bc.H = opt.H;
     bc.ffn_hidden = opt.ffn_hidden;
     bc.validate();
-    check_estimate("demo", demo_estimate(opt, bc), opt.routing.limits);
     const Config& cfg = bc.cfg;
     const int R = cfg.R, epn = cfg.epn(), B = cfg.num_slots();
     const bool training = B == epn;
@@ -177,6 +179,7 @@ void run_demo(const DemoOptions& opt) {
     const bool cuda_ok = opt.backend != "cpu" && demo_cuda_available(&no_cuda);
     EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda: ", no_cuda);
     const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU
+    check_estimate("demo", demo_estimate(opt, bc, on_gpu), opt.routing.limits);
 
     // The plan alone (the same plan every rank computes): balance, copies, the traffic model.
     const double t_plan0 = now_seconds();
@@ -442,7 +445,7 @@ void register_demo(CLI::App& app) {
     add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H'", 1, kMaxHidden);
     add_int(*cmd, "--threads", opt->threads, "threads of the dense reference", 1, 4096);
     add_int(*cmd, "--timeout-ms", opt->timeout_ms, "barrier timeout of the virtual ranks", 1, 86400000);
-    cmd->add_option("--backend", opt->backend,
+    add_string(*cmd, "--backend", opt->backend,
                     "cpu (threads), cuda (one GPU; exit 2 without one) or auto (cuda when built with CUDA and a "
                     "device is present, else cpu)")
         ->check(CLI::IsMember({"cpu", "cuda", "auto"}))

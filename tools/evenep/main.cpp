@@ -2,11 +2,10 @@
 //
 // Exit codes: 0 success, 1 a failed check or a runtime failure, 2 bad input (flags, files, a run that would not
 // fit the machine). Every error is one line on stderr starting with "evenep: error: ".
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "commands.hpp"
 #include "evenep/error.hpp"
@@ -81,7 +80,11 @@ int main(int argc, char** argv) {
     } catch (const evenep::Error& e) {
         return fail(e.what(), e.kind() == evenep::ErrorKind::kInvalidArgument ? 2 : 1);
     } catch (const std::bad_alloc&) {
-        return fail("out of memory (a size beyond what the estimate foresaw; lower the sizes)", 1);
+        // The estimates (--max-memory) should refuse such a run up front; this is the backstop.
+        return fail(
+            "out of memory (std::bad_alloc): the sizes given need more memory than this machine has; lower "
+            "them",
+            2);
     } catch (const std::exception& e) {
         return fail(e.what(), 1);
     }

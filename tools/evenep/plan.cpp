@@ -178,7 +178,8 @@ void register_plan(CLI::App& app) {
         "passes --max-memory / --max-time is refused before it starts (exit 2).");
     opt->routing.add_to(*cmd);
     add_int(*cmd, "--H", opt->H, "hidden size, for byte estimates", 1, kMaxHidden);
-    add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H', for byte estimates", 1, kMaxHidden);
+    add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H', for byte estimates", 1,
+            kMaxHidden);
     add_int(*cmd, "--repeat", opt->repeat, "plan this many times and report the median time", 1, 1000000);
     cmd->add_flag("--check", opt->check, "validate the plan (and dst) with the independent validator; exit 1 if bad");
     cmd->add_flag("--extended", opt->extended,

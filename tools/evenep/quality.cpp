@@ -292,12 +292,10 @@ void run_quality(const QualityOptions& opt) {
                                         {"solver_seconds", solve_total},
                                         {"copies_bar", kCopiesBar},
                                         {"pass", pass}};
-        json.write(nlohmann::json{{"command", "quality"},
-                                  {"corpus", {{"seed", opt.seed}, {"quick", opt.quick}, {"time_limit_s", opt.time_limit}}},
-                                  {"cases", cases},
-                                  {"summary", summary}}
-                       .dump(2) +
-                   "\n");
+        const nlohmann::json corpus = {{"seed", opt.seed}, {"quick", opt.quick}, {"time_limit_s", opt.time_limit}};
+        json.write(
+            nlohmann::json{{"command", "quality"}, {"corpus", corpus}, {"cases", cases}, {"summary", summary}}.dump(2) +
+            "\n");
         json.close();
     }
     // A miss of the bar is a finding, not a crash: exit code 1 (main maps a non-argument Error to 1).
@@ -315,7 +313,8 @@ void register_quality(CLI::App& app) {
     add_u64(*cmd, "--seed", opt->seed, "Corpus seed (every case derives its own)");
     add_real(*cmd, "--time-limit", opt->time_limit, "Solver time limit per objective and case, seconds", 1e-3, 1e6)
         ->capture_default_str();
-    add_output_file(*cmd, "--json", opt->json_file, "Write per-case and summary figures to FILE (opened before the run)");
+    add_output_file(*cmd, "--json", opt->json_file,
+                    "Write per-case and summary figures to FILE (opened before the run)");
     cmd->add_flag("--quick", opt->quick, "A tiny corpus (R <= 4) for smoke tests; excludes --cases")->excludes(cases);
     cmd->add_flag("--extended", opt->extended,
                   "Optimized planner with the extended candidate set (overshoot, push spreading, paths; CPU only)");
