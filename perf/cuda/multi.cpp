@@ -38,6 +38,7 @@ using cuda::NcclTeam;
 using cuda::NcclWindowView;
 using cuda::RankIo;
 
+// TODO(one-home): the shared SplitMix64 finaliser (include/evenep/detail/) once it exists.
 uint64_t mix64(uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
