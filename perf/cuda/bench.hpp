@@ -25,7 +25,8 @@ struct BenchConfig {
     uint64_t seed = 1;
     int sm_budget = 32;  // SMs per virtual rank (clamped: the R ranks share one GPU)
     int warmup = 5, iters = 20;
-    bool check = false;  // verify (full plan and dst; data path against the CPU oracle on sampled columns), report #wrong
+    bool check =
+        false;  // verify (full plan and dst; data path against the CPU oracle on sampled columns), report #wrong
     bool graph = false;  // also capture each timed op once into a CUDA graph and time its replays ("<op>_graph" rows)
     PlannerMode mode = PlannerMode::kOptimized;
     int expert_projections = 1;  // prefetch/reduce: projections moved per copy (3 = gate, up, down)

@@ -69,8 +69,7 @@ DataBytes count_bytes(const Plan& plan, const std::vector<std::vector<int32_t>>&
 // Rows of `got` ([n, C]) that differ from `want` ([>= n, C]) in any column.
 int64_t rows_differing(const std::vector<Bf16>& got, const std::vector<Bf16>& want, int64_t n, size_t C) {
     int64_t bad = 0;
-    for (int64_t i = 0; i < n; ++i)
-        bad += std::memcmp(got.data() + i * C, want.data() + i * C, C * sizeof(Bf16)) != 0;
+    for (int64_t i = 0; i < n; ++i) bad += std::memcmp(got.data() + i * C, want.data() + i * C, C * sizeof(Bf16)) != 0;
     return bad;
 }
 

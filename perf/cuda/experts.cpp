@@ -1,12 +1,13 @@
 // The expert-copy benchmark rows (perf/cuda/bench.hpp): prefetch_weight (slots filled from the homes) and
 // reduce_grad (slot gradients summed into the homes), on pools of Experts over the point's device EP.
+#include "evenep/cuda/experts.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstring>
 #include <sstream>
 
-#include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/launchers.hpp"
 #include "perf/cuda/point.hpp"
 
@@ -89,8 +90,8 @@ void bench_experts(Point& p, bool want_prefetch, bool want_reduce) {
         for (int r = 0; r < R; ++r)
             for (int q = 0; q < P; ++q) {
                 for (int g = 0; g < epn; ++g)
-                    cuda::launch_fill_random_bf16(reinterpret_cast<uint16_t*>(ex.grad(r, q, g)), 2 * n,
-                                                  9 + r * 131 + g, stream);
+                    cuda::launch_fill_random_bf16(reinterpret_cast<uint16_t*>(ex.grad(r, q, g)), 2 * n, 9 + r * 131 + g,
+                                                  stream);
                 for (int b = 0; b < B; ++b)
                     cuda::launch_fill_random_bf16(reinterpret_cast<uint16_t*>(ex.slot_grad(r, q, b)), 2 * n,
                                                   11 + r * 131 + b, stream);

@@ -182,7 +182,7 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         for (int p = 0; p < mc.projections; ++p)
             for (int g = 0; g < epn; ++g)
                 cuda::launch_fill_random_bf16(ex->weight(me, p, g), static_cast<size_t>(es.elems),
-                                        1000 + static_cast<uint64_t>(me) * 1000 + p * 100 + g, sa);
+                                              1000 + static_cast<uint64_t>(me) * 1000 + p * 100 + g, sa);
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(sa));
         team.host_barrier();
     }
@@ -191,8 +191,8 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         const Routing routing = make_target_maxvio(RoutingSpec{R, cfg.E, K, S, mc.seed}, target);
         const double maxvio = routing.maxvio();
         const auto weights = make_route_weights(routing, mc.seed);
-        EVENEP_CUDA_CHECK(
-            cudaMemcpy(idx.get(), routing.topk_idx[me].data(), routing.topk_idx[me].size() * 4, cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(idx.get(), routing.topk_idx[me].data(), routing.topk_idx[me].size() * 4,
+                                     cudaMemcpyHostToDevice));
         EVENEP_CUDA_CHECK(cudaMemcpy(w.get(), weights[me].data(), weights[me].size() * 4, cudaMemcpyHostToDevice));
         const int s = routing.s[me];
         const std::vector<int32_t> tpe = routing.tpe();
@@ -281,9 +281,9 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
                 const std::vector<float> gw = ep.download_recv_w(me, rows);
                 int64_t bad = 0;
                 for (int64_t row = 0; row < rows; ++row)
-                    bad += std::memcmp(got.data() + row * C, want_d.recv_x[me].data() + row * C, C * sizeof(Bf16)) !=
-                               0 ||
-                           std::memcmp(&gw[row], &want_d.recv_w[me][row], sizeof(float)) != 0;
+                    bad +=
+                        std::memcmp(got.data() + row * C, want_d.recv_x[me].data() + row * C, C * sizeof(Bf16)) != 0 ||
+                        std::memcmp(&gw[row], &want_d.recv_w[me][row], sizeof(float)) != 0;
                 wrong = team_sum(team, bad);
             }
             add_row("dispatch", maxvio, st, q_me * (row_bytes + 4), remote_payloads * row_bytes + remote_entries * 12.0,

@@ -73,10 +73,10 @@ void bench_plan(Point& p) {
     auto us = [&](int a, int b) { return (ts[b] - ts[a]) / 1e3; };
     std::ostringstream phases;
     phases << "one rank: gathered tpe -> plan, one block of 512 threads (mean of " << kBatch
-           << " back-to-back launches); phases us: loads " << us(0, 1) << ", init " << us(1, 2)
-           << ", transfers+fills " << us(2, 3) << ", split " << us(3, 4) << ", costs " << us(4, 5) << ", prefixes "
-           << us(5, 6) << ", layout " << us(6, 7) << ", copies+costs " << us(7, 8) << "; fill iterations " << ts[9]
-           << "/" << ts[10] << ", split pieces (max donor) " << ts[11] << "; SM clock during the plan "
+           << " back-to-back launches); phases us: loads " << us(0, 1) << ", init " << us(1, 2) << ", transfers+fills "
+           << us(2, 3) << ", split " << us(3, 4) << ", costs " << us(4, 5) << ", prefixes " << us(5, 6) << ", layout "
+           << us(6, 7) << ", copies+costs " << us(7, 8) << "; fill iterations " << ts[9] << "/" << ts[10]
+           << ", split pieces (max donor) " << ts[11] << "; SM clock during the plan "
            << static_cast<double>(ts[13] - ts[12]) / static_cast<double>(ts[8] - ts[0]) << " GHz";
     int64_t wrong_one = -1;
     if (bc.check) {

@@ -33,9 +33,7 @@ BenchRow make_row(const std::string& op,
     return r;
 }
 
-std::vector<int> check_columns(int H) {
-    return {0, 1, 2, 3, H / 4, H / 2, H - 2, H - 1};
-}
+std::vector<int> check_columns(int H) { return {0, 1, 2, 3, H / 4, H / 2, H - 2, H - 1}; }
 
 std::vector<Bf16> download_columns(const uint16_t* p, int64_t n, int H, const std::vector<int>& cols) {
     const size_t C = cols.size();

@@ -49,8 +49,8 @@ struct Point {
     cudaStream_t stream = nullptr;
     cuda::EpPlan ep_plan;
 
-    Plan plan;                               // the CPU planner's plan of the routing
-    std::vector<std::vector<int32_t>> dst;   // [R][s*K] its encoded destinations
+    Plan plan;                              // the CPU planner's plan of the routing
+    std::vector<std::vector<int32_t>> dst;  // [R][s*K] its encoded destinations
     std::vector<BenchRow> rows;
 
     Point(const BenchConfig& config, double copy_anchor_gbps);

@@ -110,9 +110,9 @@ Stats time_team(cuda::NcclTeam& team, const std::function<void()>& op, cudaStrea
     o.finish = [&] { team.check(stream); };
     const Stats mine = time_op(op, stream, o);
     // Nanoseconds, truncated, through the team's host all-gather.
-    const std::vector<int64_t> all = team.all_gather(std::vector<int64_t>{
-        static_cast<int64_t>(mine.median_us * 1000), static_cast<int64_t>(mine.min_us * 1000),
-        static_cast<int64_t>(mine.max_us * 1000), static_cast<int64_t>(mine.mean_us * 1000)});
+    const std::vector<int64_t> all = team.all_gather(
+        std::vector<int64_t>{static_cast<int64_t>(mine.median_us * 1000), static_cast<int64_t>(mine.min_us * 1000),
+                             static_cast<int64_t>(mine.max_us * 1000), static_cast<int64_t>(mine.mean_us * 1000)});
     Stats s;
     s.min_us = 1e300;
     for (size_t r = 0; r < all.size() / 4; ++r) {

@@ -50,8 +50,7 @@ TEST_P(OracleSlice, EqualsColumnsOfFullRun) {
     for (int r = 0; r < R; ++r) {
         const int64_t rows = df.plan.rows_used(r);
         EXPECT_EQ(same_columns(df.recv_x[r], ds.recv_x[r], rows), 0) << "dispatch rank " << r;
-        for (int64_t i = 0; i < rows; ++i)
-            ASSERT_EQ(df.recv_w[r][i], ds.recv_w[r][i]) << "rank " << r << " row " << i;
+        for (int64_t i = 0; i < rows; ++i) ASSERT_EQ(df.recv_w[r][i], ds.recv_w[r][i]) << "rank " << r << " row " << i;
     }
     for (bool apply : {false, true}) {
         const cpu::GroupCombineResult cf = cpu::combine_group(full, tokens, {}, apply);
