@@ -48,6 +48,7 @@
 #include "evenep/detail/bf16.hpp"
 #include "evenep/error.hpp"
 #include "multi_gpu/nccl_testing.hpp"
+#include "perf/cuda/nccl_alltoall.hpp"
 
 namespace evenep::cuda {
 namespace {
@@ -513,7 +514,7 @@ TEST(NcclAllToAllGroupTest, AllToAllBaselineMatchesDefinition) {
     const Routing routing = make_lognormal(RoutingSpec{R, cfg.E, cfg.K, cfg.S, 7}, 1.5);
     const auto tokens = testing::random_tokens(bc, routing, 7);
     NcclTeam team(boot, 256);
-    NcclAllToAll a2a(team, cfg, bc.H);
+    perf::NcclAllToAll a2a(team, cfg, bc.H);
     RankBuffers b(cfg.S, cfg.K, bc.H);
     b.upload(tokens[me]);
     const int s = routing.s[me];

@@ -13,7 +13,7 @@
 #include "evenep/config.hpp"
 #include "evenep/error.hpp"
 #if defined(EVENEP_HAVE_CUDA)
-#include "evenep/cuda/bench.hpp"
+#include "perf/cuda/bench.hpp"
 #endif
 
 namespace evenep::cli {
@@ -61,8 +61,8 @@ void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
 
 #if defined(EVENEP_HAVE_CUDA)
 
-using cuda::BenchConfig;
-using cuda::BenchRow;
+using perf::BenchConfig;
+using perf::BenchRow;
 
 nlohmann::json to_json(const BenchRow& r) {
     return nlohmann::json{{"op", r.op},
@@ -99,11 +99,11 @@ struct Shape {
 
 // Runs `ops` at every maxvio of every shape; prints, collects JSON; returns the number of wrong results.
 int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const std::vector<std::string>& ops) {
-    fmt::print("device: {}\n", cuda::device_summary());
-    nlohmann::json out{{"device", cuda::device_summary()}, {"rows", nlohmann::json::array()}};
+    fmt::print("device: {}\n", perf::device_summary());
+    nlohmann::json out{{"device", perf::device_summary()}, {"rows", nlohmann::json::array()}};
     const std::vector<BenchRow> anchors =
-        cuda::bench_copy(static_cast<size_t>(o.copy_mib * (1 << 20)), o.warmup, o.iters);
-    const double copy_gbps = cuda::copy_anchor_gbps(anchors);
+        perf::bench_copy(static_cast<size_t>(o.copy_mib * (1 << 20)), o.warmup, o.iters);
+    const double copy_gbps = perf::copy_anchor_gbps(anchors);
     print_header();
     for (const BenchRow& r : anchors) {
         print_row(r);
@@ -126,7 +126,7 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
             bc.mode = parse_planner_mode(o.planner);
             bc.expert_projections = o.projections;
             if (!o.npy_dir.empty()) bc.routing_npy = fmt::format("{}/routing_{}_maxvio{}.npy", o.npy_dir, sh.name, mv);
-            for (const BenchRow& r : cuda::bench_point(bc, ops, copy_gbps)) {
+            for (const BenchRow& r : perf::bench_point(bc, ops, copy_gbps)) {
                 print_row(r);
                 std::fflush(stdout);
                 nlohmann::json j = to_json(r);

@@ -29,6 +29,7 @@
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
 #include "evenep/detail/bf16.hpp"
+#include "perf/cuda/timing.hpp"
 #endif
 
 namespace evenep::cli {
@@ -99,26 +100,14 @@ void device_alloc(T** p, size_t bytes) {
     *p = static_cast<T*>(v);
 }
 
-// Median over `iters` CUDA-event-timed calls on the default stream after `warmup` untimed ones, in µs.
+// Median (element iters/2 of the sorted times) over `iters` CUDA-event-timed calls on the default stream after
+// `warmup` untimed ones, each waited for before the next, in µs (perf/cuda/timing.hpp).
 double median_call_us(const std::function<void()>& call, int warmup, int iters) {
-    cudaEvent_t e0, e1;
-    EVENEP_CUDA_CHECK(cudaEventCreate(&e0));
-    EVENEP_CUDA_CHECK(cudaEventCreate(&e1));
-    for (int i = 0; i < warmup; ++i) call();
-    std::vector<float> ms;
-    for (int i = 0; i < std::max(iters, 1); ++i) {
-        EVENEP_CUDA_CHECK(cudaEventRecord(e0, nullptr));
-        call();
-        EVENEP_CUDA_CHECK(cudaEventRecord(e1, nullptr));
-        EVENEP_CUDA_CHECK(cudaEventSynchronize(e1));
-        float t = 0;
-        EVENEP_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    std::sort(ms.begin(), ms.end());
-    return 1e3 * ms[ms.size() / 2];
+    perf::TimingOptions o;
+    o.warmup = warmup;
+    o.iters = std::max(iters, 1);
+    o.sync_each = true;
+    return perf::time_op(call, nullptr, o).p50_us;
 }
 
 struct Variant {

@@ -16,7 +16,7 @@
 #include "evenep/config.hpp"
 #include "evenep/error.hpp"
 #if defined(EVENEP_HAVE_CUDA)
-#include "evenep/cuda/nccl_bench.hpp"
+#include "perf/cuda/multi.hpp"
 #include "evenep/cuda/nccl_team.hpp"
 #endif
 
@@ -37,7 +37,7 @@ struct MultiCliOptions {
 
 #if defined(EVENEP_HAVE_CUDA)
 
-nlohmann::json to_json(const cuda::MultiBenchRow& r) {
+nlohmann::json to_json(const perf::MultiBenchRow& r) {
     return nlohmann::json{{"op", r.op},
                           {"shape", r.shape},
                           {"maxvio", r.maxvio},
@@ -55,12 +55,12 @@ nlohmann::json to_json(const cuda::MultiBenchRow& r) {
                           {"note", r.note}};
 }
 
-void print_table(const cuda::MultiBenchResult& res) {
+void print_table(const perf::MultiBenchResult& res) {
     fmt::print("device: {}\nranks: {}, NCCL {}, p2p copy anchor {:.0f} GB/s, HBM copy anchor {:.0f} GB/s\n", res.device,
                res.R, res.nccl_version, res.p2p_gbps, res.hbm_gbps);
     fmt::print("{:<30} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>6} {:>6} {:>5}\n", "op", "maxvio", "p50 us",
                "min us", "max us", "MB", "GB/s", "link MB", "link GB/s", "%p2p", "wrong", "blk/r");
-    for (const cuda::MultiBenchRow& r : res.rows)
+    for (const perf::MultiBenchRow& r : res.rows)
         fmt::print(
             "{:<30} {:>6.2f} {:>9.1f} {:>9.1f} {:>9.1f} {:>9.1f} {:>8.0f} {:>9.1f} {:>8.0f} {:>6.1f} {:>6} {:>5}\n",
             r.op, r.maxvio, r.median_us, r.min_us, r.max_us, r.bytes / 1e6, r.gbps, r.link_bytes / 1e6, r.link_gbps,
@@ -68,7 +68,7 @@ void print_table(const cuda::MultiBenchResult& res) {
     // Flatness across maxvio and the comparison with the baseline.
     std::map<std::string, std::pair<double, double>> range;  // op -> (min, max) of the median over maxvio
     std::map<double, std::map<std::string, double>> at;      // maxvio -> op -> median
-    for (const cuda::MultiBenchRow& r : res.rows) {
+    for (const perf::MultiBenchRow& r : res.rows) {
         if (r.maxvio <= 0) continue;
         auto [it, fresh] = range.emplace(r.op, std::make_pair(r.median_us, r.median_us));
         if (!fresh) it->second = {std::min(it->second.first, r.median_us), std::max(it->second.second, r.median_us)};
@@ -122,22 +122,22 @@ void register_bench_multi(CLI::App& bench) {
         require_cuda_device("bench multi");
 #if defined(EVENEP_HAVE_CUDA)
         const cuda::NcclBootstrap boot = cuda::nccl_bootstrap_from_env();
-        cuda::MultiBenchConfig mc;
+        perf::MultiBenchConfig mc;
         mc.experts_per_rank = o->experts_per_rank, mc.K = o->K, mc.S = o->S, mc.H = o->H;
         mc.ffn_hidden = o->ffn_hidden, mc.tp = o->tp, mc.maxvios = o->maxvios, mc.seed = o->seed;
         mc.sm_budget = o->sm_budget, mc.warmup = o->warmup, mc.iters = o->iters, mc.check = o->check;
         mc.mode = parse_planner_mode(o->planner), mc.projections = o->projections, mc.copy_mib = o->copy_mib;
         mc.ops = o->ops;
-        const cuda::MultiBenchResult res = cuda::bench_multi(boot, mc);
+        const perf::MultiBenchResult res = perf::bench_multi(boot, mc);
         int64_t wrong = 0;
-        for (const cuda::MultiBenchRow& r : res.rows) wrong += r.wrong > 0 ? r.wrong : 0;
+        for (const perf::MultiBenchRow& r : res.rows) wrong += r.wrong > 0 ? r.wrong : 0;
         if (boot.rank == 0) {
             print_table(res);
             if (!o->json_file.empty()) {
                 nlohmann::json out{
                     {"device", res.device},     {"ranks", res.R},           {"nccl_version", res.nccl_version},
                     {"p2p_gbps", res.p2p_gbps}, {"hbm_gbps", res.hbm_gbps}, {"rows", nlohmann::json::array()}};
-                for (const cuda::MultiBenchRow& r : res.rows) out["rows"].push_back(to_json(r));
+                for (const perf::MultiBenchRow& r : res.rows) out["rows"].push_back(to_json(r));
                 std::ofstream f(o->json_file);
                 EVENEP_CHECK(f.good(), "bench multi: cannot write ", o->json_file);
                 f << out.dump(2) << "\n";

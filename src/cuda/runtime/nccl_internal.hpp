@@ -36,26 +36,4 @@ void launch_lsa_peer_table(
     ncclWindow_t window, int rank, int lsa_rank, int num_ranks, char** d_out, cudaStream_t stream);
 #endif
 
-// All-to-all baseline (nccl_alltoall.cu). count: pos[i] = send row of entry i (-1 masked), rows grouped by
-// destination rank (home of the expert) in entry order; counts[d] = entries for rank d ([R]). permute: send_x[pos[i]]
-// = x[i / K]. unpermute: out[t] = bf16(sum_k (w_{t,k} *) y[pos[t*K + k]]), fp32, k ascending.
-void launch_a2a_count(const int32_t* topk_idx,
-                      int64_t num_entries,
-                      int epn,
-                      int num_ranks,
-                      int32_t* pos,
-                      int32_t* counts,
-                      cudaStream_t stream);
-void launch_a2a_permute(
-    const uint16_t* x, const int32_t* pos, int64_t num_entries, int K, int H, uint16_t* send_x, cudaStream_t stream);
-void launch_a2a_unpermute(const uint16_t* y,
-                          const int32_t* pos,
-                          const float* topk_w,
-                          int s,
-                          int K,
-                          int H,
-                          bool apply_weights,
-                          uint16_t* out,
-                          cudaStream_t stream);
-
 }  // namespace evenep::cuda::nccl_detail

@@ -1,5 +1,7 @@
-// evenep/cuda/bench.hpp — GPU benchmarks behind `evenep bench` (host functions; method and formulas in
-// docs/benchmarks.md).
+// perf/cuda/bench.hpp — GPU benchmarks behind `evenep bench` (host functions of evenep::perf, not linked into
+// evenep::evenep; method and formulas in docs/benchmarks.md). One file per op: copy.cpp (anchors), plan.cpp,
+// data_path.cpp (dispatch, combine), experts.cpp (prefetch, reduce), point.cpp (one benchmark point); the loop is
+// perf/cuda/timing.hpp's.
 //
 // Every timing is a CUDA-event pair around one launch on a dedicated stream, repeated `iters` times after
 // `warmup` untimed runs; rows report min/median/mean/max in microseconds. Bandwidth is bytes actually read plus
@@ -14,9 +16,8 @@
 #include <vector>
 
 #include "evenep/config.hpp"
-#include "evenep/cuda/types.hpp"
 
-namespace evenep::cuda {
+namespace evenep::perf {
 
 struct BenchConfig {
     int R = 8, E = 384, K = 8, S = 8192, H = 7168, ffn_hidden = 2048, tp = 128;
@@ -24,7 +25,8 @@ struct BenchConfig {
     uint64_t seed = 1;
     int sm_budget = 32;  // SMs per virtual rank (clamped: the R ranks share one GPU)
     int warmup = 5, iters = 20;
-    bool check = false;  // verify first (sampled rows, full plan and dst), report #wrong
+    bool check =
+        false;  // verify (full plan and dst; data path against the CPU oracle on sampled columns), report #wrong
     bool graph = false;  // also capture each timed op once into a CUDA graph and time its replays ("<op>_graph" rows)
     PlannerMode mode = PlannerMode::kOptimized;
     int expert_projections = 1;  // prefetch/reduce: projections moved per copy (3 = gate, up, down)
@@ -60,4 +62,4 @@ std::vector<BenchRow> bench_point(const BenchConfig& cfg, const std::vector<std:
 // Device name, SM count, memory clock etc. in one line.
 std::string device_summary();
 
-}  // namespace evenep::cuda
+}  // namespace evenep::perf

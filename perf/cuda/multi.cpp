@@ -1,5 +1,5 @@
-// The multi-process benchmark (include/evenep/cuda/nccl_bench.hpp; formulas in docs/multi-gpu.md).
-#include "evenep/cuda/nccl_bench.hpp"
+// The multi-process benchmark (perf/cuda/multi.hpp; formulas in docs/multi-gpu.md).
+#include "perf/cuda/multi.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -7,10 +7,9 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <numeric>
 #include <sstream>
 
-#include "evenep/cuda/bench.hpp"
+#include "evenep/cpu/oracle.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/experts.hpp"
@@ -20,10 +19,26 @@
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/routing.hpp"
+#include "perf/cuda/bench.hpp"
+#include "perf/cuda/device_buf.hpp"
+#include "perf/cuda/nccl_alltoall.hpp"
+#include "perf/cuda/timing.hpp"
 
-namespace evenep::cuda {
+namespace evenep::perf {
 namespace {
 
+using cuda::CombineMode;
+using cuda::EpOptions;
+using cuda::EpPlan;
+using cuda::Experts;
+using cuda::ExpertsShape;
+using cuda::NcclBootstrap;
+using cuda::NcclEp;
+using cuda::NcclTeam;
+using cuda::NcclWindowView;
+using cuda::RankIo;
+
+// TODO(one-home): the shared SplitMix64 finaliser (include/evenep/detail/) once it exists.
 uint64_t mix64(uint64_t z) {
     z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -40,105 +55,26 @@ uint16_t tag_bits(int r, int t, int c) {
         mix64((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^ static_cast<uint64_t>(c)) & 0x3FFF);
 }
 
-struct Stats {
-    double median_us = 0, min_us = 0, max_us = 0;
-};
-
-class Bench {
-  public:
-    Bench(NcclTeam& team, cudaStream_t stream, int warmup, int iters)
-        : team_(team), stream_(stream), warmup_(warmup), iters_(iters) {}
-
-    // Times `op` on the stream: each iteration a device-side team barrier (all ranks start together), then an
-    // event pair around `op`. Returns the slowest rank's median and the extremes over ranks.
-    Stats time(const std::function<void()>& op) {
-        for (int i = 0; i < warmup_; ++i) {
-            team_.device_barrier(stream_);
-            op();
-        }
-        EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(iters_));
-        for (cudaEvent_t& e : ev) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
-        for (int i = 0; i < iters_; ++i) {
-            team_.device_barrier(stream_);
-            EVENEP_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream_));
-            op();
-            EVENEP_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream_));
-        }
-        team_.check(stream_);
-        std::vector<double> us(iters_);
-        for (int i = 0; i < iters_; ++i) {
-            float ms = 0;
-            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-            us[i] = 1000.0 * ms;
-        }
-        for (cudaEvent_t& e : ev) cudaEventDestroy(e);
-        std::sort(us.begin(), us.end());
-        const double median = iters_ % 2 ? us[iters_ / 2] : 0.5 * (us[iters_ / 2 - 1] + us[iters_ / 2]);
-        const std::vector<int64_t> all = team_.all_gather(std::vector<int64_t>{static_cast<int64_t>(median * 1000),
-                                                                               static_cast<int64_t>(us.front() * 1000),
-                                                                               static_cast<int64_t>(us.back() * 1000)});
-        Stats s;
-        s.min_us = 1e300;
-        for (size_t r = 0; r < all.size() / 3; ++r) {
-            s.median_us = std::max(s.median_us, all[3 * r] / 1000.0);
-            s.min_us = std::min(s.min_us, all[3 * r + 1] / 1000.0);
-            s.max_us = std::max(s.max_us, all[3 * r + 2] / 1000.0);
-        }
-        return s;
-    }
-
-    double max_over_ranks(double v) {
-        const std::vector<int64_t> all = team_.all_gather(std::vector<int64_t>{static_cast<int64_t>(v)});
-        return static_cast<double>(*std::max_element(all.begin(), all.end()));
-    }
-    int64_t sum_over_ranks(int64_t v) {
-        const std::vector<int64_t> all = team_.all_gather(std::vector<int64_t>{v});
-        return std::accumulate(all.begin(), all.end(), int64_t{0});
-    }
-
-  private:
-    NcclTeam& team_;
-    cudaStream_t stream_;
-    int warmup_, iters_;
-};
-
-template <typename T>
-struct DevBuf {
-    T* p = nullptr;
-    explicit DevBuf(size_t n) {
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), sizeof(T) * (n ? n : 1)));
-        EVENEP_CUDA_CHECK(cudaMemset(p, 0, sizeof(T) * (n ? n : 1)));
-    }
-    ~DevBuf() { cudaFree(p); }
-    DevBuf(const DevBuf&) = delete;
-    DevBuf& operator=(const DevBuf&) = delete;
-};
-
 bool want(const MultiBenchConfig& c, const std::string& op) {
     return c.ops.empty() || std::find(c.ops.begin(), c.ops.end(), op) != c.ops.end();
 }
 
-// Expected combine output (unweighted, y = the dispatched rows themselves) of token t, column c, in the kernels'
-// order: per destination rank in the order of its first k, a partial over its entries (k ascending) from +0;
-// then the partials from +0; one bf16 rounding.
-uint16_t expected_combine(const std::vector<int32_t>& dst, int K, int64_t nvs, int me, int t, int c) {
-    const float v = bf16_to_float(Bf16{tag_bits(me, t, c)});
-    int order[32];
-    float partial[32];
-    int n = 0;
-    for (int k = 0; k < K; ++k) {
-        const int32_t code = dst[static_cast<size_t>(t) * K + k];
-        if (detail::is_masked(code)) continue;
-        const int d = static_cast<int>(detail::decode_dst(code) / nvs);
-        int j = 0;
-        while (j < n && order[j] != d) ++j;
-        if (j == n) order[n] = d, partial[n] = 0.0f, ++n;
-        partial[j] = partial[j] + v;
+// Every rank's tokens on the check columns (x is tag_bits, so every rank can build all of them) for the CPU oracle.
+std::vector<cpu::RankTokens> oracle_tokens(const Routing& routing,
+                                           const std::vector<std::vector<float>>& weights,
+                                           const std::vector<int>& cols) {
+    const size_t C = cols.size();
+    std::vector<cpu::RankTokens> tokens(static_cast<size_t>(routing.R));
+    for (int r = 0; r < routing.R; ++r) {
+        cpu::RankTokens& tk = tokens[r];
+        tk.s = routing.s[r];
+        tk.x.resize(static_cast<size_t>(tk.s) * C);
+        for (int t = 0; t < tk.s; ++t)
+            for (size_t j = 0; j < C; ++j) tk.x[static_cast<size_t>(t) * C + j] = Bf16{tag_bits(r, t, cols[j])};
+        tk.topk_idx = routing.topk_idx[r];
+        tk.topk_w = weights[r];
     }
-    float acc = 0.0f;
-    for (int j = 0; j < n; ++j) acc = acc + partial[j];
-    return float_to_bf16(acc).bits;
+    return tokens;
 }
 
 }  // namespace
@@ -176,11 +112,11 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
     cudaEvent_t ev_plan = nullptr, ev_b = nullptr;
     EVENEP_CUDA_CHECK(cudaEventCreateWithFlags(&ev_plan, cudaEventDisableTiming));
     EVENEP_CUDA_CHECK(cudaEventCreateWithFlags(&ev_b, cudaEventDisableTiming));
-    Bench bench(team, sa, mc.warmup, mc.iters);
+    auto timed = [&](const std::function<void()>& op) { return time_team(team, op, sa, mc.warmup, mc.iters); };
 
     MultiBenchResult res;
     res.R = R;
-    res.nccl_version = nccl_runtime_version();
+    res.nccl_version = cuda::nccl_runtime_version();
     res.device = device_summary();
     std::ostringstream shape_os;
     shape_os << "R" << R << " E" << cfg.E << " K" << K << " S" << S << " H" << H;
@@ -194,8 +130,8 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         row.median_us = st.median_us;
         row.min_us = st.min_us;
         row.max_us = st.max_us;
-        row.bytes = bench.max_over_ranks(bytes);
-        row.link_bytes = bench.max_over_ranks(link);
+        row.bytes = team_max(team, bytes);
+        row.link_bytes = team_max(team, link);
         row.gbps = st.median_us > 0 ? row.bytes / (st.median_us * 1e3) : 0;
         row.link_gbps = st.median_us > 0 ? row.link_bytes / (st.median_us * 1e3) : 0;
         row.frac_p2p = res.p2p_gbps > 0 ? row.gbps / res.p2p_gbps : 0;
@@ -210,43 +146,43 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
     {
         const size_t bytes = static_cast<size_t>(mc.copy_mib * (1 << 20)) / 16 * 16;
         const NcclWindowView& w = team.alloc_window(bytes);
-        DevBuf<char> src(bytes);
-        launch_fill_random_bf16(reinterpret_cast<uint16_t*>(src.p), bytes / 2, 77 + me, sa);
+        DeviceBuf<char> src(bytes, true);
+        cuda::launch_fill_random_bf16(reinterpret_cast<uint16_t*>(src.get()), bytes / 2, 77 + me, sa);
         int num_sms = 0, dev = 0;
         EVENEP_CUDA_CHECK(cudaGetDevice(&dev));
         EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
         char* peer = w.peers[(me + 1) % R];
         for (int blocks : {4 * num_sms, 4 * mc.sm_budget}) {
-            const Stats st = bench.time([&] { launch_copy_vec16(peer, src.p, bytes, blocks, sa); });
+            const Stats st = timed([&] { cuda::launch_copy_vec16(peer, src.get(), bytes, blocks, sa); });
             res.p2p_gbps = std::max(res.p2p_gbps, static_cast<double>(bytes) / (st.median_us * 1e3));
             add_row(blocks == 4 * num_sms ? "p2p_copy" : "p2p_copy_budget", 0, st, static_cast<double>(bytes),
                     static_cast<double>(bytes), -1, blocks, "every rank writes its next peer's window at once");
         }
-        const Stats st = bench.time([&] { launch_copy_vec16(w.local, src.p, bytes, 4 * num_sms, sa); });
+        const Stats st = timed([&] { cuda::launch_copy_vec16(w.local, src.get(), bytes, 4 * num_sms, sa); });
         res.hbm_gbps = 2.0 * static_cast<double>(bytes) / (st.median_us * 1e3);
         add_row("hbm_copy", 0, st, 2.0 * static_cast<double>(bytes), 0, -1, 4 * num_sms, "local copy, read + write");
         for (MultiBenchRow& r : res.rows) r.frac_p2p = res.p2p_gbps > 0 ? r.gbps / res.p2p_gbps : 0;
     }
 
     // ---- Inputs of this rank (sized for S tokens). ----
-    DevBuf<uint16_t> x(static_cast<size_t>(S) * H), out(static_cast<size_t>(S) * H);
-    DevBuf<int32_t> idx(static_cast<size_t>(S) * K);
-    DevBuf<float> w(static_cast<size_t>(S) * K), out_w(static_cast<size_t>(S) * K);
+    DeviceBuf<uint16_t> x(static_cast<size_t>(S) * H, true), out(static_cast<size_t>(S) * H, true);
+    DeviceBuf<int32_t> idx(static_cast<size_t>(S) * K, true);
+    DeviceBuf<float> w(static_cast<size_t>(S) * K, true), out_w(static_cast<size_t>(S) * K, true);
     {
         std::vector<uint16_t> hx(static_cast<size_t>(S) * H);
         for (int t = 0; t < S; ++t)
             for (int c = 0; c < H; ++c) hx[static_cast<size_t>(t) * H + c] = tag_bits(me, t, c);
-        EVENEP_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(x.get(), hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     }
-    const RankIo io{x.p, idx.p, w.p, out.p, out_w.p};
+    const RankIo io{x.get(), idx.get(), w.get(), out.get(), out_w.get()};
     const std::span<const RankIo> ios(&io, 1);
     EpPlan ep_plan;
     if (ex) {
         const int epn = cfg.epn();
         for (int p = 0; p < mc.projections; ++p)
             for (int g = 0; g < epn; ++g)
-                launch_fill_random_bf16(ex->weight(me, p, g), static_cast<size_t>(es.elems),
-                                        1000 + static_cast<uint64_t>(me) * 1000 + p * 100 + g, sa);
+                cuda::launch_fill_random_bf16(ex->weight(me, p, g), static_cast<size_t>(es.elems),
+                                              1000 + static_cast<uint64_t>(me) * 1000 + p * 100 + g, sa);
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(sa));
         team.host_barrier();
     }
@@ -255,12 +191,23 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         const Routing routing = make_target_maxvio(RoutingSpec{R, cfg.E, K, S, mc.seed}, target);
         const double maxvio = routing.maxvio();
         const auto weights = make_route_weights(routing, mc.seed);
-        EVENEP_CUDA_CHECK(
-            cudaMemcpy(idx.p, routing.topk_idx[me].data(), routing.topk_idx[me].size() * 4, cudaMemcpyHostToDevice));
-        EVENEP_CUDA_CHECK(cudaMemcpy(w.p, weights[me].data(), weights[me].size() * 4, cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(idx.get(), routing.topk_idx[me].data(), routing.topk_idx[me].size() * 4,
+                                     cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(w.get(), weights[me].data(), weights[me].size() * 4, cudaMemcpyHostToDevice));
         const int s = routing.s[me];
         const std::vector<int32_t> tpe = routing.tpe();
         const Plan cpu_plan = make_plan(cfg, mc.mode, tpe, routing.s);
+        // --check: the CPU oracle (evenep/cpu/oracle.hpp) on kCheckColumns columns of every rank's tokens.
+        const std::vector<int> cols = check_columns(H);
+        const size_t C = cols.size();
+        std::vector<cpu::RankTokens> tokens;
+        if (mc.check) tokens = oracle_tokens(routing, weights, cols);
+        BufferConfig oracle_cfg;
+        oracle_cfg.cfg = cfg;
+        oracle_cfg.H = kCheckColumns;
+        oracle_cfg.ffn_hidden = 8;
+        cpu::OracleOptions oracle;
+        oracle.mode = mc.mode;
 
         // Plan once (checked), then time it.
         ep_plan = ep.plan(ios, routing.s, sa);
@@ -282,7 +229,7 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
             cmp(got.q, cpu_plan.q), cmp(got.alloc, cpu_plan.alloc), cmp(got.cu_seqlens, cpu_plan.cu_seqlens);
             cmp(got.group_expert, cpu_plan.group_expert), cmp(got.copies, cpu_plan.copies);
             cmp(got.seg_row, cpu_plan.seg_row), cmp(dst, want_dst);
-            plan_wrong = bench.sum_over_ranks(bad);
+            plan_wrong = team_sum(team, bad);
         }
         const int64_t nvs = ep.layout().nvs;
         // Traffic of this rank's entries, from its encoded destinations.
@@ -318,56 +265,48 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
              << cpu_plan.cost.max_rank_copy_traffic;
 
         if (want(mc, "plan")) {
-            const Stats st = bench.time([&] { ep.plan(ios, routing.s, sa); });
+            const Stats st = timed([&] { ep.plan(ios, routing.s, sa); });
             add_row("plan", maxvio, st, 4.0 * R * cfg.E, 4.0 * (R - 1) * cfg.E, plan_wrong, ep.last_blocks_per_rank(),
                     "histogram + all-gather + plan + dst");
         }
         if (want(mc, "dispatch")) {
-            const Stats st = bench.time([&] { ep.dispatch(ep_plan, ios, sa); });
+            const Stats st = timed([&] { ep.dispatch(ep_plan, ios, sa); });
             int64_t wrong = -1;
             if (mc.check) {
-                // Every row of this rank names its source (rank, token) as the CPU plan's destinations say.
-                std::vector<std::pair<int32_t, int32_t>> src(static_cast<size_t>(nvs), {-1, -1});
-                for (int r = 0; r < R; ++r) {
-                    std::vector<int32_t> d(static_cast<size_t>(routing.s[r]) * K);
-                    compute_dst(cpu_plan, r, routing.topk_idx[r], d);
-                    for (size_t i = 0; i < d.size(); ++i) {
-                        if (detail::is_masked(d[i])) continue;
-                        const int64_t flat = detail::decode_dst(d[i]);
-                        if (flat / nvs == me) src[flat % nvs] = {r, static_cast<int32_t>(i / K)};
-                    }
-                }
+                // Every used row of this rank (payload, duplicates, zeroed padding) and its weight, as the CPU
+                // oracle's on the check columns.
+                const cpu::GroupDispatchResult want_d = cpu::dispatch_group(oracle_cfg, tokens, oracle);
                 const int64_t rows = cpu_plan.rows_used(me);
-                const std::vector<uint16_t> got = ep.download_recv_x(me, rows);
+                const std::vector<Bf16> got = download_columns(ep.recv_x(me), rows, H, cols);
+                const std::vector<float> gw = ep.download_recv_w(me, rows);
                 int64_t bad = 0;
-                for (int64_t row = 0; row < rows; ++row) {
-                    const uint16_t* g = got.data() + row * H;
-                    const auto [r, t] = src[row];
-                    bool ok = true;
-                    for (int c : {0, 1, 2, H / 2, H - 1}) ok = ok && g[c] == (r < 0 ? uint16_t{0} : tag_bits(r, t, c));
-                    bad += !ok;
-                }
-                wrong = bench.sum_over_ranks(bad);
+                for (int64_t row = 0; row < rows; ++row)
+                    bad +=
+                        std::memcmp(got.data() + row * C, want_d.recv_x[me].data() + row * C, C * sizeof(Bf16)) != 0 ||
+                        std::memcmp(&gw[row], &want_d.recv_w[me][row], sizeof(float)) != 0;
+                wrong = team_sum(team, bad);
             }
             add_row("dispatch", maxvio, st, q_me * (row_bytes + 4), remote_payloads * row_bytes + remote_entries * 12.0,
                     wrong, ep.last_blocks_per_rank(), note.str());
         }
         for (CombineMode mode : {CombineMode::kPull, CombineMode::kPushPartials}) {
             if (!want(mc, "combine")) break;
-            const Stats st = bench.time([&] { ep.combine(ep_plan, ios, false, mode, sa); });
+            const Stats st = timed([&] { ep.combine(ep_plan, ios, false, mode, sa); });
             int64_t wrong = -1;
             if (mc.check) {
-                // The receive buffer still holds the dispatched rows (y = x): sampled tokens and columns.
-                EVENEP_CUDA_CHECK(cudaMemset(out.p, 0xff, static_cast<size_t>(s) * H * 2));
+                // The receive buffer still holds the dispatched rows (y = x): the oracle combines x itself.
+                EVENEP_CUDA_CHECK(cudaMemset(out.get(), 0xff, static_cast<size_t>(s) * H * 2));
                 ep.combine(ep_plan, ios, false, mode, sa);
                 ep.check(sa);
-                std::vector<uint16_t> got(static_cast<size_t>(s) * H);
-                EVENEP_CUDA_CHECK(cudaMemcpy(got.data(), out.p, got.size() * 2, cudaMemcpyDeviceToHost));
+                // Columns 0 and 1 hold the source's (rank, token) bits, not values: compared from column 2 on.
+                const cpu::GroupCombineResult want_c = cpu::combine_group(oracle_cfg, tokens, {}, false, oracle);
+                const std::vector<Bf16> got = download_columns(out.get(), s, H, cols);
                 int64_t bad = 0;
-                for (int t = 0; t < s; t += std::max(1, s / 97))
-                    for (int c : {2, 3, H / 2, H - 1})
-                        bad += got[static_cast<size_t>(t) * H + c] != expected_combine(dst, K, nvs, me, t, c);
-                wrong = bench.sum_over_ranks(bad);
+                for (int t = 0; t < s; ++t)
+                    bad += std::memcmp(got.data() + static_cast<size_t>(t) * C + 2,
+                                       want_c.out[me].data() + static_cast<size_t>(t) * C + 2,
+                                       (C - 2) * sizeof(Bf16)) != 0;
+                wrong = team_sum(team, bad);
             }
             const bool pull = mode == CombineMode::kPull;
             add_row(pull ? "combine_pull" : "combine_push", maxvio, st, entries * row_bytes,
@@ -376,7 +315,7 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         }
         const double copy_bytes = 2.0 * static_cast<double>(es.elems) * mc.projections;
         if (ex && want(mc, "prefetch")) {
-            const Stats st = bench.time([&] { ex->prefetch_weight(ep, ep_plan, sa); });
+            const Stats st = timed([&] { ex->prefetch_weight(ep, ep_plan, sa); });
             int64_t wrong = -1;
             if (mc.check) {
                 int64_t bad = 0;
@@ -398,18 +337,18 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
                             bad += a != b;
                         }
                 }
-                wrong = bench.sum_over_ranks(bad);
+                wrong = team_sum(team, bad);
             }
             add_row("prefetch", maxvio, st, copies_pushed * copy_bytes, copies_pushed * copy_bytes, wrong,
                     ex->last_blocks_per_rank(), "owner push; " + std::to_string(copies_held) + " slots filled here");
         }
         if (ex && want(mc, "reduce")) {
-            const Stats st = bench.time([&] { ex->reduce_grad(ep, ep_plan, sa); });
+            const Stats st = timed([&] { ex->reduce_grad(ep, ep_plan, sa); });
             add_row("reduce", maxvio, st, copies_pushed * 2.0 * copy_bytes, copies_pushed * 4.0 * copy_bytes, -1,
                     ex->last_blocks_per_rank(), "home pulls fp32 slot gradients (link: read + zeroing)");
         }
         if (ex && want(mc, "total")) {
-            const Stats st = bench.time([&] {
+            const Stats st = timed([&] {
                 const EpPlan tp = ep.plan(ios, routing.s, sa);  // resident: no plan copies between the streams
                 EVENEP_CUDA_CHECK(cudaEventRecord(ev_plan, sa));
                 EVENEP_CUDA_CHECK(cudaStreamWaitEvent(sb, ev_plan, 0));
@@ -423,13 +362,13 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
                     "plan, then dispatch beside prefetch_weight (second stream, channel 1)");
         }
         if (a2a) {
-            const Stats sd = bench.time([&] { a2a->dispatch(io, s, sa); });
+            const Stats sd = timed([&] { a2a->dispatch(io, s, sa); });
             const double recv = static_cast<double>(a2a->rows_received()) * row_bytes;
             const double sent_remote = static_cast<double>(a2a->rows_sent_remote()) * row_bytes;
             add_row("a2a_dispatch", maxvio, sd, recv, sent_remote, -1, 0,
                     "counts exchanged + host sync, permute, ncclSend/ncclRecv group; received rows " +
                         std::to_string(a2a->rows_received()));
-            const Stats sc = bench.time([&] { a2a->combine(io, s, false, sa); });
+            const Stats sc = timed([&] { a2a->combine(io, s, false, sa); });
             add_row("a2a_combine", maxvio, sc, recv, sent_remote, -1, 0, "reverse ncclSend/ncclRecv, unpermute");
         }
     }
@@ -440,4 +379,4 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
     return res;
 }
 
-}  // namespace evenep::cuda
+}  // namespace evenep::perf

@@ -1,6 +1,6 @@
-// Kernels of the all-to-all baseline (NcclAllToAll, include/evenep/cuda/nccl_ep.hpp): the Megatron-style
+// Kernels of the all-to-all baseline (NcclAllToAll, perf/cuda/nccl_alltoall.hpp): the Megatron-style
 // permutation of routed entries into destination-rank order and the weighted unpermutation after the reverse
-// exchange. Device code only; the NCCL calls are in src/cuda/runtime/nccl_alltoall.cpp.
+// exchange. Device code only; the NCCL calls are in perf/cuda/nccl_alltoall.cpp.
 //
 //   count    one block: thread i counts the entries of its contiguous chunk per destination rank (shared memory
 //            [R][threads]); an exclusive prefix in (rank, thread, entry) order gives every entry its send row, so
@@ -11,11 +11,13 @@
 
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
-#include "cuda/runtime/nccl_internal.hpp"
+#include "perf/cuda/nccl_alltoall.hpp"
 
-namespace evenep::cuda::nccl_detail {
+namespace evenep::perf::a2a {
 namespace {
 
+namespace device = cuda::device;
+using cuda::check_launch;
 using device::kBf16PerVec;
 using device::kWarpSize;
 
@@ -148,4 +150,4 @@ void launch_a2a_unpermute(const uint16_t* y,
     check_launch(stream);
 }
 
-}  // namespace evenep::cuda::nccl_detail
+}  // namespace evenep::perf::a2a

@@ -1,6 +1,7 @@
-// NcclAllToAll: the conventional EP all-to-all over NCCL, the benchmark's baseline (include/evenep/cuda/nccl_ep.hpp).
+// NcclAllToAll: the conventional EP all-to-all over NCCL, the benchmark's baseline (perf/cuda/nccl_alltoall.hpp).
+#include "perf/cuda/nccl_alltoall.hpp"
+
 #include "evenep/cuda/check.hpp"
-#include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/error.hpp"
 
 #if defined(EVENEP_HAVE_NCCL)
@@ -9,11 +10,12 @@
 #include "cuda/runtime/nccl_internal.hpp"
 #endif
 
-namespace evenep::cuda {
+namespace evenep::perf {
 
 #if defined(EVENEP_HAVE_NCCL)
 
-NcclAllToAll::NcclAllToAll(NcclTeam& team, const Config& cfg, int hidden) : team_(team), cfg_(cfg), hidden_(hidden) {
+NcclAllToAll::NcclAllToAll(cuda::NcclTeam& team, const Config& cfg, int hidden)
+    : team_(team), cfg_(cfg), hidden_(hidden) {
     cfg_.validate();
     EVENEP_CHECK(cfg_.R == team.size(), "all-to-all: R = ", cfg_.R, " but the team has ", team.size(), " ranks");
     EVENEP_CHECK(hidden > 0 && hidden % 8 == 0, "all-to-all: hidden size H = ", hidden, " must be a multiple of 8");
@@ -44,13 +46,13 @@ NcclAllToAll::~NcclAllToAll() {
     cudaFreeHost(h_counts_);
 }
 
-void NcclAllToAll::dispatch(const RankIo& io, int s, cudaStream_t stream) {
+void NcclAllToAll::dispatch(const cuda::RankIo& io, int s, cudaStream_t stream) {
     EVENEP_CHECK(s >= 1 && s <= cfg_.S, "all-to-all: s = ", s, " outside [1, S = ", cfg_.S, "]");
     const int R = cfg_.R, K = cfg_.K;
     const int64_t n = static_cast<int64_t>(s) * K;
     auto comm = static_cast<ncclComm_t>(team_.nccl_comm());
-    nccl_detail::launch_a2a_count(io.topk_idx, n, cfg_.epn(), R, d_pos_, d_counts_, stream);
-    nccl_detail::launch_a2a_permute(io.x, d_pos_, n, K, hidden_, send_x_, stream);
+    a2a::launch_a2a_count(io.topk_idx, n, cfg_.epn(), R, d_pos_, d_counts_, stream);
+    a2a::launch_a2a_permute(io.x, d_pos_, n, K, hidden_, send_x_, stream);
     // Counts first: every rank learns how many rows it receives from each peer (the host sizes the messages).
     EVENEP_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < R; ++p) {
@@ -76,7 +78,7 @@ void NcclAllToAll::dispatch(const RankIo& io, int s, cudaStream_t stream) {
     last_s_ = s;
 }
 
-void NcclAllToAll::combine(const RankIo& io, int s, bool apply_weights, cudaStream_t stream) {
+void NcclAllToAll::combine(const cuda::RankIo& io, int s, bool apply_weights, cudaStream_t stream) {
     EVENEP_CHECK(s == last_s_, "all-to-all: combine with s = ", s, " after a dispatch of s = ", last_s_);
     const int R = cfg_.R;
     auto comm = static_cast<ncclComm_t>(team_.nccl_comm());
@@ -92,7 +94,7 @@ void NcclAllToAll::combine(const RankIo& io, int s, bool apply_weights, cudaStre
         roff += h_recv_[p];
     }
     EVENEP_NCCL_CHECK(ncclGroupEnd());
-    nccl_detail::launch_a2a_unpermute(send_x_, d_pos_, io.topk_w, s, cfg_.K, hidden_, apply_weights, io.out, stream);
+    a2a::launch_a2a_unpermute(send_x_, d_pos_, io.topk_w, s, cfg_.K, hidden_, apply_weights, io.out, stream);
 }
 
 int64_t NcclAllToAll::rows_sent() const {
@@ -109,16 +111,17 @@ int64_t NcclAllToAll::rows_sent_remote() const { return rows_sent() - h_send_[te
 
 #else  // !EVENEP_HAVE_NCCL
 
-NcclAllToAll::NcclAllToAll(NcclTeam& team, const Config& cfg, int hidden) : team_(team), cfg_(cfg), hidden_(hidden) {
+NcclAllToAll::NcclAllToAll(cuda::NcclTeam& team, const Config& cfg, int hidden)
+    : team_(team), cfg_(cfg), hidden_(hidden) {
     throw Error(ErrorKind::kRuntime, "all-to-all baseline: this build has no NCCL team (EVENEP_NCCL=OFF)");
 }
 NcclAllToAll::~NcclAllToAll() = default;
-void NcclAllToAll::dispatch(const RankIo&, int, cudaStream_t) {}
-void NcclAllToAll::combine(const RankIo&, int, bool, cudaStream_t) {}
+void NcclAllToAll::dispatch(const cuda::RankIo&, int, cudaStream_t) {}
+void NcclAllToAll::combine(const cuda::RankIo&, int, bool, cudaStream_t) {}
 int64_t NcclAllToAll::rows_sent() const { return 0; }
 int64_t NcclAllToAll::rows_received() const { return 0; }
 int64_t NcclAllToAll::rows_sent_remote() const { return 0; }
 
 #endif  // EVENEP_HAVE_NCCL
 
-}  // namespace evenep::cuda
+}  // namespace evenep::perf

@@ -1,5 +1,5 @@
-// evenep/cuda/nccl_bench.hpp — the multi-process benchmark behind `evenep bench multi` (one process per GPU; run
-// it under `evenep launch -n R -- evenep bench multi ...`). Method and formulas: docs/multi-gpu.md.
+// perf/cuda/multi.hpp — the multi-process benchmark behind `evenep bench multi` (one process per GPU; run it
+// under `evenep launch -n R -- evenep bench multi ...`; evenep::perf, not the library). Method: docs/multi-gpu.md.
 //
 // Per maxvio point every rank builds the same lognormal routing (SPEC §7, target maxvio, shared seed), takes its
 // own part, and times with CUDA events on its stream, each iteration preceded by a device-side team barrier so
@@ -17,7 +17,7 @@
 #include "evenep/config.hpp"
 #include "evenep/cuda/nccl_team.hpp"
 
-namespace evenep::cuda {
+namespace evenep::perf {
 
 struct MultiBenchConfig {
     int experts_per_rank = 48;  // E = experts_per_rank * R (the MoonEP point: 384 experts on 8 ranks)
@@ -26,7 +26,7 @@ struct MultiBenchConfig {
     uint64_t seed = 1;
     int sm_budget = 32;  // SMs of each rank's communication kernels
     int warmup = 5, iters = 20;
-    bool check = false;  // verify plan, dst, dispatch rows, sampled combine and prefetch first; report #wrong
+    bool check = false;  // verify plan, dst, prefetch; dispatch and combine against the CPU oracle; #wrong
     PlannerMode mode = PlannerMode::kOptimized;
     int projections = 1;           // prefetch/reduce: projections moved per copy (3 = gate, up and down)
     double copy_mib = 1024;        // size of the copy anchors
@@ -61,6 +61,6 @@ struct MultiBenchResult {
 
 // Collective: every rank of the group calls it with the same configuration. Throws evenep::Error on a CUDA/NCCL
 // error, a device-side failure (barrier timeout naming the missing rank) or a bad configuration.
-MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& cfg);
+MultiBenchResult bench_multi(const cuda::NcclBootstrap& boot, const MultiBenchConfig& cfg);
 
-}  // namespace evenep::cuda
+}  // namespace evenep::perf

@@ -1,0 +1,118 @@
+// The planner benchmark rows (perf/cuda/bench.hpp): plan_fused (all ranks, one launch), plan_rank (one rank's
+// planner alone), plan_rank_warm (its second pass in one launch) and plan_rank_serial (the sequential reference).
+// The phase breakdown comes from the planner's %globaltimer stamps (EpLayout::plan.timing).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "evenep/cuda/detail/launchers.hpp"
+#include "perf/cuda/point.hpp"
+
+namespace evenep::perf {
+namespace {
+
+std::vector<int64_t> plan_stamps(cuda::DeviceEp& ep) {
+    return download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 24);
+}
+
+}  // namespace
+
+void bench_plan(Point& p) {
+    const BenchConfig& bc = p.bc;
+    cuda::DeviceEp& ep = *p.ep;
+    const Plan& plan = p.plan;
+    const int R = bc.R;
+    cudaStream_t stream = p.stream;
+    // The planner occupies one SM for tens of microseconds: right after the host-side routing generation the
+    // GPU is idle and its clocks are low. A few milliseconds of copies first bring the clocks up, as they are
+    // in a training step (the planner runs between the router and the dispatch).
+    {
+        const size_t warm_bytes = size_t{256} << 20;
+        DeviceBuf<char> a(warm_bytes), b(warm_bytes);
+        for (int i = 0; i < 40; ++i) cuda::launch_copy_vec16(b.get(), a.get(), warm_bytes, 4 * 132, stream);
+    }
+    int64_t wrong = -1;
+    if (bc.check) {
+        wrong = 0;
+        for (int r = 0; r < R; ++r) {
+            const Plan gp = ep.download_plan(p.ep_plan, r);
+            wrong += gp.alloc != plan.alloc || gp.cu_seqlens != plan.cu_seqlens || gp.copies != plan.copies ||
+                     gp.seg_row != plan.seg_row || gp.group_expert != plan.group_expert ||
+                     gp.cost.crossing_rows != plan.cost.crossing_rows;
+            const std::vector<int32_t> gd = ep.download_dst(p.ep_plan, r);
+            for (size_t i = 0; i < gd.size(); ++i) wrong += gd[i] != p.dst[r][i];
+        }
+    }
+    const Stats fused = time_op([&] { ep.plan(p.io, p.routing.s, stream); }, stream, bc.warmup, bc.iters);
+    const std::optional<Stats> fused_graph = p.graph_stats([&] { ep.plan(p.io, p.routing.s, stream); });
+    const std::vector<int64_t> tf = plan_stamps(ep);
+    std::ostringstream fused_note;
+    fused_note << "histogram + all-gather + plan + dst, all ranks, one launch; rank 0 block 0 us: histogram "
+               << (tf[17] - tf[16]) / 1e3 << ", gather " << (tf[18] - tf[17]) / 1e3 << ", plan "
+               << (tf[19] - tf[18]) / 1e3 << ", dst " << (tf[20] - tf[19]) / 1e3 << " (route staging "
+               << (tf[21] - tf[19]) / 1e3 << ", walk " << (tf[22] - tf[21]) / 1e3 << ", dedup "
+               << (tf[20] - tf[22]) / 1e3 << ")";
+    p.add("plan_fused", fused, 0, ep.last_blocks_per_rank(), wrong, fused_note.str());
+    p.add_graph("plan_fused", fused_graph, 0, ep.last_blocks_per_rank(), -1, "histogram + all-gather + plan + dst");
+    // One rank's planner alone: gathered histogram -> its plan (rank 0's copy).
+    const std::vector<int32_t> tpe = p.routing.tpe();
+    EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(0) + ep.layout().tpe, tpe.data(), tpe.size() * 4, cudaMemcpyHostToDevice));
+    const bool locality = bc.mode == PlannerMode::kOptimized;
+    // kBatch back-to-back launches per timed iteration (divided by kBatch): launch latency stays out.
+    constexpr int kBatch = 10;
+    const Stats one = per_call(time_op(
+                                   [&] {
+                                       for (int i = 0; i < kBatch; ++i)
+                                           cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality,
+                                                                  cuda::PlannerKernel::kParallel, 0, 1, stream);
+                                   },
+                                   stream, bc.warmup, bc.iters),
+                               kBatch);
+    const std::vector<int64_t> ts = plan_stamps(ep);
+    auto us = [&](int a, int b) { return (ts[b] - ts[a]) / 1e3; };
+    std::ostringstream phases;
+    phases << "one rank: gathered tpe -> plan, one block of 512 threads (mean of " << kBatch
+           << " back-to-back launches); phases us: loads " << us(0, 1) << ", init " << us(1, 2) << ", transfers+fills "
+           << us(2, 3) << ", split " << us(3, 4) << ", costs " << us(4, 5) << ", prefixes " << us(5, 6) << ", layout "
+           << us(6, 7) << ", copies+costs " << us(7, 8) << "; fill iterations " << ts[9] << "/" << ts[10]
+           << ", split pieces (max donor) " << ts[11] << "; SM clock during the plan "
+           << static_cast<double>(ts[13] - ts[12]) / static_cast<double>(ts[8] - ts[0]) << " GHz";
+    int64_t wrong_one = -1;
+    if (bc.check) {
+        const cuda::EpPlan one_rank = ep.plan_from_tpe(p.routing.tpe(), p.routing.s, stream, 0, 1);
+        const Plan gp = ep.download_plan(one_rank, 0);
+        wrong_one = (gp.alloc != plan.alloc) + (gp.cu_seqlens != plan.cu_seqlens) + (gp.copies != plan.copies) +
+                    (gp.rest_prefix != plan.rest_prefix) + (gp.cap_prefix != plan.cap_prefix);
+    }
+    p.add("plan_rank", one, 0, 1, wrong_one, phases.str());
+    {
+        // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
+        cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0, 1,
+                               stream, 2);
+        EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const std::vector<int64_t> tw = plan_stamps(ep);
+        auto wus = [&](int a, int b) { return (tw[b] - tw[a]) / 1e3; };
+        Stats warm;
+        warm.min_us = warm.median_us = warm.mean_us = warm.max_us = warm.p50_us = wus(0, 8);
+        std::ostringstream wn;
+        wn << "second plan in one launch (warm caches), from its stamps; phases us: loads " << wus(0, 1) << ", init "
+           << wus(1, 2) << ", transfers+fills " << wus(2, 3) << ", split " << wus(3, 4) << ", costs " << wus(4, 5)
+           << ", prefixes " << wus(5, 6) << ", layout " << wus(6, 7) << ", copies+costs " << wus(7, 8) << "; SM clock "
+           << static_cast<double>(tw[13] - tw[12]) / static_cast<double>(tw[8] - tw[0]) << " GHz";
+        p.add("plan_rank_warm", warm, 0, 1, -1, wn.str());
+    }
+    if (static_cast<int64_t>(R) * bc.E <= 8 * 1024) {  // the sequential reference is slow on one GPU thread
+        const Stats serial = time_op(
+            [&] {
+                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kSerial, 0,
+                                       1, stream);
+            },
+            stream, 1, std::min(bc.iters, 3));
+        p.add("plan_rank_serial", serial, 0, 1, -1, "plan_core.hpp's sequential code on one GPU thread (reference)");
+    }
+    p.ep_plan = ep.plan(p.io, p.routing.s, stream);  // restore every rank's plan and dst
+    ep.check(stream);
+}
+
+}  // namespace evenep::perf
