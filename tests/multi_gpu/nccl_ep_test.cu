@@ -333,10 +333,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes,
 
 std::vector<float> host_floats(size_t n, uint64_t seed) {
     std::vector<float> v(n);
-    for (size_t i = 0; i < n; ++i) {
-        const float u = static_cast<float>(testing::cpu_mix(seed * 0x100000001B3ull + i) >> 40) * (1.0f / 16777216.0f);
-        v[i] = 2.0f * u - 1.0f;
-    }
+    for (size_t i = 0; i < n; ++i) v[i] = 2.0f * evenep::detail::unit_float(evenep::detail::hash64(seed * 0x100000001B3ull + i)) - 1.0f;
     return v;
 }
 

@@ -3,6 +3,7 @@
 
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/launchers.hpp"
+#include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {
@@ -14,7 +15,7 @@ Experts::Experts(Ep& ep, const ExpertsShape& shape)
     EVENEP_CHECK(shape.elems > 0 && shape.elems % 8 == 0, "experts: elements per matrix = ", shape.elems,
                  " must be a positive multiple of 8");
     const size_t P = shape.num_projections, n = static_cast<size_t>(shape.elems);
-    auto region = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    auto region = [](size_t bytes) { return detail::align_up(bytes, 256); };
     size_t o = 0;
     off_.weights = o;
     if (shape.with_weights) o += region(P * epn_ * n * 2);
