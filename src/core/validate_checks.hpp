@@ -46,8 +46,6 @@ class Sink {
     size_t dropped_ = 0;
 };
 
-int64_t align_to(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
-
 // Everything validate_plan derives from the plan's inputs and its alloc matrix, shared with validate_dst.
 struct Expected {
     int R = 0, E = 0, K = 0, S = 0, epn = 0, G = 0, B = 0, tp = 1;
