@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <span>
 
-#include "evenep/cuda/layout.hpp"
 #include "evenep/cuda/team.hpp"
 #include "evenep/cuda/types.hpp"
+#include "evenep/detail/ep_layout.hpp"
 
 namespace evenep::cuda {
 

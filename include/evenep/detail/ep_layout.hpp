@@ -1,4 +1,5 @@
-// evenep/cuda/layout.hpp — the layout of one virtual rank's symmetric allocation, defined once for host and device.
+// evenep/detail/ep_layout.hpp — the layout of one virtual rank's symmetric allocation, defined once for host and
+// device (an implementation detail of evenep/cuda/ep.hpp: the kernels and the plan download address through it).
 //
 // Every offset is a pure function of (R, E, K, S, tp, B, H, blocks per rank) — never of the
 // routing (SPEC invariant 4). Host code sizes the allocation with total_bytes; kernels address objects through
