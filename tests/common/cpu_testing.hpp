@@ -78,6 +78,21 @@ inline std::vector<Bf16> random_bf16(size_t n, uint64_t seed) {
     return v;
 }
 
+// Random floats U(-1, 1), a pure function of (seed, index) (the values the GPU tests upload and expect back).
+inline std::vector<float> random_floats(size_t n, uint64_t seed) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = 2.0f * detail::unit_float(detail::hash64(seed * 0x100000001B3ull + i)) - 1.0f;
+    return v;
+}
+
+// random_floats(n, seed) rounded to bf16, as raw bits.
+inline std::vector<uint16_t> random_bf16_bits(size_t n, uint64_t seed) {
+    const std::vector<float> f = random_floats(n, seed);
+    std::vector<uint16_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]).bits;
+    return v;
+}
+
 // Tokens with random (not tagged) rows, for arithmetic tests.
 inline std::vector<cpu::RankTokens> random_tokens(const BufferConfig& cfg, const Routing& routing, uint64_t seed) {
     auto out = tagged_tokens(cfg, routing, seed);
