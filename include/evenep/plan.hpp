@@ -7,6 +7,7 @@
 // Array conventions: row-major, sizes in brackets; G = 2*epn groups per rank, B = cfg.num_slots().
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -74,6 +75,59 @@ struct Plan {
     int32_t rows_used(int rank) const { return group_end(rank, G() - 1); }
 };
 
+// Extent of a plan array: its shape as a function of the configuration.
+enum class PlanExtent : int8_t {
+    kR,        // [R]
+    kE,        // [E]
+    kRE,       // [R*E] (row-major by rank)
+    kER,       // [E*R] (row-major by expert)
+    kEPrefix,  // [E*(R+1)] (a prefix over ranks per expert)
+    kRG,       // [R*G]
+    kRB,       // [R*B]
+};
+
+// Number of values of an array of extent `x` under `cfg`.
+inline size_t plan_extent_size(const Config& cfg, PlanExtent x) {
+    const size_t R = cfg.R, E = cfg.E, G = cfg.num_groups(), B = cfg.num_slots();
+    switch (x) {
+        case PlanExtent::kR: return R;
+        case PlanExtent::kE: return E;
+        case PlanExtent::kRE:
+        case PlanExtent::kER: return R * E;
+        case PlanExtent::kEPrefix: return E * (R + 1);
+        case PlanExtent::kRG: return R * G;
+        case PlanExtent::kRB: return R * B;
+    }
+    return 0;
+}
+
+// The plan's arrays, listed once: calls f(name, extent, array) for each array of `plan` (a Plan or const Plan), in
+// declaration order. Sizing (the planner), validation and the device plan download derive from this list.
+template <typename PlanT, typename F>
+void for_each_array(PlanT& plan, F&& f) {
+    f("s", PlanExtent::kR, plan.s);
+    f("tpe", PlanExtent::kRE, plan.tpe);
+    f("expert_load", PlanExtent::kE, plan.expert_load);
+    f("load_before", PlanExtent::kR, plan.load_before);
+    f("q", PlanExtent::kR, plan.q);
+    f("alloc", PlanExtent::kER, plan.alloc);
+    f("local_keep", PlanExtent::kER, plan.local_keep);
+    f("rest_prefix", PlanExtent::kEPrefix, plan.rest_prefix);
+    f("cap_prefix", PlanExtent::kEPrefix, plan.cap_prefix);
+    f("seg_row", PlanExtent::kRE, plan.seg_row);
+    f("group_expert", PlanExtent::kRG, plan.group_expert);
+    f("group_count", PlanExtent::kRG, plan.group_count);
+    f("cu_seqlens", PlanExtent::kRG, plan.cu_seqlens);
+    f("group_source", PlanExtent::kRG, plan.group_source);
+    f("group_slot", PlanExtent::kRG, plan.group_slot);
+    f("copies", PlanExtent::kRB, plan.copies);
+    f("remote_experts", PlanExtent::kR, plan.remote_experts);
+    f("copies_received", PlanExtent::kR, plan.copies_received);
+    f("copies_pushed", PlanExtent::kR, plan.copies_pushed);
+    f("peer_reads", PlanExtent::kR, plan.peer_reads);
+    f("crossing_out", PlanExtent::kR, plan.crossing_out);
+}
+
 // Builds plans for one configuration and mode. Construction sizes all workspace; plan() does not allocate
 // once `out` has been used for the same configuration (its vectors are reused).
 class Planner {
@@ -113,6 +167,10 @@ void compute_dst(const Plan& plan, int rank, std::span<const int32_t> topk_idx, 
 // The group's token counts (SPEC §1, §8): every s_r in [1, S]; without a group total (s_total < 0) all ranks pass the
 // same s, otherwise the s_r add up to s_total. Throws evenep::Error naming the rank and values.
 void check_group_tokens(const Config& cfg, std::span<const int32_t> s, int64_t s_total);
+
+// The planners' input check (Planner::plan, the exact solver): tpe [R*E] non-negative with row r summing to at most
+// s_r*K, s [R] in [1, S]. Throws evenep::Error whose message starts with `who` and names the rank and value.
+void check_plan_inputs(const Config& cfg, std::span<const int32_t> tpe, std::span<const int32_t> s, const char* who);
 
 // Theorem 2 (appendix E): with rank 0's experts receiving nothing and all other experts sharing all tokens
 // evenly, rank 0 needs at least ceil(E*(R-1)/R^2) remote experts.

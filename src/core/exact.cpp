@@ -61,21 +61,7 @@ void check_exact_inputs(const Config& cfg, std::span<const int32_t> tpe, std::sp
                  kMaxExactExperts, " experts");
     EVENEP_CHECK(cfg.num_slots() == cfg.epn(), "exact: B = ", cfg.B, " but the exact model assumes B = epn = ",
                  cfg.epn());
-    const int R = cfg.R, E = cfg.E;
-    EVENEP_CHECK(tpe.size() == static_cast<size_t>(R) * E, "exact: tpe has ", tpe.size(),
-                 " values, expected R*E = ", R * E);
-    EVENEP_CHECK(s.size() == static_cast<size_t>(R), "exact: s has ", s.size(), " values, expected R = ", R);
-    for (int r = 0; r < R; ++r) {
-        EVENEP_CHECK(s[r] >= 1 && s[r] <= cfg.S, "exact: rank ", r, ": s = ", s[r], " outside [1, S = ", cfg.S, "]");
-        int64_t row = 0;
-        for (int e = 0; e < E; ++e) {
-            const int32_t v = tpe[static_cast<size_t>(r) * E + e];
-            EVENEP_CHECK(v >= 0, "exact: rank ", r, ": tpe[", e, "] = ", v, " is negative");
-            row += v;
-        }
-        EVENEP_CHECK(row <= static_cast<int64_t>(s[r]) * cfg.K, "exact: rank ", r, ": ", row,
-                     " routed entries exceed s*K = ", static_cast<int64_t>(s[r]) * cfg.K);
-    }
+    check_plan_inputs(cfg, tpe, s, "exact");
 }
 
 #ifdef EVENEP_HAVE_CBC

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "evenep/detail/align.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/error.hpp"
 
@@ -485,10 +486,10 @@ void write_npy(const std::string& path,
         "{'descr': '" + info.descr + "', 'fortran_order': False, 'shape': " + shape_string(shape) + ", }";
     // Version 1.0 stores a 16-bit header length; fall back to 2.0 (32-bit) for very long shapes.
     const size_t unpadded_v1 = kNpyMagicBytes + 2 + 2 + dict.size() + 1;
-    const bool v1 = (unpadded_v1 + kNpyAlign - 1) / kNpyAlign * kNpyAlign - (kNpyMagicBytes + 4) <= 0xFFFF;
+    const bool v1 = detail::align_up(unpadded_v1, kNpyAlign) - (kNpyMagicBytes + 4) <= 0xFFFF;
     const size_t len_bytes = v1 ? 2 : 4;
     const size_t prefix = kNpyMagicBytes + 2 + len_bytes;
-    const size_t total = (prefix + dict.size() + 1 + kNpyAlign - 1) / kNpyAlign * kNpyAlign;
+    const size_t total = detail::align_up(prefix + dict.size() + 1, kNpyAlign);
     dict.append(total - prefix - dict.size() - 1, ' ');
     dict.push_back('\n');
     std::string head(kNpyMagic, kNpyMagicBytes);

@@ -21,28 +21,7 @@ detail::PlanDims dims_of(const Config& cfg, PlannerMode mode) {
 }
 
 void size_plan(Plan& p, const Config& cfg) {
-    const size_t R = cfg.R, E = cfg.E, G = cfg.num_groups(), B = cfg.num_slots();
-    p.s.resize(R);
-    p.tpe.resize(R * E);
-    p.expert_load.resize(E);
-    p.load_before.resize(R);
-    p.q.resize(R);
-    p.alloc.resize(E * R);
-    p.local_keep.resize(E * R);
-    p.rest_prefix.resize(E * (R + 1));
-    p.cap_prefix.resize(E * (R + 1));
-    p.seg_row.resize(R * E);
-    p.group_expert.resize(R * G);
-    p.group_count.resize(R * G);
-    p.cu_seqlens.resize(R * G);
-    p.group_source.resize(R * G);
-    p.group_slot.resize(R * G);
-    p.copies.resize(R * B);
-    p.remote_experts.resize(R);
-    p.copies_received.resize(R);
-    p.copies_pushed.resize(R);
-    p.peer_reads.resize(R);
-    p.crossing_out.resize(R);
+    for_each_array(p, [&](const char*, PlanExtent x, auto& v) { v.resize(plan_extent_size(cfg, x)); });
 }
 
 detail::PlanArrays arrays_of(Plan& p) {
@@ -67,25 +46,25 @@ detail::PlanArrays arrays_of(Plan& p) {
                               p.crossing_out.data()};
 }
 
-void check_inputs(const Config& cfg, std::span<const int32_t> tpe, std::span<const int32_t> s) {
+}  // namespace
+
+void check_plan_inputs(const Config& cfg, std::span<const int32_t> tpe, std::span<const int32_t> s, const char* who) {
     const int R = cfg.R, E = cfg.E;
-    EVENEP_CHECK(tpe.size() == static_cast<size_t>(R) * E, "plan: tpe has ", tpe.size(), " values, expected R*E = ",
+    EVENEP_CHECK(tpe.size() == static_cast<size_t>(R) * E, who, ": tpe has ", tpe.size(), " values, expected R*E = ",
                  static_cast<int64_t>(R) * E);
-    EVENEP_CHECK(s.size() == static_cast<size_t>(R), "plan: s has ", s.size(), " values, expected R = ", R);
+    EVENEP_CHECK(s.size() == static_cast<size_t>(R), who, ": s has ", s.size(), " values, expected R = ", R);
     for (int r = 0; r < R; ++r) {
-        EVENEP_CHECK(s[r] >= 1 && s[r] <= cfg.S, "plan: rank ", r, ": s = ", s[r], " outside [1, S = ", cfg.S, "]");
+        EVENEP_CHECK(s[r] >= 1 && s[r] <= cfg.S, who, ": rank ", r, ": s = ", s[r], " outside [1, S = ", cfg.S, "]");
         int64_t row = 0;
         for (int e = 0; e < E; ++e) {
             const int32_t v = tpe[static_cast<size_t>(r) * E + e];
-            EVENEP_CHECK(v >= 0, "plan: rank ", r, ": tpe[", e, "] = ", v, " is negative");
+            EVENEP_CHECK(v >= 0, who, ": rank ", r, ": tpe[", e, "] = ", v, " is negative");
             row += v;
         }
-        EVENEP_CHECK(row <= static_cast<int64_t>(s[r]) * cfg.K, "plan: rank ", r, ": ", row,
+        EVENEP_CHECK(row <= static_cast<int64_t>(s[r]) * cfg.K, who, ": rank ", r, ": ", row,
                      " routed entries exceed s*K = ", static_cast<int64_t>(s[r]) * cfg.K);
     }
 }
-
-}  // namespace
 
 int64_t Plan::total_entries() const {
     int64_t n = 0;
@@ -102,7 +81,7 @@ Planner::Planner(const Config& cfg, PlannerMode mode, bool extended_candidates)
 }
 
 void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Plan& out) {
-    check_inputs(cfg_, tpe, s);
+    check_plan_inputs(cfg_, tpe, s, "plan");
     const int R = cfg_.R;
     size_plan(out, cfg_);
     out.cfg = cfg_;

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "evenep/detail/hash.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/error.hpp"
 
@@ -46,14 +47,6 @@ inline constexpr int kMaxBisectEvals = 40;
 // Lognormal generation runs ranks on up to kMaxThreads threads once sum_r s_r * E reaches kParallelWork.
 inline constexpr int64_t kParallelWork = int64_t{1} << 24;
 inline constexpr int kMaxThreads = 16;
-
-uint64_t splitmix64(uint64_t& x) {
-    x += 0x9E3779B97F4A7C15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -317,15 +310,15 @@ Routing unequal_s(const RoutingSpec& spec) {
 
 uint64_t derive_seed(uint64_t seed, uint64_t stream) {
     uint64_t x = seed;
-    uint64_t h = splitmix64(x);
+    uint64_t h = detail::splitmix64_next(x);
     x = h ^ (stream * 0xD1B54A32D192ED03ull);
-    h = splitmix64(x);
+    h = detail::splitmix64_next(x);
     return h;
 }
 
 Rng::Rng(uint64_t seed) {
     uint64_t x = seed;
-    for (uint64_t& v : s_) v = splitmix64(x);  // SplitMix64 is a bijection: never an all-zero state
+    for (uint64_t& v : s_) v = detail::splitmix64_next(x);  // SplitMix64 is a bijection: never an all-zero state
 }
 
 uint64_t Rng::next_u64() {

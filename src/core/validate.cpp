@@ -5,7 +5,7 @@
 // validate_plan: sizes -> inputs -> loads and quotas -> alloc (balance, conservation) -> per-rank group layout
 //                (experts, counts, cu_seqlens, seg_row) -> weight sources and the copies table -> token -> slot
 //                prefix arrays -> counters and costs.
-// validate_dst:  validate_plan, then every rank's encoded destinations against a concrete routing.
+// validate_dst:  validate_plan, then every rank's encoded destinations (validate_dst.cpp).
 #include "evenep/validate.hpp"
 
 #include <algorithm>
@@ -16,44 +16,13 @@
 #include <utility>
 #include <vector>
 
+#include "evenep/detail/align.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/error.hpp"
+#include "validate_checks.hpp"
 
-namespace evenep {
+namespace evenep::validate_detail {
 namespace {
-
-// At most this many messages are stored; the rest are counted and summarised in one last line.
-inline constexpr size_t kMaxStoredErrors = 200;
-
-class Sink {
-  public:
-    explicit Sink(ValidationReport& report) : report_(report) {}
-    ~Sink() {
-        if (dropped_ > 0) report_.errors.push_back("... and " + std::to_string(dropped_) + " more errors not listed");
-    }
-    Sink(const Sink&) = delete;
-    Sink& operator=(const Sink&) = delete;
-
-    template <typename... Args>
-    void fail(Args&&... parts) {
-        ++count_;
-        if (report_.errors.size() >= kMaxStoredErrors) {
-            ++dropped_;
-            return;
-        }
-        std::ostringstream os;
-        ((os << std::forward<Args>(parts)), ...);
-        report_.errors.push_back(os.str());
-    }
-    size_t count() const { return count_; }
-
-  private:
-    ValidationReport& report_;
-    size_t count_ = 0;
-    size_t dropped_ = 0;
-};
-
-int64_t align_to(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 const char* source_name(WeightSource s) {
     switch (s) {
@@ -69,18 +38,6 @@ const char* source_name(WeightSource s) {
     return "invalid";
 }
 
-// Everything validate_plan derives from the plan's inputs and its alloc matrix, shared with validate_dst.
-struct Expected {
-    int R = 0, E = 0, K = 0, S = 0, epn = 0, G = 0, B = 0, tp = 1;
-    int64_t nvs = 0;
-    bool optimized = false;
-    std::vector<int64_t> load;             // [E] T_e
-    std::vector<int64_t> q;                // [R]
-    std::vector<std::vector<int>> remote;  // [R] remote experts with alloc > 0, ascending
-    std::vector<int64_t> keep;             // [E*R] locality keep required by the mode
-    std::vector<int64_t> seg_begin;        // [R*E] first row of e's group on r from the plan's cu_seqlens, -1 if none
-};
-
 template <typename V>
 bool check_size(Sink& sink, const char* name, const V& v, size_t want) {
     if (v.size() == want) return true;
@@ -89,33 +46,15 @@ bool check_size(Sink& sink, const char* name, const V& v, size_t want) {
 }
 
 bool check_sizes(const Plan& p, Sink& sink) {
-    const size_t R = p.cfg.R, E = p.cfg.E, G = p.cfg.num_groups(), B = p.cfg.num_slots();
     bool ok = true;
-    ok &= check_size(sink, "s", p.s, R);
-    ok &= check_size(sink, "tpe", p.tpe, R * E);
-    ok &= check_size(sink, "expert_load", p.expert_load, E);
-    ok &= check_size(sink, "load_before", p.load_before, R);
-    ok &= check_size(sink, "q", p.q, R);
-    ok &= check_size(sink, "alloc", p.alloc, E * R);
-    ok &= check_size(sink, "local_keep", p.local_keep, E * R);
-    ok &= check_size(sink, "rest_prefix", p.rest_prefix, E * (R + 1));
-    ok &= check_size(sink, "cap_prefix", p.cap_prefix, E * (R + 1));
-    ok &= check_size(sink, "seg_row", p.seg_row, R * E);
-    ok &= check_size(sink, "group_expert", p.group_expert, R * G);
-    ok &= check_size(sink, "group_count", p.group_count, R * G);
-    ok &= check_size(sink, "cu_seqlens", p.cu_seqlens, R * G);
-    ok &= check_size(sink, "group_source", p.group_source, R * G);
-    ok &= check_size(sink, "group_slot", p.group_slot, R * G);
-    ok &= check_size(sink, "copies", p.copies, R * B);
-    ok &= check_size(sink, "remote_experts", p.remote_experts, R);
-    ok &= check_size(sink, "copies_received", p.copies_received, R);
-    ok &= check_size(sink, "copies_pushed", p.copies_pushed, R);
-    ok &= check_size(sink, "peer_reads", p.peer_reads, R);
-    ok &= check_size(sink, "crossing_out", p.crossing_out, R);
+    for_each_array(p, [&](const char* name, PlanExtent x, const auto& v) {
+        ok &= check_size(sink, name, v, plan_extent_size(p.cfg, x));
+    });
     return ok;
 }
 
-// Returns false when the plan cannot be inspected further (bad config or array sizes).
+}  // namespace
+
 bool check_plan(const Plan& p, Sink& sink, Expected& x) {
     try {
         p.cfg.validate();
@@ -243,7 +182,7 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
                 sink.fail("layout: rank ", r, " group ", g, ": group_count = ", gc, ", expected alloc[", want_e, "][",
                           r, "] = ", want_cnt);
             const int64_t end = p.cu_seqlens[base + g];
-            const int64_t want_rows = gc > 0 ? align_to(gc, x.tp) : 0;
+            const int64_t want_rows = gc > 0 ? detail::align_up(gc, x.tp) : 0;
             if (end - prev_end != want_rows)
                 sink.fail("layout: rank ", r, " group ", g, ": cu_seqlens gives ", end - prev_end, " rows (end ", end,
                           " - begin ", prev_end, "), expected align_up(count ", gc, ", tp ", x.tp, ") = ", want_rows);
@@ -429,225 +368,12 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
     return true;
 }
 
-// Key of entry (source rank, token, k) in (source rank, token, k) order.
-struct EntryKey {
-    int32_t rank = -1, token = -1, k = -1;
-    bool valid() const { return rank >= 0; }
-    bool operator<(const EntryKey& o) const {
-        if (rank != o.rank) return rank < o.rank;
-        if (token != o.token) return token < o.token;
-        return k < o.k;
-    }
-};
+}  // namespace evenep::validate_detail
 
-std::ostream& operator<<(std::ostream& os, const EntryKey& k) {
-    return os << "(rank " << k.rank << ", token " << k.token << ", k " << k.k << ")";
-}
+namespace evenep {
 
-void check_dst(const Plan& p,
-               const Routing& routing,
-               const std::vector<std::vector<int32_t>>& dst,
-               Sink& sink,
-               const Expected& x) {
-    const int R = x.R, E = x.E, K = x.K, G = x.G;
-    // ---- Shapes and histograms.
-    if (routing.R != R || routing.E != E || routing.K != K) {
-        sink.fail("routing: R/E/K = ", routing.R, "/", routing.E, "/", routing.K, " differ from the plan's ", R, "/", E,
-                  "/", K);
-        return;
-    }
-    if (routing.s.size() != static_cast<size_t>(R) || routing.topk_idx.size() != static_cast<size_t>(R) ||
-        dst.size() != static_cast<size_t>(R)) {
-        sink.fail("routing: s / topk_idx / dst have ", routing.s.size(), " / ", routing.topk_idx.size(), " / ",
-                  dst.size(), " ranks, expected R = ", R);
-        return;
-    }
-    const size_t errors_before = sink.count();
-    for (int r = 0; r < R; ++r) {
-        if (p.s[r] < 1 || p.s[r] > x.S) return;  // already reported by check_plan
-        if (routing.s[r] != p.s[r]) sink.fail("routing: rank ", r, ": s = ", routing.s[r], ", plan has ", p.s[r]);
-        const size_t want = static_cast<size_t>(std::max(p.s[r], 0)) * K;
-        if (routing.topk_idx[r].size() < want)
-            sink.fail("routing: rank ", r, ": topk_idx has ", routing.topk_idx[r].size(),
-                      " ids, expected s*K = ", want);
-        if (dst[r].size() < want) sink.fail("dst: rank ", r, ": ", dst[r].size(), " codes, expected s*K = ", want);
-    }
-    if (sink.count() != errors_before) return;
-    for (int r = 0; r < R; ++r) {
-        std::vector<int64_t> hist(E, 0);
-        const size_t n = static_cast<size_t>(p.s[r]) * K;
-        for (size_t i = 0; i < n; ++i) {
-            const int32_t e = routing.topk_idx[r][i];
-            if (e == -1) continue;
-            if (e < 0 || e >= E) {
-                sink.fail("routing: rank ", r, " token ", i / K, " k ", i % K, ": expert id ", e,
-                          " outside [-1, E = ", E, ")");
-                continue;
-            }
-            ++hist[e];
-        }
-        for (int e = 0; e < E; ++e)
-            if (hist[e] != p.tpe[static_cast<size_t>(r) * E + e])
-                sink.fail("routing: rank ", r, " expert ", e, ": topk_idx has ", hist[e], " entries, plan tpe says ",
-                          p.tpe[static_cast<size_t>(r) * E + e]);
-    }
-    if (sink.count() != errors_before) return;
-
-    // ---- Row ownership: which expert's segment (and group) each row of each rank belongs to.
-    const int64_t nvs = x.nvs;
-    std::vector<int32_t> row_expert(static_cast<size_t>(R) * nvs, -1);
-    for (int d = 0; d < R; ++d)
-        for (int g = 0; g < G; ++g) {
-            const int32_t e = p.group_expert[static_cast<size_t>(d) * G + g];
-            if (e < 0 || e >= E) continue;
-            const int64_t begin = g == 0 ? 0 : p.cu_seqlens[static_cast<size_t>(d) * G + g - 1];
-            const int64_t end = std::min<int64_t>(begin + p.group_count[static_cast<size_t>(d) * G + g], nvs);
-            for (int64_t row = std::max<int64_t>(begin, 0); row < end; ++row)
-                row_expert[static_cast<size_t>(d) * nvs + row] = e;
-        }
-    std::vector<EntryKey> row_entry(static_cast<size_t>(R) * nvs);
-
-    // Reference-mode expected destinations: entry number g of expert e's (source rank, token, k) sequence.
-    std::vector<int64_t> before_src(static_cast<size_t>(E) * R, 0);  // entries of e on source ranks < r
-    for (int e = 0; e < E; ++e) {
-        int64_t acc = 0;
-        for (int r = 0; r < R; ++r) {
-            before_src[static_cast<size_t>(e) * R + r] = acc;
-            acc += p.tpe[static_cast<size_t>(r) * E + e];
-        }
-    }
-    auto reference_dst = [&](int e, int64_t ordinal) -> int64_t {
-        int64_t acc = 0;
-        for (int d = 0; d < R; ++d) {
-            const int64_t a = p.alloc[static_cast<size_t>(e) * R + d];
-            if (ordinal < acc + a) {
-                const int64_t begin = x.seg_begin[static_cast<size_t>(d) * E + e];
-                return begin < 0 ? -1 : d * nvs + begin + (ordinal - acc);
-            }
-            acc += a;
-        }
-        return -1;
-    };
-
-    // ---- Every entry.
-    std::vector<int64_t> crossing(R, 0);
-    std::vector<int64_t> local(static_cast<size_t>(E) * R, 0);  // entries of (e, r) computed on their source r
-    std::vector<int64_t> pos(E, 0);
-    const bool reference = p.mode == PlannerMode::kReference;
-    for (int r = 0; r < R; ++r) {
-        std::fill(pos.begin(), pos.end(), 0);
-        const int s = p.s[r];
-        std::vector<int> seen_ranks;
-        for (int t = 0; t < s; ++t) {
-            seen_ranks.clear();
-            for (int k = 0; k < K; ++k) {
-                const size_t i = static_cast<size_t>(t) * K + k;
-                const int32_t e = routing.topk_idx[r][i];
-                const int32_t code = dst[r][i];
-                const EntryKey key{r, t, k};
-                if (e == -1) {
-                    if (code != detail::kMaskedDst)
-                        sink.fail("dst: ", key, ": masked entry has code ", code, ", expected kMaskedDst");
-                    continue;
-                }
-                const int64_t ordinal = before_src[static_cast<size_t>(e) * R + r] + pos[e]++;
-                if (code == detail::kMaskedDst) {
-                    sink.fail("dst: ", key, " expert ", e, ": unmasked entry encoded as kMaskedDst");
-                    continue;
-                }
-                const int64_t flat = code >= 0 ? code : -(static_cast<int64_t>(code) + 1);
-                if (flat < 0 || flat >= R * nvs) {
-                    sink.fail("dst: ", key, " expert ", e, ": flat destination ", flat,
-                              " outside [0, R*NvS = ", R * nvs, ")");
-                    continue;
-                }
-                const int d = static_cast<int>(flat / nvs);
-                const int64_t row = flat % nvs;
-                // Dedup (SPEC §3.4): first entry of the token per destination rank carries the payload.
-                const bool first = std::find(seen_ranks.begin(), seen_ranks.end(), d) == seen_ranks.end();
-                if (first) seen_ranks.push_back(d);
-                if (first && code < 0)
-                    sink.fail("dst: ", key, " expert ", e, ": first entry of the token for rank ", d,
-                              " is encoded as a duplicate (", code, "), expected payload ", flat);
-                if (!first && code >= 0)
-                    sink.fail("dst: ", key, " expert ", e, ": later entry of the token for rank ", d,
-                              " is encoded as a payload (", code, "), expected duplicate ", -flat - 1);
-                const int32_t owner = row_expert[static_cast<size_t>(d) * nvs + row];
-                if (owner != e) {
-                    if (owner < 0)
-                        sink.fail("dst: ", key, " expert ", e, ": lands on rank ", d, " row ", row,
-                                  ", which is padding or outside every segment");
-                    else
-                        sink.fail("dst: ", key, " expert ", e, ": lands on rank ", d, " row ", row,
-                                  " in the segment of expert ", owner);
-                    continue;
-                }
-                EntryKey& slot = row_entry[static_cast<size_t>(d) * nvs + row];
-                if (slot.valid())
-                    sink.fail("dst: rank ", d, " row ", row, " (expert ", e, ") hit twice: by ", slot, " and by ", key);
-                else
-                    slot = key;
-                if (d != r)
-                    crossing[r] += 1;
-                else
-                    local[static_cast<size_t>(e) * R + r] += 1;
-                if (reference) {
-                    const int64_t want = reference_dst(e, ordinal);
-                    if (want != flat)
-                        sink.fail("dst: ", key, " expert ", e, ": reference mode puts entry #", ordinal,
-                                  " of the expert at flat ", want, " (rank ", want < 0 ? -1 : want / nvs, " row ",
-                                  want < 0 ? -1 : want % nvs, "), got rank ", d, " row ", row);
-                }
-            }
-        }
-    }
-
-    // ---- Every used row hit exactly once, in (source rank, token, k) order within its segment.
-    for (int d = 0; d < R; ++d)
-        for (int g = 0; g < G; ++g) {
-            const int32_t e = p.group_expert[static_cast<size_t>(d) * G + g];
-            if (e < 0 || e >= E) continue;
-            const int64_t begin = g == 0 ? 0 : p.cu_seqlens[static_cast<size_t>(d) * G + g - 1];
-            const int64_t end = std::min<int64_t>(begin + p.group_count[static_cast<size_t>(d) * G + g], nvs);
-            EntryKey prev;
-            for (int64_t row = std::max<int64_t>(begin, 0); row < end; ++row) {
-                const EntryKey& cur = row_entry[static_cast<size_t>(d) * nvs + row];
-                if (!cur.valid()) {
-                    sink.fail("dst: rank ", d, " group ", g, " (expert ", e, ") row ", row, " is never written");
-                    continue;
-                }
-                if (prev.valid() && !(prev < cur))
-                    sink.fail("dst: rank ", d, " group ", g, " (expert ", e, ") row ", row, " holds ", cur, " after ",
-                              prev, ": rows are not in (source rank, token, k) order");
-                prev = cur;
-            }
-        }
-
-    // ---- Locality (optimized mode, SPEC §3.3).
-    if (!reference)
-        for (int e = 0; e < E; ++e)
-            for (int r = 0; r < R; ++r) {
-                const size_t at = static_cast<size_t>(e) * R + r;
-                const int64_t want = std::min<int64_t>(p.tpe[static_cast<size_t>(r) * E + e], p.alloc[at]);
-                if (local[at] != want)
-                    sink.fail("dst: expert ", e, " rank ", r, ": ", local[at], " entries stay on their source rank, ",
-                              "expected min(tpe ", p.tpe[static_cast<size_t>(r) * E + e], ", alloc ", p.alloc[at],
-                              ") = ", want);
-            }
-
-    // ---- Crossing counters from dst.
-    int64_t total = 0;
-    for (int r = 0; r < R; ++r) {
-        total += crossing[r];
-        if (p.crossing_out[r] != crossing[r])
-            sink.fail("dst: rank ", r, ": ", crossing[r],
-                      " entries leave the rank, plan crossing_out = ", p.crossing_out[r]);
-    }
-    if (p.cost.crossing_rows != total)
-        sink.fail("dst: ", total, " entries cross ranks, plan cost.crossing_rows = ", p.cost.crossing_rows);
-}
-
-}  // namespace
+using validate_detail::Expected;
+using validate_detail::Sink;
 
 std::string ValidationReport::summary(size_t max_lines) const {
     if (errors.empty()) return "plan is valid";
@@ -664,17 +390,7 @@ ValidationReport validate_plan(const Plan& plan) {
     {
         Sink sink(report);
         Expected x;
-        check_plan(plan, sink, x);
-    }
-    return report;
-}
-
-ValidationReport validate_dst(const Plan& plan, const Routing& routing, const std::vector<std::vector<int32_t>>& dst) {
-    ValidationReport report;
-    {
-        Sink sink(report);
-        Expected x;
-        if (check_plan(plan, sink, x)) check_dst(plan, routing, dst, sink, x);
+        validate_detail::check_plan(plan, sink, x);
     }
     return report;
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cpu {
@@ -25,7 +26,7 @@ struct AlignedDelete {
 using AlignedBytes = std::unique_ptr<std::byte[], AlignedDelete>;
 
 AlignedBytes allocate_zeroed(size_t bytes) {
-    const size_t n = std::max<size_t>(kWindowAlign, (bytes + kWindowAlign - 1) / kWindowAlign * kWindowAlign);
+    const size_t n = std::max<size_t>(kWindowAlign, detail::align_up(bytes, kWindowAlign));
     AlignedBytes p(static_cast<std::byte*>(::operator new[](n, std::align_val_t(kWindowAlign))));
     std::memset(p.get(), 0, n);
     return p;

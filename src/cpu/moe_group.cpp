@@ -9,22 +9,16 @@
 
 #include "evenep/cpu/grouped_gemm.hpp"
 #include "evenep/cpu/moe_layer.hpp"
+#include "evenep/detail/hash.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cpu {
 namespace {
 
-uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-// Uniform in [0, 1), a pure function of (seed, tensor, index).
-float hash_uniform(uint64_t seed, uint64_t tensor, uint64_t index) {
-    const uint64_t h = mix64(seed ^ mix64(tensor * 0xD1B54A32D192ED03ull + mix64(index)));
-    return static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+// Hash of element `index` of tensor `tensor` of problem `seed`.
+uint64_t tensor_hash(uint64_t seed, uint64_t tensor, uint64_t index) {
+    using detail::hash64;
+    return hash64(seed ^ hash64(tensor * 0xD1B54A32D192ED03ull + hash64(index)));
 }
 
 enum Tensor : uint64_t { kTensorX = 1, kTensorGradOut, kTensorW, kTensorGate, kTensorUp, kTensorDown };
@@ -77,8 +71,8 @@ MoeProblem make_moe_problem(const BufferConfig& cfg,
         for (size_t i = 0; i < sr * H; ++i) {
             // Index by (rank, token) position in an [R, S, H] array: independent of the other ranks' s.
             const uint64_t idx = (static_cast<uint64_t>(r) * c.S) * H + i;
-            p.x[r][i] = float_to_bf16(2.0f * hash_uniform(seed, kTensorX, idx) - 1.0f);
-            p.grad_out[r][i] = float_to_bf16(2.0f * hash_uniform(seed, kTensorGradOut, idx) - 1.0f);
+            p.x[r][i] = detail::random_bf16(tensor_hash(seed, kTensorX, idx), 1.0f);
+            p.grad_out[r][i] = detail::random_bf16(tensor_hash(seed, kTensorGradOut, idx), 1.0f);
         }
         p.topk_w[r].assign(sr * K, 0.0f);
         for (size_t t = 0; t < sr; ++t) {
@@ -86,7 +80,7 @@ MoeProblem make_moe_problem(const BufferConfig& cfg,
             for (int k = 0; k < K; ++k) {
                 if (p.topk_idx[r][t * K + k] < 0) continue;
                 const uint64_t idx = (static_cast<uint64_t>(r) * c.S + t) * K + k;
-                const float v = 0.05f + hash_uniform(seed, kTensorW, idx);
+                const float v = 0.05f + detail::unit_float(tensor_hash(seed, kTensorW, idx));
                 p.topk_w[r][t * K + k] = v;
                 sum += v;
             }
@@ -99,9 +93,9 @@ MoeProblem make_moe_problem(const BufferConfig& cfg,
     p.w_up.resize(n);
     p.w_down.resize(n);
     for (size_t i = 0; i < n; ++i) {
-        p.w_gate[i] = float_to_bf16((2.0f * hash_uniform(seed, kTensorGate, i) - 1.0f) * a_in_h);
-        p.w_up[i] = float_to_bf16((2.0f * hash_uniform(seed, kTensorUp, i) - 1.0f) * a_in_h);
-        p.w_down[i] = float_to_bf16((2.0f * hash_uniform(seed, kTensorDown, i) - 1.0f) * a_in_f);
+        p.w_gate[i] = detail::random_bf16(tensor_hash(seed, kTensorGate, i), a_in_h);
+        p.w_up[i] = detail::random_bf16(tensor_hash(seed, kTensorUp, i), a_in_h);
+        p.w_down[i] = detail::random_bf16(tensor_hash(seed, kTensorDown, i), a_in_f);
     }
     return p;
 }

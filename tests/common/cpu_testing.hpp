@@ -19,18 +19,12 @@
 #include "evenep/buffer.hpp"
 #include "evenep/cpu/oracle.hpp"
 #include "evenep/detail/bf16.hpp"
+#include "evenep/detail/hash.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/routing.hpp"
 
 namespace evenep::testing {
-
-inline uint64_t cpu_mix(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 // Tag bits of column c of token t of rank r: column 0 holds r, column 1 holds t, the others a hash of all three
 // (exponent < 0x7F: finite, no NaN). Copies are bitwise, so any bit pattern travels unchanged.
@@ -38,7 +32,7 @@ inline Bf16 tag(int r, int t, int c) {
     if (c == 0) return Bf16{static_cast<uint16_t>(r)};
     if (c == 1) return Bf16{static_cast<uint16_t>(t)};
     return Bf16{static_cast<uint16_t>(
-        cpu_mix((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^ static_cast<uint64_t>(c)) &
+        detail::hash64((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^ static_cast<uint64_t>(c)) &
         0x3FFF)};
 }
 
@@ -80,10 +74,22 @@ inline std::vector<cpu::RankTokens> tagged_tokens(const BufferConfig& cfg, const
 // Random finite bf16 values U(-1, 1), a pure function of (seed, index).
 inline std::vector<Bf16> random_bf16(size_t n, uint64_t seed) {
     std::vector<Bf16> v(n);
-    for (size_t i = 0; i < n; ++i) {
-        const float u = static_cast<float>(cpu_mix(seed * 0x100000001B3ull + i) >> 40) * (1.0f / 16777216.0f);
-        v[i] = float_to_bf16(2.0f * u - 1.0f);
-    }
+    for (size_t i = 0; i < n; ++i) v[i] = detail::random_bf16(detail::hash64(seed * 0x100000001B3ull + i), 1.0f);
+    return v;
+}
+
+// Random floats U(-1, 1), a pure function of (seed, index) (the values the GPU tests upload and expect back).
+inline std::vector<float> random_floats(size_t n, uint64_t seed) {
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = 2.0f * detail::unit_float(detail::hash64(seed * 0x100000001B3ull + i)) - 1.0f;
+    return v;
+}
+
+// random_floats(n, seed) rounded to bf16, as raw bits.
+inline std::vector<uint16_t> random_bf16_bits(size_t n, uint64_t seed) {
+    const std::vector<float> f = random_floats(n, seed);
+    std::vector<uint16_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]).bits;
     return v;
 }
 

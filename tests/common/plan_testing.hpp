@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "evenep/config.hpp"
+#include "evenep/detail/hash.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/routing.hpp"
 
@@ -22,12 +23,7 @@ namespace evenep::testing {
 class TestRng {
   public:
     explicit TestRng(uint64_t seed) : state_(seed) {}
-    uint64_t next() {
-        uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
+    uint64_t next() { return detail::splitmix64_next(state_); }
     // Uniform integer in [0, n), n >= 1.
     int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
     // Uniform integer in [lo, hi].

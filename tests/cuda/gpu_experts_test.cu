@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_testing.hpp"
 #include "common/plan_testing.hpp"
 #include "evenep/cuda/ep.hpp"
 #include "evenep/cuda/experts.hpp"
@@ -27,7 +28,6 @@ namespace evenep::cuda {
 namespace {
 
 using testing::GroupIo;
-using testing::TestRng;
 
 struct Shape {
     int R, E, B, P;
@@ -44,19 +44,8 @@ struct Fixture {
     Plan plan;
 };
 
-std::vector<float> host_floats(size_t n, uint64_t seed) {
-    TestRng rng(seed);
-    std::vector<float> v(n);
-    for (float& f : v) f = static_cast<float>(rng.uniform() * 2.0 - 1.0);
-    return v;
-}
-
-std::vector<uint16_t> host_bf16(size_t n, uint64_t seed) {
-    const std::vector<float> f = host_floats(n, seed);
-    std::vector<uint16_t> v(n);
-    for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]).bits;
-    return v;
-}
+std::vector<float> host_floats(size_t n, uint64_t seed) { return testing::random_floats(n, seed); }
+std::vector<uint16_t> host_bf16(size_t n, uint64_t seed) { return testing::random_bf16_bits(n, seed); }
 
 template <typename T>
 void put(T* dev, const std::vector<T>& v) {

@@ -332,21 +332,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes,
 
 // ---- Experts ----
 
-std::vector<float> host_floats(size_t n, uint64_t seed) {
-    std::vector<float> v(n);
-    for (size_t i = 0; i < n; ++i) {
-        const float u = static_cast<float>(testing::cpu_mix(seed * 0x100000001B3ull + i) >> 40) * (1.0f / 16777216.0f);
-        v[i] = 2.0f * u - 1.0f;
-    }
-    return v;
-}
-
-std::vector<uint16_t> host_bf16(size_t n, uint64_t seed) {
-    const std::vector<float> f = host_floats(n, seed);
-    std::vector<uint16_t> v(n);
-    for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]).bits;
-    return v;
-}
+std::vector<float> host_floats(size_t n, uint64_t seed) { return testing::random_floats(n, seed); }
+std::vector<uint16_t> host_bf16(size_t n, uint64_t seed) { return testing::random_bf16_bits(n, seed); }
 
 template <typename T>
 void put(T* dev, const std::vector<T>& v) {

@@ -40,9 +40,9 @@
 #include <vector>
 
 #include "evenep/config.hpp"
-#include "evenep/cuda/layout.hpp"
 #include "evenep/cuda/team.hpp"
 #include "evenep/cuda/types.hpp"
+#include "evenep/detail/ep_layout.hpp"
 #include "evenep/plan.hpp"
 
 namespace evenep::cuda {

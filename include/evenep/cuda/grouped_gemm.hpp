@@ -51,6 +51,10 @@ struct GemmCostModel {
     const char* source = "";  // where the coefficients come from (calibration run or estimate)
 };
 GemmCostModel grouped_gemm_cost_model();
+// Modelled time (µs on one SM) of one group of `rows` rows under `m`, unsplit: forward / dgrad (`op`) on weights
+// [in, out], or wgrad (`wgrad` true, `op` ignored) of the gradient [in, out]. The formula the kLoadAware scheduler
+// balances (evenep/detail/gemm_cost.hpp); a call's balanced makespan is the sum over its groups / SMs.
+float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, int rows, int in, int out);
 // True when grouped_gemm's kAuto picks the Hopper kernel on the current device.
 bool grouped_gemm_has_wgmma();
 
@@ -112,7 +116,8 @@ void grouped_gemm_check(const void* workspace, int num_groups, cudaStream_t stre
 // Persistent blocks the GEMM launches on the current device (multiprocessors x co-resident blocks) for kAuto.
 int grouped_gemm_grid_blocks(GemmOp op);
 
-// Fills p[0, n) with bf16 values uniform in [-scale, scale), a pure function of (seed, index) (benchmarks).
+// Fills p[0, n) with bf16 values uniform in [-scale, scale): element i is
+// detail::random_bf16(detail::hash64(seed, i), scale) (evenep/detail/hash.hpp), deterministic (benchmarks, tests).
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, float scale, cudaStream_t stream);
 
 }  // namespace evenep::cuda

@@ -108,6 +108,17 @@ inline constexpr int kProjDown = 2;
 EVENEP_HOST_DEVICE constexpr int64_t proj_in_dim(int proj, int64_t H, int64_t F) { return proj == kProjDown ? F : H; }
 EVENEP_HOST_DEVICE constexpr int64_t proj_out_dim(int proj, int64_t H, int64_t F) { return proj == kProjDown ? H : F; }
 
+// Places one region of `bytes` per projection from byte `off` on (each aligned); returns the offset after them.
+EVENEP_HOST_DEVICE constexpr int64_t place_per_projection(int64_t (&offsets)[kNumProjections],
+                                                          int64_t off,
+                                                          int64_t bytes) {
+    for (int p = 0; p < kNumProjections; ++p) {
+        offsets[p] = off;
+        off += align_bytes(bytes);
+    }
+    return off;
+}
+
 // One rank's process-wide expert pool, shared by all MoE layers: per projection B prefetch slots (bf16 weights)
 // and the fp32 reduce buffer of the slots' weight gradients. The group-wide view of a reduce buffer is
 // [R, B, in, out] (this rank's part is [B, in, out]).
@@ -119,19 +130,9 @@ struct ExpertPoolLayout {
 
     EVENEP_HOST_DEVICE static constexpr ExpertPoolLayout make(int64_t B, int64_t H, int64_t F) {
         ExpertPoolLayout l{};
-        l.B = B;
-        l.H = H;
-        l.F = F;
-        int64_t off = 0;
-        for (int p = 0; p < kNumProjections; ++p) {
-            l.slot_w_offset[p] = off;
-            off += align_bytes(B * l.expert_elems() * 2);
-        }
-        for (int p = 0; p < kNumProjections; ++p) {
-            l.slot_grad_offset[p] = off;
-            off += align_bytes(B * l.expert_elems() * 4);
-        }
-        l.total_bytes = off;
+        l.B = B, l.H = H, l.F = F;
+        const int64_t off = place_per_projection(l.slot_w_offset, 0, B * l.expert_elems() * 2);
+        l.total_bytes = place_per_projection(l.slot_grad_offset, off, B * l.expert_elems() * 4);
         return l;
     }
     EVENEP_HOST_DEVICE constexpr int64_t expert_elems() const { return H * F; }  // every projection has H*H'
@@ -153,15 +154,8 @@ struct ExpertWeightsLayout {
 
     EVENEP_HOST_DEVICE static constexpr ExpertWeightsLayout make(int64_t epn, int64_t H, int64_t F) {
         ExpertWeightsLayout l{};
-        l.epn = epn;
-        l.H = H;
-        l.F = F;
-        int64_t off = 0;
-        for (int p = 0; p < kNumProjections; ++p) {
-            l.w_offset[p] = off;
-            off += align_bytes(epn * H * F * 2);
-        }
-        l.total_bytes = off;
+        l.epn = epn, l.H = H, l.F = F;
+        l.total_bytes = place_per_projection(l.w_offset, 0, epn * H * F * 2);
         return l;
     }
     EVENEP_HOST_DEVICE constexpr int64_t expert_elems() const { return H * F; }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "evenep/detail/align.hpp"
 #include "evenep/detail/host_device.hpp"
 
 namespace evenep::detail {
@@ -15,8 +16,6 @@ inline constexpr int kMaxTopK = 32;  // SPEC §1: K <= 32
 // Encoded destination of a masked (expert id == -1) entry. Distinct from every encoded value:
 // first-payload destinations are >= 0 and duplicates are -dst-1 >= -(R*NvS) > INT32_MIN.
 inline constexpr int32_t kMaskedDst = INT32_MIN;
-
-EVENEP_HOST_DEVICE constexpr int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 // Rows of the receive buffer of every rank: align_up(S*K + (tp-1)*2*epn, tp) (SPEC invariant 4).
 EVENEP_HOST_DEVICE constexpr int64_t recv_rows(int64_t S, int64_t K, int64_t epn, int64_t tp) {

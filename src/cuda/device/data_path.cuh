@@ -6,7 +6,7 @@
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
 #include "evenep/cuda/detail/launchers.hpp"
-#include "evenep/cuda/layout.hpp"
+#include "evenep/detail/ep_layout.hpp"
 #include "evenep/detail/layout.hpp"
 
 namespace evenep::cuda::device {

@@ -19,7 +19,7 @@
 
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
-#include "evenep/cuda/layout.hpp"
+#include "evenep/detail/ep_layout.hpp"
 #include "evenep/detail/plan_core.hpp"
 
 namespace evenep::cuda::device {

@@ -21,26 +21,6 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
     return t;
 }
 
-__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
-    uint32_t v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void st_release(uint32_t* p, uint32_t v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 // Identity of the calling block inside a launch that covers every virtual rank.
 struct RankCtx {
     int rank;        // virtual rank this block acts for
@@ -89,7 +69,7 @@ __device__ inline void record_error(const TeamView& t,
     atomicExch(t.abort, 1u);
 }
 
-__device__ __forceinline__ bool aborted(const TeamView& t) { return ld_relaxed(t.abort) != 0; }
+__device__ __forceinline__ bool aborted(const TeamView& t) { return ld_relaxed_gpu(t.abort) != 0; }
 
 // Spins until ld.acquire(*p) satisfies `ready`; false on abort or timeout (a timeout is recorded and printed, and
 // traps with TimeoutAction::kTrap). `peer` names whom the caller waits for (-1: its own rank's blocks).
@@ -101,7 +81,7 @@ __device__ bool wait_acquire(
     const uint64_t start = global_timer_ns();
     uint32_t backoff = 16;
     for (;;) {
-        const uint32_t v = peer >= 0 ? team_flag_load(t, p) : ld_acquire(p);
+        const uint32_t v = peer >= 0 ? team_flag_load(t, p) : ld_acquire_gpu(p);
         if (ready(v)) return true;
         if (aborted(t)) return false;
         const uint64_t waited = global_timer_ns() - start;
@@ -132,7 +112,7 @@ __device__ inline bool barrier(const TeamView& t, const RankCtx& c, Phase phase,
         } else {
             const int R = t.num_ranks;
             uint32_t* gen_p = t.local_gen + c.rank;
-            const uint32_t gen = ld_acquire(gen_p);
+            const uint32_t gen = ld_acquire_gpu(gen_p);
             __threadfence();  // cumulative over the block's writes gathered by __syncthreads
             const uint32_t arrived = atomicAdd(t.local_arrive + c.rank, 1u);
             if (arrived == static_cast<uint32_t>(c.num_blocks - 1)) {
@@ -151,7 +131,7 @@ __device__ inline bool barrier(const TeamView& t, const RankCtx& c, Phase phase,
                     team_fence(t);
                 }
                 __threadfence();
-                st_release(gen_p, gen + 1);  // releases the rank's blocks; publishes the team's writes to them
+                st_release_gpu(gen_p, gen + 1);  // releases the rank's blocks; publishes the team's writes to them
             } else {
                 ok = wait_acquire(
                     t, gen_p, [gen](uint32_t v) { return v != gen; }, c.rank, -1, phase, 2 * t.timeout_ns + 1000000ull);

@@ -93,21 +93,39 @@ __device__ __forceinline__ void gather_weights(
         out_w[lane] = te.live ? EpLayout::at<float>(peers[te.drank], L.recv_w())[te.row] : 0.0f;
 }
 
+// What both combine kernels start from: the rank's shape, the calling warp among the rank's warps, the team's bases.
+struct CombineCtx {
+    int K, H, num_vec;
+    int lane, warp, num_warps;  // lane of the thread; warp among the num_warps warps serving the rank
+    char* const* peers;
+    char* base;  // this rank's symmetric allocation
+    bool apply;  // multiply rows by their route weights
+};
+
+template <int kThreads>
+__device__ __forceinline__ CombineCtx combine_ctx(const DataParams& p, const device::RankCtx& c) {
+    constexpr int kWarps = kThreads / kWarpSize;
+    CombineCtx x;
+    x.K = p.lay.K, x.H = p.lay.H, x.num_vec = p.lay.H / kBf16PerVec;
+    x.lane = threadIdx.x % kWarpSize;
+    x.warp = c.block * kWarps + static_cast<int>(threadIdx.x) / kWarpSize, x.num_warps = c.num_blocks * kWarps;
+    x.peers = p.team.peers, x.base = p.team.peers[c.rank];
+    x.apply = p.apply_weights != 0;
+    return x;
+}
+
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) combine_pull_kernel(const DataParams p) {
-    constexpr int kWarps = kThreads / kWarpSize;
     const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
     if (!device::barrier(p.team, c, Phase::kCombineReady, true)) return;
     const EpLayout& L = p.lay;
-    const int K = L.K, H = L.H, num_vec = H / kBf16PerVec;
-    const int lane = threadIdx.x % kWarpSize;
-    const int gw = c.block * kWarps + static_cast<int>(threadIdx.x) / kWarpSize, num_warps = c.num_blocks * kWarps;
-    char* const* peers = p.team.peers;
-    char* base = peers[c.rank];
+    const CombineCtx x = combine_ctx<kThreads>(p, c);
+    const int K = x.K, H = x.H, num_vec = x.num_vec, lane = x.lane, gw = x.warp, num_warps = x.num_warps;
+    char* const* peers = x.peers;
+    const bool apply = x.apply;
     const int s = p.s[c.rank];
     const RankIo io = p.io[c.rank];
-    const int32_t* dst = EpLayout::at<int32_t>(base, L.dst);
-    const bool apply = p.apply_weights != 0;
+    const int32_t* dst = EpLayout::at<int32_t>(x.base, L.dst);
     for (int t = gw; t < s; t += num_warps) {
         const device::TokenEntries te = device::load_token_entries(dst + static_cast<int64_t>(t) * K, K, L.nvs, lane);
         const float w = lane < K ? io.topk_w[static_cast<int64_t>(t) * K + lane] : 0.0f;
@@ -130,16 +148,14 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(const DataParams
 
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams p) {
-    constexpr int kWarps = kThreads / kWarpSize;
     const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
     if (!device::barrier(p.team, c, Phase::kCombineReady, true)) return;
     const EpLayout& L = p.lay;
-    const int K = L.K, H = L.H, num_vec = H / kBf16PerVec;
-    const int lane = threadIdx.x % kWarpSize;
-    const int gw = c.block * kWarps + static_cast<int>(threadIdx.x) / kWarpSize, num_warps = c.num_blocks * kWarps;
-    char* const* peers = p.team.peers;
-    char* base = peers[c.rank];
-    const bool apply = p.apply_weights != 0;
+    const CombineCtx x = combine_ctx<kThreads>(p, c);
+    const int K = x.K, H = x.H, num_vec = x.num_vec, lane = x.lane, gw = x.warp, num_warps = x.num_warps;
+    char* const* peers = x.peers;
+    char* base = x.base;
+    const bool apply = x.apply;
     const int64_t unit_bytes = L.buf.stage_unit_bytes(), units_per_rank = L.buf.stage_units();
 
     // ---- Destination: one partial per chain head, into the source's staging units. ----

@@ -6,6 +6,7 @@
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "evenep/cuda/detail/launchers.hpp"
+#include "evenep/cuda/grouped_gemm.hpp"
 
 namespace evenep::cuda {
 namespace {
@@ -28,18 +29,6 @@ __global__ void __launch_bounds__(kCopyThreads) copy_vec16_kernel(uint4* dst, co
             const size_t v = base + static_cast<size_t>(u) * kCopyThreads;
             if (v < num_vec) device::st_v4(dst + v, buf[u]);
         }
-    }
-}
-
-__global__ void fill_random_bf16_kernel(uint16_t* dst, size_t n, uint64_t seed) {
-    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        uint64_t z = seed * 0x9E3779B97F4A7C15ull + i;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-        dst[i] = device::float_to_bf16_bits(2.0f * u - 1.0f);
     }
 }
 
@@ -72,7 +61,7 @@ void launch_store_rank_io(RankIo* d_table, int first, std::span<const RankIo> en
 }
 
 void launch_fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, cudaStream_t stream) {
-    fill_random_bf16_kernel<<<1024, 256, 0, stream>>>(dst, n, seed);
+    fill_random_bf16(dst, n, seed, 1.0f, stream);
     check_launch(stream);
 }
 

@@ -17,6 +17,10 @@
 #include "cuda/kernels/grouped_gemm_sm90.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
+#include "evenep/detail/align.hpp"
+#include "evenep/detail/bf16.hpp"
+#include "evenep/detail/gemm_cost.hpp"
+#include "evenep/detail/hash.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {
@@ -131,14 +135,8 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 }
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    // Round to nearest even; NaN stays NaN.
-    auto cvt = [](float f) -> uint32_t {
-        uint32_t u = __float_as_uint(f);
-        if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
-        u += 0x7FFFu + ((u >> 16) & 1u);
-        return u >> 16;
-    };
-    return cvt(lo) | (cvt(hi) << 16);
+    // Round to nearest even; NaN becomes the canonical NaN (evenep/detail/bf16.hpp).
+    return static_cast<uint32_t>(float_to_bf16(lo).bits) | (static_cast<uint32_t>(float_to_bf16(hi).bits) << 16);
 }
 
 constexpr int kFwd = 0, kDgr = 1, kWgr = 2;
@@ -349,12 +347,7 @@ __global__ void __launch_bounds__(kThreads) grouped_gemm_kernel(const uint16_t* 
 __global__ void fill_random_kernel(uint16_t* p, size_t n, uint64_t seed, float scale) {
     for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);  // SplitMix64 of (seed, i)
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-        p[i] = static_cast<uint16_t>(pack_bf16x2((2.f * u - 1.f) * scale, 0.f) & 0xFFFFu);
+        p[i] = detail::random_bf16(detail::hash64(seed, i), scale).bits;
     }
 }
 
@@ -437,6 +430,19 @@ void grouped_gemm_check(const void* workspace, int num_groups, cudaStream_t stre
 bool grouped_gemm_has_wgmma() { return sm90::supported(); }
 
 GemmCostModel grouped_gemm_cost_model() { return sm90::cost_model(); }
+
+float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, int rows, int in, int out) {
+    if (rows <= 0) return 0.0f;
+    const int K = op == GemmOp::kForward ? in : out, N = op == GemmOp::kForward ? out : in;
+    const int k_blocks = static_cast<int>(detail::ceil_div(K, detail::kGemmKBlock));
+    // wgrad tiles the [in, out] gradient: m over in, n over out (src/cuda/kernels/grouped_gemm_sm90.cu).
+    const int m_tiles = static_cast<int>(detail::ceil_div(in, detail::kGemmTileRows));
+    const int n_tiles = static_cast<int>(detail::ceil_div(wgrad ? out : N, detail::kGemmTileCols));
+    const int units = detail::gemm_group_units(wgrad, rows, m_tiles, n_tiles);
+    const int kb = detail::gemm_group_k_blocks(wgrad, rows, k_blocks);
+    return wgrad ? detail::gemm_group_cost_us(units, kb, m.c_tile_wgrad, m.c_kblock_wgrad)
+                 : detail::gemm_group_cost_us(units, kb, m.c_tile, m.c_kblock);
+}
 
 namespace {
 // Whether this call runs the Hopper kernel.

@@ -18,14 +18,7 @@
 // rows past the group's end load as zeros, so a partial last k-block of a wgrad chunk needs no masking and a
 // forward tile never reads another group's rows into a stored row.
 //
-// Scheduling (prepare kernel, one block, before the GEMM on the same stream): units are laid out segment by
-// segment (a segment = a group, or in wgrad one chunk of a group's rows). kFixed: groups in index order, wgrad
-// unsplit, unit u to block u mod grid. kLoadAware: the cost model (gemm_cost_model.inc, calibrated by `evenep bench
-// gemm --calibrate`) prices a unit as c_tile + c_kblock * k-blocks; in wgrad a group whose unit would cost more
-// than kSplitFraction of the per-SM share of the total is split into chunks of whole k-blocks; segments are ordered
-// by decreasing unit cost and handed out by an atomic counter: forward/dgrad from the front (longest first, short
-// ones fill the tail); wgrad alternately from both ends, so that compute-bound tiles (long groups) and
-// memory-bound ones (short groups, whose cost is mostly the fp32 reduction) run side by side.
+// Scheduling: the prepare kernel (grouped_gemm_sm90_schedule.cuh) orders the work units by the cost model.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -38,199 +31,13 @@
 
 #include "cuda/device/sm90.cuh"
 #include "cuda/kernels/grouped_gemm_sm90.hpp"
+#include "cuda/kernels/grouped_gemm_sm90_schedule.cuh"
 #include "evenep/cuda/check.hpp"
+#include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda::sm90 {
 namespace {
-
-#include "cuda/kernels/gemm_cost_model.inc"
-
-constexpr int kBm = 128, kBn = 256, kBk = 64;
-constexpr int kThreads = 384;
-constexpr int kModeFwd = 0, kModeDgr = 1, kModeWgr = 2;
-constexpr uint32_t kABytes = kBm * kBk * 2;  // 16 KiB
-constexpr uint32_t kBBytes = kBk * kBn * 2;  // 32 KiB
-constexpr uint32_t kStageBytes = kABytes + kBBytes;
-constexpr int kStagesMain = 4;  // forward / dgrad with fp32 output (stored straight from registers)
-constexpr int kStagesBf16 = 3;  // forward / dgrad with bf16 output (room for the output staging buffer)
-constexpr int kStagesWgr = 3;   // wgrad (leaves room for the reduction staging buffers)
-constexpr int kStageRow = 72;   // staging row stride in floats (64 + 8: 288 B, 16-B aligned, fewer bank conflicts)
-constexpr uint32_t kStagingBytes = 2 /*WG*/ * 2 /*double buffer*/ * 64 * kStageRow * 4;
-constexpr int kMaxSplit = 16;  // wgrad chunks per group at most
-
-constexpr int kOutRow = 256 + 8;  // bf16 output staging row stride in elements (528 B: conflict-free 4-B writes)
-constexpr uint32_t kOutStagingBytes = 2 /*WG*/ * 64 * kOutRow * 2;
-constexpr int stages_of(int mode, bool out_f32) {
-    return mode == kModeWgr ? kStagesWgr : out_f32 ? kStagesMain : kStagesBf16;
-}
-constexpr uint32_t staging_of(int mode, bool out_f32) {
-    return mode == kModeWgr ? kStagingBytes : out_f32 ? 0 : kOutStagingBytes;
-}
-constexpr size_t smem_bytes(int mode, bool out_f32) {
-    return 1024 /*alignment slack*/ + static_cast<size_t>(stages_of(mode, out_f32)) * kStageBytes +
-           staging_of(mode, out_f32) + 256 /*barriers*/;
-}
-
-// Workspace: [0, 256 G) tensor maps (A_g at 2g, B_g at 2g+1, 128 B each); then the header and segments.
-struct Header {
-    unsigned long long counter;  // dynamic hand-out: units taken from the front (low 32 bits) and the back (high)
-    int32_t total;               // units
-    int32_t nseg;                // segments
-};
-struct Segment {
-    int32_t group;
-    int32_t row_begin;  // wgrad: first row of the chunk, relative to the group
-    int32_t row_end;    // wgrad: one past the last row of the chunk (relative)
-    int32_t units;
-};
-__host__ __device__ inline size_t maps_bytes(int G) { return static_cast<size_t>(G) * 2 * 128; }
-__host__ __device__ inline size_t max_segments(int G) { return static_cast<size_t>(G) * kMaxSplit; }
-
-__host__ __device__ inline const Header* header_of(const uint8_t* ws, int G) {
-    return reinterpret_cast<const Header*>(ws + static_cast<size_t>(G) * 2 * 128);
-}
-
-
-// ---------------------------------------------------------------------------------------------------------------
-// Prepare kernel: per-group tensor maps, then the segment list in schedule order with its unit prefix.
-// ---------------------------------------------------------------------------------------------------------------
-struct PrepareParams {
-    const int32_t* cu;
-    const void* const* ptrs;  // weights (fwd/dgrad) or gradients (wgrad); null = skipped group
-    const uint16_t* a_base;   // x (fwd, wgrad) or dY (dgrad)
-    const uint16_t* b_rows;   // wgrad: dY (B rows follow the group); else null (B = ptrs[g])
-    int64_t lda, ldb;         // elements per row of a_base / b_rows
-    int G;
-    int mode;
-    int n_tiles;   // output column tiles (of kBn)
-    int m_tiles;   // wgrad: gradient row tiles (of kBm)
-    int k_blocks;  // fwd/dgrad: k-blocks per unit
-    int load_aware;
-    int grid;
-    int32_t* error_word;  // see gemm_error_word
-    int accumulate;       // wgrad: 0 = overwrite (never split)
-};
-
-__global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ CUtensorMap tmpl_a,
-                                                       const __grid_constant__ CUtensorMap tmpl_b,
-                                                       PrepareParams p,
-                                                       uint8_t* __restrict__ ws) {
-#if defined(EVENEP_SM90_ENABLED)
-        __shared__ float s_total;
-        if (threadIdx.x == 0) {
-            s_total = 0.f;
-            *p.error_word = 0;
-        }
-        __syncthreads();
-        const int G = p.G;
-        auto rows_of = [&](int g) {  // 0: empty, null or rejected (not 16-byte aligned: TMA needs it)
-            const int r = p.cu[g] - (g == 0 ? 0 : p.cu[g - 1]);
-            return r > 0 && p.ptrs[g] != nullptr && (reinterpret_cast<uintptr_t>(p.ptrs[g]) & 15u) == 0 ? r : 0;
-        };
-        // Unit cost of group g before splitting (µs, the calibrated model) and its chunk count.
-        auto kblocks_of = [&](int g) { return p.mode == kModeWgr ? (rows_of(g) + kBk - 1) / kBk : p.k_blocks; };
-        const float c_tile = p.mode == kModeWgr ? kCostTileWgradUs : kCostTileUs;
-        const float c_kb = p.mode == kModeWgr ? kCostKBlockWgradUs : kCostKBlockUs;
-
-        // 1. tensor maps and the total modelled cost.
-        float local = 0.f;
-        for (int g = threadIdx.x; g < G; g += blockDim.x) {
-            const int r = rows_of(g);
-            const int begin = g == 0 ? 0 : p.cu[g - 1];
-            const int r_all = p.cu[g] - begin;
-            if (r_all > 0 && p.ptrs[g] != nullptr && r == 0) atomicMax(p.error_word, G - g);
-            uint4* ma = reinterpret_cast<uint4*>(ws + static_cast<size_t>(2 * g) * 128);
-            uint4* mb = ma + 8;
-            const uint4* ta = reinterpret_cast<const uint4*>(&tmpl_a);
-            const uint4* tb = reinterpret_cast<const uint4*>(&tmpl_b);
-            for (int i = 0; i < 8; ++i) {
-                ma[i] = ta[i];
-                mb[i] = tb[i];
-            }
-            if (r > 0) {
-                tensormap_set_address(ma, p.a_base + static_cast<int64_t>(begin) * p.lda);
-                tensormap_set_rows(ma, r);
-                if (p.mode == kModeWgr) {
-                    tensormap_set_address(mb, p.b_rows + static_cast<int64_t>(begin) * p.ldb);
-                    tensormap_set_rows(mb, r);
-                } else {
-                    tensormap_set_address(mb, p.ptrs[g]);
-                }
-                const int units = p.mode == kModeWgr ? p.m_tiles * p.n_tiles : (r + kBm - 1) / kBm * p.n_tiles;
-                local += units * (c_tile + c_kb * kblocks_of(g));
-            }
-        }
-        tensormap_release();
-        atomicAdd(&s_total, local);
-        __syncthreads();
-
-        // 2. chunks per group (wgrad, load-aware): cap a unit at kSplitFraction of one SM's share of the work.
-        const float target = kSplitFraction * s_total / static_cast<float>(p.grid);
-        auto chunks_of = [&](int g) {
-            const int kb = kblocks_of(g);
-            if (p.mode != kModeWgr || !p.load_aware || !p.accumulate || kb <= 1) return 1;
-            const float budget = fmaxf(target - c_tile, c_kb * 4.f);
-            int c = static_cast<int>(ceilf(c_kb * kb / budget));
-            c = c < 1 ? 1 : c;
-            c = c > kMaxSplit ? kMaxSplit : c;
-            return c > kb ? kb : c;
-        };
-        // Cost of one unit of group g after splitting: the sort key.
-        auto unit_cost = [&](int g) {
-            const int r = rows_of(g);
-            if (r == 0) return -1.f;
-            const int c = chunks_of(g);
-            const int kb = (kblocks_of(g) + c - 1) / c;
-            return p.mode == kModeWgr ? c_tile + c_kb * kb : static_cast<float>(r);  // fwd/dgrad: longest first
-        };
-
-        // 3. order: kFixed by index; kLoadAware by decreasing unit cost, ties by index (stable rank sort).
-        int32_t* order = reinterpret_cast<int32_t*>(const_cast<Header*>(header_of(ws, G)) + 1);  // [G] scratch
-        Segment* segs = reinterpret_cast<Segment*>(order + G + (G & 1));
-        int32_t* prefix = reinterpret_cast<int32_t*>(segs + max_segments(G));
-        for (int g = threadIdx.x; g < G; g += blockDim.x) {
-            int pos = g;
-            if (p.load_aware) {
-                const float cg = unit_cost(g);
-                pos = 0;
-                for (int h = 0; h < G; ++h) {
-                    const float ch = unit_cost(h);
-                    pos += (ch > cg) || (ch == cg && h < g);
-                }
-            }
-            order[pos] = g;
-        }
-        __syncthreads();
-
-        // 4. segments and the unit prefix (one thread; G is small).
-        if (threadIdx.x == 0) {
-            int nseg = 0, total = 0;
-            for (int i = 0; i < G; ++i) {
-                const int g = order[i];
-                const int r = rows_of(g);
-                if (r == 0) continue;
-                const int c = chunks_of(g);
-                const int kb_per = (kblocks_of(g) + c - 1) / c;
-                const int units = p.mode == kModeWgr ? p.m_tiles * p.n_tiles : (r + kBm - 1) / kBm * p.n_tiles;
-                for (int j = 0; j < c; ++j) {
-                    const int rb = p.mode == kModeWgr ? j * kb_per * kBk : 0;
-                    if (rb >= r) break;
-                    const int re = p.mode == kModeWgr ? min(r, (j + 1) * kb_per * kBk) : r;
-                    segs[nseg] = Segment{g, rb, re, units};
-                    prefix[nseg] = total;
-                    total += units;
-                    ++nseg;
-                }
-            }
-            prefix[nseg] = total;
-            Header* h = const_cast<Header*>(header_of(ws, G));
-            h->counter = 0;
-            h->total = total;
-            h->nseg = nseg;
-        }
-#endif
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // The GEMM.
@@ -302,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
 #if defined(EVENEP_SM90_ENABLED)
         constexpr int kStages = stages_of(kMode, kOutF32);
         extern __shared__ uint8_t smem_raw[];
-        uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+        uint8_t* smem = reinterpret_cast<uint8_t*>(detail::align_up(reinterpret_cast<uintptr_t>(smem_raw), 1024));
         uint8_t* stage_base = smem;
         float* staging = reinterpret_cast<float*>(smem + kStages * kStageBytes);
         uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes +

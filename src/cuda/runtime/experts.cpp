@@ -4,12 +4,13 @@
 
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
+#include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {
 namespace {
 
-size_t region_bytes(size_t bytes) { return (bytes + 255) / 256 * 256; }
+size_t region_bytes(size_t bytes) { return detail::align_up(bytes, size_t{256}); }
 
 void check_shape(const ExpertsShape& shape) {
     EVENEP_CHECK(shape.num_projections >= 1 && shape.num_projections <= 3,

@@ -7,6 +7,7 @@
 
 #include "cuda/kernels/swiglu.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/detail/align.hpp"
 #include "evenep/detail/buffer_layout.hpp"
 #include "evenep/error.hpp"
 
@@ -19,7 +20,7 @@ using kernels::MoeRankView;
 inline constexpr size_t kRegionAlign = 256;
 inline constexpr int kProjections = detail::kNumProjections;
 
-size_t aligned(size_t bytes) { return (bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign; }
+size_t aligned(size_t bytes) { return detail::align_up(bytes, kRegionAlign); }
 
 }  // namespace
 

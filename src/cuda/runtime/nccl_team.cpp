@@ -23,6 +23,7 @@
 
 #include "cuda/runtime/team_record.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 
 #if defined(EVENEP_HAVE_NCCL)
@@ -158,7 +159,6 @@ void disable_multicast_if_unset() { ::setenv("NCCL_NVLS_ENABLE", "0", 0); }
 
 constexpr size_t kWindowAlign = NCCL_WIN_REQUIRED_ALIGNMENT;
 
-size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // The group's root communicator, one per (unique id, rank) and process: an NCCL unique id bootstraps exactly one
 // communicator, so every team of the process is split from it (ncclCommSplit, collective over the group in
@@ -228,7 +228,7 @@ struct NcclTeam::Impl {
     const NcclWindow& main() const { return *windows.front(); }
 
     const NcclWindow& add_window(size_t bytes) {
-        const size_t size = align_up(bytes > 0 ? bytes : 1, kWindowAlign);
+        const size_t size = detail::align_up(bytes > 0 ? bytes : 1, kWindowAlign);
         auto w = std::make_unique<NcclWindow>();
         const ncclResult_t alloc = ncclMemAlloc(&w->mem, size);
         EVENEP_CHECK_KIND(ErrorKind::kRuntime, alloc == ncclSuccess, "nccl team: rank ", boot.rank,
@@ -389,7 +389,7 @@ NcclTeam::NcclTeam(const NcclBootstrap& boot, size_t bytes_per_rank, const TeamO
         EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.d_word), sizeof(int32_t)));
         EVENEP_CUDA_CHECK(cudaMemset(m.d_word, 0, sizeof(int32_t)));
         // Main window: the caller's bytes, then the barrier flags of every channel.
-        m.bytes_per_rank = align_up(bytes_per_rank > 0 ? bytes_per_rank : 1, 256);
+        m.bytes_per_rank = detail::align_up(bytes_per_rank > 0 ? bytes_per_rank : 1, 256);
         m.flags_off = m.bytes_per_rank;
         m.add_window(m.flags_off + sizeof(uint32_t) * kNcclTeamChannels * R);
         m.local_words = static_cast<size_t>(kNcclTeamChannels) * 2 * R + 2;

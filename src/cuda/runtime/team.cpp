@@ -6,6 +6,7 @@
 
 #include "cuda/runtime/team_record.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {
@@ -179,7 +180,7 @@ LocalTeam::~LocalTeam() { release(); }
 
 const Window& LocalTeam::alloc_window(size_t bytes) {
     auto w = std::make_unique<Window>();
-    w->bytes = (bytes + 255) / 256 * 256;
+    w->bytes = detail::align_up(bytes, 256);
     if (w->bytes == 0) w->bytes = 256;
     w->peers.assign(num_ranks_, nullptr);
     Window& ref = *w;

@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <span>
 
-#include "evenep/cuda/layout.hpp"
 #include "evenep/cuda/team.hpp"
 #include "evenep/cuda/types.hpp"
+#include "evenep/detail/ep_layout.hpp"
 
 namespace evenep::cuda {
 
@@ -90,7 +90,7 @@ int launch_barrier_test(
 // capturable, and the host span need not outlive the call).
 void launch_store_rank_io(RankIo* d_table, int first, std::span<const RankIo> entries, cudaStream_t stream);
 
-// Fills n bf16 values with a hash of (seed, index) mapped to U(-1, 1) (benchmark inputs; deterministic).
+// fill_random_bf16(dst, n, seed, 1.0f, stream) (evenep/cuda/grouped_gemm.hpp): the name the benchmarks use.
 void launch_fill_random_bf16(uint16_t* dst, size_t n, uint64_t seed, cudaStream_t stream);
 
 // Device-to-device copy with 16-byte vectors (the copy-bandwidth anchor); bytes % 16 == 0.

@@ -1,4 +1,5 @@
-// evenep/cuda/layout.hpp — the layout of one virtual rank's symmetric allocation, defined once for host and device.
+// evenep/detail/ep_layout.hpp — the layout of one virtual rank's symmetric allocation, defined once for host and
+// device (an implementation detail of evenep/cuda/ep.hpp: the kernels and the plan download address through it).
 //
 // Every offset is a pure function of (R, E, K, S, tp, B, H, blocks per rank) — never of the
 // routing (SPEC invariant 4). Host code sizes the allocation with total_bytes; kernels address objects through
@@ -16,8 +17,6 @@
 namespace evenep::cuda {
 
 inline constexpr size_t kLayoutAlign = 256;
-
-EVENEP_HOST_DEVICE constexpr size_t align_bytes(size_t x, size_t a = kLayoutAlign) { return (x + a - 1) / a * a; }
 
 // Byte offsets of a plan's arrays inside the rank's allocation (sizes as in evenep/plan.hpp), plus the planner's
 // workspace. Each rank holds its own copy of the whole plan (decentralised planning, SPEC §3).
@@ -91,7 +90,7 @@ struct PlanScratchLayout {
         l.cost_pushed = o, o += 12 * r;
         l.cost_remote = o, o += 12 * r;
         l.groups = o, o += 4 * static_cast<size_t>(kPlanMaxWarps) * 5 * (2 * (e / r));  // per warp: 5 x [G]
-        l.total = (o + 15) / 16 * 16;
+        l.total = detail::align_up(o, 16);
         return l;
     }
 };
@@ -120,7 +119,7 @@ struct EpLayout {
         size_t o = static_cast<size_t>(l.buf.total_bytes);
         auto take = [&o](size_t bytes) {
             const size_t at = o;
-            o = align_bytes(o + bytes);
+            o = detail::align_up(o + bytes, kLayoutAlign);
             return at;
         };
         const size_t RE = static_cast<size_t>(R) * E, RG = static_cast<size_t>(R) * l.G;
