@@ -15,6 +15,7 @@
 #include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/detail/bf16.hpp"
+#include "evenep/detail/hash.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
@@ -38,21 +39,13 @@ using cuda::NcclTeam;
 using cuda::NcclWindowView;
 using cuda::RankIo;
 
-// TODO(one-home): the shared SplitMix64 finaliser (include/evenep/detail/) once it exists.
-uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 // Token payload of (rank, token, column): column 0 holds the rank, column 1 the token, the others a finite hash
 // (|v| < 2), so a received row names its source.
 uint16_t tag_bits(int r, int t, int c) {
     if (c == 0) return static_cast<uint16_t>(r);
     if (c == 1) return static_cast<uint16_t>(t);
     return static_cast<uint16_t>(
-        mix64((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^ static_cast<uint64_t>(c)) & 0x3FFF);
+        detail::hash64((static_cast<uint64_t>(r) << 40) ^ (static_cast<uint64_t>(t) << 16) ^ static_cast<uint64_t>(c)) & 0x3FFF);
 }
 
 bool want(const MultiBenchConfig& c, const std::string& op) {

@@ -121,20 +121,14 @@ struct Variant {
 double predict_us(const std::vector<int32_t>& cu, int in, int out, const std::string& op, int sms) {
     const cuda::GemmCostModel m = cuda::grouped_gemm_cost_model();
     const bool wgrad = op.rfind("wgrad", 0) == 0;
-    const int K = op == "fwd" ? in : out, N = op == "fwd" ? out : in;
     double total = 0;
     int32_t prev = 0;
     for (int32_t e : cu) {
         const int r = e - prev;
         prev = e;
         if (r <= 0) continue;
-        if (wgrad) {
-            const double units = static_cast<double>((in + 127) / 128) * ((out + 255) / 256);
-            total += units * (m.c_tile_wgrad + m.c_kblock_wgrad * ((r + 63) / 64));
-        } else {
-            const double units = static_cast<double>((r + 127) / 128) * ((N + 255) / 256);
-            total += units * (m.c_tile + m.c_kblock * ((K + 63) / 64));
-        }
+        total += cuda::grouped_gemm_group_cost_us(m, op == "fwd" ? cuda::GemmOp::kForward : cuda::GemmOp::kDgrad, wgrad,
+                                                  r, in, out);
     }
     return total / sms;
 }
