@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "evenep/cpu/buffer.hpp"
@@ -44,15 +45,54 @@ inline auto translate(F&& f) -> decltype(f()) {
     }
 }
 
-inline void check_tensor(
-    const at::Tensor& t, const char* op, const char* name, at::ScalarType dtype, std::initializer_list<int64_t> sizes) {
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "evenep.", op, ": ", name, " is on ", t.device(),
-                      ", expected cpu (this op has no kernel for that device yet)");
+// The buffer ids of every backend come from one counter; buffer_info of a CUDA buffer is answered by ops_cuda.cpp
+// through the hook (returns an empty vector for an unknown id).
+int64_t new_buffer_id();
+using BufferInfoHook = std::vector<int64_t> (*)(int64_t id);
+void set_cuda_buffer_info_hook(BufferInfoHook hook);
+
+inline void check_tensor(const at::Tensor& t,
+                         const char* op,
+                         const char* name,
+                         at::ScalarType dtype,
+                         std::initializer_list<int64_t> sizes,
+                         c10::DeviceType device = c10::DeviceType::CPU) {
+    TORCH_CHECK_VALUE(t.device().type() == device, "evenep.", op, ": ", name, " is on ", t.device(), ", expected ",
+                      c10::DeviceTypeName(device, /*lower_case=*/true));
     TORCH_CHECK_VALUE(t.scalar_type() == dtype, "evenep.", op, ": ", name, " has dtype ", t.scalar_type(),
                       ", expected ", dtype);
     TORCH_CHECK_VALUE(t.sizes().equals(sizes), "evenep.", op, ": ", name, " has shape ", t.sizes(), ", expected ",
                       at::IntArrayRef(sizes));
     TORCH_CHECK_VALUE(t.is_contiguous(), "evenep.", op, ": ", name, " is not contiguous");
+}
+
+// s_r of every rank: num_tokens when given (each in [1, s_pad]), else s_pad for all.
+inline std::vector<int32_t> token_counts(const Config& c,
+                                         int64_t s_pad,
+                                         const std::optional<at::IntArrayRef>& num_tokens,
+                                         const char* op) {
+    const int R = c.R;
+    TORCH_CHECK_VALUE(s_pad >= 1 && s_pad <= c.S, "evenep.", op, ": s = ", s_pad,
+                      " tokens per rank, expected 1 <= s <= max_tokens = ", c.S);
+    std::vector<int32_t> s(R, static_cast<int32_t>(s_pad));
+    if (num_tokens) {
+        TORCH_CHECK_VALUE(static_cast<int>(num_tokens->size()) == R, "evenep.", op, ": num_tokens has ",
+                          num_tokens->size(), " values, expected R = ", R);
+        for (int r = 0; r < R; ++r) {
+            TORCH_CHECK_VALUE((*num_tokens)[r] >= 1 && (*num_tokens)[r] <= s_pad, "evenep.", op, ": num_tokens[", r,
+                              "] = ", (*num_tokens)[r], " outside [1, s = ", s_pad, "]");
+            s[r] = static_cast<int32_t>((*num_tokens)[r]);
+        }
+    }
+    return s;
+}
+
+// The group total of unequal token counts (SPEC §1), -1 when every rank has the same count.
+inline int64_t group_total(const std::vector<int32_t>& s) {
+    if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;
+    int64_t total = 0;
+    for (int32_t v : s) total += v;
+    return total;
 }
 
 class Context {
@@ -189,12 +229,6 @@ class Context {
     cpu::LocalTeamGroup& group() { return group_; }
 
   private:
-    static int64_t group_total(const std::vector<int32_t>& s) {
-        if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;
-        int64_t total = 0;
-        for (int32_t v : s) total += v;
-        return total;
-    }
     const Plan& full_plan(const std::vector<int32_t>& s, const std::vector<int32_t>& tpe) {
         if (s != last_s_ || tpe != last_tpe_) {
             last_s_.clear();  // a failed plan leaves no cache entry

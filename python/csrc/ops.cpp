@@ -9,8 +9,8 @@
 // communication buffer holding another dispatch's rows first dispatches its own handle again (re-dispatch, no
 // planning). Normal call orders (dispatch → combine, combine_backward → dispatch_backward) never re-dispatch.
 //
-// CUDA: not built in this phase. The CUDA kernels register under the same schemas with
-// TORCH_LIBRARY_IMPL(evenep, CUDA, m) on top of cuda::Ep (see "CUDA dispatch point" below and docs/python.md).
+// CUDA: python/csrc/ops_cuda.cpp registers the CUDA kernels of the same schemas (TORCH_LIBRARY_IMPL(evenep, CUDA,
+// m)) over cuda::Ep, and the CUDA buffer ops (create_cuda_buffer, ...) as a TORCH_LIBRARY_FRAGMENT.
 // NOTE: Python.h first (it may redefine feature macros the standard headers read).
 #include <Python.h>
 // clang-format off
@@ -18,6 +18,7 @@
 #include <torch/library.h>
 // clang-format on
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -31,7 +32,8 @@ namespace {
 
 std::mutex g_registry_mutex;
 std::map<int64_t, std::shared_ptr<Context>> g_registry;
-int64_t g_next_id = 1;
+std::atomic<int64_t> g_next_id{1};
+std::atomic<BufferInfoHook> g_cuda_info{nullptr};
 
 std::shared_ptr<Context> context(int64_t id) {
     std::lock_guard lock(g_registry_mutex);
@@ -40,25 +42,11 @@ std::shared_ptr<Context> context(int64_t id) {
     return it->second;
 }
 
-// s_r of every rank: num_tokens when given (each in [1, s_pad]), else s_pad for all.
 std::vector<int32_t> tokens(const Context& ctx,
                             int64_t s_pad,
                             const std::optional<at::IntArrayRef>& num_tokens,
                             const char* op) {
-    const int R = ctx.cfg().R;
-    TORCH_CHECK_VALUE(s_pad >= 1 && s_pad <= ctx.cfg().S, "evenep.", op, ": s = ", s_pad,
-                      " tokens per rank, expected 1 <= s <= max_tokens = ", ctx.cfg().S);
-    std::vector<int32_t> s(R, static_cast<int32_t>(s_pad));
-    if (num_tokens) {
-        TORCH_CHECK_VALUE(static_cast<int>(num_tokens->size()) == R, "evenep.", op, ": num_tokens has ",
-                          num_tokens->size(), " values, expected R = ", R);
-        for (int r = 0; r < R; ++r) {
-            TORCH_CHECK_VALUE((*num_tokens)[r] >= 1 && (*num_tokens)[r] <= s_pad, "evenep.", op, ": num_tokens[", r,
-                              "] = ", (*num_tokens)[r], " outside [1, s = ", s_pad, "]");
-            s[r] = static_cast<int32_t>((*num_tokens)[r]);
-        }
-    }
-    return s;
+    return token_counts(ctx.cfg(), s_pad, num_tokens, op);
 }
 
 at::Tensor topk_int32(const Context& ctx, const at::Tensor& topk_idx, const char* op) {
@@ -82,7 +70,7 @@ void copy_rows(at::Tensor& out, int r, const void* src, int64_t rows) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Ops (CPU kernels). CUDA dispatch point: the same schemas get CUDA kernels over cuda::Ep in the next phase.
+// Ops (CPU kernels). The CUDA kernels of the same schemas live in ops_cuda.cpp (over cuda::Ep).
 // ---------------------------------------------------------------------------------------------------------
 
 int64_t create_buffer(int64_t num_ranks,
@@ -106,9 +94,10 @@ int64_t create_buffer(int64_t num_ranks,
         cfg.ffn_hidden = static_cast<int>(ffn_hidden);
         cfg.validate();
         auto ctx = std::make_shared<Context>(cfg, parse_planner_mode(planner));
+        const int64_t id = new_buffer_id();
         std::lock_guard lock(g_registry_mutex);
-        g_registry[g_next_id] = ctx;
-        return g_next_id++;
+        g_registry[id] = ctx;
+        return id;
     });
 }
 
@@ -119,6 +108,10 @@ void release_buffer(int64_t id) {
 
 // [R, E, K, S, H, H', B, tp, NvS, G, plan width]
 std::vector<int64_t> buffer_info(int64_t id) {
+    if (BufferInfoHook hook = g_cuda_info.load()) {
+        std::vector<int64_t> info = hook(id);
+        if (!info.empty()) return info;
+    }
     auto ctx = context(id);
     const Config& c = ctx->cfg();
     return {c.R,
@@ -418,6 +411,10 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_op(const at::Tensor& x,
 }
 
 }  // namespace
+
+int64_t new_buffer_id() { return g_next_id++; }
+void set_cuda_buffer_info_hook(BufferInfoHook hook) { g_cuda_info = hook; }
+
 }  // namespace evenep::python
 
 TORCH_LIBRARY(evenep, m) {
@@ -461,8 +458,8 @@ TORCH_LIBRARY_IMPL(evenep, CPU, m) {
     m.impl("grouped_gemm_dgrad", &grouped_gemm_dgrad_op);
     m.impl("grouped_gemm_wgrad", &grouped_gemm_wgrad_op);
 }
-// CUDA dispatch point: TORCH_LIBRARY_IMPL(evenep, CUDA, m) in python/csrc/ops_cuda.cpp (next phase) registers the
-// same ops over cuda::Ep; until then a CUDA tensor reaches no kernel and torch raises NotImplementedError.
+// CUDA kernels of the same schemas: TORCH_LIBRARY_IMPL(evenep, CUDA, m) in python/csrc/ops_cuda.cpp (built where
+// nvcc and a CUDA torch exist); without it a CUDA tensor reaches no kernel and torch raises NotImplementedError.
 
 // `import evenep._C` loads this library (the ops register at load time); the module itself is empty.
 PyMODINIT_FUNC PyInit__C(void) {
