@@ -87,6 +87,47 @@ inline std::vector<int32_t> token_counts(const Config& c,
     return s;
 }
 
+// The configuration of a buffer from create_buffer's arguments (validated: throws evenep::Error naming the value).
+inline BufferConfig make_buffer_config(int64_t num_ranks,
+                                       int64_t num_experts,
+                                       int64_t top_k,
+                                       int64_t max_tokens,
+                                       int64_t hidden,
+                                       int64_t ffn_hidden,
+                                       int64_t num_slots,
+                                       int64_t token_padding) {
+    BufferConfig cfg;
+    cfg.cfg.R = static_cast<int>(num_ranks);
+    cfg.cfg.E = static_cast<int>(num_experts);
+    cfg.cfg.K = static_cast<int>(top_k);
+    cfg.cfg.S = static_cast<int>(max_tokens);
+    cfg.cfg.B = static_cast<int>(num_slots);
+    cfg.cfg.tp = static_cast<int>(token_padding);
+    cfg.H = static_cast<int>(hidden);
+    cfg.ffn_hidden = static_cast<int>(ffn_hidden);
+    cfg.validate();
+    return cfg;
+}
+
+// buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width].
+inline std::vector<int64_t> buffer_info_of(const BufferConfig& b) {
+    const Config& c = b.cfg;
+    const PlanLayout L{c.E, c.num_groups(), c.num_slots()};
+    return {c.R, c.E, c.K, c.S, b.H, b.ffn_hidden, c.num_slots(), c.tp, c.recv_rows(), c.num_groups(), L.width()};
+}
+
+// The grouped GEMM's weights: weight [E, in, out] and slots [R, B, in, out] of one dtype, contiguous, on `device`.
+inline void check_gemm_weights(const Config& c,
+                               const char* op,
+                               const at::Tensor& w,
+                               const at::Tensor& slots,
+                               c10::DeviceType device = c10::DeviceType::CPU) {
+    TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == c.E, "evenep.", op, ": weight has shape ", w.sizes(),
+                      ", expected [E = ", c.E, ", in, out]");
+    check_tensor(w, op, "weight", w.scalar_type(), {w.size(0), w.size(1), w.size(2)}, device);
+    check_tensor(slots, op, "slots", w.scalar_type(), {c.R, c.num_slots(), w.size(1), w.size(2)}, device);
+}
+
 // The group total of unequal token counts (SPEC §1), -1 when every rank has the same count.
 inline int64_t group_total(const std::vector<int32_t>& s) {
     if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;
@@ -104,6 +145,7 @@ class Context {
     }
 
     const Config& cfg() const { return cfg_.cfg; }
+    const BufferConfig& buffer_config() const { return cfg_; }
     int H() const { return cfg_.H; }
     int ffn_hidden() const { return cfg_.ffn_hidden; }
     int64_t nvs() const { return cfg_.cfg.recv_rows(); }

@@ -68,6 +68,8 @@ void CudaContext::surface_errors(cudaStream_t stream, bool sync) {
         } else {
             what = team_->pending_error();
             if (what.empty()) return;
+            // Not while capturing a graph (a synchronisation would invalidate the capture): raise the record as is.
+            if (stream_capturing(stream)) TORCH_CHECK(false, "evenep: an earlier call failed on the device: ", what);
             ep_->check(stream);  // the record is set: synchronise and throw the error as the team reports it
         }
         return;
@@ -194,16 +196,8 @@ int64_t create_cuda_buffer(int64_t num_ranks,
                            int64_t device,
                            int64_t num_sms) {
     return translate([&] {
-        BufferConfig cfg;
-        cfg.cfg.R = static_cast<int>(num_ranks);
-        cfg.cfg.E = static_cast<int>(num_experts);
-        cfg.cfg.K = static_cast<int>(top_k);
-        cfg.cfg.S = static_cast<int>(max_tokens);
-        cfg.cfg.B = static_cast<int>(num_slots);
-        cfg.cfg.tp = static_cast<int>(token_padding);
-        cfg.H = static_cast<int>(hidden);
-        cfg.ffn_hidden = static_cast<int>(ffn_hidden);
-        cfg.validate();
+        const BufferConfig cfg =
+            make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding);
         auto ctx = std::make_shared<CudaContext>(cfg, parse_planner_mode(planner), static_cast<int>(device),
                                                  static_cast<int>(num_sms));
         const int64_t id = new_buffer_id();
@@ -232,18 +226,7 @@ std::vector<int64_t> cuda_buffer_info(int64_t id) {
         if (it == g_contexts.end()) return {};
         ctx = it->second;
     }
-    const Config& c = ctx->cfg();
-    return {c.R,
-            c.E,
-            c.K,
-            c.S,
-            ctx->H(),
-            ctx->ffn_hidden(),
-            c.num_slots(),
-            c.tp,
-            ctx->nvs(),
-            c.num_groups(),
-            ctx->plan_layout().width()};
+    return buffer_info_of(ctx->buffer_config());
 }
 
 // Synchronises the buffer's current stream and raises what the device recorded (bad expert ids), recovering.

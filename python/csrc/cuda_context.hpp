@@ -57,6 +57,7 @@ class CudaContext {
     ~CudaContext();
 
     const Config& cfg() const { return cfg_.cfg; }
+    const BufferConfig& buffer_config() const { return cfg_; }
     int H() const { return cfg_.H; }
     int ffn_hidden() const { return cfg_.ffn_hidden; }
     int64_t nvs() const { return cfg().recv_rows(); }

@@ -83,16 +83,8 @@ int64_t create_buffer(int64_t num_ranks,
                       int64_t token_padding,
                       std::string planner) {
     return translate([&] {
-        BufferConfig cfg;
-        cfg.cfg.R = static_cast<int>(num_ranks);
-        cfg.cfg.E = static_cast<int>(num_experts);
-        cfg.cfg.K = static_cast<int>(top_k);
-        cfg.cfg.S = static_cast<int>(max_tokens);
-        cfg.cfg.B = static_cast<int>(num_slots);
-        cfg.cfg.tp = static_cast<int>(token_padding);
-        cfg.H = static_cast<int>(hidden);
-        cfg.ffn_hidden = static_cast<int>(ffn_hidden);
-        cfg.validate();
+        const BufferConfig cfg =
+            make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding);
         auto ctx = std::make_shared<Context>(cfg, parse_planner_mode(planner));
         const int64_t id = new_buffer_id();
         std::lock_guard lock(g_registry_mutex);
@@ -112,19 +104,7 @@ std::vector<int64_t> buffer_info(int64_t id) {
         std::vector<int64_t> info = hook(id);
         if (!info.empty()) return info;
     }
-    auto ctx = context(id);
-    const Config& c = ctx->cfg();
-    return {c.R,
-            c.E,
-            c.K,
-            c.S,
-            ctx->H(),
-            ctx->ffn_hidden(),
-            c.num_slots(),
-            c.tp,
-            ctx->nvs(),
-            c.num_groups(),
-            ctx->plan_layout().width()};
+    return buffer_info_of(context(id)->buffer_config());
 }
 
 at::Tensor plan_op(const at::Tensor& topk_idx, int64_t buffer, std::optional<at::IntArrayRef> num_tokens) {
@@ -322,13 +302,6 @@ std::vector<T*> group_table(const Context& ctx, const at::Tensor& plan, int r, T
     return table;
 }
 
-void check_gemm_weights(const Context& ctx, const char* op, const at::Tensor& w, const at::Tensor& slots) {
-    TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == ctx.cfg().E, "evenep.", op, ": weight has shape ", w.sizes(),
-                      ", expected [E = ", ctx.cfg().E, ", in, out]");
-    check_tensor(w, op, "weight", w.scalar_type(), {w.size(0), w.size(1), w.size(2)});
-    check_tensor(slots, op, "slots", w.scalar_type(), {ctx.cfg().R, ctx.cfg().num_slots(), w.size(1), w.size(2)});
-}
-
 // fwd (transposed = false): out[r] = x[r] · W_g per group, x [R, NvS, a] → [R, NvS, b] fp32.
 // dgrad (transposed = true): out[r] = x[r] · W_g^T, x [R, NvS, b] → [R, NvS, a] fp32. Padding rows are 0.
 // Weights are used as bf16 (fp32 weights are rounded to bf16 first, as stored in the library's pools).
@@ -342,7 +315,7 @@ at::Tensor grouped_gemm_impl(const char* op,
     auto ctx = context(buffer);
     return translate([&] {
         const Config& c = ctx->cfg();
-        check_gemm_weights(*ctx, op, w, slots);
+        check_gemm_weights(c, op, w, slots);
         check_tensor(plan, op, "plan", at::kInt, {c.R, ctx->plan_layout().width()});
         const int64_t a = w.size(1), b = w.size(2), in = transposed ? b : a, out_dim = transposed ? a : b;
         check_tensor(x, op, "x", at::kBFloat16, {c.R, ctx->nvs(), in});

@@ -301,9 +301,8 @@ at::Tensor grouped_gemm_impl(const char* op,
         const CudaContext& ctx = *sc.ctx;
         const Config& c = ctx.cfg();
         const PlanLayout L = ctx.plan_layout();
-        TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == c.E, "evenep.", op, ": weight has shape ", w.sizes(),
-                          ", expected [E = ", c.E, ", in, out]");
-        check_cuda(ctx, w, op, "weight", w.scalar_type(), {c.E, w.size(1), w.size(2)});
+        check_gemm_weights(c, op, w, slots, c10::DeviceType::CUDA);
+        check_cuda(ctx, w, op, "weight", w.scalar_type(), {c.E, w.size(1), w.size(2)});  // and the buffer's GPU
         check_cuda(ctx, slots, op, "slots", w.scalar_type(), {c.R, L.B, w.size(1), w.size(2)});
         check_plan(ctx, plan, op);
         const int64_t a = w.size(1), b = w.size(2), in = transposed ? b : a, out_dim = transposed ? a : b;

@@ -83,8 +83,9 @@ def grouped_mm_moe(moe, x, topk_idx, topk_w):
     return out.reshape(x.shape).to(x.dtype)
 
 
-def _graph(step):
-    """Captures step() (after a warm-up on a side stream) and returns the replay."""
+def capture(step):
+    """Captures step() into a CUDA graph after two warm-up calls on a side stream (allocations, autograd and
+    optimizer state); returns (replay, what the captured call returned: static tensors updated by each replay)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -93,8 +94,8 @@ def _graph(step):
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        step()
-    return g.replay
+        out = step()
+    return g.replay, out
 
 
 def main(argv=None):
@@ -156,7 +157,7 @@ def main(argv=None):
             if step is None:
                 continue
             try:
-                add(f"MoE fwd+bwd {name} graph", _graph(step))
+                add(f"MoE fwd+bwd {name} graph", capture(step)[0])
             except RuntimeError as e:
                 print(f"# {name} graph skipped: {str(e).splitlines()[0]}")
 

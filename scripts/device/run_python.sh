@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python package on the GPU machine, in one call: builds and installs evenep (CUDA ops included) into a
 # virtual environment that uses the preinstalled torch, runs pytest (the GPU tests included) and the CUDA benchmark.
-# Logs go to $OUT (3 files: build.log, pytest.log, bench.log — the benchmark's JSON is appended to bench.log).
+# Logs go to $OUT (3 files: build.log, pytest.log, bench.log — the benchmark's JSON and 30 steps of
+# examples/train_moe.py on the GPU, both back-ends, are appended to bench.log).
 #
 # On the device machine (no network), from the repository root, with the Debian dev packages carried in .devdeps:
 #   source .devdeps/unpack.sh && scripts/device/run_python.sh [--no-tests] [--no-bench] [--quick]
@@ -27,26 +28,38 @@ export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 [ -n "${DEPS_PREFIX:-}" ] && export CMAKE_PREFIX_PATH=$DEPS_PREFIX${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
 export CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)}
 venv=${EVENEP_VENV:-/tmp/evenep-venv}
+site=/tmp/evenep-site
 status=0
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+
+# Where the package goes: a venv over the system site-packages (the preinstalled torch), or, where python3 cannot
+# make one (no venv module), pip --target into $site on PYTHONPATH.
+py=$venv/bin/python
+pip_target=()
+if ! { [ -x "$py" ] || python3 -m venv --system-site-packages "$venv" > /dev/null 2>&1; } ||
+   ! "$py" -c "import torch, scikit_build_core" > /dev/null 2>&1; then
+  py=python3
+  pip_target=(--target "$site" --upgrade)
+  export PYTHONPATH=$site
+fi
 
 # ---- build and install (a subshell: its exit is the build's status) ----
 (
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
   nvcc --version | tail -1; cmake --version | head -1; ninja --version
   python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'device', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
-  [ -x "$venv/bin/python" ] || python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -c "import torch, pytest, numpy, scikit_build_core; print('venv ok', scikit_build_core.__version__)"
+  "$py" -c "import torch, pytest, numpy, scikit_build_core; print('$py ok: scikit-build-core', scikit_build_core.__version__)"
+  echo "pip install into ${pip_target[*]:-$venv}"
   # The extension builds against this torch (no build isolation, nothing downloaded); CUDA ops: nvcc + CUDA torch.
-  "$venv/bin/python" -m pip install --no-build-isolation --no-deps --no-index -v \
-    -C cmake.define.CMAKE_CUDA_ARCHITECTURES=90a -C cmake.define.EVENEP_WERROR=OFF . 2>&1 | grep -vE "^  (copying|adding)"
+  "$py" -m pip install --no-build-isolation --no-deps --no-index -v "${pip_target[@]}" \
+    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a --config-settings=cmake.define.EVENEP_WERROR=OFF . \
+    2>&1 | grep -vE "^  (copying|adding)"
   rc=${PIPESTATUS[0]}
-  echo "pip install rc=$rc"
+  echo "pip install rc=$rc ($(elapsed))"
   exit "$rc"
 ) > "$OUT/build.log" 2>&1
 build_rc=$?
-py=$venv/bin/python
 if [ $build_rc -ne 0 ]; then
   # Fallback: the CMake build directly, the module copied next to the sources, PYTHONPATH=python.
   echo "pip install failed (rc=$build_rc): building with CMake directly" | tee -a "$OUT/build.log"
@@ -87,8 +100,13 @@ if [ $run_bench -eq 1 ]; then
   rc=$?
   [ $rc -ne 0 ] && status=1
   [ -f /tmp/evenep-bench.json ] && { echo "# --json:"; cat /tmp/evenep-bench.json; } >> "$OUT/bench.log"
+  # The example LM on the GPU, both back-ends from the same weights (loss curves agree within bf16 noise).
+  for b in evenep reference; do
+    echo "# examples/train_moe.py --device cuda --backend $b --steps 30" >> "$OUT/bench.log"
+    timeout 90 "$py" examples/train_moe.py --device cuda --backend $b --steps 30 >> "$OUT/bench.log" 2>&1 || status=1
+  done
   echo "bench rc=$rc ($(elapsed)):"
-  grep -vE '^\s*[{}\[\]"]' "$OUT/bench.log" | grep -v "^# --json" | head -30
+  grep -vE '^\s*[{}\[\]"]' "$OUT/bench.log" | grep -v "^# --json" | head -60
 fi
 echo "total $(elapsed), status $status"
 exit $status

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import evenep
+from evenep.bench import capture
 from conftest import ROUTINGS, make_routing, make_weights, rel_err
 
 pytestmark = [
@@ -218,19 +219,10 @@ def test_cuda_graph_training_step(pair):
         opt.step()
         return loss.detach()
 
-    # Warm-up on a side stream (allocations, autograd, optimizer state) on copies of the parameters, then capture.
-    # The warm-up changes the weights: restore them (and zero the momentum-free SGD's grads) before replaying.
+    # Warm-up (on a side stream) and capture; the warm-up changes the weights: restore them before replaying.
     saved = {k: v.clone() for k, v in moe.state_dict().items()}
     sx.copy_(xs[0]), sidx.copy_(routings[0][0]), sw.copy_(routings[0][1])
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_loss = step()
+    replay, static_loss = capture(step)
     with torch.no_grad():
         for k, v in moe.state_dict().items():
             v.copy_(saved[k])
@@ -239,7 +231,7 @@ def test_cuda_graph_training_step(pair):
     losses = []
     for x, (idx, w) in zip(xs, routings):
         sx.copy_(x), sidx.copy_(idx), sw.copy_(w)
-        graph.replay()
+        replay()
         losses.append(static_loss.clone())
     torch.cuda.synchronize()
     gpu.check()
