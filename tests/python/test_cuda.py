@@ -7,6 +7,8 @@ CUDA-graph capture of a whole forward+backward+optimizer step replayed with chan
 steps; torch.compile(fullgraph=True); bad input (raises, the buffer stays usable).
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -160,6 +162,24 @@ def test_moe_forward_backward_vs_torch(pair, kind):
         if kind != "router" and name == "router_weight":
             continue
         assert rel_err(g, gr) <= 3e-2, name
+    gpu.check()
+
+
+def test_moe_shared_expert_side_stream(pair):
+    _, gpu = pair
+    i = gpu.info
+    torch.manual_seed(3)
+    shared = torch.nn.Linear(i.H, i.H).cuda()
+    moe = evenep.nn.MoE(i.H, i.ffn_hidden, i.E, i.K, buffer=gpu, shared_expert=shared).cuda()
+    ref = evenep.nn.TorchMoE(i.H, i.ffn_hidden, i.E, i.K, shared_expert=copy.deepcopy(shared)).cuda()
+    ref.load_state_dict(moe.state_dict())
+    x = torch.randn(i.R, i.S, i.H, device="cuda")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, out_r = moe(xa), ref(xb)
+    out.square().mean().backward()
+    out_r.square().mean().backward()
+    assert rel_err(out, out_r) <= 2e-2 and rel_err(xa.grad, xb.grad) <= 3e-2
+    assert rel_err(moe.shared_expert.weight.grad, ref.shared_expert.weight.grad) <= 3e-2
     gpu.check()
 
 
