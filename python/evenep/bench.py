@@ -61,6 +61,23 @@ def _routing(kind, R, s, E, K, gen):
     return idx
 
 
+_GMM_COLUMN_MAJOR = []  # [bool] once known: whether torch._grouped_mm wants the 3-D operand column-major
+
+
+def _gmm(a, b, offs):
+    """torch._grouped_mm(a, b [G, K, N], offs) with b as given, or column-major where this torch requires it."""
+    if not _GMM_COLUMN_MAJOR:
+        try:
+            out = torch._grouped_mm(a, b, offs=offs)
+            _GMM_COLUMN_MAJOR.append(False)
+            return out
+        except RuntimeError:
+            _GMM_COLUMN_MAJOR.append(True)
+    if _GMM_COLUMN_MAJOR[0]:
+        b = b.transpose(-2, -1).contiguous().transpose(-2, -1)
+    return torch._grouped_mm(a, b, offs=offs)
+
+
 def grouped_mm_moe(moe, x, topk_idx, topk_w):
     """The plain PyTorch MoE on one device: argsort permute, torch._grouped_mm (gate|up, down), index_add_ back.
     No host synchronisation (counts by scatter_add_), so it captures into a CUDA graph too. Entries must not be
@@ -74,10 +91,10 @@ def grouped_mm_moe(moe, x, topk_idx, topk_w):
         0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     w_gu = torch.cat([moe.w_gate, moe.w_up], dim=2).to(torch.bfloat16)
-    gu = torch._grouped_mm(xf[tok], w_gu, offs=offs)
+    gu = _gmm(xf[tok], w_gu, offs)
     g, u = gu.split(moe.ffn_hidden, dim=-1)
     h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
-    y = torch._grouped_mm(h, moe.w_down.to(torch.bfloat16), offs=offs)
+    y = _gmm(h, moe.w_down.to(torch.bfloat16), offs)
     y = y.float() * topk_w.reshape(-1)[order].unsqueeze(-1)
     out = torch.zeros(xf.shape[0], H, device=x.device, dtype=torch.float32).index_add_(0, tok, y)
     return out.reshape(x.shape).to(x.dtype)
