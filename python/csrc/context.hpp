@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "evenep/cpu/buffer.hpp"
@@ -44,15 +45,95 @@ inline auto translate(F&& f) -> decltype(f()) {
     }
 }
 
-inline void check_tensor(
-    const at::Tensor& t, const char* op, const char* name, at::ScalarType dtype, std::initializer_list<int64_t> sizes) {
-    TORCH_CHECK_VALUE(t.device().is_cpu(), "evenep.", op, ": ", name, " is on ", t.device(),
-                      ", expected cpu (this op has no kernel for that device yet)");
+// The buffer ids of every backend come from one counter; buffer_info of a CUDA buffer is answered by ops_cuda.cpp
+// through the hook (returns an empty vector for an unknown id).
+int64_t new_buffer_id();
+using BufferInfoHook = std::vector<int64_t> (*)(int64_t id);
+void set_cuda_buffer_info_hook(BufferInfoHook hook);
+
+inline void check_tensor(const at::Tensor& t,
+                         const char* op,
+                         const char* name,
+                         at::ScalarType dtype,
+                         std::initializer_list<int64_t> sizes,
+                         c10::DeviceType device = c10::DeviceType::CPU) {
+    TORCH_CHECK_VALUE(t.device().type() == device, "evenep.", op, ": ", name, " is on ", t.device(), ", expected ",
+                      c10::DeviceTypeName(device, /*lower_case=*/true));
     TORCH_CHECK_VALUE(t.scalar_type() == dtype, "evenep.", op, ": ", name, " has dtype ", t.scalar_type(),
                       ", expected ", dtype);
     TORCH_CHECK_VALUE(t.sizes().equals(sizes), "evenep.", op, ": ", name, " has shape ", t.sizes(), ", expected ",
                       at::IntArrayRef(sizes));
     TORCH_CHECK_VALUE(t.is_contiguous(), "evenep.", op, ": ", name, " is not contiguous");
+}
+
+// s_r of every rank: num_tokens when given (each in [1, s_pad]), else s_pad for all.
+inline std::vector<int32_t> token_counts(const Config& c,
+                                         int64_t s_pad,
+                                         const std::optional<at::IntArrayRef>& num_tokens,
+                                         const char* op) {
+    const int R = c.R;
+    TORCH_CHECK_VALUE(s_pad >= 1 && s_pad <= c.S, "evenep.", op, ": s = ", s_pad,
+                      " tokens per rank, expected 1 <= s <= max_tokens = ", c.S);
+    std::vector<int32_t> s(R, static_cast<int32_t>(s_pad));
+    if (num_tokens) {
+        TORCH_CHECK_VALUE(static_cast<int>(num_tokens->size()) == R, "evenep.", op, ": num_tokens has ",
+                          num_tokens->size(), " values, expected R = ", R);
+        for (int r = 0; r < R; ++r) {
+            TORCH_CHECK_VALUE((*num_tokens)[r] >= 1 && (*num_tokens)[r] <= s_pad, "evenep.", op, ": num_tokens[", r,
+                              "] = ", (*num_tokens)[r], " outside [1, s = ", s_pad, "]");
+            s[r] = static_cast<int32_t>((*num_tokens)[r]);
+        }
+    }
+    return s;
+}
+
+// The configuration of a buffer from create_buffer's arguments (validated: throws evenep::Error naming the value).
+inline BufferConfig make_buffer_config(int64_t num_ranks,
+                                       int64_t num_experts,
+                                       int64_t top_k,
+                                       int64_t max_tokens,
+                                       int64_t hidden,
+                                       int64_t ffn_hidden,
+                                       int64_t num_slots,
+                                       int64_t token_padding) {
+    BufferConfig cfg;
+    cfg.cfg.R = static_cast<int>(num_ranks);
+    cfg.cfg.E = static_cast<int>(num_experts);
+    cfg.cfg.K = static_cast<int>(top_k);
+    cfg.cfg.S = static_cast<int>(max_tokens);
+    cfg.cfg.B = static_cast<int>(num_slots);
+    cfg.cfg.tp = static_cast<int>(token_padding);
+    cfg.H = static_cast<int>(hidden);
+    cfg.ffn_hidden = static_cast<int>(ffn_hidden);
+    cfg.validate();
+    return cfg;
+}
+
+// buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width].
+inline std::vector<int64_t> buffer_info_of(const BufferConfig& b) {
+    const Config& c = b.cfg;
+    const PlanLayout L{c.E, c.num_groups(), c.num_slots()};
+    return {c.R, c.E, c.K, c.S, b.H, b.ffn_hidden, c.num_slots(), c.tp, c.recv_rows(), c.num_groups(), L.width()};
+}
+
+// The grouped GEMM's weights: weight [E, in, out] and slots [R, B, in, out] of one dtype, contiguous, on `device`.
+inline void check_gemm_weights(const Config& c,
+                               const char* op,
+                               const at::Tensor& w,
+                               const at::Tensor& slots,
+                               c10::DeviceType device = c10::DeviceType::CPU) {
+    TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == c.E, "evenep.", op, ": weight has shape ", w.sizes(),
+                      ", expected [E = ", c.E, ", in, out]");
+    check_tensor(w, op, "weight", w.scalar_type(), {w.size(0), w.size(1), w.size(2)}, device);
+    check_tensor(slots, op, "slots", w.scalar_type(), {c.R, c.num_slots(), w.size(1), w.size(2)}, device);
+}
+
+// The group total of unequal token counts (SPEC §1), -1 when every rank has the same count.
+inline int64_t group_total(const std::vector<int32_t>& s) {
+    if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;
+    int64_t total = 0;
+    for (int32_t v : s) total += v;
+    return total;
 }
 
 class Context {
@@ -64,6 +145,7 @@ class Context {
     }
 
     const Config& cfg() const { return cfg_.cfg; }
+    const BufferConfig& buffer_config() const { return cfg_; }
     int H() const { return cfg_.H; }
     int ffn_hidden() const { return cfg_.ffn_hidden; }
     int64_t nvs() const { return cfg_.cfg.recv_rows(); }
@@ -189,12 +271,6 @@ class Context {
     cpu::LocalTeamGroup& group() { return group_; }
 
   private:
-    static int64_t group_total(const std::vector<int32_t>& s) {
-        if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;
-        int64_t total = 0;
-        for (int32_t v : s) total += v;
-        return total;
-    }
     const Plan& full_plan(const std::vector<int32_t>& s, const std::vector<int32_t>& tpe) {
         if (s != last_s_ || tpe != last_tpe_) {
             last_s_.clear();  // a failed plan leaves no cache entry

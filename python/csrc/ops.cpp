@@ -9,8 +9,8 @@
 // communication buffer holding another dispatch's rows first dispatches its own handle again (re-dispatch, no
 // planning). Normal call orders (dispatch → combine, combine_backward → dispatch_backward) never re-dispatch.
 //
-// CUDA: not built in this phase. The CUDA kernels register under the same schemas with
-// TORCH_LIBRARY_IMPL(evenep, CUDA, m) on top of cuda::Ep (see "CUDA dispatch point" below and docs/python.md).
+// CUDA: python/csrc/ops_cuda.cpp registers the CUDA kernels of the same schemas (TORCH_LIBRARY_IMPL(evenep, CUDA,
+// m)) over cuda::Ep, and the CUDA buffer ops (create_cuda_buffer, ...) as a TORCH_LIBRARY_FRAGMENT.
 // NOTE: Python.h first (it may redefine feature macros the standard headers read).
 #include <Python.h>
 // clang-format off
@@ -18,6 +18,7 @@
 #include <torch/library.h>
 // clang-format on
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -31,7 +32,8 @@ namespace {
 
 std::mutex g_registry_mutex;
 std::map<int64_t, std::shared_ptr<Context>> g_registry;
-int64_t g_next_id = 1;
+std::atomic<int64_t> g_next_id{1};
+std::atomic<BufferInfoHook> g_cuda_info{nullptr};
 
 std::shared_ptr<Context> context(int64_t id) {
     std::lock_guard lock(g_registry_mutex);
@@ -40,25 +42,11 @@ std::shared_ptr<Context> context(int64_t id) {
     return it->second;
 }
 
-// s_r of every rank: num_tokens when given (each in [1, s_pad]), else s_pad for all.
 std::vector<int32_t> tokens(const Context& ctx,
                             int64_t s_pad,
                             const std::optional<at::IntArrayRef>& num_tokens,
                             const char* op) {
-    const int R = ctx.cfg().R;
-    TORCH_CHECK_VALUE(s_pad >= 1 && s_pad <= ctx.cfg().S, "evenep.", op, ": s = ", s_pad,
-                      " tokens per rank, expected 1 <= s <= max_tokens = ", ctx.cfg().S);
-    std::vector<int32_t> s(R, static_cast<int32_t>(s_pad));
-    if (num_tokens) {
-        TORCH_CHECK_VALUE(static_cast<int>(num_tokens->size()) == R, "evenep.", op, ": num_tokens has ",
-                          num_tokens->size(), " values, expected R = ", R);
-        for (int r = 0; r < R; ++r) {
-            TORCH_CHECK_VALUE((*num_tokens)[r] >= 1 && (*num_tokens)[r] <= s_pad, "evenep.", op, ": num_tokens[", r,
-                              "] = ", (*num_tokens)[r], " outside [1, s = ", s_pad, "]");
-            s[r] = static_cast<int32_t>((*num_tokens)[r]);
-        }
-    }
-    return s;
+    return token_counts(ctx.cfg(), s_pad, num_tokens, op);
 }
 
 at::Tensor topk_int32(const Context& ctx, const at::Tensor& topk_idx, const char* op) {
@@ -82,7 +70,7 @@ void copy_rows(at::Tensor& out, int r, const void* src, int64_t rows) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Ops (CPU kernels). CUDA dispatch point: the same schemas get CUDA kernels over cuda::Ep in the next phase.
+// Ops (CPU kernels). The CUDA kernels of the same schemas live in ops_cuda.cpp (over cuda::Ep).
 // ---------------------------------------------------------------------------------------------------------
 
 int64_t create_buffer(int64_t num_ranks,
@@ -95,20 +83,13 @@ int64_t create_buffer(int64_t num_ranks,
                       int64_t token_padding,
                       std::string planner) {
     return translate([&] {
-        BufferConfig cfg;
-        cfg.cfg.R = static_cast<int>(num_ranks);
-        cfg.cfg.E = static_cast<int>(num_experts);
-        cfg.cfg.K = static_cast<int>(top_k);
-        cfg.cfg.S = static_cast<int>(max_tokens);
-        cfg.cfg.B = static_cast<int>(num_slots);
-        cfg.cfg.tp = static_cast<int>(token_padding);
-        cfg.H = static_cast<int>(hidden);
-        cfg.ffn_hidden = static_cast<int>(ffn_hidden);
-        cfg.validate();
+        const BufferConfig cfg =
+            make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding);
         auto ctx = std::make_shared<Context>(cfg, parse_planner_mode(planner));
+        const int64_t id = new_buffer_id();
         std::lock_guard lock(g_registry_mutex);
-        g_registry[g_next_id] = ctx;
-        return g_next_id++;
+        g_registry[id] = ctx;
+        return id;
     });
 }
 
@@ -119,19 +100,11 @@ void release_buffer(int64_t id) {
 
 // [R, E, K, S, H, H', B, tp, NvS, G, plan width]
 std::vector<int64_t> buffer_info(int64_t id) {
-    auto ctx = context(id);
-    const Config& c = ctx->cfg();
-    return {c.R,
-            c.E,
-            c.K,
-            c.S,
-            ctx->H(),
-            ctx->ffn_hidden(),
-            c.num_slots(),
-            c.tp,
-            ctx->nvs(),
-            c.num_groups(),
-            ctx->plan_layout().width()};
+    if (BufferInfoHook hook = g_cuda_info.load()) {
+        std::vector<int64_t> info = hook(id);
+        if (!info.empty()) return info;
+    }
+    return buffer_info_of(context(id)->buffer_config());
 }
 
 at::Tensor plan_op(const at::Tensor& topk_idx, int64_t buffer, std::optional<at::IntArrayRef> num_tokens) {
@@ -329,13 +302,6 @@ std::vector<T*> group_table(const Context& ctx, const at::Tensor& plan, int r, T
     return table;
 }
 
-void check_gemm_weights(const Context& ctx, const char* op, const at::Tensor& w, const at::Tensor& slots) {
-    TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == ctx.cfg().E, "evenep.", op, ": weight has shape ", w.sizes(),
-                      ", expected [E = ", ctx.cfg().E, ", in, out]");
-    check_tensor(w, op, "weight", w.scalar_type(), {w.size(0), w.size(1), w.size(2)});
-    check_tensor(slots, op, "slots", w.scalar_type(), {ctx.cfg().R, ctx.cfg().num_slots(), w.size(1), w.size(2)});
-}
-
 // fwd (transposed = false): out[r] = x[r] · W_g per group, x [R, NvS, a] → [R, NvS, b] fp32.
 // dgrad (transposed = true): out[r] = x[r] · W_g^T, x [R, NvS, b] → [R, NvS, a] fp32. Padding rows are 0.
 // Weights are used as bf16 (fp32 weights are rounded to bf16 first, as stored in the library's pools).
@@ -349,7 +315,7 @@ at::Tensor grouped_gemm_impl(const char* op,
     auto ctx = context(buffer);
     return translate([&] {
         const Config& c = ctx->cfg();
-        check_gemm_weights(*ctx, op, w, slots);
+        check_gemm_weights(c, op, w, slots);
         check_tensor(plan, op, "plan", at::kInt, {c.R, ctx->plan_layout().width()});
         const int64_t a = w.size(1), b = w.size(2), in = transposed ? b : a, out_dim = transposed ? a : b;
         check_tensor(x, op, "x", at::kBFloat16, {c.R, ctx->nvs(), in});
@@ -418,6 +384,10 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_op(const at::Tensor& x,
 }
 
 }  // namespace
+
+int64_t new_buffer_id() { return g_next_id++; }
+void set_cuda_buffer_info_hook(BufferInfoHook hook) { g_cuda_info = hook; }
+
 }  // namespace evenep::python
 
 TORCH_LIBRARY(evenep, m) {
@@ -461,8 +431,8 @@ TORCH_LIBRARY_IMPL(evenep, CPU, m) {
     m.impl("grouped_gemm_dgrad", &grouped_gemm_dgrad_op);
     m.impl("grouped_gemm_wgrad", &grouped_gemm_wgrad_op);
 }
-// CUDA dispatch point: TORCH_LIBRARY_IMPL(evenep, CUDA, m) in python/csrc/ops_cuda.cpp (next phase) registers the
-// same ops over cuda::Ep; until then a CUDA tensor reaches no kernel and torch raises NotImplementedError.
+// CUDA kernels of the same schemas: TORCH_LIBRARY_IMPL(evenep, CUDA, m) in python/csrc/ops_cuda.cpp (built where
+// nvcc and a CUDA torch exist); without it a CUDA tensor reaches no kernel and torch raises NotImplementedError.
 
 // `import evenep._C` loads this library (the ops register at load time); the module itself is empty.
 PyMODINIT_FUNC PyInit__C(void) {

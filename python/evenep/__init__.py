@@ -10,9 +10,9 @@ See docs/python.md.
 
 from . import _ops  # noqa: F401  (registers fake implementations and autograd)
 from . import nn  # noqa: F401
-from .buffer import Buffer, Handle, PlanLayout
+from .buffer import Buffer, Handle, PlanLayout, cuda_built
 
-__all__ = ["Buffer", "Handle", "PlanLayout", "nn", "ops"]
+__all__ = ["Buffer", "Handle", "PlanLayout", "cuda_built", "nn", "ops"]
 __version__ = "0.1.0"
 
 ops = _ops.ops

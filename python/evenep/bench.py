@@ -1,20 +1,27 @@
 """python -m evenep.bench: one MoE layer forward+backward with EvenEP vs the plain PyTorch MoE, and the cost of each
 op as seen from Python.
 
-This version times the CPU backend (virtual ranks as threads; wall-clock medians). The GPU comparison of the issue
-(torch._grouped_mm reference, CUDA events, CUDA-graph replay, the C++ `evenep bench` figure of the same call) plugs
-in with the CUDA ops: see docs/python.md.
+CPU (--device cpu): virtual ranks as threads; wall-clock medians; the reference is evenep.nn.TorchMoE (a loop).
+CUDA (--device cuda): R virtual ranks on one GPU (cuda::Ep); CUDA-event medians; the reference is the plain
+PyTorch MoE (argsort permute + torch._grouped_mm + index_add_, the same parameters); both eager and as a replayed
+CUDA graph (which removes the launch overhead). Per op: the GPU time (events) and the host time of the Python
+call (launch overhead, no synchronisation). --json PATH also writes the rows as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
 import torch
+import torch.nn.functional as F
 
 import evenep
+
+CPU_DEFAULTS = dict(ranks=4, experts=16, top_k=4, tokens=64, hidden=128, ffn=128, token_padding=16, iters=5)
+CUDA_DEFAULTS = dict(ranks=8, experts=32, top_k=4, tokens=1024, hidden=2048, ffn=1024, token_padding=128, iters=20)
 
 
 def _median_ms(fn, warmup, iters):
@@ -28,6 +35,24 @@ def _median_ms(fn, warmup, iters):
     return statistics.median(times), min(times)
 
 
+def _cuda_ms(fn, warmup, iters):
+    """GPU time per call (CUDA events, median and min) and the host time of issuing it (median)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    gpu, host = [], []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+        b.record()
+        b.synchronize()
+        gpu.append(a.elapsed_time(b))
+    return statistics.median(gpu), min(gpu), statistics.median(host)
+
+
 def _routing(kind, R, s, E, K, gen):
     idx = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(R * s)]).reshape(R, s, K)
     if kind == "hot_expert":
@@ -36,74 +61,170 @@ def _routing(kind, R, s, E, K, gen):
     return idx
 
 
+_GMM_COLUMN_MAJOR = []  # [bool] once known: whether torch._grouped_mm wants the 3-D operand column-major
+
+
+def _gmm(a, b, offs):
+    """torch._grouped_mm(a, b [G, K, N], offs) with b as given, or column-major where this torch requires it."""
+    if not _GMM_COLUMN_MAJOR:
+        try:
+            out = torch._grouped_mm(a, b, offs=offs)
+            _GMM_COLUMN_MAJOR.append(False)
+            return out
+        except RuntimeError:
+            _GMM_COLUMN_MAJOR.append(True)
+    if _GMM_COLUMN_MAJOR[0]:
+        b = b.transpose(-2, -1).contiguous().transpose(-2, -1)
+    return torch._grouped_mm(a, b, offs=offs)
+
+
+def grouped_mm_moe(moe, x, topk_idx, topk_w):
+    """The plain PyTorch MoE on one device: argsort permute, torch._grouped_mm (gate|up, down), index_add_ back.
+    No host synchronisation (counts by scatter_add_), so it captures into a CUDA graph too. Entries must not be
+    masked."""
+    E, H = moe.num_experts, moe.hidden
+    xf = x.reshape(-1, H).to(torch.bfloat16)
+    flat = topk_idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    tok = order // topk_idx.shape[-1]
+    counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat.to(torch.int64), torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    w_gu = torch.cat([moe.w_gate, moe.w_up], dim=2).to(torch.bfloat16)
+    gu = _gmm(xf[tok], w_gu, offs)
+    g, u = gu.split(moe.ffn_hidden, dim=-1)
+    h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
+    y = _gmm(h, moe.w_down.to(torch.bfloat16), offs)
+    y = y.float() * topk_w.reshape(-1)[order].unsqueeze(-1)
+    out = torch.zeros(xf.shape[0], H, device=x.device, dtype=torch.float32).index_add_(0, tok, y)
+    return out.reshape(x.shape).to(x.dtype)
+
+
+def capture(step):
+    """Captures step() into a CUDA graph after two warm-up calls on a side stream (allocations, autograd and
+    optimizer state); returns (replay, what the captured call returned: static tensors updated by each replay)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    return g.replay, out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m evenep.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--experts", type=int, default=16)
-    p.add_argument("--top-k", type=int, default=4)
-    p.add_argument("--tokens", type=int, default=64, help="tokens per rank (s = max_tokens)")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--ffn", type=int, default=128)
-    p.add_argument("--token-padding", type=int, default=16)
-    p.add_argument("--routing", choices=["random", "hot_expert"], default="random")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--iters", type=int, default=5)
     p.add_argument("--device", default="cpu")
+    for name in ("ranks", "experts", "top-k", "tokens", "hidden", "ffn", "token-padding", "iters"):
+        p.add_argument(f"--{name}", type=int, default=None)
+    p.add_argument("--routing", choices=["random", "hot_expert"], default="random")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-graph", action="store_true", help="CUDA: skip the CUDA-graph replays")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
     a = p.parse_args(argv)
-    if torch.device(a.device).type != "cpu":
-        raise SystemExit("evenep.bench: only the CPU backend is built in this version (GPU comparison: next phase)")
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    for k, v in (CUDA_DEFAULTS if cuda else CPU_DEFAULTS).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
 
-    R, E, K, s, H, F = a.ranks, a.experts, a.top_k, a.tokens, a.hidden, a.ffn
-    buf = evenep.Buffer(E, K, s, H, virtual_ranks=R, ffn_hidden=F, token_padding=a.token_padding)
+    R, E, K, s, H, Fh = a.ranks, a.experts, a.top_k, a.tokens, a.hidden, a.ffn
+    buf = evenep.Buffer(E, K, s, H, virtual_ranks=R, ffn_hidden=Fh, token_padding=a.token_padding, device=dev)
     gen = torch.Generator().manual_seed(0)
-    idx = _routing(a.routing, R, s, E, K, gen)
-    w = torch.rand(R, s, K, generator=gen)
-    x = torch.randn(R, s, H, generator=gen)
+    idx = _routing(a.routing, R, s, E, K, gen).to(dev)
+    w = torch.rand(R, s, K, generator=gen).to(dev)
+    x = torch.randn(R, s, H, generator=gen).to(dev)
     torch.manual_seed(0)
-    moe = evenep.nn.MoE(H, F, E, K, buffer=buf)
-    ref = evenep.nn.TorchMoE(H, F, E, K)
+    moe = evenep.nn.MoE(H, Fh, E, K, buffer=buf).to(dev)
+    ref = evenep.nn.TorchMoE(H, Fh, E, K).to(dev)
     ref.load_state_dict(moe.state_dict())
+    xs = x.clone().requires_grad_()
 
-    def layer(mod):
+    def layer(fn):
         def step():
-            xx = x.clone().requires_grad_()
-            mod(xx, routing=(idx, w)).sum().backward()
+            fn(xs).sum().backward()
         return step
 
-    rows = []
-    for name, mod in (("MoE fwd+bwd  evenep", moe), ("MoE fwd+bwd  torch", ref)):
-        rows.append((name, *_median_ms(layer(mod), a.warmup, a.iters)))
+    evenep_step = layer(lambda t: moe(t, routing=(idx, w)))
+    if cuda:
+        torch_step = layer(lambda t: grouped_mm_moe(moe, t, idx, w))
+        torch_name = "torch (_grouped_mm)"
+    else:
+        torch_step = layer(lambda t: ref(t, routing=(idx, w)))
+        torch_name = "torch (loop)"
+    rows = []  # (what, median ms, min ms, host ms or None)
+
+    def add(name, fn):
+        if cuda:
+            rows.append((name, *_cuda_ms(fn, a.warmup, a.iters)))
+        else:
+            rows.append((name, *_median_ms(fn, a.warmup, a.iters), None))
+
+    add("MoE fwd+bwd evenep", evenep_step)
+    try:
+        add(f"MoE fwd+bwd {torch_name}", torch_step)
+    except RuntimeError as e:  # e.g. torch._grouped_mm unsupported on this GPU
+        print(f"# reference skipped: {str(e).splitlines()[0]}")
+        torch_step = None
+    if cuda and not a.no_graph:
+        for name, step in (("evenep", evenep_step), (torch_name, torch_step)):
+            if step is None:
+                continue
+            try:
+                add(f"MoE fwd+bwd {name} graph", capture(step)[0])
+            except RuntimeError as e:
+                print(f"# {name} graph skipped: {str(e).splitlines()[0]}")
 
     ops = torch.ops.evenep
     xb = x.bfloat16()
     plan = buf.plan(idx)
     recv_x, recv_w, _, h = buf.dispatch(xb, idx, w, plan)
-    W = torch.randn(E, H, F)
+    W = torch.randn(E, H, Fh, device=dev)
     slots = buf.prefetch_weight(W, plan)
-    dy = torch.randn(R, buf.num_recv_rows, F).bfloat16()
-    g = torch.randn(R, s, H).bfloat16()
+    dy = torch.randn(R, buf.num_recv_rows, Fh, device=dev).bfloat16()
+    g = torch.randn(R, s, H, device=dev).bfloat16()
+    zero_slots = torch.zeros(R, buf.num_slots, H, Fh, device=dev)
     calls = {
         "plan": lambda: buf.plan(idx),
         "dispatch": lambda: buf.dispatch(xb, idx, w, plan),
         "combine": lambda: buf.combine(recv_x, h),
         "combine_backward": lambda: ops.combine_backward(g, h.topk_weights, plan, h.dst, buf.id),
-        "dispatch_backward": lambda: ops.dispatch_backward(recv_x, recv_w, h.topk_weights, plan, h.dst, buf.id),
+        # dispatch_backward leaves the buffer without a dispatch: timed with the combine_backward it follows
+        "combine_backward+dispatch_backward": lambda: (
+            ops.combine_backward(g, h.topk_weights, plan, h.dst, buf.id),
+            ops.dispatch_backward(recv_x, recv_w, h.topk_weights, plan, h.dst, buf.id)),
         "prefetch_weight": lambda: buf.prefetch_weight(W, plan),
-        "reduce_grad": lambda: buf.reduce_grad(torch.zeros(R, buf.num_slots, H, F), plan),
+        "reduce_grad": lambda: buf.reduce_grad(zero_slots, plan),
         "grouped_gemm fwd": lambda: buf.grouped_gemm(recv_x, W, slots, plan),
         "grouped_gemm dgrad": lambda: ops.grouped_gemm_dgrad(dy, W, slots, plan, buf.id),
         "grouped_gemm wgrad": lambda: ops.grouped_gemm_wgrad(recv_x, dy, plan, buf.id),
     }
     for name, fn in calls.items():
-        if name in ("combine", "combine_backward", "dispatch_backward"):
-            buf.dispatch(xb, idx, w, plan)  # the buffer holds h: no re-dispatch inside the timed call
-        rows.append((f"op {name}", *_median_ms(fn, a.warmup, a.iters)))
+        if name == "combine":
+            buf.dispatch(xb, idx, w, plan)  # the buffer holds h: no re-dispatch inside the timed calls
+        add(f"op {name}", fn)
+    buf.check()
 
-    print(f"# evenep.bench (CPU backend): R={R} E={E} K={K} s={s} H={H} H'={F} tp={a.token_padding} "
-          f"NvS={buf.num_recv_rows} routing={a.routing} iters={a.iters} torch threads={torch.get_num_threads()}")
-    print(f"{'what':<28}{'median ms':>12}{'min ms':>12}")
-    for name, med, mn in rows:
-        print(f"{name:<28}{med:>12.3f}{mn:>12.3f}")
+    head = (f"# evenep.bench ({'CUDA ' + torch.cuda.get_device_name(dev) if cuda else 'CPU backend'}): R={R} E={E} "
+            f"K={K} s={s} H={H} H'={Fh} tp={a.token_padding} NvS={buf.num_recv_rows} routing={a.routing} "
+            f"iters={a.iters} torch {torch.__version__}")
+    print(head)
+    if cuda:
+        print("# GPU ms: CUDA events around the call (median, min); host ms: issuing the call from Python")
+        print(f"{'what':<44}{'GPU ms':>10}{'min ms':>10}{'host ms':>10}")
+        for name, med, mn, host in rows:
+            print(f"{name:<44}{med:>10.3f}{mn:>10.3f}{host:>10.3f}")
+    else:
+        print(f"{'what':<44}{'median ms':>12}{'min ms':>12}")
+        for name, med, mn, _ in rows:
+            print(f"{name:<44}{med:>12.3f}{mn:>12.3f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"config": head, "rows": [dict(what=r[0], median_ms=r[1], min_ms=r[2], host_ms=r[3])
+                                                for r in rows]}, f, indent=1)
     return rows
 
 

@@ -61,12 +61,14 @@ class Buffer:
             (NvS = align(S*K + (tp-1)*2*E/R, tp) rows per rank). Calls may pass any s <= S.
         hidden: H, the token row size (bf16 elements, H % 8 == 0).
         group: a torch.distributed process group (one rank per process over EvenEP's NCCL team). Not available
-            yet: raises NotImplementedError (the NCCL path comes with the CUDA ops).
-        virtual_ranks: R ranks in this process (threads over the CPU backend). Every tensor of the API then
-            leads with R: x [R, s, H], topk_idx/topk_weights [R, s, K]. Default 1.
-        num_sms: SMs the CUDA kernels may use (kept for the CUDA backend; unused on the CPU).
+            yet: raises NotImplementedError.
+        virtual_ranks: R ranks in this process (threads on the CPU, or R ranks on one GPU). Every tensor of the
+            API then leads with R: x [R, s, H], topk_idx/topk_weights [R, s, K]. Default 1.
+        num_sms: SMs per virtual rank the communication kernels may use (CUDA; clamped so that every rank's
+            blocks are co-resident). Unused on the CPU.
         prefetch_slots: B expert copies per rank (default E/R, required for training).
-        device: "cpu" (the CPU backend). CUDA raises NotImplementedError in this version.
+        device: "cpu" (the CPU backend: virtual ranks are threads) or "cuda" / "cuda:i" (cuda::Ep over R
+            virtual ranks on that GPU; every op runs on the current torch stream, without host synchronisation).
         ffn_hidden: H' of the experts (sizes the library's expert pools; default hidden).
         token_padding: tp, the row padding of every expert segment (128 matches the GPU GEMM tile; smaller
             values make CPU tests faster).
@@ -91,16 +93,13 @@ class Buffer:
     ):
         if group is not None:
             raise NotImplementedError(
-                "evenep.Buffer(group=...): the multi-process path needs EvenEP's NCCL team, which the CUDA "
-                "backend of the Python package brings; use virtual_ranks=R in one process for now"
+                "evenep.Buffer(group=...): the multi-process path (EvenEP's NCCL team bootstrapped over the process "
+                "group) is not available in this version; use virtual_ranks=R in one process"
             )
         self.device = torch.device(device)
-        if self.device.type != "cpu":
-            # CUDA dispatch point: a CUDA Buffer wraps cuda::Ep (next phase).
-            raise NotImplementedError(f"evenep.Buffer(device={self.device}): only the CPU backend is built yet")
         R = 1 if virtual_ranks is None else int(virtual_ranks)
         self.num_sms = num_sms
-        self._id = ops.create_buffer(
+        args = (
             R,
             num_experts,
             top_k,
@@ -111,6 +110,23 @@ class Buffer:
             token_padding,
             planner,
         )
+        if self.device.type == "cuda":
+            if not cuda_built():
+                raise NotImplementedError(
+                    "evenep.Buffer(device='cuda'): this build of evenep has no CUDA ops (built without nvcc or "
+                    "against a CPU-only torch)"
+                )
+            if not torch.cuda.is_available():
+                raise RuntimeError("evenep.Buffer(device='cuda'): no CUDA device available")
+            if self.device.index is None:
+                self.device = torch.device("cuda", torch.cuda.current_device())
+            self._release = ops.release_cuda_buffer
+            self._id = ops.create_cuda_buffer(*args, self.device.index, num_sms)
+        elif self.device.type == "cpu":
+            self._release = ops.release_buffer
+            self._id = ops.create_buffer(*args)
+        else:
+            raise NotImplementedError(f"evenep.Buffer(device={self.device}): only cpu and cuda are supported")
         self.info = _ops.info(self._id)
         self.layout = PlanLayout(self.info.E, self.info.G, self.info.B)
 
@@ -135,13 +151,22 @@ class Buffer:
 
     def __del__(self):
         try:
-            ops.release_buffer(self._id)
+            self._release(self._id)
         except Exception:  # interpreter shutdown
             pass
 
     def __repr__(self) -> str:
         i = self.info
-        return f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs})"
+        dev = "" if self.device.type == "cpu" else f", device={self.device}"
+        return f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs}{dev})"
+
+    def check(self) -> None:
+        """CUDA: waits for the buffer's work on the current stream and raises what the device recorded (an expert
+        id outside [-1, E) in a plan: ValueError), leaving the buffer usable. The ops never synchronise; such an
+        error is otherwise raised by the first op of this buffer called after the device recorded it. No-op on the
+        CPU (where bad input raises at once)."""
+        if self.device.type == "cuda":
+            ops.check_cuda_buffer(self._id)
 
     # Data path --------------------------------------------------------------------------------------------
     def plan(self, topk_idx: torch.Tensor, num_tokens: Optional[Sequence[int]] = None) -> torch.Tensor:
@@ -209,6 +234,11 @@ class Buffer:
         for name, t in tensors.items():
             if t is not None and t.device != self.device:
                 raise ValueError(f"evenep.{op}: {name} is on {t.device}, the buffer on {self.device}")
+
+
+def cuda_built() -> bool:
+    """Whether this build of evenep has the CUDA kernels of the ops."""
+    return hasattr(ops, "create_cuda_buffer")
 
 
 def _tokens(num_tokens):

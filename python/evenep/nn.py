@@ -95,6 +95,14 @@ class MoE(_Experts):
 
     def forward(self, x: torch.Tensor, num_tokens: Optional[Sequence[int]] = None, routing=None) -> torch.Tensor:
         buf = self.buffer
+        shared, side = None, None
+        if self.shared_expert is not None and x.is_cuda and not torch.compiler.is_compiling():
+            # The shared expert on a side stream, overlapping plan/dispatch/GEMMs/combine (eager and CUDA graphs;
+            # autograd runs its backward on the same side stream). Compiled: on the main stream.
+            side = self._side_stream(x.device)
+            side.wait_stream(torch.cuda.current_stream(x.device))
+            with torch.cuda.stream(side):
+                shared = self.shared_expert(x)
         topk_idx, topk_w = self._route(x, routing)
         xb = x.to(torch.bfloat16)
         plan = buf.plan(topk_idx, num_tokens)
@@ -106,7 +114,17 @@ class MoE(_Experts):
         h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
         y = buf.grouped_gemm(h, self.w_down, buf.prefetch_weight(self.w_down, plan), plan).to(torch.bfloat16)
         out = buf.combine(y, handle).to(x.dtype)
-        return out + self._shared(x)
+        if side is None:
+            return out + self._shared(x)
+        main = torch.cuda.current_stream(x.device)
+        main.wait_stream(side)
+        shared.record_stream(main)
+        return out + shared
+
+    def _side_stream(self, device):
+        if getattr(self, "_side", None) is None or self._side.device != device:
+            self._side = torch.cuda.Stream(device)
+        return self._side
 
 
 class TorchMoE(_Experts):

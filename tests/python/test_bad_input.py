@@ -97,8 +97,14 @@ def test_bad_config():
         evenep.Buffer(8, 2, 16, 30, virtual_ranks=4)  # H % 8 != 0
     with pytest.raises(NotImplementedError, match="NCCL"):
         evenep.Buffer(8, 2, 16, 32, group=object())
-    with pytest.raises(NotImplementedError, match="CPU backend"):
-        evenep.Buffer(8, 2, 16, 32, device="cuda")
+    if not evenep.cuda_built():
+        with pytest.raises(NotImplementedError, match="no CUDA ops"):
+            evenep.Buffer(8, 2, 16, 32, device="cuda")
+    elif not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            evenep.Buffer(8, 2, 16, 32, device="cuda")
+    with pytest.raises(NotImplementedError, match="only cpu and cuda"):
+        evenep.Buffer(8, 2, 16, 32, device="meta")
 
 
 def test_moe_bad_router(small):

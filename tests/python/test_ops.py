@@ -198,10 +198,3 @@ def test_opcheck_autograd(small):
     _opcheck(ops.grouped_gemm.default, (recv_x.clone().requires_grad_(), W, slots, plan, small.id))
     _opcheck(ops.prefetch_weight.default, (W, plan, small.id))
     _opcheck(ops.reduce_grad.default, (torch.randn(i.R, i.B, i.H, 8, requires_grad=True), plan, small.id))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_buffer_not_built_yet():
-    with pytest.raises(NotImplementedError):
-        evenep.Buffer(8, 2, 16, 32, virtual_ranks=2, device="cuda")

@@ -1,0 +1,256 @@
+// python/csrc/cuda_context.cpp — CudaContext (cuda_context.hpp), the helpers of the CUDA ops and the CUDA buffer
+// ops (create_cuda_buffer, release_cuda_buffer, check_cuda_buffer). The op kernels are in ops_cuda.cpp.
+//
+#include "cuda_context.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <map>
+
+#include "evenep/cuda/check.hpp"
+
+namespace evenep::python {
+
+// ---- CudaContext ----
+
+CudaContext::CudaContext(const BufferConfig& cfg, PlannerMode mode, int device, int num_sms)
+    : cfg_(cfg), device_(device) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    cuda::TeamOptions to;
+    to.device = device;
+    team_ = std::make_unique<cuda::LocalTeam>(cfg.cfg.R, 0, to);
+    cuda::EpOptions eo;
+    eo.mode = mode;
+    eo.sm_budget = num_sms;
+    eo.team = to;
+    ep_ = std::make_unique<cuda::Ep>(*team_, cfg.cfg, cfg.H, eo);
+    const cuda::EpLayout& l = ep_->layout();
+    off_ = {l.plan.s,
+            l.tpe,
+            l.dst,
+            l.plan.cu_seqlens,
+            l.plan.group_count,
+            l.plan.group_expert,
+            l.plan.group_source,
+            l.plan.group_slot,
+            l.plan.copies,
+            l.recv_x(),
+            l.recv_w(),
+            l.R,
+            l.E,
+            l.K,
+            l.G,
+            l.B,
+            l.H,
+            l.nvs};
+    const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA, device);
+    zero_rows_ = at::zeros({cfg.cfg.R, cfg.cfg.S, cfg.H}, opts);
+    scratch_ = at::zeros({cfg.cfg.R, cfg.cfg.S, cfg.H}, opts);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());  // the buffers are initialised before any stream uses them
+}
+
+CudaContext::~CudaContext() {
+    // Work of this buffer may still be queued on torch's streams; the Ep frees its memory with cudaFree, which waits.
+    plans_.clear();
+    ep_.reset();
+    team_.reset();
+}
+
+void CudaContext::surface_errors(cudaStream_t stream, bool sync) {
+    std::string what;
+    ErrorKind kind = ErrorKind::kRuntime;
+    try {
+        if (sync) {
+            ep_->check(stream);
+        } else {
+            what = team_->pending_error();
+            if (what.empty()) return;
+            // Not while capturing a graph (a synchronisation would invalidate the capture): raise the record as is.
+            if (stream_capturing(stream)) TORCH_CHECK(false, "evenep: an earlier call failed on the device: ", what);
+            ep_->check(stream);  // the record is set: synchronise and throw the error as the team reports it
+        }
+        return;
+    } catch (const Error& e) {
+        what = e.what();
+        kind = e.kind();
+    }
+    team_->recover();  // the buffer stays usable; plans made by the failing call are garbage: plan again
+    plans_.clear();
+    invalidate();
+    if (kind == ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, what);
+    TORCH_CHECK(false, what);
+}
+
+void CudaContext::prune_plans() {
+    std::erase_if(plans_, [](const std::shared_ptr<PlanEntry>& p) { return !p->key.alive(); });
+}
+
+std::shared_ptr<PlanEntry> CudaContext::add_plan(const at::Tensor& t, cuda::EpPlan plan) {
+    prune_plans();
+    auto e = std::make_shared<PlanEntry>();
+    e->key = TensorKey::of(t);
+    e->value = t.clone();
+    e->plan = std::move(plan);
+    plans_.push_back(e);
+    return e;
+}
+
+std::shared_ptr<PlanEntry> CudaContext::find_plan(const at::Tensor& t, bool capturing) {
+    for (auto it = plans_.rbegin(); it != plans_.rend(); ++it)
+        if ((*it)->key.is(t)) return *it;
+    if (capturing) return nullptr;
+    for (auto it = plans_.rbegin(); it != plans_.rend(); ++it)
+        if ((*it)->key.alive() && at::equal((*it)->value, t)) return *it;
+    return nullptr;
+}
+
+std::shared_ptr<PlanEntry> CudaContext::plan_of(const at::Tensor& t, bool capturing, const char* op) {
+    check_tensor(t, op, "plan", at::kInt, {cfg().R, plan_layout().width()}, c10::DeviceType::CUDA);
+    std::shared_ptr<PlanEntry> p = find_plan(t, capturing);
+    TORCH_CHECK_VALUE(p != nullptr, "evenep.", op,
+                      ": the plan tensor was not made by this buffer's plan op (or that plan is gone)",
+                      capturing ? "; copies of plan tensors are not recognised during CUDA-graph capture" : "");
+    return p;
+}
+
+bool CudaContext::holds(const PlanEntry& p, const at::Tensor& handle, const at::Tensor& topk_w) const {
+    return held_plan_.lock().get() == &p && held_handle_.is(handle) && held_topk_w_.is(topk_w);
+}
+
+void CudaContext::set_held(const std::shared_ptr<PlanEntry>& p, const at::Tensor& handle, const at::Tensor& topk_w) {
+    held_plan_ = p;
+    held_handle_ = TensorKey::of(handle);
+    held_topk_w_ = TensorKey::of(topk_w);
+}
+
+namespace {
+
+std::mutex g_mutex;
+// Never destroyed: buffers still registered at exit are leaked rather than freed after torch's allocator and the
+// CUDA runtime are gone.
+auto& g_contexts = *new std::map<int64_t, std::shared_ptr<CudaContext>>;
+
+std::shared_ptr<CudaContext> context(int64_t id, const char* op) {
+    std::lock_guard lock(g_mutex);
+    auto it = g_contexts.find(id);
+    TORCH_CHECK_VALUE(it != g_contexts.end(), "evenep.", op, ": no CUDA buffer with id ", id,
+                      " (released, never created, or a CPU buffer given CUDA tensors)");
+    return it->second;
+}
+
+}  // namespace
+
+bool stream_capturing(cudaStream_t stream) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    EVENEP_CUDA_CHECK(cudaStreamIsCapturing(stream, &cs));
+    return cs != cudaStreamCaptureStatusNone;
+}
+
+OpScope::OpScope(int64_t id, const char* op)
+    : ctx(context(id, op)),
+      lock(ctx->mutex()),
+      guard(static_cast<c10::DeviceIndex>(ctx->device())),
+      stream(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(ctx->device())).stream()),
+      capturing(stream_capturing(stream)) {
+    ctx->surface_errors(stream, false);
+}
+
+void check_cuda(const CudaContext& ctx,
+                const at::Tensor& t,
+                const char* op,
+                const char* name,
+                at::ScalarType dtype,
+                std::initializer_list<int64_t> sizes) {
+    check_tensor(t, op, name, dtype, sizes, c10::DeviceType::CUDA);
+    TORCH_CHECK_VALUE(t.device().index() == ctx.device(), "evenep.", op, ": ", name, " is on ", t.device(),
+                      ", the buffer on cuda:", ctx.device());
+}
+
+// topk_idx as int32 on the device. Out-of-range int64 ids are clamped to -2 or E first (never wrapping into
+// range), so the device check reports them (an asynchronous error, surfaced by the next call or Buffer.check()).
+at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const char* op) {
+    const int64_t s = topk_idx.dim() == 3 ? topk_idx.size(1) : -1;
+    TORCH_CHECK_VALUE(topk_idx.scalar_type() == at::kInt || topk_idx.scalar_type() == at::kLong, "evenep.", op,
+                      ": topk_idx has dtype ", topk_idx.scalar_type(), ", expected int32 or int64");
+    check_cuda(ctx, topk_idx, op, "topk_idx", topk_idx.scalar_type(), {ctx.cfg().R, s, ctx.cfg().K});
+    if (topk_idx.scalar_type() == at::kInt) return topk_idx;
+    return topk_idx.clamp(-2, ctx.cfg().E).to(at::kInt);
+}
+
+namespace {
+
+// ---- buffer management ----
+
+int64_t create_cuda_buffer(int64_t num_ranks,
+                           int64_t num_experts,
+                           int64_t top_k,
+                           int64_t max_tokens,
+                           int64_t hidden,
+                           int64_t ffn_hidden,
+                           int64_t num_slots,
+                           int64_t token_padding,
+                           std::string planner,
+                           int64_t device,
+                           int64_t num_sms) {
+    return translate([&] {
+        const BufferConfig cfg =
+            make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding);
+        auto ctx = std::make_shared<CudaContext>(cfg, parse_planner_mode(planner), static_cast<int>(device),
+                                                 static_cast<int>(num_sms));
+        const int64_t id = new_buffer_id();
+        std::lock_guard lock(g_mutex);
+        g_contexts[id] = ctx;
+        return id;
+    });
+}
+
+void release_cuda_buffer(int64_t id) {
+    std::shared_ptr<CudaContext> ctx;
+    {
+        std::lock_guard lock(g_mutex);
+        auto it = g_contexts.find(id);
+        if (it == g_contexts.end()) return;
+        ctx = std::move(it->second);
+        g_contexts.erase(it);
+    }
+}
+
+std::vector<int64_t> cuda_buffer_info(int64_t id) {
+    std::shared_ptr<CudaContext> ctx;
+    {
+        std::lock_guard lock(g_mutex);
+        auto it = g_contexts.find(id);
+        if (it == g_contexts.end()) return {};
+        ctx = it->second;
+    }
+    return buffer_info_of(ctx->buffer_config());
+}
+
+// Synchronises the buffer's current stream and raises what the device recorded (bad expert ids), recovering.
+void check_cuda_buffer(int64_t id) {
+    translate([&] {
+        OpScope sc(id, "check");
+        sc.ctx->surface_errors(sc.stream, true);
+    });
+}
+
+struct Registrar {
+    Registrar() { set_cuda_buffer_info_hook(&cuda_buffer_info); }
+} g_registrar;
+
+}  // namespace
+
+}  // namespace evenep::python
+
+TORCH_LIBRARY_FRAGMENT(evenep, m) {
+    using namespace evenep::python;
+    m.def(
+        "create_cuda_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
+        "int num_slots, int token_padding, str planner, int device, int num_sms) -> int",
+        &create_cuda_buffer);
+    m.def("release_cuda_buffer(int buffer) -> ()", &release_cuda_buffer);
+    m.def("check_cuda_buffer(int buffer) -> ()", &check_cuda_buffer);
+}

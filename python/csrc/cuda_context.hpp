@@ -1,0 +1,130 @@
+// python/csrc/cuda_context.hpp — the state behind one CUDA evenep.Buffer (python/csrc/ops_cuda.cpp): R virtual ranks
+// on one GPU as a cuda::LocalTeam with one cuda::Ep over it, the plans it made (keyed by their plan tensors) and
+// which dispatch its receive buffers hold.
+//
+// Plans. cuda::Ep plans are values (EpPlan) whose arrays live on the device; the op's plan tensor is a packed copy
+// of them (bit-identical to the CPU op's). Ops find the EpPlan of a plan tensor by the tensor's storage (a weak
+// reference: the entry dies with the last tensor sharing that storage, which releases the EpPlan), never by reading
+// the tensor on the host. A plan tensor the buffer did not make (a copy, e.g. by opcheck) is matched by value
+// against the live plans — a host synchronisation, refused while a CUDA graph is being captured.
+//
+// Holding. combine and dispatch_backward need the receive buffers to hold the rows and chains of the dispatch of
+// their (plan, handle, topk_weights); the Context records which (by storage identity) the last dispatch or
+// combine_backward left there. Another one is dispatched again first (zero rows, the handle's plan and weights: no
+// planning, no host synchronisation), so no op depends on the call history.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/Storage.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "context.hpp"
+#include "cuda_kernels.hpp"
+#include "evenep/cuda/ep.hpp"
+#include "evenep/cuda/team.hpp"
+
+namespace evenep::python {
+
+// A tensor's identity: its storage (weakly held, so the address is never reused while the key lives) and data.
+struct TensorKey {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{
+        c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>())};
+    const void* data = nullptr;
+
+    static TensorKey of(const at::Tensor& t) {
+        auto strong = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t.storage().unsafeGetStorageImpl());
+        return {c10::weak_intrusive_ptr<c10::StorageImpl>(strong), t.data_ptr()};
+    }
+    bool alive() const { return data != nullptr && !storage.expired(); }
+    bool is(const at::Tensor& t) const {
+        return alive() && storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl() && data == t.data_ptr();
+    }
+};
+
+struct PlanEntry {
+    TensorKey key;      // the plan tensor
+    at::Tensor value;   // its packed content (for matching copies by value outside capture)
+    cuda::EpPlan plan;  // the device plan
+};
+
+class CudaContext {
+  public:
+    CudaContext(const BufferConfig& cfg, PlannerMode mode, int device, int num_sms);
+    ~CudaContext();
+
+    const Config& cfg() const { return cfg_.cfg; }
+    const BufferConfig& buffer_config() const { return cfg_; }
+    int H() const { return cfg_.H; }
+    int ffn_hidden() const { return cfg_.ffn_hidden; }
+    int64_t nvs() const { return cfg().recv_rows(); }
+    int device() const { return device_; }
+    PlanLayout plan_layout() const { return {cfg().E, cfg().num_groups(), cfg().num_slots()}; }
+    std::mutex& mutex() { return mutex_; }
+    cuda::Ep& ep() { return *ep_; }
+    cuda::LocalTeam& team() { return *team_; }
+    char* const* bases() const { return ep_->window().d_peers; }
+    const cukernels::BufferOffsets& offsets() const { return off_; }
+    const at::Tensor& zero_rows() const { return zero_rows_; }   // bf16 [R, S, H] zeros (re-dispatch input)
+    const at::Tensor& scratch_rows() const { return scratch_; }  // bf16 [R, S, H] (unused pointer slots)
+
+    // Raises (ValueError / RuntimeError, after recovering the team) when the device recorded an error in an earlier
+    // call (a bad expert id); `sync`: synchronise the stream first (Buffer.check()).
+    void surface_errors(cudaStream_t stream, bool sync);
+
+    // Drops the entries whose plan tensors died (releasing their EpPlans: the Ep then need not copy a dead plan out
+    // when the next plan replaces it).
+    void prune_plans();
+    // Registers the plan tensor `t` of `plan`.
+    std::shared_ptr<PlanEntry> add_plan(const at::Tensor& t, cuda::EpPlan plan);
+    // The entry of plan tensor `t` (checked [R, W] int32 on the device); nullptr when none matches. Copies are
+    // matched by value outside graph capture only.
+    std::shared_ptr<PlanEntry> find_plan(const at::Tensor& t, bool capturing);
+    std::shared_ptr<PlanEntry> plan_of(const at::Tensor& t, bool capturing, const char* op);
+
+    // What the receive buffers hold (set by dispatch and combine_backward, cleared by dispatch_backward).
+    bool holds(const PlanEntry& p, const at::Tensor& handle, const at::Tensor& topk_w) const;
+    void set_held(const std::shared_ptr<PlanEntry>& p, const at::Tensor& handle, const at::Tensor& topk_w);
+    void invalidate() { held_plan_.reset(); }
+
+  private:
+    BufferConfig cfg_;
+    int device_;
+    std::unique_ptr<cuda::LocalTeam> team_;  // before ep_: the Ep's window belongs to the team
+    std::unique_ptr<cuda::Ep> ep_;
+    cukernels::BufferOffsets off_{};
+    at::Tensor zero_rows_, scratch_;
+    std::vector<std::shared_ptr<PlanEntry>> plans_;
+    std::weak_ptr<PlanEntry> held_plan_;
+    TensorKey held_handle_, held_topk_w_;
+    std::mutex mutex_;
+};
+
+bool stream_capturing(cudaStream_t stream);
+
+// What every CUDA op starts with: its buffer's context (locked for the call), a guard of the buffer's device, the
+// current torch stream of that device and whether it is capturing a graph; raises errors the device recorded in
+// an earlier call (CudaContext::surface_errors).
+struct OpScope {
+    std::shared_ptr<CudaContext> ctx;
+    std::unique_lock<std::mutex> lock;
+    c10::cuda::CUDAGuard guard;
+    cudaStream_t stream;
+    bool capturing;
+    OpScope(int64_t id, const char* op);
+};
+
+// check_tensor on the buffer's CUDA device.
+void check_cuda(const CudaContext& ctx,
+                const at::Tensor& t,
+                const char* op,
+                const char* name,
+                at::ScalarType dtype,
+                std::initializer_list<int64_t> sizes);
+// topk_idx ([R, s, K] int32 or int64 on the device) as int32.
+at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const char* op);
+
+}  // namespace evenep::python

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The Python package on the GPU machine, in one call: builds and installs evenep (CUDA ops included) into a
+# virtual environment that uses the preinstalled torch, runs pytest (the GPU tests included) and the CUDA benchmark.
+# Logs go to $OUT (3 files: build.log, pytest.log, bench.log — the benchmark's JSON and 30 steps of
+# examples/train_moe.py on the GPU, both back-ends, are appended to bench.log).
+#
+# On the device machine (no network), from the repository root, with the Debian dev packages carried in .devdeps:
+#   source .devdeps/unpack.sh && scripts/device/run_python.sh [--no-tests] [--no-bench] [--quick]
+# --quick: pytest without the tests marked slow, and a smaller benchmark.
+# Needs: python3 with torch (CUDA), numpy, pytest and scikit-build-core; cmake >= 3.24, ninja, nvcc.
+# Exit status: 0 when the build, the tests and the benchmark all succeeded.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+OUT=${OUT:-$root/device-out}
+mkdir -p "$OUT"
+run_tests=1 run_bench=1 quick=0
+for a in "$@"; do
+  case "$a" in
+    --no-tests) run_tests=0 ;;
+    --no-bench) run_bench=0 ;;
+    --quick) quick=1 ;;
+    *) echo "unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+[ -n "${DEPS_PREFIX:-}" ] && export CMAKE_PREFIX_PATH=$DEPS_PREFIX${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+export CMAKE_BUILD_PARALLEL_LEVEL=${JOBS:-$(nproc)}
+venv=${EVENEP_VENV:-/tmp/evenep-venv}
+site=/tmp/evenep-site
+status=0
+t0=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+
+# Where the package goes: a venv over the system site-packages (the preinstalled torch), or, where python3 cannot
+# make one (no venv module), pip --target into $site on PYTHONPATH.
+py=$venv/bin/python
+pip_target=()
+if ! { [ -x "$py" ] || python3 -m venv --system-site-packages "$venv" > /dev/null 2>&1; } ||
+   ! "$py" -c "import torch, scikit_build_core" > /dev/null 2>&1; then
+  py=python3
+  pip_target=(--target "$site" --upgrade)
+  export PYTHONPATH=$site
+fi
+
+# ---- build and install (a subshell: its exit is the build's status) ----
+(
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+  nvcc --version | tail -1; cmake --version | head -1; ninja --version
+  python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'device', torch.cuda.is_available() and torch.cuda.get_device_name(0))"
+  "$py" -c "import torch, pytest, numpy, scikit_build_core; print('$py ok: scikit-build-core', scikit_build_core.__version__)"
+  echo "pip install into ${pip_target[*]:-$venv}"
+  # The extension builds against this torch (no build isolation, nothing downloaded); CUDA ops: nvcc + CUDA torch.
+  "$py" -m pip install --no-build-isolation --no-deps --no-index -v "${pip_target[@]}" \
+    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90a --config-settings=cmake.define.EVENEP_WERROR=OFF . \
+    2>&1 | grep -vE "^  (copying|adding)"
+  rc=${PIPESTATUS[0]}
+  echo "pip install rc=$rc ($(elapsed))"
+  exit "$rc"
+) > "$OUT/build.log" 2>&1
+build_rc=$?
+if [ $build_rc -ne 0 ]; then
+  # Fallback: the CMake build directly, the module copied next to the sources, PYTHONPATH=python.
+  echo "pip install failed (rc=$build_rc): building with CMake directly" | tee -a "$OUT/build.log"
+  {
+    cmake -S . -B build/pydev -G Ninja -DCMAKE_BUILD_TYPE=Release -DEVENEP_BUILD_PYTHON=ON -DEVENEP_BUILD_TESTS=OFF \
+      -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF -DEVENEP_BUILD_TOOLS=OFF -DEVENEP_NCCL=OFF \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DPython_EXECUTABLE="$(command -v python3)" &&
+    cmake --build build/pydev --target evenep_python &&
+    cp build/pydev/python/_C*.so python/evenep/
+  } >> "$OUT/build.log" 2>&1
+  build_rc=$?
+  py=python3
+  export PYTHONPATH=$root/python
+fi
+echo "build rc=$build_rc ($(elapsed))"
+grep -E "EvenEP:|pip install rc" "$OUT/build.log" | head -8
+if [ $build_rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
+(cd /tmp && "$py" -c "import evenep, torch; print('evenep', evenep.__version__, 'cuda ops', evenep.cuda_built(), evenep.__file__)") \
+  2>&1 | tee -a "$OUT/build.log"
+
+# ---- pytest (CPU and GPU tests) ----
+if [ $run_tests -eq 1 ]; then
+  marks=()
+  [ $quick -eq 1 ] && marks=(-m "not slow")
+  timeout 300 "$py" -m pytest -p no:cacheprovider -q -rs --durations=8 "${marks[@]}" tests/python > "$OUT/pytest.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  echo "pytest rc=$rc ($(elapsed)):"
+  grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
+  grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -20
+fi
+
+# ---- benchmark (CUDA, virtual ranks on one GPU) ----
+if [ $run_bench -eq 1 ]; then
+  args=(--device cuda)
+  [ $quick -eq 1 ] && args+=(--tokens 256 --iters 10)
+  timeout 180 "$py" -m evenep.bench "${args[@]}" --json /tmp/evenep-bench.json > "$OUT/bench.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && status=1
+  [ -f /tmp/evenep-bench.json ] && { echo "# --json:"; cat /tmp/evenep-bench.json; } >> "$OUT/bench.log"
+  # The example LM on the GPU, both back-ends from the same weights (loss curves agree within bf16 noise).
+  for b in evenep reference; do
+    echo "# examples/train_moe.py --device cuda --backend $b --steps 30" >> "$OUT/bench.log"
+    timeout 90 "$py" examples/train_moe.py --device cuda --backend $b --steps 30 >> "$OUT/bench.log" 2>&1 || status=1
+  done
+  echo "bench rc=$rc ($(elapsed)):"
+  grep -vE '^\s*[{}\[\]"]' "$OUT/bench.log" | grep -v "^# --json" | head -60
+fi
+echo "total $(elapsed), status $status"
+exit $status

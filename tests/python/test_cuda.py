@@ -1,0 +1,310 @@
+"""torch.ops.evenep on CUDA (R virtual ranks on one GPU, cuda::Ep), checked against the CPU backend.
+
+Cases: every op CUDA vs CPU — plan, dispatch, combine, combine_backward, dispatch_backward, prefetch_weight and
+reduce_grad bit-exact, the grouped GEMM (EvenEP's Hopper kernel on H100/H200) within bf16-GEMM tolerance — on
+the adversarial routings and unequal s; opcheck on CUDA; nn.MoE forward+backward on CUDA against TorchMoE; a
+CUDA-graph capture of a whole forward+backward+optimizer step replayed with changing routing against eager
+steps; torch.compile(fullgraph=True); bad input (raises, the buffer stays usable).
+"""
+
+import copy
+
+import pytest
+import torch
+
+import evenep
+from evenep.bench import capture
+from conftest import ROUTINGS, make_routing, make_weights, rel_err
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(not evenep.cuda_built(), reason="evenep built without the CUDA ops"),
+]
+
+ops = torch.ops.evenep
+CFG = dict(num_experts=8, top_k=2, max_tokens=16, hidden=32, virtual_ranks=4, ffn_hidden=16, token_padding=8)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The same configuration on the CPU and on the GPU."""
+    return evenep.Buffer(**CFG), evenep.Buffer(**CFG, device="cuda")
+
+
+def _inputs(i, kind, s=None, seed=0):
+    s = s or i.S
+    idx = make_routing(kind, i.R, s, i.E, i.K, seed)
+    x = torch.randn(i.R, s, i.H, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    return x, idx, make_weights(idx, seed)
+
+
+def _cu(*ts):
+    return [t.cuda() for t in ts]
+
+
+def _eq(got, ref):
+    assert torch.equal(got.cpu(), ref), f"max |diff| {(got.cpu().float() - ref.float()).abs().max().item()}"
+
+
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("unequal", [False, True])
+def test_data_path_bit_exact(pair, kind, unequal):
+    cpu, gpu = pair
+    i = cpu.info
+    x, idx, w = _inputs(i, kind)
+    n = [16, 3, 9, 1] if unequal else None
+    plan = cpu.plan(idx, n)
+    plan_g = gpu.plan(idx.cuda(), n)
+    assert plan_g.dtype == torch.int32 and plan_g.shape == plan.shape and plan_g.is_cuda
+    _eq(plan_g, plan)
+    rx, rw, cu, h = cpu.dispatch(x, idx, w, plan, n)
+    xg, idxg, wg = _cu(x, idx, w)
+    rxg, rwg, cug, hg = gpu.dispatch(xg, idxg, wg, plan_g, n)
+    for got, ref in ((rxg, rx), (rwg, rw), (cug, cu), (hg.dst, h.dst)):
+        _eq(got, ref)
+    y = (rx.float() * 0.5).bfloat16()
+    for apply in (True, False):
+        _eq(gpu.combine(y.cuda(), hg, apply), cpu.combine(y, h, apply))
+    g = torch.randn(i.R, i.S, i.H).bfloat16()
+    rows = ops.combine_backward(g, h.topk_weights, h.plan, h.dst, cpu.id)
+    rows_g = ops.combine_backward(g.cuda(), hg.topk_weights, hg.plan, hg.dst, gpu.id)
+    _eq(rows_g, rows)
+    gw_rows = torch.randn(i.R, i.nvs)
+    gx, gtw = ops.dispatch_backward(rows, gw_rows, h.topk_weights, h.plan, h.dst, cpu.id)
+    gx_g, gtw_g = ops.dispatch_backward(rows_g, gw_rows.cuda(), hg.topk_weights, hg.plan, hg.dst, gpu.id)
+    _eq(gx_g, gx)
+    _eq(gtw_g, gtw)
+    # combine again after the backward: the buffer no longer holds the dispatch and dispatches it again itself
+    _eq(gpu.combine(y.cuda(), hg), cpu.combine(y, h))
+    gpu.check()
+
+
+@pytest.mark.parametrize("kind", ["hot_rank", "hot_expert", "random"])
+def test_experts_and_gemm(pair, kind):
+    cpu, gpu = pair
+    i = cpu.info
+    x, idx, w = _inputs(i, kind, seed=3)
+    rx, _, _, h = cpu.dispatch(x, idx, w)
+    rxg, _, _, hg = gpu.dispatch(*_cu(x, idx, w))
+    W = torch.randn(i.E, i.H, 16)
+    slots, slots_g = cpu.prefetch_weight(W, h.plan), gpu.prefetch_weight(W.cuda(), hg.plan)
+    _eq(slots_g, slots)
+    Gs = torch.randn(i.R, i.B, i.H, 16)
+    _eq(gpu.reduce_grad(Gs.cuda(), hg.plan), cpu.reduce_grad(Gs, h.plan))
+    out, out_g = cpu.grouped_gemm(rx, W, slots, h.plan), gpu.grouped_gemm(rxg, W.cuda(), slots_g, hg.plan)
+    assert rel_err(out_g.cpu(), out) <= 1e-3
+    dy = (torch.randn_like(out) * (out != 0)).bfloat16()
+    dx = ops.grouped_gemm_dgrad(dy, W, slots, h.plan, cpu.id)
+    dx_g = ops.grouped_gemm_dgrad(dy.cuda(), W.cuda(), slots_g, hg.plan, gpu.id)
+    assert rel_err(dx_g.cpu(), dx) <= 1e-3
+    gw, gs = ops.grouped_gemm_wgrad(rx, dy, h.plan, cpu.id)
+    gw_g, gs_g = ops.grouped_gemm_wgrad(rxg, dy.cuda(), hg.plan, gpu.id)
+    assert rel_err(gw_g.cpu(), gw) <= 1e-3 and rel_err(gs_g.cpu(), gs) <= 1e-3
+    gpu.check()
+
+
+def test_opcheck_cuda(pair):
+    _, gpu = pair
+    i = gpu.info
+    x, idx, w = _cu(*_inputs(i, "masked", s=8))
+    idx32 = idx.int()
+    plan = gpu.plan(idx32)
+    torch.library.opcheck(ops.plan.default, (idx32, gpu.id, None))
+    torch.library.opcheck(ops.dispatch.default, (x, idx32, w, plan, gpu.id, None))
+    recv_x, recv_w, _, h = gpu.dispatch(x, idx32, w, plan)
+    torch.library.opcheck(ops.combine.default, (recv_x, recv_w, w, plan, h.dst, gpu.id, True))
+    g = torch.randn(i.R, 8, i.H, device="cuda").bfloat16()
+    torch.library.opcheck(ops.combine_backward.default, (g, w, plan, h.dst, gpu.id))
+    gw = torch.randn(i.R, i.nvs, device="cuda")
+    torch.library.opcheck(ops.dispatch_backward.default, (recv_x, gw, w, plan, h.dst, gpu.id))
+    W = torch.randn(i.E, i.H, 8, device="cuda")
+    torch.library.opcheck(ops.prefetch_weight.default, (W, plan, gpu.id))
+    slots = ops.prefetch_weight(W, plan, gpu.id)
+    torch.library.opcheck(ops.reduce_grad.default, (torch.randn(i.R, i.B, i.H, 8, device="cuda"), plan, gpu.id))
+    torch.library.opcheck(ops.grouped_gemm.default, (recv_x, W, slots, plan, gpu.id))
+    dy = torch.randn(i.R, i.nvs, 8, device="cuda").bfloat16()
+    torch.library.opcheck(ops.grouped_gemm_dgrad.default, (dy, W, slots, plan, gpu.id))
+    torch.library.opcheck(ops.grouped_gemm_wgrad.default, (recv_x, dy, plan, gpu.id))
+    torch.library.opcheck(ops.dispatch.default, (x.clone().requires_grad_(), idx32, w.clone().requires_grad_(),
+                                                 plan, gpu.id, None))
+    gpu.check()
+
+
+def _moe_pair(buf, seed=0, **kw):
+    torch.manual_seed(seed)
+    i = buf.info
+    moe = evenep.nn.MoE(i.H, i.ffn_hidden, i.E, i.K, buffer=buf, **kw).cuda()
+    ref = evenep.nn.TorchMoE(i.H, i.ffn_hidden, i.E, i.K, **kw).cuda()
+    ref.load_state_dict(moe.state_dict())
+    return moe, ref
+
+
+@pytest.mark.parametrize("kind", ["router", "hot_rank", "masked"])
+def test_moe_forward_backward_vs_torch(pair, kind):
+    _, gpu = pair
+    i = gpu.info
+    moe, ref = _moe_pair(gpu)
+    x = torch.randn(i.R, i.S, i.H, device="cuda", requires_grad=True)
+    routing = None
+    if kind != "router":
+        idx = make_routing(kind, i.R, i.S, i.E, i.K).cuda()
+        routing = (idx, make_weights(idx.cpu()).cuda())
+    out = moe(x, routing=routing)
+    out.square().mean().backward()
+    gx, x.grad = x.grad, None
+    out_ref = ref(x, routing=routing)
+    out_ref.square().mean().backward()
+    assert rel_err(out, out_ref) <= 2e-2  # bf16 between the GEMMs (the CPU oracle's tolerance)
+    assert rel_err(gx, x.grad) <= 3e-2
+    for name in ("w_gate", "w_up", "w_down", "router_weight"):
+        g, gr = getattr(moe, name).grad, getattr(ref, name).grad
+        if kind != "router" and name == "router_weight":
+            continue
+        assert rel_err(g, gr) <= 3e-2, name
+    gpu.check()
+
+
+def test_moe_shared_expert_side_stream(pair):
+    _, gpu = pair
+    i = gpu.info
+    torch.manual_seed(3)
+    shared = torch.nn.Linear(i.H, i.H).cuda()
+    moe = evenep.nn.MoE(i.H, i.ffn_hidden, i.E, i.K, buffer=gpu, shared_expert=shared).cuda()
+    ref = evenep.nn.TorchMoE(i.H, i.ffn_hidden, i.E, i.K, shared_expert=copy.deepcopy(shared)).cuda()
+    ref.load_state_dict(moe.state_dict())
+    x = torch.randn(i.R, i.S, i.H, device="cuda")
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, out_r = moe(xa), ref(xb)
+    out.square().mean().backward()
+    out_r.square().mean().backward()
+    assert rel_err(out, out_r) <= 2e-2 and rel_err(xa.grad, xb.grad) <= 3e-2
+    assert rel_err(moe.shared_expert.weight.grad, ref.shared_expert.weight.grad) <= 3e-2
+    gpu.check()
+
+
+def test_moe_cuda_matches_cpu_module(pair):
+    """The same MoE on the CPU backend and on CUDA: outputs and gradients agree within the GEMM tolerance."""
+    cpu, gpu = pair
+    i = gpu.info
+    moe_g, _ = _moe_pair(gpu, seed=1)
+    torch.manual_seed(1)
+    moe_c = evenep.nn.MoE(i.H, i.ffn_hidden, i.E, i.K, buffer=cpu)
+    moe_c.load_state_dict({k: v.cpu() for k, v in moe_g.state_dict().items()})
+    x = torch.randn(i.R, i.S, i.H)
+    out_c = moe_c(x)
+    out_g = moe_g(x.cuda())
+    out_c.sum().backward()
+    out_g.sum().backward()
+    assert rel_err(out_g.cpu(), out_c) <= 1e-2
+    assert rel_err(moe_g.w_down.grad.cpu(), moe_c.w_down.grad) <= 1e-2
+
+
+def test_cuda_graph_training_step(pair):
+    """A whole forward+backward+optimizer step captured once and replayed with new routing (static tensors updated
+    in place) gives the losses and weights of the same steps run eagerly."""
+    _, gpu = pair
+    i = gpu.info
+    steps = 4
+    xs = [torch.randn(i.R, i.S, i.H, device="cuda") for _ in range(steps)]
+    routings = []
+    for k, kind in enumerate(["random", "hot_rank", "masked", "one_remote"]):
+        idx = make_routing(kind, i.R, i.S, i.E, i.K, seed=k).cuda()
+        routings.append((idx, make_weights(idx.cpu(), seed=k).cuda()))
+
+    def run_eager():
+        moe, _ = _moe_pair(gpu, seed=5)
+        opt = torch.optim.SGD(moe.parameters(), lr=0.1)
+        losses = []
+        for x, (idx, w) in zip(xs, routings):
+            opt.zero_grad(set_to_none=False)
+            loss = moe(x, routing=(idx, w)).square().mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        return torch.stack(losses), moe
+
+    ref_losses, ref_moe = run_eager()
+
+    moe, _ = _moe_pair(gpu, seed=5)
+    opt = torch.optim.SGD(moe.parameters(), lr=0.1)
+    sx = torch.zeros(i.R, i.S, i.H, device="cuda")
+    sidx = torch.zeros(i.R, i.S, i.K, dtype=torch.int64, device="cuda")
+    sw = torch.zeros(i.R, i.S, i.K, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = moe(sx, routing=(sidx, sw)).square().mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    # Warm-up (on a side stream) and capture; the warm-up changes the weights: restore them before replaying.
+    saved = {k: v.clone() for k, v in moe.state_dict().items()}
+    sx.copy_(xs[0]), sidx.copy_(routings[0][0]), sw.copy_(routings[0][1])
+    replay, static_loss = capture(step)
+    with torch.no_grad():
+        for k, v in moe.state_dict().items():
+            v.copy_(saved[k])
+        for p in moe.parameters():
+            p.grad.zero_()
+    losses = []
+    for x, (idx, w) in zip(xs, routings):
+        sx.copy_(x), sidx.copy_(idx), sw.copy_(w)
+        replay()
+        losses.append(static_loss.clone())
+    torch.cuda.synchronize()
+    gpu.check()
+    got = torch.stack(losses)
+    assert torch.allclose(got, ref_losses, rtol=1e-5, atol=0), (got, ref_losses)
+    for name in ("w_gate", "w_up", "w_down"):
+        assert rel_err(getattr(moe, name).detach(), getattr(ref_moe, name).detach()) <= 1e-5, name
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compile_fullgraph(pair, backend):
+    _, gpu = pair
+    i = gpu.info
+    moe, ref = _moe_pair(gpu, seed=2)
+    x = torch.randn(i.R, i.S, i.H, device="cuda")
+    compiled = torch.compile(moe, fullgraph=True, backend=backend)
+    xg = x.clone().requires_grad_()
+    out = compiled(xg)
+    out.square().mean().backward()
+    xr = x.clone().requires_grad_()
+    out_r = ref(xr)
+    out_r.square().mean().backward()
+    assert rel_err(out, out_r) <= 2e-2 and rel_err(xg.grad, xr.grad) <= 3e-2
+    assert rel_err(moe.w_down.grad, ref.w_down.grad) <= 3e-2
+    gpu.check()
+
+
+def test_bad_input_cuda(pair):
+    _, gpu = pair
+    i = gpu.info
+    x, idx, w = _cu(*_inputs(i, "random"))
+    cases = [
+        lambda: gpu.dispatch(x.float(), idx, w),  # wrong dtype
+        lambda: gpu.dispatch(x.cpu(), idx, w),  # wrong device
+        lambda: gpu.dispatch(x[:, :, :16], idx, w),  # wrong shape
+        lambda: gpu.dispatch(x.transpose(0, 1).contiguous().transpose(0, 1), idx, w),  # non-contiguous
+        lambda: gpu.plan(torch.zeros(i.R, i.S + 1, i.K, dtype=torch.int64, device="cuda")),  # s > max_tokens
+        lambda: gpu.plan(idx, [0, 1, 1, 1]),  # num_tokens outside [1, s]
+        lambda: gpu.plan(idx.float()),
+    ]
+    for bad in cases:
+        with pytest.raises((ValueError, RuntimeError)):
+            bad()
+    # An expert id out of range is found on the device: the next call (or check()) raises ValueError.
+    gpu.plan(idx + i.E)
+    with pytest.raises(ValueError, match="expert"):
+        gpu.check()
+    # The buffer stays usable.
+    cpu_ref = evenep.Buffer(**CFG)
+    _eq(gpu.plan(idx), cpu_ref.plan(idx.cpu()))
+    gpu.check()
+
+
+def test_group_not_implemented():
+    with pytest.raises(NotImplementedError):
+        evenep.Buffer(8, 2, 16, 32, group=object(), device="cuda")
