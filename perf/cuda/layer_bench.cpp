@@ -33,10 +33,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // Phases of `t` at the link bandwidth: the busiest rank's max(send, receive) bytes, milliseconds.
-PhaseMs modelled(const TrafficReport& t, double link_gbps, double plan_gpu_ms) {
+PhaseMs modelled(const TrafficReport& t, double link_gbps) {
     auto ms = [&](const PhaseTraffic& p) { return static_cast<double>(p.max_rank_bytes()) / (link_gbps * 1e9) * 1e3; };
     PhaseMs m;
-    m.plan = plan_gpu_ms + ms(t.gather);
+    m.plan = ms(t.gather);
     m.dispatch = ms(t.dispatch);
     m.prefetch = ms(t.prefetch);
     m.combine = ms(t.combine);
@@ -46,12 +46,12 @@ PhaseMs modelled(const TrafficReport& t, double link_gbps, double plan_gpu_ms) {
     return m;
 }
 
-// Times `ranks` of a system (group rows of each) and fills its compute figures and step estimates.
+// Times `ranks` of a system (group_rows[i]: the groups of ranks[i]) and fills its compute figures and step estimates.
 void time_system(SystemStep& s, RankComputeTimer& timer, const std::vector<std::vector<int64_t>>& group_rows,
                  const std::vector<int>& ranks, const LayerBenchConfig& cfg) {
-    for (int r : ranks) {
-        const RankComputeTime t = timer.time(group_rows[static_cast<size_t>(r)], cfg.warmup, cfg.iters);
-        s.timed_ranks.push_back(r);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+        const RankComputeTime t = timer.time(group_rows[i], cfg.warmup, cfg.iters);
+        s.timed_ranks.push_back(ranks[i]);
         s.forward_ms.push_back(t.forward_ms);
         s.backward_ms.push_back(t.backward_ms);
         s.compute_ms.push_back(t.total_ms());
@@ -115,19 +115,17 @@ LayerPointEstimate estimate_layer_point(const LayerBenchConfig& c, double tflops
     const double rows = static_cast<double>(c.S) * c.K;  // per rank on average
     const double timed_rows = (2.0 * c.R + 3.0) * rows;  // EvenEP and conventional all ranks, EPLB its busiest
     e.seconds = timed_rows * row_flops * (c.warmup + c.iters) / (tflops * 1e12) +
-                (c.measure_data_movement ? 5.0 : 0.0) + 2e-7 * c.R * rows;  // + routing and planning on the host
+                (c.measure_data_movement ? 5.0 : 0.0) + 2.0 + 2e-6 * c.R * rows;  // + routing, plan, baselines (host)
     return e;
 }
 
-LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routing) {
-    const auto t0 = std::chrono::steady_clock::now();
+LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& routing) {
     const Config cfg = config_of(c);
     EVENEP_CHECK(routing.R == c.R && routing.E == c.E && routing.K == c.K, "bench layer: routing R/E/K ", routing.R,
                  "/", routing.E, "/", routing.K, " differ from the point's ", c.R, "/", c.E, "/", c.K);
     EVENEP_CHECK(c.link_gbps > 0, "bench layer: link bandwidth ", c.link_gbps, " GB/s must be positive");
-    LayerPointResult out;
-    out.cfg = c;
-    out.maxvio = routing.maxvio();
+    LayerPointWork w;
+    w.maxvio = routing.maxvio();
     const int R = c.R, G = cfg.num_groups(), epn = cfg.epn();
     const std::vector<int32_t> tpe = routing.tpe();
 
@@ -159,7 +157,7 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
     std::vector<int64_t> prev_load;
     {
         const Routing prev = drift_routing(drift, -1);
-        out.eplb_prev_maxvio = prev.maxvio();
+        w.eplb_prev_maxvio = prev.maxvio();
         prev_load = expert_loads(cfg, prev.tpe());
     }
     const int redundant = c.redundant < 0 ? cfg.num_slots() : c.redundant;
@@ -168,43 +166,52 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
     const TrafficReport ep_traffic = eplb_traffic(placement, routing, c.H, /*training=*/true);
     const std::vector<int64_t> ep_rows = eplb_rows(placement, load);
     const int spr = placement.slots_per_rank;
-    std::vector<std::vector<int64_t>> ep_groups(R, std::vector<int64_t>(spr, 0));
+    const int ep_busiest = static_cast<int>(std::max_element(ep_rows.begin(), ep_rows.end()) - ep_rows.begin());
+    std::vector<int64_t> ep_groups(spr, 0);  // the busiest rank's slots
     {
         const std::vector<std::vector<int32_t>> slots = eplb_slot_routing(placement, routing);
         for (const auto& rank_slots : slots)
             for (int32_t slot : rank_slots)
-                if (slot >= 0) ++ep_groups[slot / spr][slot % spr];
-        for (auto& v : ep_groups)
-            for (int64_t& x : v) x = padded(x, c.tp);
+                if (slot >= 0 && slot / spr == ep_busiest) ++ep_groups[slot % spr];
+        for (int64_t& x : ep_groups) x = padded(x, c.tp);
     }
-    const int ep_busiest = static_cast<int>(std::max_element(ep_rows.begin(), ep_rows.end()) - ep_rows.begin());
-
-    if (c.measure_data_movement) measure_movement(c, out);
-    double plan_gpu_ms = 0;
-    for (const MeasuredOp& m : out.measured)
-        if (m.op == "plan_rank") plan_gpu_ms = m.median_us * 1e-3;
 
     SystemStep ev, cv, ep;
     ev.system = "evenep", cv.system = "conventional", ep.system = "eplb";
     ev.rows.assign(plan.q.begin(), plan.q.end());
     cv.rows = conventional_rows(cfg, load);
     ep.rows = ep_rows;
-    ev.comm = modelled(ev_traffic, c.link_gbps, plan_gpu_ms);
-    cv.comm = modelled(cv_traffic, c.link_gbps, 0);
-    ep.comm = modelled(ep_traffic, c.link_gbps, 0);
+    ev.comm = modelled(ev_traffic, c.link_gbps);
+    cv.comm = modelled(cv_traffic, c.link_gbps);
+    ep.comm = modelled(ep_traffic, c.link_gbps);
     ev.max_rank_link_bytes = ev_traffic.total().max_rank_bytes();
     cv.max_rank_link_bytes = cv_traffic.total().max_rank_bytes();
     ep.max_rank_link_bytes = ep_traffic.total().max_rank_bytes();
+    w.systems = {std::move(ev), std::move(cv), std::move(ep)};
+    w.timed_ranks = {all_ranks(R), all_ranks(R), {ep_busiest}};
+    w.groups = {std::move(ev_groups), std::move(cv_groups), {std::move(ep_groups)}};
+    w.max_groups = std::max(G, spr);
+    w.max_rows = cfg.recv_rows();
+    for (int r = 0; r < R; ++r) w.max_rows = std::max<int64_t>(w.max_rows, plan.rows_used(r));
+    return w;
+}
+
+LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routing) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LayerPointWork w = prepare_layer_point(c, routing);
+    LayerPointResult out;
+    out.cfg = c;
+    out.maxvio = w.maxvio;
+    out.eplb_prev_maxvio = w.eplb_prev_maxvio;
+    if (c.measure_data_movement) measure_movement(c, out);
+    for (const MeasuredOp& m : out.measured)
+        if (m.op == "plan_rank") w.systems[0].comm.plan += m.median_us * 1e-3;  // the GPU planner of one rank
     {
-        int64_t max_rows = cfg.recv_rows();
-        for (int r = 0; r < R; ++r) max_rows = std::max<int64_t>(max_rows, plan.rows_used(r));
-        RankComputeTimer timer(c.H, c.ffn_hidden, std::max(G, spr), max_rows, c.seed);
-        if (c.check) out.gemm_check_error = timer.check_forward(ev_groups[0]);
-        time_system(ev, timer, ev_groups, all_ranks(R), c);
-        time_system(cv, timer, cv_groups, all_ranks(R), c);
-        time_system(ep, timer, ep_groups, {ep_busiest}, c);
+        RankComputeTimer timer(c.H, c.ffn_hidden, w.max_groups, w.max_rows, c.seed);
+        if (c.check) out.gemm_check_error = timer.check_forward(w.groups[0][0]);
+        for (size_t s = 0; s < w.systems.size(); ++s) time_system(w.systems[s], timer, w.groups[s], w.timed_ranks[s], c);
     }
-    out.systems = {std::move(ev), std::move(cv), std::move(ep)};
+    out.systems = std::move(w.systems);
     out.seconds = seconds_since(t0);
     return out;
 }

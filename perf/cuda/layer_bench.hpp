@@ -84,6 +84,19 @@ struct LayerPointResult {
     double seconds = 0;                // wall time of the point
 };
 
+// The host part of a point (no GPU): every system's rows, modelled phases (EvenEP's plan phase without the GPU
+// planner) and link bytes, and the groups of the ranks to time: groups[system][i] are the padded rows of each group of
+// rank timed_ranks[system][i]. Systems in order evenep, conventional, eplb.
+struct LayerPointWork {
+    double maxvio = 0, eplb_prev_maxvio = 0;
+    std::vector<SystemStep> systems;
+    std::vector<std::vector<int>> timed_ranks;
+    std::vector<std::vector<std::vector<int64_t>>> groups;
+    int max_groups = 0;       // groups per rank at most (2 epn)
+    int64_t max_rows = 0;     // the receive buffer's rows NvS (ranks with more are timed in several launches)
+};
+LayerPointWork prepare_layer_point(const LayerBenchConfig& cfg, const Routing& routing);
+
 // Device bytes and seconds a point is expected to take (for refusing a point before it runs): the per-rank timer's
 // allocation, the data-movement benchmark's (R virtual ranks' buffers), and the GEMM time at `tflops` for every
 // timed rank and iteration (EvenEP and conventional all ranks, EPLB one).

@@ -26,7 +26,7 @@ std::vector<Case> cases() {
     return {
         {"maxvio_negative", "--maxvio -1", {"--maxvio"}},
         {"maxvio_nan", "--maxvio nan", {"--maxvio"}},
-        {"k3_R_not_divisor", "--k3-R 7", {"--k3-R", "7"}},
+        {"k3_R_not_divisor", "--k3-R 5", {"--k3-R", "5"}},
         {"k3_R_zero", "--k3-R 0", {"--k3-R", "0"}},
         {"points_unknown", "--points moon", {"--points", "'moon'"}},
         {"iters_zero", "--iters 0", {"--iters"}},
