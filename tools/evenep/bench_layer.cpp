@@ -65,7 +65,8 @@ std::vector<Point> make_points(const LayerOptions& o) {
             for (double mv : o.maxvios) out.push_back({"moonep", 8, 384, 8, 8192, 7168, 2048, mv});
         if (p == "k3")
             for (int R : o.k3_ranks)
-                for (double mv : o.maxvios) out.push_back({"k3", R, 896, 16, 8192, 3584, o.k3_ffn_hidden, mv});
+                for (double mv : o.maxvios)  // one name per R: plots.py draws one panel per shape name
+                    out.push_back({fmt::format("k3_R{}", R), R, 896, 16, 8192, 3584, o.k3_ffn_hidden, mv});
     }
     return out;
 }
