@@ -22,6 +22,8 @@ void register_simulate(CLI::App& app);
 void register_bench_multi(CLI::App& bench);
 // `evenep bench gemm`: the grouped GEMM against torch._grouped_mm and dense cuBLAS anchors (bench_gemm.cpp).
 void register_bench_gemm(CLI::App& bench);
+// `evenep bench layer`: one MoE layer step vs conventional EP and EPLB-style replication (bench_layer.cpp).
+void register_bench_layer(CLI::App& bench);
 // `evenep pipeline`: interleaved 1F1B with the vision encoder in the bubbles, dynamic CP (pipeline.cpp).
 void register_pipeline(CLI::App& app);
 

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
     evenep::cli::register_pipeline(app);
     evenep::cli::register_bench_multi(*app.get_subcommand("bench"));
     evenep::cli::register_bench_gemm(*app.get_subcommand("bench"));
+    evenep::cli::register_bench_layer(*app.get_subcommand("bench"));
     std::string path;
     const std::string unknown = unknown_command(app, argc, argv, &path);
     if (!unknown.empty()) return fail(unknown, 2);

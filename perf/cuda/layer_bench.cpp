@@ -1,0 +1,219 @@
+// One MoE layer step of EvenEP, conventional EP and EPLB-style replication on one GPU (perf/cuda/layer_bench.hpp).
+#include "perf/cuda/layer_bench.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "evenep/buffer.hpp"
+#include "evenep/config.hpp"
+#include "perf/cuda/bench.hpp"
+#include "evenep/error.hpp"
+#include "evenep/plan.hpp"
+#include "perf/baselines.hpp"
+#include "perf/cuda/rank_compute.hpp"
+#include "perf/drift.hpp"
+#include "perf/eplb.hpp"
+
+namespace evenep::perf::cuda {
+namespace {
+
+Config config_of(const LayerBenchConfig& c) {
+    const Config cfg{.R = c.R, .E = c.E, .K = c.K, .S = c.S, .B = -1, .tp = c.tp};
+    BufferConfig{.cfg = cfg, .H = c.H, .ffn_hidden = c.ffn_hidden}.validate();
+    return cfg;
+}
+
+int64_t padded(int64_t rows, int tp) { return (rows + tp - 1) / tp * tp; }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Phases of `t` at the link bandwidth: the busiest rank's max(send, receive) bytes, milliseconds.
+PhaseMs modelled(const TrafficReport& t, double link_gbps) {
+    auto ms = [&](const PhaseTraffic& p) { return static_cast<double>(p.max_rank_bytes()) / (link_gbps * 1e9) * 1e3; };
+    PhaseMs m;
+    m.plan = ms(t.gather);
+    m.dispatch = ms(t.dispatch);
+    m.prefetch = ms(t.prefetch);
+    m.combine = ms(t.combine);
+    m.combine_backward = ms(t.combine_backward);
+    m.dispatch_backward = ms(t.dispatch_backward);
+    m.reduce_grad = ms(t.reduce_grad);
+    return m;
+}
+
+// Times `ranks` of a system (group_rows[i]: the groups of ranks[i]) and fills its compute figures and step estimates.
+void time_system(SystemStep& s, RankComputeTimer& timer, const std::vector<std::vector<int64_t>>& group_rows,
+                 const std::vector<int>& ranks, const LayerBenchConfig& cfg) {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+        const RankComputeTime t = timer.time(group_rows[i], cfg.warmup, cfg.iters);
+        s.timed_ranks.push_back(ranks[i]);
+        s.forward_ms.push_back(t.forward_ms);
+        s.backward_ms.push_back(t.backward_ms);
+        s.compute_ms.push_back(t.total_ms());
+    }
+    s.compute_max_ms = s.compute_ms.empty() ? 0 : *std::max_element(s.compute_ms.begin(), s.compute_ms.end());
+    s.compute_mean_ms = s.compute_ms.empty() ? 0
+                                             : std::accumulate(s.compute_ms.begin(), s.compute_ms.end(), 0.0) /
+                                                   static_cast<double>(s.compute_ms.size());
+    s.imbalance = imbalance(s.rows);
+    s.step_no_overlap_ms = s.compute_max_ms + s.comm.communication();
+    s.step_overlapped_ms = s.step_no_overlap_ms - std::min(s.comm.dispatch, s.comm.prefetch);
+}
+
+std::vector<int> all_ranks(int R) {
+    std::vector<int> v(R);
+    std::iota(v.begin(), v.end(), 0);
+    return v;
+}
+
+// Data movement of EvenEP as the library runs it on one GPU (all virtual ranks per launch).
+void measure_movement(const LayerBenchConfig& cfg, LayerPointResult& out) {
+    ::evenep::perf::BenchConfig bc;
+    bc.R = cfg.R, bc.E = cfg.E, bc.K = cfg.K, bc.S = cfg.S, bc.H = cfg.H, bc.ffn_hidden = cfg.ffn_hidden, bc.tp = cfg.tp;
+    bc.maxvio = cfg.target_maxvio;
+    bc.seed = cfg.seed;
+    bc.warmup = 3, bc.iters = 10;
+    bc.check = cfg.check;
+    bc.expert_projections = 3;
+    try {
+        const auto rows = ::evenep::perf::bench_point(bc, {"plan", "dispatch", "combine", "prefetch", "reduce"},
+                                                      cfg.copy_gbps);
+        for (const auto& r : rows) {
+            out.measured.push_back({r.op, r.median_us, r.bytes, r.wrong, r.note});
+            if (r.wrong > 0) out.wrong += r.wrong;
+        }
+        out.measured_note = "all R virtual ranks per launch on one GPU (bench_point; its own routing at the same "
+                            "target maxvio and seed)";
+    } catch (const Error& e) {
+        (void)cudaGetLastError();  // an allocation failure is not sticky; clear it
+        out.measured.clear();
+        out.measured_note = std::string("not measured: ") + e.what();
+    }
+}
+
+}  // namespace
+
+LayerPointEstimate estimate_layer_point(const LayerBenchConfig& c, double tflops) {
+    const Config cfg = config_of(c);
+    LayerPointEstimate e;
+    e.compute_bytes = static_cast<double>(
+        RankComputeTimer::bytes_needed(c.H, c.ffn_hidden, cfg.num_groups(), cfg.recv_rows()));
+    const BufferSizes b = buffer_sizes(BufferConfig{.cfg = cfg, .H = c.H, .ffn_hidden = c.ffn_hidden});
+    const double expert = static_cast<double>(c.H) * c.ffn_hidden;
+    // Per virtual rank: its communication buffer, x and out [S, H], the routing, and one projection of its experts
+    // and slots (bench_point drops projections that do not fit, down to one).
+    e.movement_bytes = static_cast<double>(c.R) *
+                       (static_cast<double>(b.comm_total) + 4.0 * c.S * c.H + 8.0 * c.S * c.K +
+                        (cfg.epn() + cfg.num_slots()) * expert * 4);
+    // GEMM flops of one row, forward (3 projections) and backward (dgrad + wgrad of each): 18 H H'.
+    const double row_flops = 18.0 * expert;
+    const double rows = static_cast<double>(c.S) * c.K;  // per rank on average
+    const double timed_rows = (2.0 * c.R + 3.0) * rows;  // EvenEP and conventional all ranks, EPLB its busiest
+    e.seconds = timed_rows * row_flops * (c.warmup + c.iters) / (tflops * 1e12) +
+                (c.measure_data_movement ? 5.0 : 0.0) + 2.0 + 2e-6 * c.R * rows;  // + routing, plan, baselines (host)
+    return e;
+}
+
+LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& routing) {
+    const Config cfg = config_of(c);
+    EVENEP_CHECK(routing.R == c.R && routing.E == c.E && routing.K == c.K, "bench layer: routing R/E/K ", routing.R,
+                 "/", routing.E, "/", routing.K, " differ from the point's ", c.R, "/", c.E, "/", c.K);
+    EVENEP_CHECK(c.link_gbps > 0, "bench layer: link bandwidth ", c.link_gbps, " GB/s must be positive");
+    LayerPointWork w;
+    w.maxvio = routing.maxvio();
+    const int R = c.R, G = cfg.num_groups(), epn = cfg.epn();
+    const std::vector<int32_t> tpe = routing.tpe();
+
+    // EvenEP: the plan, every rank's groups, the traffic model.
+    const Plan plan = make_plan(cfg, PlannerMode::kOptimized, tpe, routing.s);
+    TrafficReport ev_traffic;
+    {
+        std::vector<std::vector<int32_t>> dst(R);
+        for (int r = 0; r < R; ++r) {
+            dst[r].resize(static_cast<size_t>(routing.s[r]) * c.K);
+            compute_dst(plan, r, routing.topk_idx[r], dst[r]);
+        }
+        ev_traffic = evenep_traffic(plan, dst, c.H, c.ffn_hidden, /*training=*/true);
+    }
+    std::vector<std::vector<int64_t>> ev_groups(R, std::vector<int64_t>(G));
+    for (int r = 0; r < R; ++r)
+        for (int g = 0; g < G; ++g) ev_groups[r][g] = plan.group_end(r, g) - plan.group_begin(r, g);
+
+    // Conventional EP: every rank its home experts, all their rows.
+    const std::vector<int64_t> load = expert_loads(cfg, tpe);
+    std::vector<std::vector<int64_t>> cv_groups(R, std::vector<int64_t>(epn));
+    for (int r = 0; r < R; ++r)
+        for (int j = 0; j < epn; ++j) cv_groups[r][j] = padded(load[static_cast<size_t>(r) * epn + j], c.tp);
+    const TrafficReport cv_traffic = conventional_traffic(cfg, routing.topk_idx, c.H, /*training=*/true);
+
+    // EPLB-style: placed on the previous step of the drifting routing, computing this one.
+    const DriftSpec drift{.spec = {.R = R, .E = c.E, .K = c.K, .S = c.S, .seed = c.seed}, .sigma = c.sigma,
+                          .drift = c.drift};
+    std::vector<int64_t> prev_load;
+    {
+        const Routing prev = drift_routing(drift, -1);
+        w.eplb_prev_maxvio = prev.maxvio();
+        prev_load = expert_loads(cfg, prev.tpe());
+    }
+    const int redundant = c.redundant < 0 ? cfg.num_slots() : c.redundant;
+    const EplbPlacement placement =
+        eplb_place(EplbConfig{.num_ranks = R, .num_experts = c.E, .slots_per_rank = epn + redundant}, prev_load);
+    const TrafficReport ep_traffic = eplb_traffic(placement, routing, c.H, /*training=*/true);
+    const std::vector<int64_t> ep_rows = eplb_rows(placement, load);
+    const int spr = placement.slots_per_rank;
+    const int ep_busiest = static_cast<int>(std::max_element(ep_rows.begin(), ep_rows.end()) - ep_rows.begin());
+    std::vector<int64_t> ep_groups(spr, 0);  // the busiest rank's slots
+    {
+        const std::vector<std::vector<int32_t>> slots = eplb_slot_routing(placement, routing);
+        for (const auto& rank_slots : slots)
+            for (int32_t slot : rank_slots)
+                if (slot >= 0 && slot / spr == ep_busiest) ++ep_groups[slot % spr];
+        for (int64_t& x : ep_groups) x = padded(x, c.tp);
+    }
+
+    SystemStep ev, cv, ep;
+    ev.system = "evenep", cv.system = "conventional", ep.system = "eplb";
+    ev.rows.assign(plan.q.begin(), plan.q.end());
+    cv.rows = conventional_rows(cfg, load);
+    ep.rows = ep_rows;
+    ev.comm = modelled(ev_traffic, c.link_gbps);
+    cv.comm = modelled(cv_traffic, c.link_gbps);
+    ep.comm = modelled(ep_traffic, c.link_gbps);
+    ev.max_rank_link_bytes = ev_traffic.total().max_rank_bytes();
+    cv.max_rank_link_bytes = cv_traffic.total().max_rank_bytes();
+    ep.max_rank_link_bytes = ep_traffic.total().max_rank_bytes();
+    w.systems = {std::move(ev), std::move(cv), std::move(ep)};
+    w.timed_ranks = {all_ranks(R), all_ranks(R), {ep_busiest}};
+    w.groups = {std::move(ev_groups), std::move(cv_groups), {std::move(ep_groups)}};
+    w.max_groups = std::max(G, spr);
+    w.max_rows = cfg.recv_rows();
+    for (int r = 0; r < R; ++r) w.max_rows = std::max<int64_t>(w.max_rows, plan.rows_used(r));
+    return w;
+}
+
+LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routing) {
+    const auto t0 = std::chrono::steady_clock::now();
+    LayerPointWork w = prepare_layer_point(c, routing);
+    LayerPointResult out;
+    out.cfg = c;
+    out.maxvio = w.maxvio;
+    out.eplb_prev_maxvio = w.eplb_prev_maxvio;
+    if (c.measure_data_movement) measure_movement(c, out);
+    for (const MeasuredOp& m : out.measured)
+        if (m.op == "plan_rank") w.systems[0].comm.plan += m.median_us * 1e-3;  // the GPU planner of one rank
+    {
+        RankComputeTimer timer(c.H, c.ffn_hidden, w.max_groups, w.max_rows, c.seed);
+        if (c.check) out.gemm_check_error = timer.check_forward(w.groups[0][0]);
+        for (size_t s = 0; s < w.systems.size(); ++s) time_system(w.systems[s], timer, w.groups[s], w.timed_ranks[s], c);
+    }
+    out.systems = std::move(w.systems);
+    out.seconds = seconds_since(t0);
+    return out;
+}
+
+}  // namespace evenep::perf::cuda

@@ -1,0 +1,113 @@
+// perf/cuda/layer_bench.hpp — one MoE layer step (plan, dispatch, prefetch, SwiGLU experts forward, combine, combine
+// backward, experts backward, dispatch backward, reduce_grad) of EvenEP, conventional EP and EPLB-style static
+// replication on one routing, emulating R GPUs on one GPU: `evenep bench layer` (docs/benchmarks.md, "Layer step").
+//
+// Method:
+//   expert compute  measured: each rank's groups (rows from the plan, padding included) run alone on the whole
+//                   GPU by RankComputeTimer (perf/cuda/rank_compute.hpp); a system's step compute is the max over
+//                   ranks (mean reported too). EvenEP: every rank; conventional EP: every rank (its home experts,
+//                   all their rows, padded to tp like EvenEP's groups); EPLB: the busiest rank by rows (the
+//                   replicas in its slots, each with its share of the expert's rows, perf/baselines.hpp).
+//   data movement   modelled: per phase, the busiest rank's link bytes max(send, receive) of the traffic model
+//                   (evenep/buffer.hpp: evenep_traffic, conventional_traffic; perf::eplb_traffic) over a link
+//                   bandwidth per direction. Measured too (EvenEP only), as the library runs it on one GPU: all R
+//                   virtual ranks in one launch (cuda::bench_point) — reported beside the model, never mixed into
+//                   the step estimate (one GPU's HBM carries every rank's traffic there).
+//   step estimate   no overlap: every phase back to back; overlapped: prefetch ‖ dispatch (EvenEP; the baselines
+//                   have no prefetch, so both estimates agree). The layer has no shared expert, so "shared expert ‖
+//                   communication" adds nothing here. EPLB's replica weight/gradient synchronisation is not counted
+//                   (perf/baselines.hpp), in its favour.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "evenep/routing.hpp"
+
+namespace evenep::perf::cuda {
+
+struct LayerBenchConfig {
+    std::string shape = "moonep";  // a name for the tables and the JSON
+    int R = 8, E = 384, K = 8, S = 8192, H = 7168, ffn_hidden = 2048, tp = 128;
+    double target_maxvio = 1;  // of the routing given to run_layer_point
+    double sigma = 0;          // lognormal sigma of that routing (step 0 of the drift, perf/drift.hpp)
+    uint64_t seed = 1;
+    double drift = 0.1;     // EPLB: log-popularity random-walk step between the planning step and this one
+    int redundant = -1;     // EPLB redundant slots per rank; -1: EvenEP's prefetch slots B = epn
+    double link_gbps = 367;  // per direction, GB/s (1e9), for the modelled data movement
+    int warmup = 1, iters = 3;
+    bool measure_data_movement = true;  // also time plan/dispatch/combine/prefetch/reduce on one GPU (bench_point)
+    double copy_gbps = 1;               // copy anchor for bench_point's rows
+    bool check = false;  // bench_point --check and a sampled check of the timed GEMMs (rank 0 of EvenEP)
+};
+
+// Modelled (or measured) time of each phase of one step, milliseconds.
+struct PhaseMs {
+    double plan = 0;  // planner (GPU, measured when data movement is measured) + histogram all-gather (modelled)
+    double dispatch = 0, prefetch = 0, combine = 0, combine_backward = 0, dispatch_backward = 0, reduce_grad = 0;
+    double communication() const {
+        return plan + dispatch + prefetch + combine + combine_backward + dispatch_backward + reduce_grad;
+    }
+};
+
+struct SystemStep {
+    std::string system;  // "evenep", "conventional", "eplb"
+    std::vector<int64_t> rows;              // [R] rows each rank computes (unpadded entries)
+    std::vector<int> timed_ranks;           // ranks whose compute was timed
+    std::vector<double> compute_ms;         // forward + backward of each timed rank
+    std::vector<double> forward_ms, backward_ms;
+    double compute_max_ms = 0, compute_mean_ms = 0;
+    double imbalance = 1;  // max/mean of rows
+    PhaseMs comm;          // modelled, R GPUs
+    int64_t max_rank_link_bytes = 0;  // whole step
+    double step_no_overlap_ms = 0, step_overlapped_ms = 0;
+};
+
+struct MeasuredOp {
+    std::string op;  // bench_point's row name (plan_rank, dispatch, combine_pull_weighted, prefetch, reduce, ...)
+    double median_us = 0;
+    double bytes = 0;
+    int64_t wrong = -1;
+    std::string note;
+};
+
+struct LayerPointResult {
+    LayerBenchConfig cfg;
+    double maxvio = 0;          // achieved by the routing
+    double eplb_prev_maxvio = 0;  // the step EPLB was planned on
+    std::vector<SystemStep> systems;  // evenep, conventional, eplb
+    std::vector<MeasuredOp> measured;  // EvenEP data movement on one GPU (empty when not measured)
+    std::string measured_note;         // why not measured, or what was measured
+    double gemm_check_error = -1;      // --check: RankComputeTimer::check_forward on EvenEP's rank 0 (-1: not run)
+    int64_t wrong = 0;                 // --check: bench_point's mismatches
+    double seconds = 0;                // wall time of the point
+};
+
+// The host part of a point (no GPU): every system's rows, modelled phases (EvenEP's plan phase without the GPU
+// planner) and link bytes, and the groups of the ranks to time: groups[system][i] are the padded rows of each group of
+// rank timed_ranks[system][i]. Systems in order evenep, conventional, eplb.
+struct LayerPointWork {
+    double maxvio = 0, eplb_prev_maxvio = 0;
+    std::vector<SystemStep> systems;
+    std::vector<std::vector<int>> timed_ranks;
+    std::vector<std::vector<std::vector<int64_t>>> groups;
+    int max_groups = 0;       // groups per rank at most (2 epn)
+    int64_t max_rows = 0;     // the receive buffer's rows NvS (ranks with more are timed in several launches)
+};
+LayerPointWork prepare_layer_point(const LayerBenchConfig& cfg, const Routing& routing);
+
+// Device bytes and seconds a point is expected to take (for refusing a point before it runs): the per-rank timer's
+// allocation, the data-movement benchmark's (R virtual ranks' buffers), and the GEMM time at `tflops` for every
+// timed rank and iteration (EvenEP and conventional all ranks, EPLB one).
+struct LayerPointEstimate {
+    double compute_bytes = 0, movement_bytes = 0, seconds = 0;
+};
+LayerPointEstimate estimate_layer_point(const LayerBenchConfig& cfg, double tflops = 400);
+
+// Runs one point on `routing` (R ranks of S tokens, the routing of cfg.sigma / cfg.seed). Throws evenep::Error on a
+// bad configuration or a device failure; a data-movement measurement that fails (memory) is reported in
+// measured_note instead.
+LayerPointResult run_layer_point(const LayerBenchConfig& cfg, const Routing& routing);
+
+}  // namespace evenep::perf::cuda

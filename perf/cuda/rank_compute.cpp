@@ -1,0 +1,312 @@
+// One rank's expert forward and backward alone on the GPU (perf/cuda/rank_compute.hpp).
+//
+// NOTE: the elementwise steps use the layer's own launchers (src/cuda/kernels/swiglu.hpp, an internal header of
+// evenep::cuda) over a one-rank kernels::MoeKernelParams, so that the timed kernels are the layer's, not a copy.
+#include "perf/cuda/rank_compute.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "cuda/kernels/swiglu.hpp"
+#include "evenep/cuda/check.hpp"
+#include "evenep/detail/bf16.hpp"
+#include "evenep/error.hpp"
+
+namespace evenep::perf::cuda {
+
+using ::evenep::cuda::GemmOp;
+using ::evenep::cuda::GemmSchedule;
+namespace kernels = ::evenep::cuda::kernels;
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Arena regions, in order: weights, grads, x, g, u, h, y, dy, dg, du, recv_x, recv_w, f32a, f32b, workspace.
+struct ArenaPlan {
+    size_t off[15] = {};
+    size_t total = 0;
+};
+
+ArenaPlan arena_plan(int H, int F, int G, int64_t rows) {
+    const size_t elems = static_cast<size_t>(H) * F, n = static_cast<size_t>(rows);
+    const size_t wide = static_cast<size_t>(std::max(H, F));
+    const size_t gs = static_cast<size_t>(G);
+    const size_t sizes[15] = {3 * elems * gs * 2,  // weights [G][3][H*H'] bf16
+                              3 * elems * gs * 4,  // gradients fp32
+                              n * H * 2,           // x
+                              n * F * 2,           // g
+                              n * F * 2,           // u
+                              n * F * 2,           // h
+                              n * H * 2,           // y
+                              n * H * 2,           // dy
+                              n * F * 2,           // dg
+                              n * F * 2,           // du
+                              n * H * 2,           // recv_x (grad_out rows in, dx rows out)
+                              n * 4,               // recv_w
+                              n * wide * 4,        // f32a: dh [rows, H'], then dg·Wg^T [rows, H]
+                              n * H * 4,           // f32b: du·Wu^T
+                              ::evenep::cuda::grouped_gemm_workspace_bytes(G)};
+    ArenaPlan p;
+    for (int i = 0; i < 15; ++i) {
+        p.off[i] = p.total;
+        p.total += align_up(sizes[i]);
+    }
+    return p;
+}
+
+}  // namespace
+
+// One launch: groups [0, G) with their padded ends, weight and gradient tables (3 projections) and the rank view of
+// the elementwise kernels, in one device allocation.
+struct RankComputeTimer::Launch {
+    int G = 0;
+    int64_t rows = 0;
+    std::vector<int32_t> cu;    // host copy of the inclusive ends
+    std::vector<int> weight;    // [G] weight index (the rank's group) of each launch group
+    char* block = nullptr;      // device: cu [G] | weight tables [3][G] | gradient tables [3][G] | MoeRankView
+    const int32_t* d_cu() const { return reinterpret_cast<const int32_t*>(block); }
+    const uint16_t* const* d_weights(int proj) const {
+        return reinterpret_cast<const uint16_t* const*>(block + align_up(4 * G)) + static_cast<size_t>(proj) * G;
+    }
+    float* const* d_grads(int proj) const {
+        return reinterpret_cast<float* const*>(block + align_up(4 * G) + align_up(8 * 3 * G)) +
+               static_cast<size_t>(proj) * G;
+    }
+    const kernels::MoeRankView* d_view() const {
+        return reinterpret_cast<const kernels::MoeRankView*>(block + align_up(4 * G) + 2 * align_up(8 * 3 * G));
+    }
+};
+
+size_t RankComputeTimer::bytes_needed(int H, int ffn_hidden, int max_groups, int64_t max_rows) {
+    return arena_plan(H, ffn_hidden, max_groups, max_rows).total;
+}
+
+RankComputeTimer::RankComputeTimer(int H, int ffn_hidden, int max_groups, int64_t max_rows, uint64_t seed,
+                                   GemmSchedule wgrad_schedule)
+    : H_(H), F_(ffn_hidden), max_groups_(max_groups), max_rows_(max_rows), wgrad_schedule_(wgrad_schedule) {
+    EVENEP_CHECK(H >= 8 && H % 8 == 0, "rank compute: H = ", H, " must be a positive multiple of 8");
+    EVENEP_CHECK(ffn_hidden >= 8 && ffn_hidden % 8 == 0, "rank compute: H' = ", ffn_hidden,
+                 " must be a positive multiple of 8");
+    EVENEP_CHECK(max_groups >= 1 && max_groups <= ::evenep::cuda::kMaxGemmGroups, "rank compute: max_groups = ",
+                 max_groups, " must be in [1, ", ::evenep::cuda::kMaxGemmGroups, "]");
+    EVENEP_CHECK(max_rows >= 1, "rank compute: max_rows = ", max_rows, " must be >= 1");
+    const ArenaPlan a = arena_plan(H, F_, max_groups, max_rows);
+    bytes_ = a.total;
+    void* p = nullptr;
+    EVENEP_CUDA_CHECK(cudaMalloc(&p, bytes_));
+    arena_ = static_cast<char*>(p);
+    auto bf = [&](int i) { return reinterpret_cast<uint16_t*>(arena_ + a.off[i]); };
+    auto f32 = [&](int i) { return reinterpret_cast<float*>(arena_ + a.off[i]); };
+    weights_ = bf(0), grads_ = f32(1), x_ = bf(2), g_ = bf(3), u_ = bf(4), h_ = bf(5), y_ = bf(6), dy_ = bf(7);
+    dg_ = bf(8), du_ = bf(9), recv_x_ = bf(10), recv_w_ = f32(11), f32a_ = f32(12), f32b_ = f32(13);
+    workspace_ = arena_ + a.off[14];
+    EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    for (cudaEvent_t& e : ev_) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
+    const size_t elems = static_cast<size_t>(H) * F_, n = static_cast<size_t>(max_rows);
+    using ::evenep::cuda::fill_random_bf16;
+    fill_random_bf16(weights_, 3 * elems * max_groups, seed, 1.f / 32, stream_);
+    fill_random_bf16(x_, n * H, seed + 1, 1.f, stream_);
+    fill_random_bf16(recv_x_, n * H, seed + 2, 1.f / 32, stream_);
+    fill_random_bf16(reinterpret_cast<uint16_t*>(recv_w_), 2 * n, seed + 3, 1.f, stream_);
+    EVENEP_CUDA_CHECK(cudaMemsetAsync(grads_, 0, 3 * elems * max_groups * 4, stream_));
+    EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    int sms = 0;
+    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    // Elementwise launches: about four blocks per SM (the layer's rule for one served rank).
+    const int64_t needed = std::max<int64_t>(1, (n * std::max(H, F_) / 8 + 255) / 256);
+    blocks_ = static_cast<int>(std::clamp<int64_t>(4 * static_cast<int64_t>(sms), 1, needed));
+}
+
+RankComputeTimer::~RankComputeTimer() {
+    for (cudaEvent_t e : ev_)
+        if (e) cudaEventDestroy(e);
+    if (stream_) cudaStreamDestroy(stream_);
+    cudaFree(arena_);
+}
+
+std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const int64_t> group_rows) const {
+    EVENEP_CHECK(static_cast<int64_t>(group_rows.size()) <= max_groups_, "rank compute: ", group_rows.size(),
+                 " groups exceed max_groups = ", max_groups_);
+    std::vector<Launch> out;
+    Launch cur;
+    for (size_t g = 0; g < group_rows.size(); ++g) {
+        EVENEP_CHECK(group_rows[g] >= 0, "rank compute: group ", g, " has ", group_rows[g], " rows");
+        int64_t left = group_rows[g];
+        while (left > 0) {
+            const int64_t take = std::min(left, max_rows_ - cur.rows);
+            cur.rows += take;
+            cur.cu.push_back(static_cast<int32_t>(cur.rows));
+            cur.weight.push_back(static_cast<int>(g));
+            left -= take;
+            if (cur.rows == max_rows_) out.push_back(std::move(cur)), cur = Launch{};
+        }
+    }
+    if (cur.rows > 0) out.push_back(std::move(cur));
+    const size_t elems = static_cast<size_t>(H_) * F_;
+    for (Launch& l : out) {
+        l.G = static_cast<int>(l.cu.size());
+        const size_t table = align_up(8 * 3 * l.G);
+        const size_t bytes = align_up(4 * l.G) + 2 * table + sizeof(kernels::MoeRankView);
+        std::vector<char> host(bytes, 0);
+        std::copy_n(reinterpret_cast<const char*>(l.cu.data()), 4 * l.G, host.data());
+        auto* wt = reinterpret_cast<const uint16_t**>(host.data() + align_up(4 * l.G));
+        auto* gt = reinterpret_cast<float**>(host.data() + align_up(4 * l.G) + table);
+        for (int p = 0; p < 3; ++p)
+            for (int j = 0; j < l.G; ++j) {
+                const size_t m = (static_cast<size_t>(l.weight[j]) * 3 + p) * elems;
+                wt[p * l.G + j] = weights_ + m;
+                gt[p * l.G + j] = grads_ + m;
+            }
+        void* d = nullptr;
+        EVENEP_CUDA_CHECK(cudaMalloc(&d, bytes));
+        l.block = static_cast<char*>(d);
+        kernels::MoeRankView view{};
+        view.recv_x = recv_x_;
+        view.recv_w = recv_w_;
+        view.cu_seqlens = l.d_cu();
+        std::copy_n(reinterpret_cast<const char*>(&view), sizeof(view), host.data() + bytes - sizeof(view));
+        EVENEP_CUDA_CHECK(cudaMemcpy(d, host.data(), bytes, cudaMemcpyHostToDevice));
+    }
+    return out;
+}
+
+void RankComputeTimer::free_launches(std::vector<Launch>& ls) const {
+    for (Launch& l : ls) cudaFree(l.block), l.block = nullptr;
+}
+
+namespace {
+
+kernels::MoeKernelParams elementwise_params(const kernels::MoeRankView* view, int G, int H, int F, int64_t rows,
+                                            int blocks) {
+    kernels::MoeKernelParams p;
+    p.ranks = view;
+    p.R = 1, p.G = G, p.epn = 1, p.B = 0, p.rank_begin = 0, p.num_local = 1;
+    p.H = H, p.F = F, p.nvs = rows, p.elems = static_cast<int64_t>(H) * F;
+    p.f32a_dim = std::max(H, F), p.f32b_dim = H;
+    p.blocks_per_rank = blocks;
+    return p;
+}
+
+}  // namespace
+
+void RankComputeTimer::forward(const Launch& l) {
+    auto gemm = [&](int proj, const uint16_t* x, uint16_t* y, int in, int out) {
+        ::evenep::cuda::GroupedGemmArgs a;
+        a.x = x, a.cu_seqlens = l.d_cu(), a.weights = l.d_weights(proj), a.y = y;
+        a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.op = GemmOp::kForward;
+        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
+        ::evenep::cuda::grouped_gemm(a, stream_);
+    };
+    gemm(0, x_, g_, H_, F_);
+    gemm(1, x_, u_, H_, F_);
+    kernels::MoeKernelParams p = elementwise_params(l.d_view(), l.G, H_, F_, max_rows_, blocks_);
+    p.g = g_, p.u = u_, p.h = h_;
+    kernels::launch_swiglu_forward(p, stream_);
+    gemm(2, h_, y_, F_, H_);
+}
+
+void RankComputeTimer::backward(const Launch& l) {
+    kernels::MoeKernelParams p = elementwise_params(l.d_view(), l.G, H_, F_, max_rows_, blocks_);
+    p.x = x_, p.g = g_, p.u = u_, p.h = h_, p.y = y_, p.dy = dy_, p.dg = dg_, p.du = du_, p.f32a = f32a_,
+    p.f32b = f32b_;
+    auto dgrad = [&](int proj, const uint16_t* dy, float* dx, int in, int out) {
+        ::evenep::cuda::GroupedGemmArgs a;
+        a.x = dy, a.cu_seqlens = l.d_cu(), a.weights = l.d_weights(proj), a.y = dx, a.y_fp32 = true;
+        a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.op = GemmOp::kDgrad;
+        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
+        ::evenep::cuda::grouped_gemm(a, stream_);
+    };
+    auto wgrad = [&](int proj, const uint16_t* x, const uint16_t* dy, int in, int out) {
+        ::evenep::cuda::GroupedWgradArgs a;
+        a.x = x, a.dy = dy, a.cu_seqlens = l.d_cu(), a.grads = l.d_grads(proj);
+        a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.schedule = wgrad_schedule_, a.workspace = workspace_;
+        ::evenep::cuda::grouped_gemm_wgrad(a, stream_);
+    };
+    kernels::launch_moe_grad_rows(p, stream_);
+    wgrad(2, h_, dy_, F_, H_);
+    dgrad(2, dy_, f32a_, F_, H_);
+    kernels::launch_swiglu_backward(p, stream_);
+    wgrad(0, x_, dg_, H_, F_);
+    wgrad(1, x_, du_, H_, F_);
+    dgrad(0, dg_, f32a_, H_, F_);
+    dgrad(1, du_, f32b_, H_, F_);
+    kernels::launch_moe_sum_dx(p, stream_);
+}
+
+RankComputeTime RankComputeTimer::time(std::span<const int64_t> group_rows, int warmup, int iters) {
+    EVENEP_CHECK(warmup >= 0 && iters >= 1, "rank compute: warmup = ", warmup, ", iters = ", iters);
+    std::vector<Launch> ls = split(group_rows);
+    RankComputeTime t;
+    t.launches = static_cast<int>(ls.size());
+    for (const Launch& l : ls) t.rows += l.rows;
+    if (ls.empty()) return t;
+    std::vector<double> fwd, bwd;
+    try {
+        for (int i = 0; i < warmup + iters; ++i) {
+            EVENEP_CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
+            for (const Launch& l : ls) forward(l);
+            EVENEP_CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
+            for (const Launch& l : ls) backward(l);
+            EVENEP_CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+            EVENEP_CUDA_CHECK(cudaEventSynchronize(ev_[2]));
+            float a = 0, b = 0;
+            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&a, ev_[0], ev_[1]));
+            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&b, ev_[1], ev_[2]));
+            if (i >= warmup) fwd.push_back(a), bwd.push_back(b);
+        }
+    } catch (...) {
+        free_launches(ls);
+        throw;
+    }
+    free_launches(ls);
+    std::sort(fwd.begin(), fwd.end());
+    std::sort(bwd.begin(), bwd.end());
+    t.forward_ms = fwd[fwd.size() / 2];
+    t.backward_ms = bwd[bwd.size() / 2];
+    return t;
+}
+
+double RankComputeTimer::check_forward(std::span<const int64_t> group_rows) {
+    std::vector<Launch> ls = split(group_rows);
+    const size_t elems = static_cast<size_t>(H_) * F_;
+    double worst = 0;
+    std::mt19937_64 rng(12345);
+    try {
+        for (const Launch& l : ls) {
+            forward(l);
+            EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            for (int j = 0; j < l.G; ++j) {
+                const int32_t begin = j == 0 ? 0 : l.cu[j - 1];
+                for (const int32_t row : {begin, l.cu[j] - 1}) {
+                    const int col = static_cast<int>(rng() % static_cast<uint64_t>(F_));
+                    std::vector<uint16_t> xr(H_), wc(H_);
+                    uint16_t got = 0;
+                    EVENEP_CUDA_CHECK(cudaMemcpy(xr.data(), x_ + static_cast<size_t>(row) * H_, 2 * H_,
+                                                 cudaMemcpyDeviceToHost));
+                    const uint16_t* w = weights_ + static_cast<size_t>(l.weight[j]) * 3 * elems;  // gate
+                    EVENEP_CUDA_CHECK(cudaMemcpy2D(wc.data(), 2, w + col, 2 * static_cast<size_t>(F_), 2, H_,
+                                                   cudaMemcpyDeviceToHost));
+                    EVENEP_CUDA_CHECK(cudaMemcpy(&got, g_ + static_cast<size_t>(row) * F_ + col, 2,
+                                                 cudaMemcpyDeviceToHost));
+                    double ref = 0, mag = 0;
+                    for (int i = 0; i < H_; ++i) {
+                        const double v = static_cast<double>(bf16_to_float(Bf16{xr[i]})) * bf16_to_float(Bf16{wc[i]});
+                        ref += v;
+                        mag += std::fabs(v);
+                    }
+                    worst = std::max(worst, std::fabs(bf16_to_float(Bf16{got}) - ref) / std::max(mag, 1e-30));
+                }
+            }
+        }
+    } catch (...) {
+        free_launches(ls);
+        throw;
+    }
+    free_launches(ls);
+    return worst;
+}
+
+}  // namespace evenep::perf::cuda

@@ -1,0 +1,82 @@
+// perf/cuda/rank_compute.hpp — one rank's SwiGLU expert forward and backward timed alone on the whole GPU: the
+// per-rank expert compute of `evenep bench layer` (docs/benchmarks.md, "Layer step").
+//
+// A rank's work is a list of groups (one expert's rows each, padding included: every row is computed, as the
+// grouped GEMM does). time() runs, on one stream, exactly the kernels cuda::MoeLayer runs for one served rank:
+//   forward   gate = x·Wg, up = x·Wu (grouped_gemm kForward, bf16), h = swiglu(gate, up), y = h·Wd
+//   backward  dy rows (grad_rows), dWd += h^T·dy (wgrad), dh = dy·Wd^T (kDgrad, fp32), swiglu backward,
+//             dWg += x^T·dg, dWu += x^T·du (wgrad), dg·Wg^T and du·Wu^T (kDgrad, fp32), dx = sum (bf16)
+// with the layer's schedules (forward/dgrad kLoadAware, wgrad kFixed by default). Every group has its own weight and
+// gradient matrices (no cache sharing between groups). Rows beyond the timer's capacity (max_rows) are run as
+// several launches of at most max_rows rows each (a long group is split between launches; its wgrad accumulates),
+// and the launches' times are summed: a rank with more rows than the EvenEP bound (conventional EP under skew) is
+// timed without allocating its worst case. Data is random bf16 (fill_random_bf16), timing only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "evenep/cuda/grouped_gemm.hpp"
+
+namespace evenep::perf::cuda {
+
+struct RankComputeTime {
+    double forward_ms = 0;   // median over iterations
+    double backward_ms = 0;  // median over iterations
+    int64_t rows = 0;        // rows computed (sum of group rows)
+    int launches = 0;        // launches of at most max_rows rows the work was split into (0: no rows)
+    double total_ms() const { return forward_ms + backward_ms; }
+};
+
+class RankComputeTimer {
+  public:
+    // Device memory for up to `max_groups` groups (weights bf16 and gradients fp32, 3 projections of H*H' each) and
+    // `max_rows` rows per launch. H and ffn_hidden: positive multiples of 8. Throws evenep::Error (kInvalidArgument
+    // for bad sizes, kRuntime when the allocation fails).
+    RankComputeTimer(int H, int ffn_hidden, int max_groups, int64_t max_rows, uint64_t seed = 1,
+                     ::evenep::cuda::GemmSchedule wgrad_schedule = ::evenep::cuda::GemmSchedule::kFixed);
+    ~RankComputeTimer();
+    RankComputeTimer(const RankComputeTimer&) = delete;
+    RankComputeTimer& operator=(const RankComputeTimer&) = delete;
+
+    // Device bytes a timer of these sizes allocates (for estimates before constructing one).
+    static size_t bytes_needed(int H, int ffn_hidden, int max_groups, int64_t max_rows);
+
+    // Times `warmup` untimed and `iters` timed runs of the forward and backward of groups with `group_rows[g]` rows
+    // (0: an empty group; at most max_groups entries). CUDA events on the timer's stream; synchronises.
+    RankComputeTime time(std::span<const int64_t> group_rows, int warmup, int iters);
+
+    // Runs the forward of `group_rows` once and compares sampled elements of the gate projection (x·Wg, every
+    // launch, first and last row of every non-empty group) with host fp64 sums of the same bf16 inputs; returns the
+    // largest error relative to the sum of magnitudes (bf16 output rounding: < 2^-8 expected).
+    double check_forward(std::span<const int64_t> group_rows);
+
+    size_t allocated_bytes() const { return bytes_; }
+
+  private:
+    struct Launch;  // one launch's groups: device cu_seqlens and weight / gradient tables
+    std::vector<Launch> split(std::span<const int64_t> group_rows) const;
+    void forward(const Launch& l);
+    void backward(const Launch& l);
+    void free_launches(std::vector<Launch>& ls) const;
+
+    int H_, F_, max_groups_;
+    int64_t max_rows_;
+    ::evenep::cuda::GemmSchedule wgrad_schedule_;
+    size_t bytes_ = 0;
+    char* arena_ = nullptr;
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
+    // Regions of the arena.
+    uint16_t *weights_ = nullptr, *x_ = nullptr, *g_ = nullptr, *u_ = nullptr, *h_ = nullptr, *y_ = nullptr;
+    uint16_t *dy_ = nullptr, *dg_ = nullptr, *du_ = nullptr, *recv_x_ = nullptr;
+    float *grads_ = nullptr, *recv_w_ = nullptr, *f32a_ = nullptr, *f32b_ = nullptr;
+    void* workspace_ = nullptr;
+    int blocks_ = 1;  // grid.x of the elementwise launches
+};
+
+}  // namespace evenep::perf::cuda

@@ -1,0 +1,315 @@
+// `evenep bench layer`: one MoE layer step (forward and backward, every phase) of EvenEP against conventional EP and
+// EPLB-style replication on the same routing, at the MoonEP point (R=8 E=384 K=8 S=8192 H=7168 H'=2048) and a
+// K3-like point (E=896 K=16 H=3584, R in --k3-R), for every --maxvio. R GPUs are emulated on one: each rank's expert
+// compute is timed alone on the whole GPU, data movement is modelled from the plan's per-rank link bytes (and
+// measured as the library runs it, all virtual ranks per launch). Method: perf/cuda/layer_bench.hpp and
+// docs/benchmarks.md, "Layer step". Every flag is checked before anything runs (exit 2, one line); points that
+// would not fit the device's memory or --max-seconds are refused up front with their estimate.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "evenep/config.hpp"
+#include "evenep/error.hpp"
+#include "evenep/routing.hpp"
+#if defined(EVENEP_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "perf/cuda/bench.hpp"
+#include "evenep/cuda/check.hpp"
+#include "perf/cuda/layer_bench.hpp"
+#endif
+
+namespace evenep::cli {
+namespace {
+
+struct LayerOptions {
+    std::vector<std::string> points{"moonep", "k3"};
+    std::vector<int> k3_ranks{8, 16, 64};
+    std::vector<double> maxvios{0.2, 1, 5, 10, 20};
+    int k3_ffn_hidden = 2048;
+    uint64_t seed = 1;
+    double drift = 0.1;
+    int redundant = -1;
+    double link_gbps = 367;
+    int warmup = 1, iters = 3;
+    double max_seconds = 1800;
+    bool quick = false, check = false, no_measure = false;
+    std::string json_file;
+};
+
+struct Point {
+    std::string shape;
+    int R, E, K, S, H, ffn_hidden;
+    double maxvio;
+};
+
+// --quick: the MoonEP point at maxvio 1 and 20 (unless --points / --maxvio are given).
+void apply_quick(const CLI::App& cmd, LayerOptions& o) {
+    if (!o.quick) return;
+    if (cmd.count("--points") == 0) o.points = {"moonep"};
+    if (cmd.count("--maxvio") == 0) o.maxvios = {1, 20};
+}
+
+std::vector<Point> make_points(const LayerOptions& o) {
+    std::vector<Point> out;
+    for (const std::string& p : o.points) {
+        if (p == "moonep")
+            for (double mv : o.maxvios) out.push_back({"moonep", 8, 384, 8, 8192, 7168, 2048, mv});
+        if (p == "k3")
+            for (int R : o.k3_ranks)
+                for (double mv : o.maxvios)  // one name per R: plots.py draws one panel per shape name
+                    out.push_back({fmt::format("k3_R{}", R), R, 896, 16, 8192, 3584, o.k3_ffn_hidden, mv});
+    }
+    return out;
+}
+
+// Every flag checked before any work: a bad one fails at once, one line naming it (exit 2).
+void validate(const LayerOptions& o) {
+    EVENEP_CHECK(!o.points.empty(), "bench layer: --points: give at least one of moonep, k3");
+    for (const std::string& p : o.points)
+        EVENEP_CHECK(p == "moonep" || p == "k3", "bench layer: --points entry '", p, "' must be moonep or k3");
+    EVENEP_CHECK(!o.maxvios.empty(), "bench layer: --maxvio: give at least one value");
+    EVENEP_CHECK(!o.k3_ranks.empty(), "bench layer: --k3-R: give at least one group size");
+    for (int R : o.k3_ranks)
+        EVENEP_CHECK(R >= 1 && R <= 896 && 896 % R == 0, "bench layer: --k3-R = ", R,
+                     " must divide E = 896 (e.g. 8, 16, 32, 56, 64, 112, 128, 224)");
+    EVENEP_CHECK(o.k3_ffn_hidden % 8 == 0, "bench layer: --k3-ffn-hidden = ", o.k3_ffn_hidden,
+                 " must be a multiple of 8");
+    EVENEP_CHECK(o.redundant >= -1 && o.redundant <= 896, "bench layer: --redundant = ", o.redundant,
+                 " must be -1 (= epn) or in [0, 896]");
+    for (const Point& p : make_points(o)) {
+        const Config cfg{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .B = -1, .tp = 128};
+        cfg.validate();
+    }
+}
+
+#if defined(EVENEP_HAVE_CUDA)
+
+using perf::cuda::LayerBenchConfig;
+using perf::cuda::LayerPointResult;
+using perf::cuda::SystemStep;
+
+LayerBenchConfig config_of(const LayerOptions& o, const Point& p) {
+    LayerBenchConfig c;
+    c.shape = p.shape;
+    c.R = p.R, c.E = p.E, c.K = p.K, c.S = p.S, c.H = p.H, c.ffn_hidden = p.ffn_hidden;
+    c.target_maxvio = p.maxvio;
+    c.seed = o.seed;
+    c.drift = o.drift;
+    c.redundant = o.redundant;
+    c.link_gbps = o.link_gbps;
+    c.warmup = o.warmup, c.iters = o.iters;
+    c.measure_data_movement = !o.no_measure;
+    c.check = o.check;
+    return c;
+}
+
+void print_header() {
+    fmt::print("{:<7} {:>3} {:>6} {:>6} {:<13} {:>8} {:>8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>7}\n", "shape", "R",
+               "maxvio", "achvd", "system", "cmp max", "cmp mean", "comm mdl", "imbal", "step", "overlap", "vs evn",
+               "s");
+}
+
+void print_point(const LayerPointResult& r) {
+    const SystemStep& ev = r.systems.front();
+    for (const SystemStep& s : r.systems)
+        fmt::print("{:<7} {:>3} {:>6g} {:>6.2f} {:<13} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.3f} {:>8.2f} {:>8.2f} {:>7.2f}x "
+                   "{:>7.1f}\n",
+                   r.cfg.shape, r.cfg.R, r.cfg.target_maxvio, r.maxvio, s.system, s.compute_max_ms,
+                   s.compute_mean_ms, s.comm.communication(), s.imbalance, s.step_no_overlap_ms,
+                   s.step_overlapped_ms, s.step_overlapped_ms / ev.step_overlapped_ms, r.seconds);
+    if (!r.measured.empty()) {
+        std::string line;
+        for (const auto& m : r.measured)
+            if (m.op.find("_graph") == std::string::npos && m.op != "plan_rank_warm" && m.op != "plan_rank_serial")
+                line += fmt::format(" {} {:.1f}", m.op, m.median_us);
+        fmt::print("  measured on one GPU, all {} ranks per launch (us):{}\n", r.cfg.R, line);
+    } else {
+        fmt::print("  data movement {}\n", r.measured_note);
+    }
+    if (r.gemm_check_error >= 0) fmt::print("  check: GEMM sampled error {:.1e}, data movement {} wrong\n",
+                                            r.gemm_check_error, r.wrong);
+    std::fflush(stdout);
+}
+
+nlohmann::json phases_json(const perf::cuda::PhaseMs& m) {
+    return {{"plan", m.plan},
+            {"dispatch", m.dispatch},
+            {"prefetch", m.prefetch},
+            {"combine", m.combine},
+            {"combine_backward", m.combine_backward},
+            {"dispatch_backward", m.dispatch_backward},
+            {"reduce_grad", m.reduce_grad}};
+}
+
+// The point's rows in evenep.layer_step/1 (scripts/plots.py): one per system.
+void add_json(nlohmann::json& points, const LayerPointResult& r) {
+    const SystemStep& ev = r.systems.front();
+    nlohmann::json measured = nlohmann::json::array();
+    for (const auto& m : r.measured)
+        measured.push_back({{"op", m.op}, {"median_us", m.median_us}, {"bytes", m.bytes}, {"wrong", m.wrong},
+                            {"note", m.note}});
+    for (const SystemStep& s : r.systems) {
+        nlohmann::json j{{"shape", r.cfg.shape},
+                         {"R", r.cfg.R},
+                         {"E", r.cfg.E},
+                         {"K", r.cfg.K},
+                         {"S", r.cfg.S},
+                         {"H", r.cfg.H},
+                         {"ffn_hidden", r.cfg.ffn_hidden},
+                         {"system", s.system},
+                         {"maxvio", r.cfg.target_maxvio},
+                         {"achieved_maxvio", r.maxvio},
+                         {"step_ms_overlapped", s.step_overlapped_ms},
+                         {"step_ms_no_overlap", s.step_no_overlap_ms},
+                         {"per_rank_compute_ms", s.compute_ms},
+                         {"per_rank_forward_ms", s.forward_ms},
+                         {"per_rank_backward_ms", s.backward_ms},
+                         {"timed_ranks", s.timed_ranks},
+                         {"compute_max_ms", s.compute_max_ms},
+                         {"compute_mean_ms", s.compute_mean_ms},
+                         {"rows", s.rows},
+                         {"imbalance", s.imbalance},
+                         {"comm_ms_modelled", phases_json(s.comm)},
+                         {"max_rank_link_bytes", s.max_rank_link_bytes},
+                         {"link_gbps", r.cfg.link_gbps},
+                         {"speedup_evenep_overlapped", s.step_overlapped_ms / ev.step_overlapped_ms},
+                         {"seed", r.cfg.seed}};
+        if (s.system == "eplb") j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio;
+        if (s.system == "evenep") {
+            j["measured_data_movement"] = measured;
+            j["measured_note"] = r.measured_note;
+            if (r.gemm_check_error >= 0) j["gemm_check_error"] = r.gemm_check_error;
+        }
+        points.push_back(std::move(j));
+    }
+}
+
+void run(const LayerOptions& o) {
+    std::vector<Point> points = make_points(o);
+    size_t free_bytes = 0, total_bytes = 0;
+    EVENEP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const double usable = 0.9 * static_cast<double>(free_bytes);
+    // Refuse up front what would not fit: the per-rank timer in device memory, the run in --max-seconds.
+    std::vector<std::pair<Point, bool>> plan;  // point, measure data movement
+    double budget = 0;
+    for (const Point& p : points) {
+        const auto est = perf::cuda::estimate_layer_point(config_of(o, p));
+        const std::string name = fmt::format("{} R={} maxvio {:g}", p.shape, p.R, p.maxvio);
+        if (est.compute_bytes > usable) {
+            fmt::print("refused {}: the per-rank timer needs {} of device memory, {} free\n", name,
+                       human_bytes(est.compute_bytes), human_bytes(static_cast<double>(free_bytes)));
+            continue;
+        }
+        if (budget + est.seconds > o.max_seconds) {
+            fmt::print("refused {}: estimated {:.0f} s would pass --max-seconds {:g} ({:.0f} s already planned)\n",
+                       name, est.seconds, o.max_seconds, budget);
+            continue;
+        }
+        budget += est.seconds;
+        const bool measure = !o.no_measure && est.movement_bytes <= usable;
+        if (!o.no_measure && !measure)
+            fmt::print("{}: data movement modelled only (one-GPU measurement of {} virtual ranks needs ~{}, {} "
+                       "free)\n",
+                       name, p.R, human_bytes(est.movement_bytes), human_bytes(static_cast<double>(free_bytes)));
+        plan.push_back({p, measure});
+    }
+    EVENEP_CHECK(!plan.empty(), "bench layer: every point was refused (see above); lower the grid or raise "
+                                "--max-seconds");
+    fmt::print("device: {}; {} point(s), estimated {:.0f} s; link {:g} GB/s per direction (modelled)\n",
+               perf::device_summary(), plan.size(), budget, o.link_gbps);
+    double copy_gbps = 1;
+    if (!o.no_measure) copy_gbps = perf::copy_anchor_gbps(perf::bench_copy(size_t{512} << 20, 3, 10));
+
+    {
+        OutputFile probe("--json", o.json_file);  // a bad target fails now, not after the run
+        probe.close();
+    }
+    nlohmann::json doc{{"schema", "evenep.layer_step/1"}, {"device", perf::device_summary()},
+                       {"points", nlohmann::json::array()}};
+    print_header();
+    int64_t wrong = 0;
+    double worst_gemm = 0;
+    for (const auto& [p, measure] : plan) {
+        LayerBenchConfig c = config_of(o, p);
+        c.measure_data_movement = measure;
+        c.copy_gbps = copy_gbps;
+        const RoutingSpec spec{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .seed = o.seed};
+        const Routing routing = routing_near_maxvio(spec, p.maxvio, &c.sigma);
+        const LayerPointResult r = perf::cuda::run_layer_point(c, routing);
+        print_point(r);
+        add_json(doc["points"], r);
+        wrong += r.wrong;
+        worst_gemm = std::max(worst_gemm, r.gemm_check_error);
+        if (!o.json_file.empty()) {  // rewritten after every point: a run cut short keeps what it measured
+            OutputFile out("--json", o.json_file);
+            out.write(doc.dump(1) + "\n");
+            out.close();
+        }
+    }
+    // Ratios of the overlapped estimates, per point.
+    fmt::print("\nstep (overlapped) ratios: conventional / EvenEP, EPLB / EvenEP\n");
+    const auto& pts = doc["points"];
+    for (size_t i = 0; i + 2 < pts.size(); i += 3)
+        fmt::print("  {:<6} R={:<3} maxvio {:>4g}: {:.2f}x  {:.2f}x\n", pts[i]["shape"].get<std::string>(),
+                   pts[i]["R"].get<int>(), pts[i]["maxvio"].get<double>(),
+                   pts[i + 1]["speedup_evenep_overlapped"].get<double>(),
+                   pts[i + 2]["speedup_evenep_overlapped"].get<double>());
+    if (o.check) {
+        fmt::print("check: data movement {} wrong, GEMM sampled error {:.1e}\n", wrong, worst_gemm);
+        EVENEP_CHECK_KIND(ErrorKind::kRuntime, wrong == 0 && worst_gemm < 1e-2, "bench layer: --check failed: ",
+                          wrong, " wrong data-movement results, GEMM sampled error ", worst_gemm);
+    }
+}
+
+#endif  // EVENEP_HAVE_CUDA
+
+}  // namespace
+
+void register_bench_layer(CLI::App& bench) {
+    auto o = std::make_shared<LayerOptions>();
+    CLI::App* cmd = bench.add_subcommand(
+        "layer",
+        "one MoE layer step (fwd+bwd) of EvenEP vs conventional EP and EPLB-style replication, R GPUs emulated on "
+        "one: per-rank expert compute alone on the GPU, modelled link time");
+    cmd->add_option("--points", o->points, "any of moonep (R=8 E=384 K=8 H=7168 H'=2048), k3 (E=896 K=16 H=3584)")
+        ->capture_default_str();
+    cmd->add_option("--k3-R", o->k3_ranks, "group sizes of the K3-like point")->capture_default_str();
+    add_reals(*cmd, "--maxvio", o->maxvios, "target maxvio values of the routing", 0, 1e6);
+    add_int(*cmd, "--k3-ffn-hidden", o->k3_ffn_hidden, "expert intermediate size H' of the K3-like point (multiple "
+            "of 8)", 8, kMaxHidden);
+    add_u64(*cmd, "--seed", o->seed, "routing and data seed");
+    add_real(*cmd, "--drift", o->drift, "EPLB: per-step log-popularity drift (random walk)", 0, 100)
+        ->capture_default_str();
+    add_int(*cmd, "--redundant", o->redundant, "EPLB redundant slots per rank (-1: EvenEP's B = epn)", -1, 1 << 20);
+    add_real(*cmd, "--link-gbps", o->link_gbps, "modelled link bandwidth per direction, GB/s", 1e-3, 1e6)
+        ->capture_default_str();
+    add_int(*cmd, "--warmup", o->warmup, "untimed runs per rank", 0, 1000);
+    add_int(*cmd, "--iters", o->iters, "timed runs per rank (median)", 1, 1000);
+    add_real(*cmd, "--max-seconds", o->max_seconds, "refuse points whose estimated time would pass this", 1, 1e6)
+        ->capture_default_str();
+    cmd->add_flag("--quick", o->quick, "the MoonEP point at maxvio 1 and 20 only");
+    cmd->add_flag("--check", o->check, "verify the data movement (bitwise) and sample the timed GEMMs");
+    cmd->add_flag("--no-measure", o->no_measure, "skip the one-GPU data-movement measurement (modelled only)");
+    add_output_file(*cmd, "--json", o->json_file, "write evenep.layer_step/1 JSON (scripts/plots.py --layer)");
+    cmd->callback([o, cmd] {
+        apply_quick(*cmd, *o);
+        validate(*o);
+        require_cuda_device("bench layer");
+#if defined(EVENEP_HAVE_CUDA)
+        run(*o);
+#else
+        EVENEP_CHECK_KIND(ErrorKind::kRuntime, false, "bench layer: needs a CUDA build");
+#endif
+    });
+}
+
+}  // namespace evenep::cli
