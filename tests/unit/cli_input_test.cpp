@@ -9,7 +9,8 @@
 //              routing_without_E
 //   values:    H_negative, ffn_hidden_huge, maxvio_above_bound, maxvio_below_range (the reachable range),
 //              sigma_negative, sigma_nan, empty_B, empty_seed, empty_routing, empty_maxvio, seed_negative,
-//              E_hex, R_garbage
+//              E_hex, R_garbage, bench_E_hex, bench_iters_zero (the GPU benchmarks' options, checked
+//              before the device is)
 //   conflicts: maxvio_with_sigma, routing_with_R, routing_with_S, tpe_with_E, reference_extended,
 //              quality_quick_cases
 //   parser:    unknown_command, unknown_bench_command, unknown_flag, missing_value
@@ -105,6 +106,8 @@ std::vector<Case> cases() {
         {"empty_maxvio", "demo --maxvio ''", {"--maxvio", "empty value"}},
         {"seed_negative", "plan --seed -1", {"--seed", "'-1'"}},
         {"E_hex", "plan --E 0x10", {"--E", "'0x10'", "not a decimal integer"}},
+        {"bench_E_hex", "bench dispatch --E 0x10", {"--E", "'0x10'", "not a decimal integer"}},
+        {"bench_iters_zero", "bench gpu-suite --iters 0", {"--iters", "'0'", "outside [1, 1000000]"}},
         {"R_garbage", "demo --R 4x", {"--R", "'4x'"}},
         {"maxvio_with_sigma", "plan --maxvio 2 --sigma 1", {"--maxvio", "--sigma", "excludes"}},
         {"routing_with_R", "plan --routing " + r + " --E 8 --R 4", {"--routing", "--R", "excludes"}},

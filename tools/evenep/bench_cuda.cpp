@@ -3,7 +3,7 @@
 // formulas: docs/benchmarks.md. Without a CUDA build the subcommands exist and say that they need one.
 #include <fmt/format.h>
 
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -36,27 +36,28 @@ struct GpuBenchOptions {
 
 void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
     if (shape_flags) {
-        cmd->add_option("--R", o.R, "virtual ranks")->capture_default_str();
-        cmd->add_option("--E", o.E, "routed experts")->capture_default_str();
-        cmd->add_option("--K", o.K, "top-k")->capture_default_str();
-        cmd->add_option("--S", o.S, "tokens per rank")->capture_default_str();
-        cmd->add_option("--H", o.H, "hidden size")->capture_default_str();
-        cmd->add_option("--ffn-hidden", o.ffn_hidden, "expert intermediate size H'")->capture_default_str();
-        cmd->add_option("--tp", o.tp, "token padding")->capture_default_str();
-        cmd->add_option("--maxvio", o.maxvios, "target maxvio values")->capture_default_str();
-        cmd->add_option("--seed", o.seed, "routing seed")->capture_default_str();
-        cmd->add_option("--planner", o.planner, "reference or optimized")->capture_default_str();
-        cmd->add_option("--projections", o.projections, "prefetch/reduce: projections per copy (1..3)")
+        add_int(*cmd, "--R", o.R, "virtual ranks", 1, kMaxRanks);
+        add_int(*cmd, "--E", o.E, "routed experts", 1, kMaxExperts);
+        add_int(*cmd, "--K", o.K, "top-k", 1, 32);
+        add_int(*cmd, "--S", o.S, "tokens per rank", 1, std::numeric_limits<int>::max());
+        add_int(*cmd, "--H", o.H, "hidden size", 1, kMaxHidden);
+        add_int(*cmd, "--ffn-hidden", o.ffn_hidden, "expert intermediate size H'", 1, kMaxHidden);
+        add_int(*cmd, "--tp", o.tp, "token padding", 1, kMaxTokenPad);
+        add_reals(*cmd, "--maxvio", o.maxvios, "target maxvio values", 0, std::numeric_limits<double>::infinity());
+        add_u64(*cmd, "--seed", o.seed, "routing seed");
+        add_string(*cmd, "--planner", o.planner, "reference or optimized")
+            ->check(CLI::IsMember({"reference", "optimized"}))
             ->capture_default_str();
+        add_int(*cmd, "--projections", o.projections, "prefetch/reduce: projections per copy (1..3)", 1, 3);
     }
-    cmd->add_option("--sm-budget", o.sm_budget, "SMs per virtual rank (clamped to co-residency)")
-        ->capture_default_str();
-    cmd->add_option("--warmup", o.warmup, "untimed runs")->capture_default_str();
-    cmd->add_option("--iters", o.iters, "timed runs (median reported)")->capture_default_str();
+    add_int(*cmd, "--sm-budget", o.sm_budget, "SMs per virtual rank (clamped to co-residency)", 1, 1 << 16);
+    add_int(*cmd, "--warmup", o.warmup, "untimed runs", 0, 1000000);
+    add_int(*cmd, "--iters", o.iters, "timed runs (median reported)", 1, 1000000);
     cmd->add_flag("--check", o.check, "verify results first and report #wrong");
     cmd->add_flag("--graph", o.graph, "also time each op as CUDA graph replays (rows <op>_graph)");
-    cmd->add_option("--copy-mib", o.copy_mib, "size of the copy-bandwidth anchor buffer")->capture_default_str();
-    cmd->add_option("--json", o.json_file, "write all rows as JSON");
+    add_real(*cmd, "--copy-mib", o.copy_mib, "size of the copy-bandwidth anchor buffer", 1, 1 << 20)
+        ->capture_default_str();
+    add_output_file(*cmd, "--json", o.json_file, "write all rows as JSON");
 }
 
 #if defined(EVENEP_HAVE_CUDA)
@@ -99,6 +100,9 @@ struct Shape {
 
 // Runs `ops` at every maxvio of every shape; prints, collects JSON; returns the number of wrong results.
 int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const std::vector<std::string>& ops) {
+    // The JSON target is opened before the run (a bad path fails in seconds) and checked at close.
+    OutputFile json("--json", o.json_file);  // inactive when no path was given
+    if (!o.npy_dir.empty()) prepare_output_dir("--npy-dir", o.npy_dir);
     fmt::print("device: {}\n", perf::device_summary());
     nlohmann::json out{{"device", perf::device_summary()}, {"rows", nlohmann::json::array()}};
     const std::vector<BenchRow> anchors =
@@ -136,11 +140,8 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
                 if (r.wrong > 0) wrong += r.wrong;
             }
         }
-    if (!o.json_file.empty()) {
-        std::ofstream f(o.json_file);
-        EVENEP_CHECK(f.good(), "bench: cannot write ", o.json_file);
-        f << out.dump(2) << "\n";
-    }
+    json.write(out.dump(2) + "\n");
+    json.close();
     if (o.check) fmt::print("check: {} wrong\n", wrong);
     return wrong;
 }
@@ -187,10 +188,10 @@ void register_bench_cuda(CLI::App& bench) {
         "every GPU benchmark at the MoonEP point (R=8 S=8192 E=384 K=8 H=7168 H'=2048) and the K3 shape "
         "(E=896 K=16 H=3584), maxvio 0.2/1/10/20");
     add_common(suite, *opt, false);
-    suite->add_option("--maxvio", opt->maxvios, "target maxvio values")->capture_default_str();
-    suite->add_option("--npy-dir", opt->npy_dir, "write rank 0's routing of every point here (PyTorch anchor)");
-    suite->add_option("--projections", opt->projections, "prefetch/reduce: projections per copy")
-        ->capture_default_str();
+    add_reals(*suite, "--maxvio", opt->maxvios, "target maxvio values", 0, std::numeric_limits<double>::infinity());
+    add_output_dir(*suite, "--npy-dir", opt->npy_dir,
+                   "write rank 0's routing of every point here (PyTorch anchor; created when missing)");
+    add_int(*suite, "--projections", opt->projections, "prefetch/reduce: projections per copy (1..3)", 1, 3);
     suite->callback([opt] {
         require_cuda_device("bench gpu-suite");
 #if defined(EVENEP_HAVE_CUDA)

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -510,23 +511,26 @@ void run_calibration(const GemmBenchOptions& o) {
 void register_bench_gemm(CLI::App& bench) {
     auto o = std::make_shared<GemmBenchOptions>();
     CLI::App* cmd = bench.add_subcommand("gemm", "GPU grouped GEMM of the expert FFN (fixed vs load-aware schedule)");
-    cmd->add_option("--R", o->R, "ranks (for the planner's row counts)")->capture_default_str();
-    cmd->add_option("--E", o->E, "routed experts")->capture_default_str();
-    cmd->add_option("--K", o->K, "top-k")->capture_default_str();
-    cmd->add_option("--S", o->S, "tokens per rank")->capture_default_str();
-    cmd->add_option("--H", o->H, "hidden size")->capture_default_str();
-    cmd->add_option("--ffn-hidden", o->ffn_hidden, "expert intermediate size H'")->capture_default_str();
-    cmd->add_option("--tp", o->tp, "token padding")->capture_default_str();
-    cmd->add_option("--maxvio", o->maxvios, "target maxvio values (planner rows of rank 0)")->capture_default_str();
-    cmd->add_option("--zipf", o->zipf, "Zipf exponent of the extra split (<= 0: none)")->capture_default_str();
-    cmd->add_option("--seed", o->seed, "routing and data seed")->capture_default_str();
+    add_int(*cmd, "--R", o->R, "ranks (for the planner's row counts)", 1, kMaxRanks);
+    add_int(*cmd, "--E", o->E, "routed experts", 1, kMaxExperts);
+    add_int(*cmd, "--K", o->K, "top-k", 1, 32);
+    add_int(*cmd, "--S", o->S, "tokens per rank", 1, std::numeric_limits<int>::max());
+    add_int(*cmd, "--H", o->H, "hidden size", 1, kMaxHidden);
+    add_int(*cmd, "--ffn-hidden", o->ffn_hidden, "expert intermediate size H'", 1, kMaxHidden);
+    add_int(*cmd, "--tp", o->tp, "token padding", 1, kMaxTokenPad);
+    add_reals(*cmd, "--maxvio", o->maxvios, "target maxvio values (planner rows of rank 0)", 0,
+              std::numeric_limits<double>::infinity());
+    add_real(*cmd, "--zipf", o->zipf, "Zipf exponent of the extra split (<= 0: none)", -1000, 1000)
+        ->capture_default_str();
+    add_u64(*cmd, "--seed", o->seed, "routing and data seed");
     cmd->add_option("--ops", o->ops, "any of fwd, dgrad, wgrad (dW += x^T dy into fp32), wgrad_set (dW = x^T dy, no read); wgrad --check: 8 sampled elements")
         ->capture_default_str();
-    cmd->add_option("--warmup", o->warmup, "untimed runs")->capture_default_str();
-    cmd->add_option("--iters", o->iters, "timed runs (median reported)")->capture_default_str();
+    add_int(*cmd, "--warmup", o->warmup, "untimed runs", 0, 1000000);
+    add_int(*cmd, "--iters", o->iters, "timed runs (median reported)", 1, 1000000);
     cmd->add_flag("--check", o->check, "compare schedules bitwise and sample 16 elements against the host");
-    cmd->add_option("--json", o->json_file, "write all rows as JSON");
-    cmd->add_option("--offsets-json", o->offsets_file, "write each distribution's cu_seqlens (for gemm_anchor.py)");
+    add_output_file(*cmd, "--json", o->json_file, "write all rows as JSON");
+    add_output_file(*cmd, "--offsets-json", o->offsets_file,
+                    "write each distribution's cu_seqlens (for gemm_anchor.py)");
     cmd->add_option("--kernels", o->kernels,
                     "any of wgmma (Hopper kernel, fixed and load-aware schedules), mma (portable kernel)")
         ->capture_default_str();

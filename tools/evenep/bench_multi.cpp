@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -100,24 +101,25 @@ void register_bench_multi(CLI::App& bench) {
         "Multi-GPU benchmark, one process per GPU over the NCCL team (run under `evenep launch -n R --`): plan, "
         "dispatch, combine, prefetch, reduce and plan+dispatch+prefetch vs the NVLink copy anchor and an NCCL "
         "all-to-all baseline on the same routing; MoonEP point scaled to R (E = 48 R, S=8192 K=8 H=7168 H'=2048)");
-    cmd->add_option("--experts-per-rank", o->experts_per_rank, "E / R")->capture_default_str();
-    cmd->add_option("--K", o->K, "top-k")->capture_default_str();
-    cmd->add_option("--S", o->S, "tokens per rank")->capture_default_str();
-    cmd->add_option("--H", o->H, "hidden size")->capture_default_str();
-    cmd->add_option("--ffn-hidden", o->ffn_hidden, "expert intermediate size H'")->capture_default_str();
-    cmd->add_option("--tp", o->tp, "token padding")->capture_default_str();
-    cmd->add_option("--maxvio", o->maxvios, "target maxvio values")->capture_default_str();
-    cmd->add_option("--seed", o->seed, "routing seed")->capture_default_str();
-    cmd->add_option("--sm-budget", o->sm_budget, "SMs per rank of the communication kernels")->capture_default_str();
-    cmd->add_option("--warmup", o->warmup, "untimed runs")->capture_default_str();
-    cmd->add_option("--iters", o->iters, "timed runs (median reported)")->capture_default_str();
-    cmd->add_option("--projections", o->projections, "prefetch/reduce: projections per copy (1..3)")
+    add_int(*cmd, "--experts-per-rank", o->experts_per_rank, "E / R", 1, kMaxExperts);
+    add_int(*cmd, "--K", o->K, "top-k", 1, 32);
+    add_int(*cmd, "--S", o->S, "tokens per rank", 1, std::numeric_limits<int>::max());
+    add_int(*cmd, "--H", o->H, "hidden size", 1, kMaxHidden);
+    add_int(*cmd, "--ffn-hidden", o->ffn_hidden, "expert intermediate size H'", 1, kMaxHidden);
+    add_int(*cmd, "--tp", o->tp, "token padding", 1, kMaxTokenPad);
+    add_reals(*cmd, "--maxvio", o->maxvios, "target maxvio values", 0, std::numeric_limits<double>::infinity());
+    add_u64(*cmd, "--seed", o->seed, "routing seed");
+    add_int(*cmd, "--sm-budget", o->sm_budget, "SMs per rank of the communication kernels", 1, 1 << 16);
+    add_int(*cmd, "--warmup", o->warmup, "untimed runs", 0, 1000000);
+    add_int(*cmd, "--iters", o->iters, "timed runs (median reported)", 1, 1000000);
+    add_int(*cmd, "--projections", o->projections, "prefetch/reduce: projections per copy (1..3)", 1, 3);
+    add_string(*cmd, "--planner", o->planner, "reference or optimized")
+        ->check(CLI::IsMember({"reference", "optimized"}))
         ->capture_default_str();
-    cmd->add_option("--planner", o->planner, "reference or optimized")->capture_default_str();
-    cmd->add_option("--copy-mib", o->copy_mib, "size of the copy anchors")->capture_default_str();
+    add_real(*cmd, "--copy-mib", o->copy_mib, "size of the copy anchors", 1, 1 << 20)->capture_default_str();
     cmd->add_option("--ops", o->ops, "subset of: plan dispatch combine prefetch reduce total a2a (default: all)");
     cmd->add_flag("--check", o->check, "verify plan, dst, dispatch rows, sampled combine and prefetch first");
-    cmd->add_option("--json", o->json_file, "rank 0 writes all rows as JSON");
+    add_output_file(*cmd, "--json", o->json_file, "rank 0 writes all rows as JSON");
     cmd->callback([o] {
         require_cuda_device("bench multi");
 #if defined(EVENEP_HAVE_CUDA)
