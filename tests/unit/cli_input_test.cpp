@@ -47,9 +47,7 @@ using testing::run_cli;
 // Files every case may name, under one directory made once per test binary.
 const fs::path& data_dir() {
     static const fs::path dir = [] {
-        const fs::path d = fs::temp_directory_path() / ("evenep_cli_input_test_" + std::to_string(getpid()));
-        fs::remove_all(d);
-        fs::create_directories(d);
+        const fs::path d = testing::temp_dir("evenep_cli_input_test", "data");
         ::mkfifo((d / "fifo").c_str(), 0600);
         std::ofstream(d / "big.json") << "{\"R\": 2, \"E\": 4, \"K\": 1, \"S\": 2, \"s\": [2, 2],\n"
                                          " \"tpe\": [[1e400, 0, 0, 0], [1, 1, 0, 0]]}\n";
