@@ -132,10 +132,11 @@ void for_each_array(PlanT& plan, F&& f) {
 // once `out` has been used for the same configuration (its vectors are reused).
 class Planner {
 public:
-    // `extended_candidates` (optimized mode only): also try the overshooting, push-spreading and path candidates
-    // of plan_core.hpp (plan_alloc_mode). It lowers copies and the busiest rank's copy traffic (docs/quality.md) but
-    // is CPU-only for now: the GPU planner mirrors the default candidate set, so GPU runs must leave it off.
-    Planner(const Config& cfg, PlannerMode mode, bool extended_candidates = false);
+    // `extended_candidates` (optimized mode only; the default): also try the overshooting, push-spreading and path
+    // candidates of plan_core.hpp (plan_alloc_mode). It lowers copies and the busiest rank's copy traffic
+    // (docs/quality.md); the GPU planner mirrors it. false = the two global fills of the first release (`legacy`),
+    // kept only to measure what the extension buys; the GPU planner does not implement it.
+    Planner(const Config& cfg, PlannerMode mode, bool extended_candidates = true);
 
     // tpe: [R*E] all ranks' histograms; s: [R] tokens per rank (1 <= s_r <= S, tpe row sums <= s_r*K).
     // Throws evenep::Error naming the rank and value on inconsistent input.

@@ -76,7 +76,8 @@ void bench_plan(Point& p) {
            << " back-to-back launches); phases us: loads " << us(0, 1) << ", init " << us(1, 2) << ", transfers+fills "
            << us(2, 3) << ", split " << us(3, 4) << ", costs " << us(4, 5) << ", prefixes " << us(5, 6) << ", layout "
            << us(6, 7) << ", copies+costs " << us(7, 8) << "; fill iterations " << ts[9] << "/" << ts[10]
-           << ", split pieces (max donor) " << ts[11] << "; SM clock during the plan "
+           << ", split pieces (max donor) " << ts[11] << ", paths done +" << us(2, 14) << "/+" << us(2, 15)
+           << " us after the fills start" << "; SM clock during the plan "
            << static_cast<double>(ts[13] - ts[12]) / static_cast<double>(ts[8] - ts[0]) << " GHz";
     int64_t wrong_one = -1;
     if (bc.check) {

@@ -90,12 +90,9 @@ void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Pla
     std::copy(tpe.begin(), tpe.end(), out.tpe.begin());
     detail::PlanDims d = dims_of(cfg_, mode_);
     detail::PlanArrays a = arrays_of(out);
-    detail::plan_loads_and_quotas(d, tpe.data(), a);
-
-    detail::plan_alloc_mode(d, a, tpe.data(), detail::PlanWork{work64_.data(), work32_.data()},
-                            /*legacy=*/!extended_);
     detail::PlanCostValues cost{};
-    detail::plan_finalize(d, tpe.data(), a, cost);
+    detail::plan_sequential(d, tpe.data(), a, detail::PlanWork{work64_.data(), work32_.data()}, /*legacy=*/!extended_,
+                            cost);
     for (int r = 0; r < R; ++r)
         EVENEP_ASSERT(out.remote_experts[r] <= cfg_.epn(), "plan: rank ", r, " holds ", out.remote_experts[r],
                       " remote experts > epn = ", cfg_.epn());

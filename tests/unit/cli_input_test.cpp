@@ -11,7 +11,7 @@
 //              sigma_negative, sigma_nan, empty_B, empty_seed, empty_routing, empty_maxvio, seed_negative,
 //              E_hex, R_garbage, bench_E_hex, bench_iters_zero (the GPU benchmarks' options, checked
 //              before the device is)
-//   conflicts: maxvio_with_sigma, routing_with_R, routing_with_S, tpe_with_E, reference_extended,
+//   conflicts: maxvio_with_sigma, routing_with_R, routing_with_S, tpe_with_E, reference_legacy,
 //              quality_quick_cases
 //   parser:    unknown_command, unknown_bench_command, unknown_flag, missing_value
 //   outputs:   quality_json_dev_full, bench_plan_json_dev_full (a failed write is detected at close)
@@ -111,7 +111,7 @@ std::vector<Case> cases() {
         {"routing_with_R", "plan --routing " + r + " --E 8 --R 4", {"--routing", "--R", "excludes"}},
         {"routing_with_S", "demo --routing " + r + " --E 8 --S 4", {"--routing", "--S", "excludes"}},
         {"tpe_with_E", "plan --tpe " + path("big.json") + " --E 8", {"--tpe", "--E", "excludes"}},
-        {"reference_extended", "plan --planner reference --extended", {"--extended", "--planner reference"}},
+        {"reference_legacy", "plan --planner reference --legacy-candidates", {"--legacy-candidates", "--planner reference"}},
         {"quality_quick_cases", "quality --quick --cases 5", {"--quick", "--cases", "excludes"}},
         {"unknown_command", "frobnicate", {"unknown command 'frobnicate'", "plan"}},
         {"unknown_bench_command", "bench frob", {"unknown command 'frob'", "evenep bench", "gemm"}},

@@ -23,7 +23,7 @@ struct PlanOptions {
     int repeat = 20;
     bool check = false;
     bool quiet = false;
-    bool extended = false;
+    bool legacy = false;
     std::string json_file;
 };
 
@@ -51,13 +51,13 @@ Estimate plan_estimate(const PlanOptions& opt, const RoutingInput& in) {
 }
 
 void run_plan(const PlanOptions& opt) {
-    EVENEP_CHECK(!opt.extended || opt.routing.planner == "optimized",
-                 "--extended needs --planner optimized (got --planner ", opt.routing.planner, ")");
+    EVENEP_CHECK(!opt.legacy || opt.routing.planner == "optimized",
+                 "--legacy-candidates needs --planner optimized (got --planner ", opt.routing.planner, ")");
     OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
     RoutingInput in = resolve_routing(opt.routing);
     const Config& cfg = in.cfg;
     check_estimate("plan", plan_estimate(opt, in), opt.routing.limits);
-    Planner planner(cfg, in.mode, opt.extended);
+    Planner planner(cfg, in.mode, !opt.legacy);
     Plan plan;
     std::vector<double> times;
     for (int i = 0; i < std::max(1, opt.repeat); ++i) {
@@ -182,9 +182,10 @@ void register_plan(CLI::App& app) {
             kMaxHidden);
     add_int(*cmd, "--repeat", opt->repeat, "plan this many times and report the median time", 1, 1000000);
     cmd->add_flag("--check", opt->check, "validate the plan (and dst) with the independent validator; exit 1 if bad");
-    cmd->add_flag("--extended", opt->extended,
-                  "optimized mode: also try the extended candidates (overshoot, push spreading, paths; CPU only); "
-                  "refused with --planner reference");
+    cmd->add_flag("--legacy-candidates", opt->legacy,
+                  "optimized mode: only the first release's candidates (two global fills, no overshoot, push "
+                  "spreading or paths; CPU only), to measure what the default set buys; refused with --planner "
+                  "reference");
     cmd->add_flag("--quiet", opt->quiet, "print nothing but errors and the check line");
     add_output_file(*cmd, "--json", opt->json_file,
                     "write the plan as JSON (schema evenep.plan/1, docs/plan-schema.md); opened before the run");

@@ -36,7 +36,7 @@ struct QualityOptions {
     double time_limit = 5.0;  // seconds per exact solve
     std::string json_file;
     bool quick = false;
-    bool extended = false;  // optimized planner with Planner's extended candidate set (CPU only)
+    bool legacy = false;  // optimized planner with the first release's candidate set (CPU only)
     int only = -1;  // run only this case index of the corpus
 };
 
@@ -116,7 +116,7 @@ struct CaseResult {
 };
 
 PlannerFigures run_planner(const Config& cfg, PlannerMode mode, const std::vector<int32_t>& tpe,
-                           const std::vector<int32_t>& s, bool extended = false) {
+                           const std::vector<int32_t>& s, bool extended = true) {
     Planner planner(cfg, mode, extended);
     Plan plan;
     planner.plan(tpe, s, plan);
@@ -129,7 +129,7 @@ PlannerFigures run_planner(const Config& cfg, PlannerMode mode, const std::vecto
     return {plan.cost.total_copies, plan.cost.max_rank_copy_traffic, plan.cost.crossing_rows, median(t) * 1e6};
 }
 
-CaseResult run_case(const Case& c, double time_limit, bool extended) {
+CaseResult run_case(const Case& c, double time_limit, bool legacy) {
     CaseResult r;
     r.c = c;
     const Routing routing = make_case_routing(c, &r.sigma);
@@ -138,7 +138,7 @@ CaseResult run_case(const Case& c, double time_limit, bool extended) {
     r.entries = routing.total_entries();
     // tp does not enter any cost; 1 keeps the receive buffer small.
     const Config cfg{.R = c.spec.R, .E = c.spec.E, .K = c.spec.K, .S = c.spec.S, .B = -1, .tp = 1};
-    r.optimized = run_planner(cfg, PlannerMode::kOptimized, tpe, routing.s, extended);
+    r.optimized = run_planner(cfg, PlannerMode::kOptimized, tpe, routing.s, !legacy);
     r.reference = run_planner(cfg, PlannerMode::kReference, tpe, routing.s);
     r.copies_opt = solve_exact(cfg, tpe, routing.s, ExactObjective::kTotalCopies, time_limit);
     r.traffic_opt = solve_exact(cfg, tpe, routing.s, ExactObjective::kMaxRankCopyTraffic, time_limit);
@@ -223,7 +223,7 @@ void run_quality(const QualityOptions& opt) {
     double solve_total = 0, plan_optd_us = 0, plan_ref_us = 0;
     const double t_start = now_seconds();
     for (const Case& c : corpus) {
-        const CaseResult r = run_case(c, opt.time_limit, opt.extended);
+        const CaseResult r = run_case(c, opt.time_limit, opt.legacy);
         const bool proved = r.copies_opt.optimal && r.traffic_opt.optimal;
         fmt::print("{:>3} {:<18} {:>2} {:>3} {:>2} {:>4} {:>7.3f} | {:>5} {:>5} {:>5} | {:>5} {:>5} {:>5} | {:>6} "
                    "{:>7.2f} {:>8.1f} {:>8}\n",
@@ -316,8 +316,9 @@ void register_quality(CLI::App& app) {
     add_output_file(*cmd, "--json", opt->json_file,
                     "Write per-case and summary figures to FILE (opened before the run)");
     cmd->add_flag("--quick", opt->quick, "A tiny corpus (R <= 4) for smoke tests; excludes --cases")->excludes(cases);
-    cmd->add_flag("--extended", opt->extended,
-                  "Optimized planner with the extended candidate set (overshoot, push spreading, paths; CPU only)");
+    cmd->add_flag("--legacy-candidates", opt->legacy,
+                  "Optimized planner with the first release's candidate set (two global fills, no overshoot, push "
+                  "spreading or paths; CPU only), to measure what the default set buys");
     add_int(*cmd, "--only", opt->only, "Run only case INDEX of the corpus (to reproduce one row)", -1, 1000000);
     cmd->callback([opt] { run_quality(*opt); });
 }

@@ -59,8 +59,8 @@ struct PlanWorkOffsets {
         return static_cast<size_t>(R) * R + 5 * static_cast<size_t>(R) + 3 * static_cast<size_t>(E) + 14;
     }
     EVENEP_HOST_DEVICE static constexpr size_t num_words32(int R, int E) {
-        // The serial planner kernel (planner.cpp's workspace) needs 4*E*R + 4*R; the block planner less.
-        return 4 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
+        // The serial planner kernel (plan_core's PlanWork: plan_work32_size = 6*E*R + 3*R); the block planner less.
+        return 6 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
     }
 };
 
@@ -69,8 +69,8 @@ struct PlanWorkOffsets {
 inline constexpr int kPlanMaxWarps = 16;  // warps of the block planner (512 threads)
 
 struct PlanScratchLayout {
-    size_t balance, z, remaining, excess, deficit, avail, expert_load;       // int64
-    size_t tpe, alloc, cand, fill_remote, cost_pushed, cost_remote, groups;  // int32
+    size_t balance, z, remaining, excess, deficit, avail, expert_load, path_load;               // int64
+    size_t tpe, alloc, cand, fill_remote, spread, order, path_q, cost_pushed, cost_remote, groups;  // int32
     size_t total;
     EVENEP_HOST_DEVICE static constexpr PlanScratchLayout make(int R, int E) {
         PlanScratchLayout l{};
@@ -79,16 +79,21 @@ struct PlanScratchLayout {
         l.balance = o, o += 8 * r;
         l.z = o, o += 8 * r * r;
         l.remaining = o, o += 8 * e;
-        l.excess = o, o += 16 * r;
-        l.deficit = o, o += 16 * r;
-        l.avail = o, o += 16 * e;
+        // Optimized mode's six candidates (plan_core.hpp plan_alloc_mode): fills 0-3, paths 4-5.
+        l.excess = o, o += 8 * 4 * r;  // [4][R] per fill
+        l.deficit = o, o += 8 * 4 * r;
+        l.avail = o, o += 8 * 4 * e;
         l.expert_load = o, o += 8 * e;
+        l.path_load = o, o += 8 * 2 * r;      // [2][R] the paths' copies of load_before
         l.tpe = o, o += 4 * r * e;
         l.alloc = o, o += 4 * r * e;
-        l.cand = o, o += 8 * r * e;
-        l.fill_remote = o, o += 8 * r;
-        l.cost_pushed = o, o += 12 * r;
-        l.cost_remote = o, o += 12 * r;
+        l.cand = o, o += 4 * 6 * r * e;       // [6][E*R]
+        l.fill_remote = o, o += 4 * 6 * r;    // [6][R] remote experts per receiver, per candidate
+        l.spread = o, o += 4 * 2 * r;         // [2][R] pushes per donor of fills 2 and 3
+        l.order = o, o += 4 * 2 * r;          // [2][R] the paths' rank order
+        l.path_q = o, o += 4 * 2 * r;         // [2][R] the paths' copies of q
+        l.cost_pushed = o, o += 4 * 7 * r;    // [7][R] reference + six candidates
+        l.cost_remote = o, o += 4 * 7 * r;
         l.groups = o, o += 4 * static_cast<size_t>(kPlanMaxWarps) * 5 * (2 * (e / r));  // per warp: 5 x [G]
         l.total = detail::align_up(o, 16);
         return l;

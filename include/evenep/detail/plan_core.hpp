@@ -150,6 +150,28 @@ EVENEP_HOST_DEVICE inline void plan_alloc_reference(const PlanDims& d, const Pla
 // Returns false if some receiver would need more than epn remote experts (the caller then discards this
 // candidate). Workspace: excess[R], deficit[R], avail[E] (int64), remote[R] (int32).
 // ---------------------------------------------------------------------------------------------------------
+// One step of the global fill: expert e's piece of `moved` entries goes from its home to receiver u. overshoot: the
+// piece (moved = the receiver's whole need) exceeds the home's excess, so the home turns receiver of the difference.
+// (Also lane 0's commit in the GPU planner's warp version, src/cuda/device/plan_warp.cuh.)
+EVENEP_HOST_DEVICE inline void plan_fill_take(const PlanDims& d, int e, int u, int64_t moved, bool overshoot,
+                                              int64_t* excess, int64_t* deficit, int64_t* avail, int32_t* remote,
+                                              int32_t* spread_pushed, int32_t* alloc) {
+    const int h = e / d.epn;
+    avail[e] -= moved;
+    if (overshoot) {
+        deficit[h] += moved - excess[h];  // moved > excess[h], else a piece within the excess would have been taken
+        excess[h] = 0;
+        deficit[u] = 0;
+    } else {
+        excess[h] -= moved;
+        deficit[u] -= moved;
+    }
+    remote[u] += 1;
+    if (spread_pushed) spread_pushed[h] += 1;
+    alloc[static_cast<int64_t>(e) * d.R + h] -= static_cast<int32_t>(moved);
+    alloc[static_cast<int64_t>(e) * d.R + u] += static_cast<int32_t>(moved);
+}
+
 EVENEP_HOST_DEVICE inline bool plan_alloc_global_fill(const PlanDims& d, const PlanArrays& a, const int32_t* tpe,
                                                       bool best_fit, int64_t* excess, int64_t* deficit,
                                                       int64_t* avail, int32_t* remote, int32_t* alloc,
@@ -219,28 +241,14 @@ EVENEP_HOST_DEVICE inline bool plan_alloc_global_fill(const PlanDims& d, const P
                 }
             }
             if (best >= 0) {
-                const int h = best / d.epn;
-                avail[best] -= need;
-                deficit[h] += need - excess[h];  // need > excess[h], else the first pass would have found it
-                excess[h] = 0;
-                deficit[u] = 0;
-                remote[u] += 1;
-                if (spread_pushed) spread_pushed[h] += 1;
-                alloc[static_cast<int64_t>(best) * R + h] -= static_cast<int32_t>(need);
-                alloc[static_cast<int64_t>(best) * R + u] += static_cast<int32_t>(need);
+                plan_fill_take(d, best, u, need, /*overshoot=*/true, excess, deficit, avail, remote, spread_pushed,
+                               alloc);
                 continue;
             }
         }
         if (best < 0) return false;
-        const int h = best / d.epn;
-        const int64_t moved = imin64(best_piece, need);
-        avail[best] -= moved;
-        excess[h] -= moved;
-        deficit[u] -= moved;
-        remote[u] += 1;
-        if (spread_pushed) spread_pushed[h] += 1;
-        alloc[static_cast<int64_t>(best) * R + h] -= static_cast<int32_t>(moved);
-        alloc[static_cast<int64_t>(best) * R + u] += static_cast<int32_t>(moved);
+        plan_fill_take(d, best, u, imin64(best_piece, need), /*overshoot=*/false, excess, deficit, avail, remote,
+                       spread_pushed, alloc);
     }
     return true;
 }
@@ -398,8 +406,9 @@ EVENEP_HOST_DEVICE inline bool plan_cost_less(const PlanCostValues& x, const Pla
 //   1 global fill, largest piece     2 global fill, best fit       (both with overshoot unless `legacy`)
 //   3 = 1 with pushes spread         4 = 2 with pushes spread
 //   5 path, sorted (chain)           6 path, alternating
-// `legacy` (the default of the host Planner, and what the GPU planner in src/cuda/device/plan_block.cuh mirrors):
-// candidates 1 and 2 only, without overshoot. The full set is Planner's `extended_candidates`.
+// The full set is the default of the host Planner and what the GPU planner (src/cuda/device/plan_block.cuh)
+// mirrors. `legacy` (Planner's `extended_candidates` = false, kept to measure what the extension buys):
+// candidates 1 and 2 only, without overshoot.
 // ---------------------------------------------------------------------------------------------------------
 inline constexpr int kNumOptimizedCandidates = 6;
 
@@ -460,6 +469,21 @@ EVENEP_HOST_DEVICE inline void plan_alloc_mode(const PlanDims& d, const PlanArra
         const int32_t* src = cand + static_cast<int64_t>(best) * E * R;
         for (int64_t i = 0; i < static_cast<int64_t>(E) * R; ++i) a.alloc[i] = src[i];
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The whole sequence (phases 1-3) on one thread: the host Planner and the GPU's serial reference kernel both
+// call this, so the two cannot drift apart. The caller checks the inputs and remote_experts <= epn afterwards.
+// ---------------------------------------------------------------------------------------------------------
+EVENEP_HOST_DEVICE inline void plan_finalize(const PlanDims& d, const int32_t* tpe, PlanArrays& a,
+                                             PlanCostValues& cost);
+
+EVENEP_HOST_DEVICE inline void plan_sequential(const PlanDims& d, const int32_t* tpe, PlanArrays& a,
+                                               const PlanWork& w, bool legacy, PlanCostValues& cost) {
+    plan_loads_and_quotas(d, tpe, a);
+    plan_alloc_mode(d, a, tpe, w, legacy);
+    cost = PlanCostValues{0, 0, 0, 0};
+    plan_finalize(d, tpe, a, cost);
 }
 
 // ---------------------------------------------------------------------------------------------------------

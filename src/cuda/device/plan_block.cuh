@@ -4,8 +4,10 @@
 // Why it is bit-exact: every quantity is an integer; sums, counts and maxima are order-independent; every argmax
 // of the sequential code ("first index wins ties", or the lexicographic key of plan_alloc_global_fill) is a warp
 // reduction that keeps the lowest index among equal keys; every step whose result depends on its predecessor (the
-// greedy loops) stays sequential, executed by one warp with lane 0 committing the update. Helpers that are cheap
-// per element (plan_local_keep, plan_is_prefetched) are called from plan_core.hpp itself.
+// greedy loops) stays sequential, executed by one warp with lane 0 committing the update (plan_warp.cuh). Helpers
+// that are cheap per element (plan_local_keep, plan_is_prefetched) are called from plan_core.hpp itself.
+//
+// Optimized mode runs all six candidates of plan_core.hpp plan_alloc_mode (the default candidate set).
 //
 // Two entry points:
 //   plan_block_serial   thread 0 runs planner.cpp's sequence of plan_core calls (reference for tests; slow);
@@ -19,6 +21,7 @@
 
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
+#include "cuda/device/plan_warp.cuh"
 #include "evenep/detail/ep_layout.hpp"
 #include "evenep/detail/plan_core.hpp"
 
@@ -28,48 +31,16 @@ using detail::PlanArrays;
 using detail::PlanCostValues;
 using detail::PlanDims;
 
-inline constexpr unsigned kFullMask = 0xffffffffu;
-
 // ---------------------------------------------------------------------------------------------------------
-// The sequential planner (planner.cpp's Planner::plan without the host input checks), on thread 0.
+// The sequential planner (planner.cpp's Planner::plan without the host input checks), on thread 0: the same
+// plan_core.hpp call (plan_sequential) as the host, so the two cannot drift apart.
 // ---------------------------------------------------------------------------------------------------------
 __device__ inline void plan_block_serial(
     const PlanDims& d, const int32_t* tpe, const PlanArrays& a, int64_t* cost_out, int64_t* work64, int32_t* work32) {
     if (threadIdx.x != 0) return;
-    const int R = d.R, E = d.E;
-    detail::plan_loads_and_quotas(d, tpe, const_cast<PlanArrays&>(a));
-    int64_t* balance = work64;
-    int64_t* z = balance + R;
-    int64_t* w1 = z + static_cast<size_t>(R) * R;
-    int64_t* w2 = w1 + R;
-    int64_t* wE = w2 + R;
-    int32_t* cand = work32;
-    int32_t* i1 = cand + 4 * static_cast<size_t>(E) * R;
-    int32_t* i2 = i1 + R;
-    int32_t* i3 = i2 + R;
-    detail::plan_alloc_reference(d, a, balance, z, wE, a.alloc);
-    if (d.locality) {
-        PlanCostValues ref_cost{}, best_cost{};
-        detail::plan_cost_of(d, tpe, a.alloc, i1, i2, i3, ref_cost);
-        best_cost = ref_cost;
-        int32_t* best = a.alloc;
-        for (int variant = 0; variant < 2; ++variant) {
-            int32_t* alloc = cand + static_cast<size_t>(variant) * E * R;
-            if (!detail::plan_alloc_global_fill(d, a, tpe, variant == 1, balance, w1, wE, i1, alloc)) continue;
-            PlanCostValues c{};
-            if (!detail::plan_cost_of(d, tpe, alloc, i1, i2, i3, c)) continue;
-            if (c.max_rank_copy_traffic > ref_cost.max_rank_copy_traffic || c.total_copies > ref_cost.total_copies)
-                continue;
-            if (detail::plan_cost_less(c, best_cost)) {
-                best_cost = c;
-                best = alloc;
-            }
-        }
-        if (best != a.alloc)
-            for (size_t i = 0; i < static_cast<size_t>(E) * R; ++i) a.alloc[i] = best[i];
-    }
     PlanCostValues cost{};
-    detail::plan_finalize(d, tpe, const_cast<PlanArrays&>(a), cost);
+    detail::plan_sequential(d, tpe, const_cast<PlanArrays&>(a), detail::PlanWork{work64, work32}, /*legacy=*/false,
+                            cost);
     cost_out[0] = cost.max_rank_copy_traffic;
     cost_out[1] = cost.total_copies;
     cost_out[2] = cost.crossing_rows;
@@ -77,99 +48,12 @@ __device__ inline void plan_block_serial(
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Warp reductions with the sequential code's tie rule (lowest index wins among equal keys), on redux.sync.
-// NOTE: every quantity reduced here (balances, deficits, quotas, remaining entries, pieces, local counts) is bounded
-// by the group's entry count N < 2^31 (Config::validate keeps R*NvS inside int32), so a 32-bit key orders it.
-// ---------------------------------------------------------------------------------------------------------
-__device__ __forceinline__ unsigned order_key(int64_t v) {
-    return static_cast<unsigned>(static_cast<int32_t>(v)) ^ 0x80000000u;
-}
-
-// First index of the maximum (kMax) or minimum of x[0..n) (the sequential "if (x[r] > x[best]) best = r").
-template <bool kMax>
-__device__ __forceinline__ int warp_first_extreme(const int64_t* x, int n, int lane) {
-    int64_t v = 0;
-    int i = -1;
-    for (int r = lane; r < n; r += kWarpSize) {
-        const int64_t xr = x[r];
-        if (i < 0 || (kMax ? xr > v : xr < v)) v = xr, i = r;
-    }
-    const unsigned key = i < 0 ? 0u : (kMax ? order_key(v) : ~order_key(v));
-    const unsigned best = __reduce_max_sync(kFullMask, key);
-    return static_cast<int>(
-        __reduce_min_sync(kFullMask, i >= 0 && key == best ? static_cast<unsigned>(i) : 0xffffffffu));
-}
-
-__device__ __forceinline__ int warp_first_max(const int64_t* x, int n, int lane) {
-    return warp_first_extreme<true>(x, n, lane);
-}
-
-// plan_alloc_global_fill's order of candidates as (primary, local) keys, larger is better, lower expert id on
-// ties: best_fit: pieces that fill the receiver first, the smallest of those, else the largest piece;
-// otherwise the largest piece; then the receiver's own entries of the expert. primary 0 means no candidate.
-__device__ __forceinline__ unsigned fill_primary(int64_t piece, bool fills, bool best_fit) {
-    const unsigned p = static_cast<unsigned>(piece);  // 1 <= piece < 2^31
-    return best_fit && fills ? 0x80000000u | (0x7fffffffu - p) : p;
-}
-
-// plan_alloc_global_fill on one warp. excess/deficit/remote/avail/alloc initialised by the caller
-// (excess/deficit from balance, remote 0, avail = T_e, alloc = home). Returns the same bool.
-__device__ inline bool warp_global_fill(const PlanDims& d,
-                                        const int32_t* tpe,
-                                        bool best_fit,
-                                        int64_t* excess,
-                                        int64_t* deficit,
-                                        int64_t* avail,
-                                        int32_t* remote,
-                                        int32_t* alloc,
-                                        int lane,
-                                        int& iterations) {
-    const int R = d.R, E = d.E;
-    for (;; ++iterations) {
-        const int u = warp_first_max(deficit, R, lane);
-        const int64_t need = deficit[u];
-        if (need <= 0) return true;
-        const bool must_fill = remote[u] + 1 >= d.epn;
-        unsigned bp = 0, bl = 0;  // this lane's best (primary, local); ascending e keeps the lowest id on ties
-        int be = -1;
-        for (int e = lane; e < E; e += kWarpSize) {
-            const int h = e / d.epn;
-            const int64_t ex = excess[h], av = avail[e];
-            if (ex <= 0 || av <= 0) continue;
-            if (alloc[static_cast<int64_t>(e) * R + u] > 0) continue;
-            const int64_t piece = detail::imin64(av, ex);
-            const bool fills = piece >= need;
-            if (must_fill && !fills) continue;
-            const unsigned cp = fill_primary(piece, fills, best_fit);
-            const unsigned cl = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
-            if (cp > bp || (cp == bp && cl > bl)) bp = cp, bl = cl, be = e;
-        }
-        const unsigned pmax = __reduce_max_sync(kFullMask, bp);
-        if (pmax == 0) return false;
-        const unsigned lmax = __reduce_max_sync(kFullMask, bp == pmax ? bl : 0u);
-        const int best = static_cast<int>(
-            __reduce_min_sync(kFullMask, bp == pmax && bl == lmax ? static_cast<unsigned>(be) : 0xffffffffu));
-        if (lane == 0) {
-            const int h = best / d.epn;
-            const int64_t moved = detail::imin64(detail::imin64(avail[best], excess[h]), need);
-            avail[best] -= moved;
-            excess[h] -= moved;
-            deficit[u] -= moved;
-            remote[u] += 1;
-            alloc[static_cast<int64_t>(best) * R + h] -= static_cast<int32_t>(moved);
-            alloc[static_cast<int64_t>(best) * R + u] += static_cast<int32_t>(moved);
-        }
-        __syncwarp();  // orders lane 0's updates before the next iteration's reads
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------
 // The parallel planner. kThreads >= 128 (warp 0: reference transfers, warps 1-2: the two global fills).
 // ---------------------------------------------------------------------------------------------------------
 // The block planner's state (PlanScratchLayout) carved from `base` (shared or global memory).
 struct PlanScratch {
-    int64_t *balance, *z, *remaining, *excess, *deficit, *avail, *expert_load;
-    int32_t *tpe, *alloc, *cand, *fill_remote, *cost_pushed, *cost_remote, *groups;
+    int64_t *balance, *z, *remaining, *excess, *deficit, *avail, *expert_load, *path_load;
+    int32_t *tpe, *alloc, *cand, *fill_remote, *spread, *order, *path_q, *cost_pushed, *cost_remote, *groups;
 };
 
 __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
@@ -178,9 +62,12 @@ __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
         reinterpret_cast<int64_t*>(base + l.balance),     reinterpret_cast<int64_t*>(base + l.z),
         reinterpret_cast<int64_t*>(base + l.remaining),   reinterpret_cast<int64_t*>(base + l.excess),
         reinterpret_cast<int64_t*>(base + l.deficit),     reinterpret_cast<int64_t*>(base + l.avail),
-        reinterpret_cast<int64_t*>(base + l.expert_load), reinterpret_cast<int32_t*>(base + l.tpe),
+        reinterpret_cast<int64_t*>(base + l.expert_load), reinterpret_cast<int64_t*>(base + l.path_load),
+        reinterpret_cast<int32_t*>(base + l.tpe),
         reinterpret_cast<int32_t*>(base + l.alloc),       reinterpret_cast<int32_t*>(base + l.cand),
-        reinterpret_cast<int32_t*>(base + l.fill_remote), reinterpret_cast<int32_t*>(base + l.cost_pushed),
+        reinterpret_cast<int32_t*>(base + l.fill_remote), reinterpret_cast<int32_t*>(base + l.spread),
+        reinterpret_cast<int32_t*>(base + l.order),       reinterpret_cast<int32_t*>(base + l.path_q),
+        reinterpret_cast<int32_t*>(base + l.cost_pushed),
         reinterpret_cast<int32_t*>(base + l.cost_remote), reinterpret_cast<int32_t*>(base + l.groups)};
 }
 
@@ -195,7 +82,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                                                     const TeamView& team,
                                                     int rank,
                                                     int64_t* timing) {
-    static_assert(kThreads >= 128 && kThreads % kWarpSize == 0, "plan_block_parallel needs >= 4 whole warps");
+    static_assert(kThreads >= 256 && kThreads % kWarpSize == 0, "plan_block_parallel needs >= 8 whole warps");
     constexpr int kWarps = kThreads / kWarpSize;
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int R = d.R, E = d.E, epn = d.epn, G = d.G, B = d.B;
@@ -204,13 +91,13 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     int64_t* balance = sc.balance;
     int64_t* z = sc.z;
     int64_t* remaining = sc.remaining;
-    int64_t* excess = sc.excess;            // [2][R]
-    int64_t* deficit = sc.deficit;          // [2][R]
-    int64_t* avail = sc.avail;              // [2][E]
-    int32_t* cand = sc.cand;                // [2][E*R]
-    int32_t* fill_remote = sc.fill_remote;  // [2][R]
-    int32_t* cost_pushed = sc.cost_pushed;  // [3][R]
-    int32_t* cost_remote = sc.cost_remote;  // [3][R]
+    int64_t* excess = sc.excess;            // [4][R]   fills (candidates 0-3 of plan_alloc_mode)
+    int64_t* deficit = sc.deficit;          // [4][R]
+    int64_t* avail = sc.avail;              // [4][E]
+    int32_t* cand = sc.cand;                // [6][E*R] fills 0-3, paths 4-5
+    int32_t* fill_remote = sc.fill_remote;  // [6][R]
+    int32_t* cost_pushed = sc.cost_pushed;  // [7][R]   reference, then the six candidates
+    int32_t* cost_remote = sc.cost_remote;  // [7][R]
     int32_t* alloc = sc.alloc;              // the working alloc (copied to alloc at the end)
     const int32_t* tpe = sc.tpe;
     auto stamp = [&](int i) {
@@ -221,14 +108,15 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     if (sc.tpe != tpe_in)
         for (size_t i = tid; i < static_cast<size_t>(R) * E; i += kThreads) sc.tpe[i] = tpe_in[i];
 
-    __shared__ unsigned long long s_acc[3][3];  // per candidate: total_copies, crossing_rows, moved_entries
+    constexpr int kCand = detail::kNumOptimizedCandidates;  // 6
+    __shared__ unsigned long long s_acc[kCand + 1][3];  // per candidate: total_copies, crossing_rows, moved_entries
     __shared__ unsigned long long s_total;
-    __shared__ int s_fill_ok[2];
+    __shared__ int s_fill_ok[kCand];
     __shared__ int s_best;
 
     // ---- Phase 1: loads and quotas (plan_loads_and_quotas). ----
     if (tid == 0) s_total = 0;
-    if (tid < 9) s_acc[tid / 3][tid % 3] = 0;
+    if (tid < 3 * (kCand + 1)) s_acc[tid / 3][tid % 3] = 0;
     __syncthreads();
     {
         unsigned long long part = 0;
@@ -262,26 +150,35 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         const int e = static_cast<int>(i / R), r = static_cast<int>(i % R);
         const int32_t home = r == e / epn ? static_cast<int32_t>(sc.expert_load[e]) : 0;
         alloc[i] = home;
-        if (optimized) cand[i] = cand[ER + i] = home;
+        if (optimized)
+            for (int v = 0; v < kCand; ++v) cand[v * ER + i] = home;
     }
     for (int e = tid; e < E; e += kThreads) {
         remaining[e] = sc.expert_load[e];
-        if (optimized) avail[e] = avail[E + e] = sc.expert_load[e];
+        if (optimized)
+            for (int v = 0; v < 4; ++v) avail[v * E + e] = sc.expert_load[e];
     }
     for (int i = tid; i < R * R; i += kThreads) z[i] = 0;
     for (int r = tid; r < R; r += kThreads) {
         const int64_t b = balance[r];  // written in phase 1
-        if (optimized)
-            for (int v = 0; v < 2; ++v) {
+        if (optimized) {
+            for (int v = 0; v < 4; ++v) {
                 excess[v * R + r] = b > 0 ? b : 0;
                 deficit[v * R + r] = b < 0 ? -b : 0;
-                fill_remote[v * R + r] = 0;
             }
+            for (int v = 0; v < kCand; ++v) fill_remote[v * R + r] = 0;
+            for (int c = 0; c <= kCand; ++c) cost_pushed[c * R + r] = cost_remote[c * R + r] = 0;
+            sc.spread[r] = sc.spread[R + r] = 0;
+            sc.path_load[r] = sc.path_load[R + r] = a.load_before[r];
+            sc.path_q[r] = sc.path_q[R + r] = a.q[r];
+        }
     }
     __syncthreads();
     stamp(2);
 
-    // ---- Phase 2b: warp 0 runs the rank-level transfers; warps 1 and 2 the two global fills. ----
+    // ---- Phase 2b: warp 0 runs the rank-level transfers; warps 1-4 the four global fills (plan_alloc_candidate
+    // 0-3: largest piece, best fit, each with pushes spread; all with overshoot), warps 5-6 lane 0 the two paths
+    // (plan_alloc_path itself: R-level, short). ----
     if (warp == 0) {
         for (;;) {
             const int h = warp_first_extreme<true>(balance, R, lane);
@@ -296,13 +193,21 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             }
             __syncwarp();
         }
-    } else if (optimized && (warp == 1 || warp == 2)) {
+    } else if (optimized && warp >= 1 && warp <= 4) {
         const int v = warp - 1;
         int iterations = 0;
-        const bool ok = warp_global_fill(d, tpe, v == 1, excess + v * R, deficit + v * R, avail + v * E,
-                                         fill_remote + v * R, cand + v * ER, lane, iterations);
+        const bool ok = warp_global_fill(d, tpe, v % 2 == 1, /*overshoot=*/true, excess + v * R, deficit + v * R,
+                                         avail + v * E, fill_remote + v * R, v >= 2 ? sc.spread + (v - 2) * R : nullptr,
+                                         cand + v * ER, lane, iterations);
         if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
-        if (lane == 0 && timing != nullptr) timing[9 + v] = iterations;
+        if (lane == 0 && timing != nullptr && v < 2) timing[9 + v] = iterations;
+    } else if (optimized && (warp == 5 || warp == 6)) {
+        const int v = warp - 1;  // 4: path sorted, 5: path alternating
+        // The path reads only load_before and q: from the block's copies (shared memory when the scratch is).
+        const bool ok = warp_alloc_path(d, sc.path_load + (v - 4) * R, sc.path_q + (v - 4) * R, v == 5,
+                                        sc.order + (v - 4) * R, fill_remote + v * R, cand + v * ER, lane);
+        if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
+        if (lane == 0 && timing != nullptr) timing[14 + (v - 4)] = static_cast<int64_t>(global_timer_ns());
     }
     __syncthreads();
     stamp(3);
@@ -333,52 +238,19 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
 
     // ---- Phase 2d (optimized): costs of the three candidates (plan_cost_of), then the choice of planner.cpp. ----
     if (optimized) {
-        for (int i = tid; i < 3 * R; i += kThreads) cost_pushed[i] = cost_remote[i] = 0;
-        __syncthreads();
-        // Warp-uniform loops: per-warp sums (each < N < 2^31) before one 64-bit shared atomic per warp.
-        for (int c = 0; c < 3; ++c) {
+        // Work items (candidate, chunk of 32 experts) spread over all warps.
+        const int chunks = (E + kWarpSize - 1) / kWarpSize;
+        for (int item = warp; item < (kCand + 1) * chunks; item += kWarps) {
+            const int c = item / chunks;
             if (c > 0 && !s_fill_ok[c - 1]) continue;
-            const int32_t* X = c == 0 ? alloc : cand + (c - 1) * ER;
-            for (int e0 = warp * kWarpSize; e0 < E; e0 += kThreads) {
-                const int e = e0 + lane;
-                int64_t crossing = 0, copies = 0, moved = 0;
-                if (e < E) {
-                    const int h = e / epn;
-                    int64_t rest_lo = 0, cap_lo = 0;
-                    for (int r = 0; r < R; ++r) {
-                        const int64_t a_er = X[static_cast<int64_t>(e) * R + r];
-                        const int64_t t_re = tpe[static_cast<int64_t>(r) * E + e];
-                        const int64_t keep = detail::plan_local_keep(d, tpe, X, e, r);
-                        const int64_t rest = t_re - keep, cap = a_er - keep;
-                        const int64_t lo = detail::imax64(rest_lo, cap_lo),
-                                      hi = detail::imin64(rest_lo + rest, cap_lo + cap);
-                        crossing += t_re - (keep + (hi > lo ? hi - lo : 0));
-                        rest_lo += rest;
-                        cap_lo += cap;
-                        if (r != h && a_er > 0) {
-                            atomicAdd(cost_remote + c * R + r, 1);
-                            copies += 1;
-                            moved += a_er;
-                            if (B >= epn || detail::plan_is_prefetched(d, X, r, e))
-                                atomicAdd(cost_pushed + c * R + h, 1);
-                        }
-                    }
-                }
-                const unsigned wc = __reduce_add_sync(kFullMask, static_cast<unsigned>(copies));
-                const unsigned wx = __reduce_add_sync(kFullMask, static_cast<unsigned>(crossing));
-                const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
-                if (lane == 0) {
-                    if (wc) atomicAdd(&s_acc[c][0], static_cast<unsigned long long>(wc));
-                    if (wx) atomicAdd(&s_acc[c][1], static_cast<unsigned long long>(wx));
-                    if (wm) atomicAdd(&s_acc[c][2], static_cast<unsigned long long>(wm));
-                }
-            }
+            warp_cost_chunk(d, tpe, c == 0 ? alloc : cand + (c - 1) * ER, (item - c * chunks) * kWarpSize + lane, lane,
+                            cost_remote + c * R, cost_pushed + c * R, s_acc[c]);
         }
         __syncthreads();
         if (tid == 0) {
-            PlanCostValues cv[3];
-            bool ok[3];
-            for (int c = 0; c < 3; ++c) {
+            PlanCostValues cv[kCand + 1];
+            bool ok[kCand + 1];
+            for (int c = 0; c <= kCand; ++c) {
                 ok[c] = true;
                 int64_t traffic = 0;
                 for (int r = 0; r < R; ++r) {
@@ -390,7 +262,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                     PlanCostValues{traffic, static_cast<int64_t>(s_acc[c][0]), static_cast<int64_t>(s_acc[c][1]), 0};
             }
             int best = 0;
-            for (int v = 0; v < 2; ++v) {
+            for (int v = 0; v < kCand; ++v) {
                 const int c = v + 1;
                 if (!s_fill_ok[v] || !ok[c]) continue;
                 if (cv[c].max_rank_copy_traffic > cv[0].max_rank_copy_traffic ||
@@ -412,41 +284,91 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
 
     stamp(5);
 
-    // ---- Phase 3a: locality keep, prefixes, crossing rows and moved entries (plan_finalize), thread per expert. ----
-    for (int e0 = warp * kWarpSize; e0 < E; e0 += kThreads) {  // warp-uniform: per-warp sums before atomics
-        const int e = e0 + lane;
-        const bool valid = e < E;
-        int32_t rest = 0, cap = 0;
-        int32_t* rp = a.rest_prefix + static_cast<int64_t>(e) * (R + 1);
-        int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
-        int64_t moved = 0;
-        for (int r = 0; r < R; ++r) {
-            int64_t cross = 0;
-            if (valid) {
-                const int32_t keep = static_cast<int32_t>(detail::plan_local_keep(d, tpe, alloc, e, r));
-                const int32_t t_re = tpe[static_cast<int64_t>(r) * E + e];
-                const int32_t a_er = alloc[static_cast<int64_t>(e) * R + r];
-                a.local_keep[static_cast<int64_t>(e) * R + r] = keep;
-                rp[r] = rest;
-                cp[r] = cap;
-                const int32_t rest_lo = rest, cap_lo = cap;
-                rest += t_re - keep;
-                cap += a_er - keep;
-                const int64_t lo = detail::imax64(rest_lo, cap_lo), hi = detail::imin64(rest, cap);
-                cross = t_re - (keep + (hi > lo ? hi - lo : 0));
-                if (r != e / epn) moved += a_er;
+    // ---- Phase 3a: locality keep, prefixes, crossing rows and moved entries (plan_finalize). Up to 32 ranks: a
+    // thread per expert walks the ranks (short loop, registers). More: a warp per expert, lanes over ranks in
+    // chunks of 32 with a warp scan, so the [E][R] and [E][R+1] rows are stored coalesced; crossing rows per rank
+    // collect in shared memory. ----
+    constexpr int kCrossSmem = 256;
+    __shared__ unsigned s_cross[kCrossSmem];  // < entries of rank r < 2^31
+    const bool warp_per_expert = R > kWarpSize && R <= kCrossSmem;
+    if (warp_per_expert) {
+        for (int r = tid; r < kCrossSmem; r += kThreads) s_cross[r] = 0;
+        __syncthreads();
+        unsigned moved = 0;  // this lane's moved entries (< N < 2^31 in all)
+        for (int e = warp; e < E; e += kWarps) {
+            const int h = e / epn;
+            int32_t* rp = a.rest_prefix + static_cast<int64_t>(e) * (R + 1);
+            int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
+            int32_t rest_carry = 0, cap_carry = 0;
+            for (int r0 = 0; r0 <= R; r0 += kWarpSize) {
+                const int r = r0 + lane;
+                int32_t t_re = 0, a_er = 0, keep = 0;
+                if (r < R) {
+                    t_re = tpe[static_cast<int64_t>(r) * E + e];
+                    a_er = alloc[static_cast<int64_t>(e) * R + r];
+                    keep = d.locality ? (t_re < a_er ? t_re : a_er) : 0;  // plan_local_keep
+                    a.local_keep[static_cast<int64_t>(e) * R + r] = keep;
+                    if (r != h) moved += static_cast<unsigned>(a_er);
+                }
+                const int32_t rest = t_re - keep, cap = a_er - keep;
+                int32_t ri = rest, ci = cap;  // inclusive scans
+#pragma unroll
+                for (int off = 1; off < kWarpSize; off <<= 1) {
+                    const int32_t nr = __shfl_up_sync(kFullMask, ri, off), nc = __shfl_up_sync(kFullMask, ci, off);
+                    if (lane >= off) ri += nr, ci += nc;
+                }
+                const int32_t rest_lo = rest_carry + ri - rest, cap_lo = cap_carry + ci - cap;
+                if (r <= R) rp[r] = rest_lo, cp[r] = cap_lo;
+                if (r < R) {
+                    const int32_t lo = rest_lo > cap_lo ? rest_lo : cap_lo;
+                    const int32_t hi = rest_lo + rest < cap_lo + cap ? rest_lo + rest : cap_lo + cap;
+                    const int32_t cross = t_re - (keep + (hi > lo ? hi - lo : 0));
+                    if (cross) atomicAdd(&s_cross[r], static_cast<unsigned>(cross));
+                }
+                rest_carry += __shfl_sync(kFullMask, ri, kWarpSize - 1);
+                cap_carry += __shfl_sync(kFullMask, ci, kWarpSize - 1);
             }
-            const unsigned wsum = __reduce_add_sync(kFullMask, static_cast<unsigned>(cross));  // < entries of r
-            if (lane == 0 && wsum)
-                atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r),
-                          static_cast<unsigned long long>(wsum));
         }
-        if (valid) {
-            rp[R] = rest;
-            cp[R] = cap;
-        }
-        const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
+        const unsigned wm = __reduce_add_sync(kFullMask, moved);
         if (lane == 0 && wm) atomicAdd(&s_acc[0][2], static_cast<unsigned long long>(wm));
+        __syncthreads();
+        for (int r = tid; r < R; r += kThreads) a.crossing_out[r] = static_cast<int64_t>(s_cross[r]);
+    } else {
+        for (int e0 = warp * kWarpSize; e0 < E; e0 += kThreads) {  // warp-uniform: per-warp sums before atomics
+            const int e = e0 + lane;
+            const bool valid = e < E;
+            int32_t rest = 0, cap = 0;
+            int32_t* rp = a.rest_prefix + static_cast<int64_t>(e) * (R + 1);
+            int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
+            int64_t moved = 0;
+            for (int r = 0; r < R; ++r) {
+                int64_t cross = 0;
+                if (valid) {
+                    const int32_t keep = static_cast<int32_t>(detail::plan_local_keep(d, tpe, alloc, e, r));
+                    const int32_t t_re = tpe[static_cast<int64_t>(r) * E + e];
+                    const int32_t a_er = alloc[static_cast<int64_t>(e) * R + r];
+                    a.local_keep[static_cast<int64_t>(e) * R + r] = keep;
+                    rp[r] = rest;
+                    cp[r] = cap;
+                    const int32_t rest_lo = rest, cap_lo = cap;
+                    rest += t_re - keep;
+                    cap += a_er - keep;
+                    const int64_t lo = detail::imax64(rest_lo, cap_lo), hi = detail::imin64(rest, cap);
+                    cross = t_re - (keep + (hi > lo ? hi - lo : 0));
+                    if (r != e / epn) moved += a_er;
+                }
+                const unsigned wsum = __reduce_add_sync(kFullMask, static_cast<unsigned>(cross));  // < entries of r
+                if (lane == 0 && wsum)
+                    atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r),
+                              static_cast<unsigned long long>(wsum));
+            }
+            if (valid) {
+                rp[R] = rest;
+                cp[R] = cap;
+            }
+            const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
+            if (lane == 0 && wm) atomicAdd(&s_acc[0][2], static_cast<unsigned long long>(wm));
+        }
     }
     stamp(6);
 
