@@ -70,7 +70,7 @@ inline constexpr int kPlanMaxWarps = 16;  // warps of the block planner (512 thr
 
 struct PlanScratchLayout {
     size_t balance, z, remaining, excess, deficit, avail, expert_load, path_load;               // int64
-    size_t tpe, alloc, cand, fill_remote, spread, order, path_q, cost_pushed, cost_remote, groups;  // int32
+    size_t tpe, alloc, cand, fill_remote, spread, order, path_q, cost_pushed, cost_remote, home, groups;  // int32
     size_t total;
     EVENEP_HOST_DEVICE static constexpr PlanScratchLayout make(int R, int E) {
         PlanScratchLayout l{};
@@ -94,6 +94,7 @@ struct PlanScratchLayout {
         l.path_q = o, o += 4 * 2 * r;         // [2][R] the paths' copies of q
         l.cost_pushed = o, o += 4 * 7 * r;    // [7][R] reference + six candidates
         l.cost_remote = o, o += 4 * 7 * r;
+        l.home = o, o += 4 * e;               // [E] e / epn (no integer division in the hot loops)
         l.groups = o, o += 4 * static_cast<size_t>(kPlanMaxWarps) * 5 * (2 * (e / r));  // per warp: 5 x [G]
         l.total = detail::align_up(o, 16);
         return l;

@@ -53,7 +53,7 @@ __device__ inline void plan_block_serial(
 // The block planner's state (PlanScratchLayout) carved from `base` (shared or global memory).
 struct PlanScratch {
     int64_t *balance, *z, *remaining, *excess, *deficit, *avail, *expert_load, *path_load;
-    int32_t *tpe, *alloc, *cand, *fill_remote, *spread, *order, *path_q, *cost_pushed, *cost_remote, *groups;
+    int32_t *tpe, *alloc, *cand, *fill_remote, *spread, *order, *path_q, *cost_pushed, *cost_remote, *home, *groups;
 };
 
 __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
@@ -68,7 +68,8 @@ __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
         reinterpret_cast<int32_t*>(base + l.fill_remote), reinterpret_cast<int32_t*>(base + l.spread),
         reinterpret_cast<int32_t*>(base + l.order),       reinterpret_cast<int32_t*>(base + l.path_q),
         reinterpret_cast<int32_t*>(base + l.cost_pushed),
-        reinterpret_cast<int32_t*>(base + l.cost_remote), reinterpret_cast<int32_t*>(base + l.groups)};
+        reinterpret_cast<int32_t*>(base + l.cost_remote), reinterpret_cast<int32_t*>(base + l.home),
+        reinterpret_cast<int32_t*>(base + l.groups)};
 }
 
 // timing (optional, [24]): thread 0 stores %globaltimer at each phase boundary into [0..9) and loop counts into
@@ -109,7 +110,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         for (size_t i = tid; i < static_cast<size_t>(R) * E; i += kThreads) sc.tpe[i] = tpe_in[i];
 
     constexpr int kCand = detail::kNumOptimizedCandidates;  // 6
-    __shared__ unsigned long long s_acc[kCand + 1][3];  // per candidate: total_copies, crossing_rows, moved_entries
+    __shared__ unsigned s_acc[kCand + 1][3];  // per candidate: total_copies, crossing_rows, moved_entries (< N < 2^31)
     __shared__ unsigned long long s_total;
     __shared__ int s_fill_ok[kCand];
     __shared__ int s_best;
@@ -125,6 +126,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             for (int r = 0; r < R; ++r) t += tpe[static_cast<int64_t>(r) * E + e];
             a.expert_load[e] = t;
             sc.expert_load[e] = t;
+            sc.home[e] = e / epn;
             part += static_cast<unsigned long long>(t);
         }
 #pragma unroll
@@ -146,12 +148,18 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     stamp(1);
 
     // ---- Phase 2a: initial state of the reference greedy and of both global fills. ----
-    for (size_t i = tid; i < ER; i += kThreads) {
-        const int e = static_cast<int>(i / R), r = static_cast<int>(i % R);
-        const int32_t home = r == e / epn ? static_cast<int32_t>(sc.expert_load[e]) : 0;
-        alloc[i] = home;
-        if (optimized)
-            for (int v = 0; v < kCand; ++v) cand[v * ER + i] = home;
+    {
+        // (e, r) of i = e*R + r advanced incrementally: no integer division per element.
+        const int step_e = kThreads / R, step_r = kThreads % R;
+        int e = tid / R, r = tid % R;
+        for (size_t i = tid; i < ER; i += kThreads) {
+            const int32_t home = r == sc.home[e] ? static_cast<int32_t>(sc.expert_load[e]) : 0;
+            alloc[i] = home;
+            if (optimized)
+                for (int v = 0; v < kCand; ++v) cand[v * ER + i] = home;
+            r += step_r, e += step_e;
+            if (r >= R) r -= R, ++e;
+        }
     }
     for (int e = tid; e < E; e += kThreads) {
         remaining[e] = sc.expert_load[e];
@@ -198,7 +206,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         int iterations = 0;
         const bool ok = warp_global_fill(d, tpe, v % 2 == 1, /*overshoot=*/true, excess + v * R, deficit + v * R,
                                          avail + v * E, fill_remote + v * R, v >= 2 ? sc.spread + (v - 2) * R : nullptr,
-                                         cand + v * ER, lane, iterations);
+                                         cand + v * ER, sc.home, lane, iterations);
         if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
         if (lane == 0 && timing != nullptr && v < 2) timing[9 + v] = iterations;
     } else if (optimized && (warp == 5 || warp == 6)) {
@@ -243,7 +251,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         for (int item = warp; item < (kCand + 1) * chunks; item += kWarps) {
             const int c = item / chunks;
             if (c > 0 && !s_fill_ok[c - 1]) continue;
-            warp_cost_chunk(d, tpe, c == 0 ? alloc : cand + (c - 1) * ER, (item - c * chunks) * kWarpSize + lane, lane,
+            warp_cost_chunk(d, tpe, c == 0 ? alloc : cand + (c - 1) * ER, sc.home, (item - c * chunks) * kWarpSize + lane,
+                            lane,
                             cost_remote + c * R, cost_pushed + c * R, s_acc[c]);
         }
         __syncthreads();
@@ -290,13 +299,13 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     // collect in shared memory. ----
     constexpr int kCrossSmem = 256;
     __shared__ unsigned s_cross[kCrossSmem];  // < entries of rank r < 2^31
-    const bool warp_per_expert = R > kWarpSize && R <= kCrossSmem;
-    if (warp_per_expert) {
-        for (int r = tid; r < kCrossSmem; r += kThreads) s_cross[r] = 0;
-        __syncthreads();
+    const bool cross_smem = R <= kCrossSmem;
+    for (int r = tid; r < kCrossSmem; r += kThreads) s_cross[r] = 0;
+    __syncthreads();
+    if (R > kWarpSize && cross_smem) {
         unsigned moved = 0;  // this lane's moved entries (< N < 2^31 in all)
         for (int e = warp; e < E; e += kWarps) {
-            const int h = e / epn;
+            const int h = sc.home[e];
             int32_t* rp = a.rest_prefix + static_cast<int64_t>(e) * (R + 1);
             int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
             int32_t rest_carry = 0, cap_carry = 0;
@@ -330,9 +339,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             }
         }
         const unsigned wm = __reduce_add_sync(kFullMask, moved);
-        if (lane == 0 && wm) atomicAdd(&s_acc[0][2], static_cast<unsigned long long>(wm));
-        __syncthreads();
-        for (int r = tid; r < R; r += kThreads) a.crossing_out[r] = static_cast<int64_t>(s_cross[r]);
+        if (lane == 0 && wm) atomicAdd(&s_acc[0][2], wm);
     } else {
         for (int e0 = warp * kWarpSize; e0 < E; e0 += kThreads) {  // warp-uniform: per-warp sums before atomics
             const int e = e0 + lane;
@@ -341,6 +348,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             int32_t* rp = a.rest_prefix + static_cast<int64_t>(e) * (R + 1);
             int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
             int64_t moved = 0;
+            const int h = valid ? sc.home[e] : -1;
             for (int r = 0; r < R; ++r) {
                 int64_t cross = 0;
                 if (valid) {
@@ -355,21 +363,28 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                     cap += a_er - keep;
                     const int64_t lo = detail::imax64(rest_lo, cap_lo), hi = detail::imin64(rest, cap);
                     cross = t_re - (keep + (hi > lo ? hi - lo : 0));
-                    if (r != e / epn) moved += a_er;
+                    if (r != h) moved += a_er;
                 }
                 const unsigned wsum = __reduce_add_sync(kFullMask, static_cast<unsigned>(cross));  // < entries of r
-                if (lane == 0 && wsum)
-                    atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r),
-                              static_cast<unsigned long long>(wsum));
+                if (lane == 0 && wsum) {
+                    if (cross_smem)
+                        atomicAdd(&s_cross[r], wsum);
+                    else
+                        atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r),
+                                  static_cast<unsigned long long>(wsum));
+                }
             }
             if (valid) {
                 rp[R] = rest;
                 cp[R] = cap;
             }
             const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
-            if (lane == 0 && wm) atomicAdd(&s_acc[0][2], static_cast<unsigned long long>(wm));
+            if (lane == 0 && wm) atomicAdd(&s_acc[0][2], wm);
         }
     }
+    __syncthreads();
+    if (cross_smem)
+        for (int r = tid; r < R; r += kThreads) a.crossing_out[r] = static_cast<int64_t>(s_cross[r]);
     stamp(6);
 
     // ---- Phase 3b: segment layout, weight sources, slots, cu_seqlens, seg_row; one warp per rank. ----
@@ -401,7 +416,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         for (int e0 = 0; e0 < E; e0 += kWarpSize) {
             const int e = e0 + lane;
             int32_t cnt = 0;
-            if (e < E && e / epn != r) cnt = alloc[static_cast<int64_t>(e) * R + r];
+            if (e < E && sc.home[e] != r) cnt = alloc[static_cast<int64_t>(e) * R + r];
             const unsigned m = __ballot_sync(kFullMask, cnt > 0);
             if (cnt > 0) {
                 const int g = next + __popc(m & lanemask_lt());
@@ -467,7 +482,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     // ---- Phase 3c: copies pushed per home rank, then the costs. ----
     for (int i = tid; i < R * B; i += kThreads) {
         const int32_t e = a.copies[i];
-        if (e >= 0) atomicAdd(a.copies_pushed + e / epn, 1);
+        if (e >= 0) atomicAdd(a.copies_pushed + sc.home[e], 1);
     }
     __syncthreads();
     if (tid == 0) {

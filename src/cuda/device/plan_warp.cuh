@@ -66,6 +66,7 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
                                         int32_t* remote,
                                         int32_t* spread_pushed,
                                         int32_t* alloc,
+                                        const int32_t* home,
                                         int lane,
                                         int& iterations) {
     const int R = d.R, E = d.E;
@@ -79,7 +80,7 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
         unsigned bs = 0, bp = 0, bl = 0;
         int be = -1;
         for (int e = lane; e < E; e += kWarpSize) {
-            const int h = e / d.epn;
+            const int h = home[e];
             const int64_t ex = excess[h], av = avail[e];
             if (ex <= 0 || av <= 0) continue;
             if (alloc[static_cast<int64_t>(e) * R + u] > 0) continue;
@@ -107,7 +108,7 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
             unsigned ba = 0, bl2 = 0;
             int be2 = -1;
             for (int e = lane; e < E; e += kWarpSize) {
-                const int h = e / d.epn;
+                const int h = home[e];
                 if (excess[h] <= 0 || avail[e] < need) continue;
                 if (alloc[static_cast<int64_t>(e) * R + u] > 0) continue;
                 const unsigned ka = 0x7fffffffu - static_cast<unsigned>(avail[e]);  // smaller avail is better
@@ -129,7 +130,7 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
         }
         if (best < 0) return false;
         if (lane == 0)
-            detail::plan_fill_take(d, best, u, detail::imin64(detail::imin64(avail[best], excess[best / d.epn]), need),
+            detail::plan_fill_take(d, best, u, detail::imin64(detail::imin64(avail[best], excess[home[best]]), need),
                                    /*overshoot=*/false, excess, deficit, avail, remote, spread_pushed, alloc);
         __syncwarp();  // orders lane 0's updates before the next iteration's reads
     }
@@ -138,13 +139,14 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
 // plan_cost_of's sums for the 32 experts e = e0 + lane of an alloc matrix X: remote experts per rank into
 // remote[R], pushes per home rank into pushed[R] (shared atomics), total copies / crossing rows / moved entries
 // into acc[3]. 32-bit: every count and prefix here is bounded by the group's entries N < 2^31.
-__device__ __forceinline__ void warp_cost_chunk(const PlanDims& d, const int32_t* tpe, const int32_t* X, int e, int lane,
-                                       int32_t* remote_out, int32_t* pushed_out, unsigned long long* acc) {
+__device__ __forceinline__ void warp_cost_chunk(const PlanDims& d, const int32_t* tpe, const int32_t* X,
+                                                const int32_t* home, int e, int lane,
+                                       int32_t* remote_out, int32_t* pushed_out, unsigned* acc) {
     const int R = d.R, E = d.E;
     const bool valid = e < E;
-    const int h = valid ? e / d.epn : -1;
+    const int h = valid ? home[e] : -1;
     int32_t crossing = 0, copies = 0, moved = 0, rest_lo = 0, cap_lo = 0, pushed = 0;
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {  // per lane: no warp-wide step in the loop
         bool remote = false;
         if (valid) {
             const int32_t a_er = X[static_cast<int64_t>(e) * R + r];
@@ -162,17 +164,16 @@ __device__ __forceinline__ void warp_cost_chunk(const PlanDims& d, const int32_t
                 if (d.B >= d.epn || detail::plan_is_prefetched(d, X, r, e)) pushed += 1;
             }
         }
-        const unsigned nr = __reduce_add_sync(kFullMask, remote ? 1u : 0u);
-        if (lane == 0 && nr) atomicAdd(remote_out + r, static_cast<int32_t>(nr));
+        if (remote) atomicAdd(remote_out + r, 1);  // rare: remote entries are copies (<= E in all)
     }
     if (pushed) atomicAdd(pushed_out + h, pushed);
     const unsigned wc = __reduce_add_sync(kFullMask, static_cast<unsigned>(copies));
     const unsigned wx = __reduce_add_sync(kFullMask, static_cast<unsigned>(crossing));
     const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
     if (lane == 0) {
-        if (wc) atomicAdd(acc + 0, static_cast<unsigned long long>(wc));
-        if (wx) atomicAdd(acc + 1, static_cast<unsigned long long>(wx));
-        if (wm) atomicAdd(acc + 2, static_cast<unsigned long long>(wm));
+        if (wc) atomicAdd(acc + 0, wc);
+        if (wx) atomicAdd(acc + 1, wx);
+        if (wm) atomicAdd(acc + 2, wm);
     }
 }
 
