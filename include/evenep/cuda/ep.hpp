@@ -91,7 +91,8 @@ class Ep {
     static EpLayout check_and_layout(const Config& cfg, int hidden, const EpOptions& options);
 
     // Collective: allocates every rank's buffer (EpLayout, independent of the routing) as a window of `team`, which
-    // must outlive the Ep. Throws evenep::Error on a bad configuration or a CUDA error.
+    // must outlive the Ep; the destructor frees it (collective too). Throws evenep::Error on a bad configuration or a
+    // CUDA error.
     Ep(Team& team, const Config& cfg, int hidden, const EpOptions& options = {});
     virtual ~Ep();
     Ep(const Ep&) = delete;
@@ -182,7 +183,7 @@ class Ep {
     int hidden_;
     EpOptions options_;
     EpLayout layout_;
-    const Window* window_ = nullptr;
+    OwnedWindow window_;
     RankIo* d_tables_ = nullptr;        // one allocation: the four tables below
     Tables fwd_;                        // forward pointers (served entries set by each call)
     Tables bwd_;                        // backward view: x = grad_out, out = grad_x, out_w = grad_topk_w
@@ -192,16 +193,22 @@ class Ep {
     int last_blocks_ = 0;
 };
 
+// The team of an Ep that owns it, as a base constructed before the Ep and destroyed after it (the Ep frees its
+// window into the team).
+template <typename T>
+struct OwnedTeam {
+    std::unique_ptr<T> owned_team;
+};
+
 // R virtual ranks on one GPU: an Ep over a LocalTeam it owns (options.team).
-class DeviceEp : public Ep {
+class DeviceEp : private OwnedTeam<LocalTeam>, public Ep {
   public:
     DeviceEp(const Config& cfg, int hidden, const EpOptions& options = {});
-    LocalTeam& team() { return *owned_; }
-    const LocalTeam& team() const { return *owned_; }
+    LocalTeam& team() { return *owned_team; }
+    const LocalTeam& team() const { return *owned_team; }
 
   private:
     DeviceEp(std::unique_ptr<LocalTeam> team, const Config& cfg, int hidden, const EpOptions& options);
-    std::unique_ptr<LocalTeam> owned_;
 };
 
 }  // namespace evenep::cuda

@@ -94,7 +94,7 @@ Ep::Ep(Team& team, const Config& cfg, int hidden, const EpOptions& options)
     : team_(team), cfg_(cfg), hidden_(hidden), options_(options) {
     layout_ = check_and_layout(cfg, hidden, options);
     EVENEP_CHECK(team.size() == cfg.R, "cuda ep: R = ", cfg.R, " but the team has ", team.size(), " ranks");
-    window_ = &team.alloc_window(layout_.total_bytes);
+    window_ = OwnedWindow(team, layout_.total_bytes);
     const size_t table = sizeof(RankIo) * cfg.R;
     EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_tables_), 4 * table));
     EVENEP_CUDA_CHECK(cudaMemset(d_tables_, 0, 4 * table));
@@ -437,7 +437,7 @@ DeviceEp::DeviceEp(const Config& cfg, int hidden, const EpOptions& options)
                options) {}
 
 DeviceEp::DeviceEp(std::unique_ptr<LocalTeam> team, const Config& cfg, int hidden, const EpOptions& options)
-    : Ep(*team, cfg, hidden, options), owned_(std::move(team)) {}
+    : OwnedTeam<LocalTeam>{std::move(team)}, Ep(*owned_team, cfg, hidden, options) {}
 
 // ---- NcclEp ----
 
@@ -457,6 +457,6 @@ NcclEp::NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const E
     : NcclEp(make_nccl_team(cfg, hidden, boot, options), cfg, hidden, options) {}
 
 NcclEp::NcclEp(std::unique_ptr<NcclTeam> team, const Config& cfg, int hidden, const EpOptions& options)
-    : Ep(*team, cfg, hidden, options), owned_(std::move(team)) {}
+    : OwnedTeam<NcclTeam>{std::move(team)}, Ep(*owned_team, cfg, hidden, options) {}
 
 }  // namespace evenep::cuda
