@@ -115,14 +115,6 @@ class Ep {
     // Checked on the host (throws, nothing launched); bad expert ids are found on the device and reported by
     // check() as Error(kInvalidArgument) naming rank, token, k and value.
     EpPlan plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStream_t stream, int64_t s_total = -1);
-    // Plans from given histograms (tpe: [R*E], host), skipping the histogram and the all-gather: for tests and the
-    // planner benchmark. Uploads tpe synchronously, then one block per rank of [rank_begin, +num_ranks) (served
-    // ranks; num_ranks -1: all served from rank_begin on). No encoded destinations: dispatch needs plan().
-    EpPlan plan_from_tpe(std::span<const int32_t> tpe,
-                         std::span<const int32_t> s,
-                         cudaStream_t stream,
-                         int rank_begin = -1,
-                         int num_ranks = -1);
     // io: x and topk_w of every served rank (16-byte aligned x).
     void dispatch(const EpPlan& plan, std::span<const RankIo> io, cudaStream_t stream);
     // io: topk_w, out and out_w (optional) of every served rank.
@@ -164,6 +156,7 @@ class Ep {
     std::vector<int32_t> download_recv_ret(int rank, int64_t rows) const;
 
   private:
+    friend struct EpHooks;  // test and benchmark hooks (evenep/cuda/detail/ep_hooks.hpp)
     template <typename T>
     std::vector<T> download(const char* src, size_t offset, size_t count) const;
     const char* plan_source(const EpPlan& plan, int rank, size_t offset) const;
@@ -177,6 +170,9 @@ class Ep {
     const RankIo* store_io(Tables& t, std::span<const RankIo> io, cudaStream_t stream);
     void save(EpPlanState& st, cudaStream_t stream);
     std::span<const int32_t> checked_s(const EpPlan& plan, const char* call) const;
+    // Saves the resident plan (when referenced) and makes a new plan of `s` resident: what the planner launches
+    // write into the buffer.
+    EpPlan new_resident_plan(std::span<const int32_t> s, int64_t s_total, cudaStream_t stream);
 
     Team& team_;
     Config cfg_;
