@@ -31,7 +31,8 @@ void bench_experts(Point& p, bool want_prefetch, bool want_reduce) {
     const int epn = p.cfg.epn(), B = p.cfg.num_slots();
     const size_t n = static_cast<size_t>(H) * bc.ffn_hidden;
     // Projections moved per copy: the requested number, fewer if the pool would not fit in free device memory
-    // (every rank holds epn local experts and B slots per projection).
+    // (every rank holds epn local experts and B slots per projection). Each op's Experts frees its windows at the end
+    // of its block, so reduce_grad gets the memory prefetch_weight used.
     auto projections_that_fit = [&](bool grads) {
         size_t free_bytes = 0, total_bytes = 0;
         EVENEP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));

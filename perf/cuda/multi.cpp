@@ -138,7 +138,8 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
     // ---- Anchors: every rank writes into its next peer's window at once (NVLink); a local copy (HBM). ----
     {
         const size_t bytes = static_cast<size_t>(mc.copy_mib * (1 << 20)) / 16 * 16;
-        const NcclWindowView& w = team.alloc_window(bytes);
+        const cuda::OwnedWindow window(team, bytes);  // freed at the end of the anchors
+        const cuda::Window& w = *window;
         DeviceBuf<char> src(bytes, true);
         cuda::launch_fill_random_bf16(reinterpret_cast<uint16_t*>(src.get()), bytes / 2, 77 + me, sa);
         int num_sms = 0, dev = 0;

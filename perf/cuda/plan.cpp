@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "evenep/cuda/detail/ep_hooks.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
 #include "perf/cuda/point.hpp"
 
@@ -81,7 +82,7 @@ void bench_plan(Point& p) {
            << static_cast<double>(ts[13] - ts[12]) / static_cast<double>(ts[8] - ts[0]) << " GHz";
     int64_t wrong_one = -1;
     if (bc.check) {
-        const cuda::EpPlan one_rank = ep.plan_from_tpe(p.routing.tpe(), p.routing.s, stream, 0, 1);
+        const cuda::EpPlan one_rank = cuda::plan_from_tpe(ep, p.routing.tpe(), p.routing.s, stream, 0, 1);
         const Plan gp = ep.download_plan(one_rank, 0);
         wrong_one = (gp.alloc != plan.alloc) + (gp.cu_seqlens != plan.cu_seqlens) + (gp.copies != plan.copies) +
                     (gp.rest_prefix != plan.rest_prefix) + (gp.cap_prefix != plan.cap_prefix);

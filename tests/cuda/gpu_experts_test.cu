@@ -9,8 +9,12 @@
 //   ExpertsTest.ReduceTwiceIsDeterministic  the same inputs reduced twice give the same bits
 //   ExpertPoolTest.LayersShareSlots  two layers on one ExpertPool: each prefetch fills the shared slots with that
 //       layer's home weights; ExpertPool::holds names the last layer and plan
+//   ExpertPoolTest.LayersFreeTheirWindows  20 rounds of a layer with its own pool (a quarter of the free device
+//       memory) plus a layer on the shared pool: each round's windows go back to the team (num_windows), the free
+//       memory is back to where it started
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -217,6 +221,33 @@ TEST(ExpertPoolTest, LayersShareSlots) {
             }
     }
     EXPECT_EQ(second.slot(1, 0, 0), f.ex->slot(1, 0, 0)) << "the layers' slots are the pool's";
+}
+
+TEST(ExpertPoolTest, LayersFreeTheirWindows) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Shape sh{4, 16, -1, 1, 64, "R4_E16_P1_loop"};
+    Fixture f = make_fixture(sh);
+    const Team& team = f.ep->team();
+    const size_t held = team.num_windows();  // the Ep's, the fixture layer's and its pool's
+    EXPECT_EQ(held, 3u);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    size_t before = 0, total = 0;
+    EVENEP_CUDA_CHECK(cudaMemGetInfo(&before, &total));
+    // One layer with its own pool: R ranks x (epn + B) matrices x (2 + 4) bytes per element (weights and gradients).
+    const int64_t per_elem = int64_t{sh.R} * (f.cfg.epn() + f.cfg.num_slots()) * 6;
+    ExpertsShape es;
+    es.num_projections = 1;
+    es.elems = static_cast<int64_t>(before / 4) / per_elem / 8 * 8;
+    for (int i = 0; i < 20; ++i) {
+        Experts own(*f.ep, es);
+        Experts shared(*f.ep, f.ex->pool(), f.ex->shape());
+        ASSERT_EQ(team.num_windows(), held + 3) << "round " << i;
+    }
+    EXPECT_EQ(team.num_windows(), held);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    size_t after = 0;
+    EVENEP_CUDA_CHECK(cudaMemGetInfo(&after, &total));
+    EXPECT_LE(before - std::min(before, after), size_t{64} << 20) << "free before " << before << ", after " << after;
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 
 #include "common/cpu_testing.hpp"
 #include "common/plan_testing.hpp"
+#include "evenep/cuda/detail/ep_hooks.hpp"
 #include "evenep/cuda/ep.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
@@ -112,7 +113,7 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
         opt.mode = mode;
         opt.planner_kernel = kernel;
         DeviceEp ep(cfg, 8, opt);
-        const EpPlan plan = ep.plan_from_tpe(tpe, s, nullptr);
+        const EpPlan plan = plan_from_tpe(ep, tpe, s, nullptr);
         ep.check(nullptr);
         const Plan cpu = make_plan(cfg, mode, tpe, s);
         for (int r = 0; r < R; ++r)

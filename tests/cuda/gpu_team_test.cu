@@ -10,13 +10,20 @@
 //   BarrierTest.RankLocalSkipStillNamesPeer  the faulty rank is the last one: the message names it, not a local wait
 //   BarrierDeathTest.TimeoutTrapsAndHostNamesRank  TimeoutAction::kTrap: the kernel traps; the host still reads the
 //       record from mapped memory and names the missing rank
+//   WindowTest.AllocFreeLoopDoesNotExhaustMemory  40 windows of a quarter of the free device memory each (10x the
+//       memory), allocated and freed in turn (explicit free_window and OwnedWindow): every allocation succeeds, the
+//       team holds no window afterwards and the free memory is back to where it started
+//   WindowTest.FreeRefusesMainAndFreedWindows  free_window of the main window or of a freed window throws
+//       kInvalidArgument; the team stays usable (barrier rounds pass)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <tuple>
 
+#include "evenep/cuda/check.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/team.hpp"
 #include "evenep/error.hpp"
@@ -148,6 +155,58 @@ TEST(BarrierDeathTest, TimeoutTrapsAndHostNamesRank) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     GTEST_FLAG_SET(death_test_style, "threadsafe");
     EXPECT_DEATH(trap_and_report(), "caught: barrier timeout.*missing rank 1.*device trapped");
+}
+
+size_t free_device_bytes() {
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    size_t free_bytes = 0, total_bytes = 0;
+    EVENEP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return free_bytes;
+}
+
+TEST(WindowTest, AllocFreeLoopDoesNotExhaustMemory) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    constexpr int R = 4;
+    LocalTeam team(R, 256);
+    const size_t before = free_device_bytes();
+    const size_t per_rank = before / 4 / R / 256 * 256;  // one window: a quarter of the free memory
+    for (int i = 0; i < 40; ++i) {
+        if (i % 2 == 0) {
+            const Window& w = team.alloc_window(per_rank);
+            ASSERT_EQ(w.peers.size(), static_cast<size_t>(R));
+            ASSERT_EQ(team.num_windows(), 1u);
+            team.free_window(w);
+        } else {
+            OwnedWindow w(team, per_rank);
+            ASSERT_TRUE(w) << "round " << i;
+            ASSERT_EQ(team.num_windows(), 1u);
+        }
+        ASSERT_EQ(team.num_windows(), 0u) << "round " << i;
+    }
+    const size_t after = free_device_bytes();
+    EXPECT_LE(before - std::min(before, after), size_t{64} << 20)
+        << "free memory before " << before << " bytes, after " << after;
+}
+
+TEST(WindowTest, FreeRefusesMainAndFreedWindows) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    LocalTeam team(2, 4 * 2);
+    auto expect_invalid = [&](const Window& w, const char* what) {
+        try {
+            team.free_window(w);
+            ADD_FAILURE() << "free_window of " << what << " was accepted";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << what;
+        }
+    };
+    expect_invalid(team.main_window(), "the main window");
+    OwnedWindow w(team, 1024);
+    const Window* freed = w.get();
+    w.reset();
+    EXPECT_FALSE(w);
+    expect_invalid(*freed, "a freed window");  // NOTE: only its address is compared; nothing is read
+    EXPECT_EQ(team.num_windows(), 0u);
+    EXPECT_EQ(run_rounds(team, 10, 1), 0);
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 //   NcclTeamSingleTest.OneRankWindowSelfPointerBarrier  a one-rank communicator: window registration (main window
 //       and a second one, zeroed), device communicator, the self LSA pointer aliases the local buffer (bytes written
 //       through one are read through the other), the team view (rank_begin 0, one launch rank, system scope,
-//       inbox flags), 50 barrier rounds on both channels without mismatch
+//       inbox flags), 50 barrier rounds on both channels without mismatch; free_window deregisters the second
+//       window (the main one is refused) and 20 windows of a quarter of the free memory, freed in turn, all fit
 //   NcclTeamSingleTest.OneRankEpMatchesOracle  NcclEp with R = 1: plan, dispatch (rows, weights, chains) and combine
 //       (pull and push, with and without weights) equal the CPU oracle, masked entries included
 //   NcclBootstrapTest.ReadsTorchrunEnvironment   RANK / WORLD_SIZE / LOCAL_RANK / EVENEP_NCCL_ID are read; Open MPI
@@ -136,6 +137,21 @@ TEST(NcclTeamSingleTest, OneRankWindowSelfPointerBarrier) {
     std::vector<uint8_t> zeros(w.bytes, 1);
     EVENEP_CUDA_CHECK(cudaMemcpy(zeros.data(), w.peers[0], w.bytes, cudaMemcpyDeviceToHost));
     EXPECT_EQ(std::count(zeros.begin(), zeros.end(), 0), static_cast<std::ptrdiff_t>(w.bytes));
+    // Freed (deregistered) again; the main window cannot be; 20 windows of a quarter of the free memory each, freed
+    // in turn by OwnedWindow, all fit.
+    EXPECT_EQ(team.num_windows(), 1u);
+    team.free_window(w);
+    EXPECT_EQ(team.num_windows(), 0u);
+    EXPECT_THROW(team.free_window(team.main_window()), Error);
+    {
+        size_t free_bytes = 0, total_bytes = 0;
+        EVENEP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        for (int i = 0; i < 20; ++i) {
+            const OwnedWindow big(team, free_bytes / 4);
+            ASSERT_EQ(team.num_windows(), 1u) << "round " << i;
+        }
+        EXPECT_EQ(team.num_windows(), 0u);
+    }
     // Barrier rounds on both channels (the barrier test writes through the peer table and checks after the barrier).
     for (int c = 0; c < kNcclTeamChannels; ++c) {
         DeviceArray<int32_t> errors(1);

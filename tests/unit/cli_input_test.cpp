@@ -14,7 +14,9 @@
 //   conflicts: maxvio_with_sigma, routing_with_R, routing_with_S, tpe_with_E, reference_legacy,
 //              quality_quick_cases
 //   parser:    unknown_command, unknown_bench_command, unknown_flag, missing_value
-//   outputs:   quality_json_dev_full, bench_plan_json_dev_full (a failed write is detected at close)
+//   outputs:   quality_json_dev_full, bench_plan_json_dev_full (a failed write is detected at close);
+//              bench_gemm_json_dev_full_gpu, bench_multi_json_dev_full_gpu (the same through the measuring run on a
+//              tiny shape; *_gpu cases skip where no GPU is usable: the device check comes first there)
 //   machine:   demo_r512_memory (~R^3 plan state), demo_tp_memory, plan_long_generation (time estimate),
 //              plan_check_memory (the --check cost), demo_threads_cannot_start (1 GB of address space: the rank
 //              threads cannot all start; no std::terminate), bench_dispatch_no_gpu, bench_gemm_no_gpu,
@@ -121,6 +123,14 @@ std::vector<Case> cases() {
         {"bench_plan_json_dev_full",
          "bench plan --shapes small --maxvio 1 --planners optimized --warmup 0 --iters 1 --json /dev/full",
          {"--json", "/dev/full", "No space"}},
+        {"bench_gemm_json_dev_full_gpu",
+         "bench gemm --R 2 --E 4 --K 2 --S 64 --H 128 --ffn-hidden 128 --tp 8 --maxvio 1 --zipf 0 --ops fwd "
+         "--kernels mma --warmup 0 --iters 1 --json /dev/full",
+         {"--json", "/dev/full", "No space"}},
+        {"bench_multi_json_dev_full_gpu",
+         "bench multi --experts-per-rank 2 --K 2 --S 64 --H 128 --ffn-hidden 128 --tp 8 --maxvio 1 --warmup 0 "
+         "--iters 1 --copy-mib 1 --json /dev/full",
+         {"--json", "/dev/full", "No space"}},
         {"demo_r512_memory",
          "demo --backend cpu --R 512 --E 512 --K 1 --S 1 --H 8 --ffn-hidden 1 --max-memory 4e9",
          {"demo: estimated memory", "R=512 rank plans", "--max-memory"}},
@@ -159,6 +169,8 @@ class Input : public ::testing::TestWithParam<Case> {};
 TEST_P(Input, OneLineExitTwo) {
     const Case& c = GetParam();
     if (c.name.find("no_gpu") != std::string::npos && gpu_usable()) GTEST_SKIP() << "a GPU is usable here";
+    if (c.name.ends_with("_gpu") && c.name.find("no_gpu") == std::string::npos && !gpu_usable())
+        GTEST_SKIP() << "needs a usable GPU";
     if (c.name.rfind("quality_", 0) == 0 && !exact_solver_available()) GTEST_SKIP() << "built without CBC";
     const testing::CliRun run = run_cli(c.args, /*merge_stderr=*/false, /*timeout_s=*/60, c.shell_prefix);
     EXPECT_EQ(run.exit_code, 2) << c.args << "\nstderr: " << run.error;

@@ -5,7 +5,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -124,6 +123,8 @@ void register_bench_multi(CLI::App& bench) {
         require_cuda_device("bench multi");
 #if defined(EVENEP_HAVE_CUDA)
         const cuda::NcclBootstrap boot = cuda::nccl_bootstrap_from_env();
+        // Rank 0's JSON target, opened before the run (a bad path fails in seconds) and checked at close.
+        OutputFile json("--json", boot.rank == 0 ? o->json_file : std::string());
         perf::MultiBenchConfig mc;
         mc.experts_per_rank = o->experts_per_rank, mc.K = o->K, mc.S = o->S, mc.H = o->H;
         mc.ffn_hidden = o->ffn_hidden, mc.tp = o->tp, mc.maxvios = o->maxvios, mc.seed = o->seed;
@@ -135,14 +136,13 @@ void register_bench_multi(CLI::App& bench) {
         for (const perf::MultiBenchRow& r : res.rows) wrong += r.wrong > 0 ? r.wrong : 0;
         if (boot.rank == 0) {
             print_table(res);
-            if (!o->json_file.empty()) {
+            if (json.active()) {
                 nlohmann::json out{
                     {"device", res.device},     {"ranks", res.R},           {"nccl_version", res.nccl_version},
                     {"p2p_gbps", res.p2p_gbps}, {"hbm_gbps", res.hbm_gbps}, {"rows", nlohmann::json::array()}};
                 for (const perf::MultiBenchRow& r : res.rows) out["rows"].push_back(to_json(r));
-                std::ofstream f(o->json_file);
-                EVENEP_CHECK(f.good(), "bench multi: cannot write ", o->json_file);
-                f << out.dump(2) << "\n";
+                json.write(out.dump(2) + "\n");
+                json.close();
             }
             if (o->check) fmt::print("check: {} wrong\n", wrong);
         }

@@ -91,7 +91,8 @@ class Ep {
     static EpLayout check_and_layout(const Config& cfg, int hidden, const EpOptions& options);
 
     // Collective: allocates every rank's buffer (EpLayout, independent of the routing) as a window of `team`, which
-    // must outlive the Ep. Throws evenep::Error on a bad configuration or a CUDA error.
+    // must outlive the Ep; the destructor frees it (collective too). Throws evenep::Error on a bad configuration or a
+    // CUDA error.
     Ep(Team& team, const Config& cfg, int hidden, const EpOptions& options = {});
     virtual ~Ep();
     Ep(const Ep&) = delete;
@@ -114,14 +115,6 @@ class Ep {
     // Checked on the host (throws, nothing launched); bad expert ids are found on the device and reported by
     // check() as Error(kInvalidArgument) naming rank, token, k and value.
     EpPlan plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStream_t stream, int64_t s_total = -1);
-    // Plans from given histograms (tpe: [R*E], host), skipping the histogram and the all-gather: for tests and the
-    // planner benchmark. Uploads tpe synchronously, then one block per rank of [rank_begin, +num_ranks) (served
-    // ranks; num_ranks -1: all served from rank_begin on). No encoded destinations: dispatch needs plan().
-    EpPlan plan_from_tpe(std::span<const int32_t> tpe,
-                         std::span<const int32_t> s,
-                         cudaStream_t stream,
-                         int rank_begin = -1,
-                         int num_ranks = -1);
     // io: x and topk_w of every served rank (16-byte aligned x).
     void dispatch(const EpPlan& plan, std::span<const RankIo> io, cudaStream_t stream);
     // io: topk_w, out and out_w (optional) of every served rank.
@@ -163,6 +156,7 @@ class Ep {
     std::vector<int32_t> download_recv_ret(int rank, int64_t rows) const;
 
   private:
+    friend struct EpHooks;  // test and benchmark hooks (evenep/cuda/detail/ep_hooks.hpp)
     template <typename T>
     std::vector<T> download(const char* src, size_t offset, size_t count) const;
     const char* plan_source(const EpPlan& plan, int rank, size_t offset) const;
@@ -176,13 +170,16 @@ class Ep {
     const RankIo* store_io(Tables& t, std::span<const RankIo> io, cudaStream_t stream);
     void save(EpPlanState& st, cudaStream_t stream);
     std::span<const int32_t> checked_s(const EpPlan& plan, const char* call) const;
+    // Saves the resident plan (when referenced) and makes a new plan of `s` resident: what the planner launches
+    // write into the buffer.
+    EpPlan new_resident_plan(std::span<const int32_t> s, int64_t s_total, cudaStream_t stream);
 
     Team& team_;
     Config cfg_;
     int hidden_;
     EpOptions options_;
     EpLayout layout_;
-    const Window* window_ = nullptr;
+    OwnedWindow window_;
     RankIo* d_tables_ = nullptr;        // one allocation: the four tables below
     Tables fwd_;                        // forward pointers (served entries set by each call)
     Tables bwd_;                        // backward view: x = grad_out, out = grad_x, out_w = grad_topk_w
@@ -192,16 +189,22 @@ class Ep {
     int last_blocks_ = 0;
 };
 
+// The team of an Ep that owns it, as a base constructed before the Ep and destroyed after it (the Ep frees its
+// window into the team).
+template <typename T>
+struct OwnedTeam {
+    std::unique_ptr<T> owned_team;
+};
+
 // R virtual ranks on one GPU: an Ep over a LocalTeam it owns (options.team).
-class DeviceEp : public Ep {
+class DeviceEp : private OwnedTeam<LocalTeam>, public Ep {
   public:
     DeviceEp(const Config& cfg, int hidden, const EpOptions& options = {});
-    LocalTeam& team() { return *owned_; }
-    const LocalTeam& team() const { return *owned_; }
+    LocalTeam& team() { return *owned_team; }
+    const LocalTeam& team() const { return *owned_team; }
 
   private:
     DeviceEp(std::unique_ptr<LocalTeam> team, const Config& cfg, int hidden, const EpOptions& options);
-    std::unique_ptr<LocalTeam> owned_;
 };
 
 }  // namespace evenep::cuda

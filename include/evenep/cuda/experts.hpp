@@ -8,7 +8,7 @@
 //   slot_grads  [P][B][elems]   fp32   reduce buffer: weight gradients of the slots }
 //   grads       [P][epn][elems] fp32   the local experts' gradients
 // with_weights allocates weights + slots (prefetch), with_grads slot_grads + grads (reduce_grad); benchmarks at
-// large shapes allocate one pair and fewer projections.
+// large shapes allocate one pair at a time (freed before the next) and as many projections as fit.
 //
 //   prefetch_weight(ep, plan)  for every slot b of every rank r with e = copies[r][b] >= 0: slots(r)[p][b] =
 //                        weights of e on home(e). Owner push: each (expert, projection) tile is read from HBM once and
@@ -49,6 +49,7 @@ class Experts;
 class ExpertPool {
   public:
     // Collective. Sized for ep's configuration (R, B) and `shape` (with_weights: slots; with_grads: slot_grads).
+    // The window is freed with the pool (collective), which must not outlive ep's team.
     ExpertPool(Ep& ep, const ExpertsShape& shape);
     ExpertPool(const ExpertPool&) = delete;
     ExpertPool& operator=(const ExpertPool&) = delete;
@@ -68,7 +69,7 @@ class ExpertPool {
     ExpertsShape shape_;
     int R_, B_, rank_begin_;
     size_t slots_ = 0, slot_grads_ = 0;
-    const Window* window_ = nullptr;
+    OwnedWindow window_;
     const Experts* filled_by_ = nullptr;  // the last prefetch_weight's layer and plan
     uint64_t filled_plan_ = 0;
 };
@@ -78,7 +79,8 @@ class ExpertPool {
 class Experts {
   public:
     // Collective. Sized for ep's configuration (R, epn, B). Everything starts at zero. Without a pool the layer
-    // gets a pool of its own; with one, `pool` (same shape, same Ep) must outlive the layer.
+    // gets a pool of its own; with one, `pool` (same shape, same Ep) must outlive the layer. The windows are freed
+    // with the layer (collective; the layer's own pool after the layer's window), which must not outlive ep's team.
     Experts(Ep& ep, const ExpertsShape& shape);
     Experts(Ep& ep, ExpertPool& pool, const ExpertsShape& shape);
     ~Experts() = default;
@@ -116,7 +118,7 @@ class Experts {
     std::unique_ptr<ExpertPool> own_pool_;
     ExpertPool* pool_ = nullptr;
     Offsets off_{};
-    const Window* window_ = nullptr;
+    OwnedWindow window_;  // after own_pool_: freed before it
     int last_blocks_ = 0;
 };
 

@@ -179,7 +179,7 @@ struct MoeRunInfo {
 // served ranks together), sizes, and traffic (the byte model on the device's plan and dst; only when the team
 // serves every rank). options.num_layers must be 1; options.barrier_timeout becomes the team's timeout.
 // Collective on the NCCL team. Throws evenep::Error on a bad problem or a device failure. The Ep's and the
-// experts' windows stay allocated in `team` until the team is destroyed (teams free windows only then).
+// experts' windows are freed into `team` before it returns (the team holds no more windows than before).
 MoeResult run_moe_layer(Team& team,
                         const MoeProblem& problem,
                         const MoeRunOptions& options = {},

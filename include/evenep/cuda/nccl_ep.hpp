@@ -29,18 +29,17 @@
 
 namespace evenep::cuda {
 
-class NcclEp : public Ep {
+class NcclEp : private OwnedTeam<NcclTeam>, public Ep {
   public:
     // Collective. Checks the configuration (throws evenep::Error naming the value), requires cfg.R ==
     // boot.world_size, then creates the NCCL team (options.team) and the rank's buffer in a window of it.
     NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const EpOptions& options = {});
-    int rank() const { return owned_->rank(); }
-    NcclTeam& team() { return *owned_; }
-    const NcclTeam& team() const { return *owned_; }
+    int rank() const { return owned_team->rank(); }
+    NcclTeam& team() { return *owned_team; }
+    const NcclTeam& team() const { return *owned_team; }
 
   private:
     NcclEp(std::unique_ptr<NcclTeam> team, const Config& cfg, int hidden, const EpOptions& options);
-    std::unique_ptr<NcclTeam> owned_;
 };
 
 }  // namespace evenep::cuda

@@ -129,8 +129,12 @@ class NcclTeam final : public Team {
     const TeamView& view(int channel = 0) const override;
 
     // Collective: a further symmetric window of `bytes` on every rank (zeroed). Owned by the team; the reference
-    // stays valid until the team is destroyed.
+    // stays valid until free_window(it) or the team's destruction (Team::alloc_window, OwnedWindow).
     const Window& alloc_window(size_t bytes) override;
+    // Collective (Team::free_window): waits for this GPU, host barrier (no peer still uses the window), then
+    // deregisters and frees this rank's copy.
+    void free_window(const Window& window) override;
+    size_t num_windows() const override;
 
     // Synchronises `stream` and throws evenep::Error if the device recorded a failure: kTimeout for a barrier
     // timeout (names this rank, the missing peer and the phase), kInvalidArgument for a bad expert id, kInternal

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "evenep/cuda/detail/window_registry.hpp"
+
 namespace evenep::cuda {
 
 inline constexpr int kMaxVirtualRanks = 256;
@@ -139,8 +141,17 @@ class Team {
     // data lives in another window copy the view and set TeamView::peers to that window's d_peers.
     virtual const TeamView& view(int channel = 0) const = 0;
 
-    // Collective: a further symmetric window of `bytes` per rank (zeroed), valid until the team is destroyed.
+    // Collective: a further symmetric window of `bytes` per rank (zeroed), valid until free_window(it) or the team's
+    // destruction. Owners hold it as an OwnedWindow (below), which frees it with them.
     virtual const Window& alloc_window(size_t bytes) = 0;
+    // Collective: frees `window` (one of this team's alloc_window results, not the main window): waits for the
+    // device (on the NCCL team: every rank's, then a host barrier, so no peer still reads or writes any copy), then
+    // releases every rank's copy. The reference, its device pointers and graphs that captured kernels using them
+    // are invalid afterwards. Throws evenep::Error (kInvalidArgument) for the main window or a window this team does
+    // not hold (freed already, or another team's). Every rank frees its windows in the same order.
+    virtual void free_window(const Window& window) = 0;
+    // Windows held besides the main window (what alloc_window added and free_window has not removed).
+    virtual size_t num_windows() const = 0;
     // `peer`'s copy of `window` (device address).
     char* peer_base(const Window& window, int peer) const;
 
@@ -160,6 +171,33 @@ class Team {
     virtual void inject_fault(int rank, Phase phase) = 0;
     virtual void set_timeout_ms(double ms) = 0;
     virtual void set_timeout_action(TimeoutAction action) = 0;
+};
+
+// A window its holder owns (RAII over Team::alloc_window / free_window): Ep, Experts and ExpertPool hold theirs so
+// that a temporary engine object (a benchmark point, a test, run_moe_layer) gives its device memory back. Moving
+// transfers the ownership; destruction frees (collective on the NCCL team, like construction; errors are ignored
+// there: a context lost to a trap). The team must outlive it.
+class OwnedWindow {
+  public:
+    OwnedWindow() = default;
+    OwnedWindow(Team& team, size_t bytes) : team_(&team), window_(&team.alloc_window(bytes)) {}
+    ~OwnedWindow() { release_noexcept(); }
+    OwnedWindow(OwnedWindow&& other) noexcept : team_(other.team_), window_(other.window_) { other.window_ = nullptr; }
+    OwnedWindow& operator=(OwnedWindow&& other) noexcept;
+    OwnedWindow(const OwnedWindow&) = delete;
+    OwnedWindow& operator=(const OwnedWindow&) = delete;
+
+    explicit operator bool() const { return window_ != nullptr; }
+    const Window& operator*() const { return *window_; }
+    const Window* operator->() const { return window_; }
+    const Window* get() const { return window_; }
+    // Frees the window now (collective; throws what Team::free_window throws); empty afterwards.
+    void reset();
+
+  private:
+    void release_noexcept() noexcept;
+    Team* team_ = nullptr;
+    const Window* window_ = nullptr;
 };
 
 // The device error record as one line (the formatter of both teams; `note` is appended to a peer timeout).
@@ -184,6 +222,8 @@ class LocalTeam final : public Team {
     char* base(int rank) const override;
     const TeamView& view(int channel = 0) const override;
     const Window& alloc_window(size_t bytes) override;
+    void free_window(const Window& window) override;
+    size_t num_windows() const override;
     void check(cudaStream_t stream) const override;
     std::string pending_error() const override;
     void recover() override;
@@ -196,7 +236,7 @@ class LocalTeam final : public Team {
 
     int num_ranks_;
     TeamOptions options_;
-    std::vector<std::unique_ptr<Window>> windows_;  // [0]: the main window
+    detail::WindowRegistry<Window> windows_;  // [0]: the main window
     const Window* main_ = nullptr;
     uint32_t* d_sync_ = nullptr;  // per channel flags, arrive, gen; then abort, claim (one allocation)
     size_t sync_bytes_ = 0;

@@ -94,7 +94,7 @@ Ep::Ep(Team& team, const Config& cfg, int hidden, const EpOptions& options)
     : team_(team), cfg_(cfg), hidden_(hidden), options_(options) {
     layout_ = check_and_layout(cfg, hidden, options);
     EVENEP_CHECK(team.size() == cfg.R, "cuda ep: R = ", cfg.R, " but the team has ", team.size(), " ranks");
-    window_ = &team.alloc_window(layout_.total_bytes);
+    window_ = OwnedWindow(team, layout_.total_bytes);
     const size_t table = sizeof(RankIo) * cfg.R;
     EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_tables_), 4 * table));
     EVENEP_CUDA_CHECK(cudaMemset(d_tables_, 0, 4 * table));
@@ -219,53 +219,22 @@ EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStre
                      ": topk_idx must be a device pointer");
     EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "cuda ep: s has ", s.size(), " values, expected R = ", cfg_.R);
     check_group_tokens(cfg_, s, s_total);
-    const std::shared_ptr<EpPlanState> cur = resident_.lock();
-    if (cur && cur->copy == nullptr && !cur->lost) save(*cur, stream);  // the new plan overwrites the region
+    EpPlan plan = new_resident_plan(s, s_total, stream);
     const RankIo* d_io = store_io(fwd_, io, stream);
     last_blocks_ =
         launch_plan(view(options_.channel), layout_, d_io, s, s_total, options_.mode == PlannerMode::kOptimized,
                     options_.planner_kernel, options_.sm_budget, stream);
+    return plan;
+}
+
+EpPlan Ep::new_resident_plan(std::span<const int32_t> s, int64_t s_total, cudaStream_t stream) {
+    const std::shared_ptr<EpPlanState> cur = resident_.lock();
+    if (cur && cur->copy == nullptr && !cur->lost) save(*cur, stream);  // the new plan overwrites the region
     auto st = std::make_shared<EpPlanState>();
     st->owner = this;
     st->id = next_plan_id_++;
     st->s.assign(s.begin(), s.end());
     st->s_total = s_total;
-    st->pool = pool_;
-    resident_ = st;
-    return EpPlan(std::move(st));
-}
-
-EpPlan Ep::plan_from_tpe(
-    std::span<const int32_t> tpe, std::span<const int32_t> s, cudaStream_t stream, int first, int num_ranks) {
-    const size_t RE = static_cast<size_t>(cfg_.R) * cfg_.E;
-    EVENEP_CHECK(tpe.size() == RE, "plan: tpe has ", tpe.size(), " values, expected R*E = ", RE);
-    EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "plan: s has ", s.size(), " values, expected R = ", cfg_.R);
-    for (int r = 0; r < cfg_.R; ++r) {
-        int64_t row = 0;
-        for (int e = 0; e < cfg_.E; ++e) {
-            const int32_t v = tpe[static_cast<size_t>(r) * cfg_.E + e];
-            EVENEP_CHECK(v >= 0, "plan: rank ", r, ": tpe[", e, "] = ", v, " is negative");
-            row += v;
-        }
-        EVENEP_CHECK(s[r] >= 1 && s[r] <= cfg_.S, "plan: rank ", r, ": s = ", s[r], " outside [1, S = ", cfg_.S, "]");
-        EVENEP_CHECK(row <= static_cast<int64_t>(s[r]) * cfg_.K, "plan: rank ", r, ": ", row,
-                     " routed entries exceed s*K = ", static_cast<int64_t>(s[r]) * cfg_.K);
-    }
-    if (first < 0) first = rank_begin();
-    if (num_ranks < 0) num_ranks = rank_begin() + num_local_ranks() - first;
-    EVENEP_CHECK(num_ranks >= 1 && team_.serves(first) && team_.serves(first + num_ranks - 1), "plan: ranks [", first,
-                 ", ", first + num_ranks, ") are not all served by this process");
-    const std::shared_ptr<EpPlanState> cur = resident_.lock();
-    if (cur && cur->copy == nullptr && !cur->lost) save(*cur, stream);
-    EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (int r = first; r < first + num_ranks; ++r)
-        EVENEP_CUDA_CHECK(cudaMemcpy(base(r) + layout_.tpe, tpe.data(), RE * 4, cudaMemcpyHostToDevice));
-    launch_plan_only(view(options_.channel), layout_, s, options_.mode == PlannerMode::kOptimized,
-                     options_.planner_kernel, first, num_ranks, stream);
-    auto st = std::make_shared<EpPlanState>();
-    st->owner = this;
-    st->id = next_plan_id_++;
-    st->s.assign(s.begin(), s.end());
     st->pool = pool_;
     resident_ = st;
     return EpPlan(std::move(st));
@@ -437,7 +406,7 @@ DeviceEp::DeviceEp(const Config& cfg, int hidden, const EpOptions& options)
                options) {}
 
 DeviceEp::DeviceEp(std::unique_ptr<LocalTeam> team, const Config& cfg, int hidden, const EpOptions& options)
-    : Ep(*team, cfg, hidden, options), owned_(std::move(team)) {}
+    : OwnedTeam<LocalTeam>{std::move(team)}, Ep(*owned_team, cfg, hidden, options) {}
 
 // ---- NcclEp ----
 
@@ -457,6 +426,6 @@ NcclEp::NcclEp(const Config& cfg, int hidden, const NcclBootstrap& boot, const E
     : NcclEp(make_nccl_team(cfg, hidden, boot, options), cfg, hidden, options) {}
 
 NcclEp::NcclEp(std::unique_ptr<NcclTeam> team, const Config& cfg, int hidden, const EpOptions& options)
-    : Ep(*team, cfg, hidden, options), owned_(std::move(team)) {}
+    : OwnedTeam<NcclTeam>{std::move(team)}, Ep(*owned_team, cfg, hidden, options) {}
 
 }  // namespace evenep::cuda

@@ -36,7 +36,7 @@ ExpertPool::ExpertPool(Ep& ep, const ExpertsShape& shape)
     if (shape.with_weights) o += region_bytes(P * B_ * n * 2);
     slot_grads_ = o;
     if (shape.with_grads) o += region_bytes(P * B_ * n * 4);
-    window_ = &ep.team().alloc_window(o > 0 ? o : 256);
+    window_ = OwnedWindow(ep.team(), o > 0 ? o : 256);
 }
 
 char* ExpertPool::at(int rank, size_t region, int proj, int index, size_t elem_bytes) const {
@@ -103,7 +103,7 @@ void Experts::init(Ep& ep) {
     off_.total = o > 0 ? o : 256;
     off_.slots = pool_->slots_offset();
     off_.slot_grads = pool_->slot_grads_offset();
-    window_ = &ep.team().alloc_window(off_.total);
+    window_ = OwnedWindow(ep.team(), off_.total);
 }
 
 char* Experts::at(int rank, size_t region, int n, int proj, int index, size_t elem_bytes) const {

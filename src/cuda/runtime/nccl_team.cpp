@@ -159,7 +159,6 @@ void disable_multicast_if_unset() { ::setenv("NCCL_NVLS_ENABLE", "0", 0); }
 
 constexpr size_t kWindowAlign = NCCL_WIN_REQUIRED_ALIGNMENT;
 
-
 // The group's root communicator, one per (unique id, rank) and process: an NCCL unique id bootstraps exactly one
 // communicator, so every team of the process is split from it (ncclCommSplit, collective over the group in
 // construction order). Created by the first team, kept until the process exits (NOTE: deliberately never
@@ -214,7 +213,7 @@ struct NcclTeam::Impl {
     unsigned char devcomm_slack[4096] = {};
     bool devcomm_made = false;
     cudaStream_t stream = nullptr;
-    std::vector<std::unique_ptr<NcclWindow>> windows;  // [0]: the main window
+    detail::WindowRegistry<NcclWindow> windows;  // [0]: the main window
     size_t flags_off = 0;
     uint32_t* d_local = nullptr;  // [C][2R] arrive, gen; then abort, claim
     size_t local_words = 0;
@@ -225,7 +224,7 @@ struct NcclTeam::Impl {
     TeamView views[kNcclTeamChannels]{};
     bool broken = false;  // a failure left the peers in an unknown state: skip collective teardown
 
-    const NcclWindow& main() const { return *windows.front(); }
+    const NcclWindow& main() const { return windows.front(); }
 
     const NcclWindow& add_window(size_t bytes) {
         const size_t size = detail::align_up(bytes > 0 ? bytes : 1, kWindowAlign);
@@ -261,11 +260,27 @@ struct NcclTeam::Impl {
         w->view.local = static_cast<char*>(w->mem);
         w->view.d_peers = w->d_peers;
         w->view.bytes = size;
-        windows.push_back(std::move(w));
-        return *windows.back();
+        return windows.add(std::move(w));
     }
 
-    void release(NcclWindow& w) {
+    // Collective (free_window): every rank's kernels have ended and no peer touches the window any more (host barrier)
+    // before the registration and the memory go. A team whose peers are in an unknown state (broken) skips the
+    // barrier and leaves the registration to ncclCommAbort (release).
+    void remove_window(const Window& window) {
+        std::unique_ptr<NcclWindow> w = windows.take(
+            &window, [](const NcclWindow& e) { return &e.view; }, "nccl team");
+        try {
+            EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+            if (!broken) host_barrier();
+        } catch (...) {
+            broken = true;
+            release(*w);
+            throw;
+        }
+        release(*w);
+    }
+
+    void release(NcclWindow& w) noexcept {
         if (w.d_peers) cudaFree(w.d_peers);
         if (w.win && !broken) ncclCommWindowDeregister(comm, w.win);
         if (w.mem && !broken) ncclMemFree(w.mem);
@@ -322,8 +337,7 @@ struct NcclTeam::Impl {
     void teardown() {
         if (stream) cudaStreamSynchronize(stream);
         if (cudaDeviceSynchronize() != cudaSuccess) broken = true;
-        for (auto it = windows.rbegin(); it != windows.rend(); ++it) release(**it);
-        windows.clear();
+        windows.release_all([this](NcclWindow& w) { release(w); });
         if (devcomm_made && !broken) ncclDevCommDestroy(comm, &devcomm);
         if (comm) {
             if (broken) {
@@ -447,6 +461,10 @@ const Window& NcclTeam::alloc_window(size_t bytes) {
     return v;
 }
 
+void NcclTeam::free_window(const Window& window) { impl_->remove_window(window); }
+
+size_t NcclTeam::num_windows() const { return impl_->windows.empty() ? 0 : impl_->windows.size() - 1; }
+
 void NcclTeam::host_barrier() { impl_->host_barrier(); }
 
 void NcclTeam::device_barrier(cudaStream_t stream, int channel) {
@@ -535,6 +553,8 @@ char* NcclTeam::base(int) const { not_built(); }
 const Window& NcclTeam::main_window() const { not_built(); }
 const TeamView& NcclTeam::view(int) const { not_built(); }
 const Window& NcclTeam::alloc_window(size_t) { not_built(); }
+void NcclTeam::free_window(const Window&) { not_built(); }
+size_t NcclTeam::num_windows() const { not_built(); }
 void NcclTeam::check(cudaStream_t) const { not_built(); }
 std::string NcclTeam::pending_error() const { not_built(); }
 void NcclTeam::recover() { not_built(); }

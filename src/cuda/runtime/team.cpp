@@ -162,14 +162,45 @@ LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& op
     }
 }
 
-void LocalTeam::release() noexcept {
-    // NOTE: never throws; errors here (e.g. a context lost to a trap) are ignored.
-    for (const auto& w : windows_) {
-        for (char* p : w->peers)
-            if (p) cudaFree(p);
-        if (w->d_peers) cudaFree(const_cast<char**>(w->d_peers));
+namespace {
+
+// NOTE: never throws; errors here (e.g. a context lost to a trap) are ignored.
+void free_copies(Window& w) noexcept {
+    for (char* p : w.peers)
+        if (p) cudaFree(p);
+    if (w.d_peers) cudaFree(const_cast<char**>(w.d_peers));
+    w = Window{};
+}
+
+}  // namespace
+
+OwnedWindow& OwnedWindow::operator=(OwnedWindow&& other) noexcept {
+    if (this != &other) {
+        release_noexcept();
+        team_ = other.team_;
+        window_ = other.window_;
+        other.window_ = nullptr;
     }
-    windows_.clear();
+    return *this;
+}
+
+void OwnedWindow::reset() {
+    if (window_ == nullptr) return;
+    const Window* w = window_;
+    window_ = nullptr;
+    team_->free_window(*w);
+}
+
+void OwnedWindow::release_noexcept() noexcept {
+    try {
+        reset();
+    } catch (...) {
+        // NOTE: a destructor never throws; the window stays with the team, which frees it at its destruction.
+    }
+}
+
+void LocalTeam::release() noexcept {
+    windows_.release_all(free_copies);
     if (d_sync_) cudaFree(d_sync_);
     if (h_record_) cudaFreeHost(h_record_);
     d_sync_ = nullptr;
@@ -183,8 +214,7 @@ const Window& LocalTeam::alloc_window(size_t bytes) {
     w->bytes = detail::align_up(bytes, 256);
     if (w->bytes == 0) w->bytes = 256;
     w->peers.assign(num_ranks_, nullptr);
-    Window& ref = *w;
-    windows_.push_back(std::move(w));  // owned from here on: release() frees what was allocated
+    Window& ref = windows_.add(std::move(w));  // owned from here on: release() frees what was allocated
     for (int r = 0; r < num_ranks_; ++r) {
         void* p = nullptr;
         EVENEP_CUDA_CHECK(cudaMalloc(&p, ref.bytes));
@@ -198,6 +228,18 @@ const Window& LocalTeam::alloc_window(size_t bytes) {
     ref.local = ref.peers[0];
     return ref;
 }
+
+void LocalTeam::free_window(const Window& window) {
+    std::unique_ptr<Window> w = windows_.take(
+        &window, [](const Window& e) { return &e; }, "team");
+    // Every kernel that may still use a copy has ended before the memory goes (cudaFree alone may not wait for
+    // work on other streams of a non-blocking kind).
+    const cudaError_t sync = cudaDeviceSynchronize();
+    free_copies(*w);
+    EVENEP_CUDA_CHECK(sync);
+}
+
+size_t LocalTeam::num_windows() const { return windows_.empty() ? 0 : windows_.size() - 1; }
 
 char* LocalTeam::base(int rank) const {
     EVENEP_CHECK(rank >= 0 && rank < num_ranks_, "team: rank ", rank, " outside [0, ", num_ranks_, ")");
