@@ -345,6 +345,11 @@ void RoutingOptions::add_to(CLI::App& cmd) {
                                std::numeric_limits<int>::max());
     add_int(cmd, "--B", B, "prefetch slots per rank (-1 = epn; < epn only for inference)", -1, kMaxExperts);
     add_int(cmd, "--tp", tp, "token padding of every non-empty expert segment", 1, kMaxTokenPad);
+    add_real(cmd, "--slack", slack,
+             "imbalance budget eps: a rank may compute up to ceil((1+eps)*q_r) entries when that saves copies "
+             "(0 = exact balance; docs/slack.md)",
+             0, 1)
+        ->capture_default_str();
     CLI::Option* o_maxvio = opt_maxvio =
         add_real(cmd, "--maxvio", maxvio,
                  "generate lognormal routing with this max violation (max/mean - 1); refused when unreachable", 0,
@@ -377,7 +382,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
     EVENEP_CHECK(opt.tpe_file.empty() || opt.routing_file.empty(), "--tpe and --routing are mutually exclusive");
     if (!opt.tpe_file.empty()) {
         TpeFile f = read_tpe_json(opt.tpe_file);
-        in.cfg = Config{.R = f.R, .E = f.E, .K = f.K, .S = f.S, .B = opt.B, .tp = opt.tp};
+        in.cfg = Config{.R = f.R, .E = f.E, .K = f.K, .S = f.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
         in.cfg.validate();
         in.s = f.s;
         in.tpe = f.tpe;
@@ -396,7 +401,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
         routing = read_routing_npy(opt.routing_file, opt.E);
         in.description = fmt::format("routing from {}", opt.routing_file);
     } else {
-        Config probe{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .B = opt.B, .tp = opt.tp};
+        Config probe{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
         probe.validate();
         Estimate e;
         add_generation_estimate(opt, e);
@@ -426,7 +431,8 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
                                          opt.maxvio, opt.seed, note);
         }
     }
-    in.cfg = Config{.R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp};
+    in.cfg = Config{
+        .R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
     in.cfg.validate();
     in.s = routing.s;
     in.tpe = routing.tpe();

@@ -108,6 +108,7 @@ double physical_memory_bytes();
 struct RoutingOptions {
     int R = 8, E = 384, K = 8, S = 8192;
     int B = -1, tp = 128;
+    double slack = 0;  // imbalance budget ε (Config::slack)
     double maxvio = 1.0;
     double sigma = 0;         // used when --sigma is given
     std::string adversarial;  // one of to_string(Adversarial) names
@@ -121,8 +122,8 @@ struct RoutingOptions {
     CLI::Option* opt_sigma = nullptr;
     CLI::Option* opt_maxvio = nullptr;
 
-    // Adds --R --E --K --S --B --tp --maxvio --sigma --adversarial --seed --tpe --routing --planner --max-memory
-    // --max-time, with the conflicts between them (--tpe and --routing exclude the generator flags).
+    // Adds --R --E --K --S --B --tp --slack --maxvio --sigma --adversarial --seed --tpe --routing --planner
+    // --max-memory --max-time, with the conflicts between them (--tpe and --routing exclude the generator flags).
     void add_to(CLI::App& cmd);
     bool sigma_given() const { return opt_sigma != nullptr && opt_sigma->count() > 0; }
 };
