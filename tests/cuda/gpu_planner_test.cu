@@ -92,6 +92,23 @@ void expect_fused_equal(const Config& cfg,
     }
 }
 
+// Plans histograms `tpe` on the device (no routing) and compares every rank's plan copy with the CPU planner.
+void expect_tpe_plan_equal(const Config& cfg,
+                           const std::vector<int32_t>& tpe,
+                           const std::vector<int32_t>& s,
+                           PlannerMode mode,
+                           PlannerKernel kernel,
+                           const std::string& what) {
+    EpOptions opt;
+    opt.mode = mode;
+    opt.planner_kernel = kernel;
+    DeviceEp ep(cfg, 8, opt);
+    const EpPlan plan = ep.plan_from_tpe(tpe, s, nullptr);
+    ep.check(nullptr);
+    const Plan cpu = make_plan(cfg, mode, tpe, s);
+    for (int r = 0; r < cfg.R; ++r) ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "") << what << ": rank " << r;
+}
+
 class GpuPlannerTest : public ::testing::TestWithParam<std::tuple<PlannerKernel, PlannerMode>> {};
 
 TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
@@ -112,16 +129,9 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
         for (int r = 0; r < R; ++r) s[r] = rng.chance(0.5) ? S : rng.between(1, S);
         const double skew = rng.chance(0.3) ? 0.0 : rng.uniform() * 3.0;
         const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), skew);
-        EpOptions opt;
-        opt.mode = mode;
-        opt.planner_kernel = kernel;
-        DeviceEp ep(cfg, 8, opt);
-        const EpPlan plan = ep.plan_from_tpe(tpe, s, nullptr);
-        ep.check(nullptr);
-        const Plan cpu = make_plan(cfg, mode, tpe, s);
-        for (int r = 0; r < R; ++r)
-            ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "")
-                << "instance " << it << " " << cfg.to_string() << " skew " << skew << ": rank " << r;
+        expect_tpe_plan_equal(cfg, tpe, s, mode, kernel,
+                              testing_cat("instance ", it, " ", cfg.to_string(), " skew ", skew));
+        if (HasFatalFailure()) return;
     }
 }
 
@@ -226,18 +236,11 @@ TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
         const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), rng.uniform() * 3.0);
         for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kSerial})
             for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference}) {
-                EpOptions opt;
-                opt.mode = mode;
-                opt.planner_kernel = kernel;
-                DeviceEp ep(cfg, 8, opt);
-                const EpPlan plan = ep.plan_from_tpe(tpe, s, nullptr);
-                ep.check(nullptr);
-                const Plan cpu = make_plan(cfg, mode, tpe, s);
-                for (int r = 0; r < R; ++r)
-                    ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "")
-                        << "instance " << it << " " << cfg.to_string() << " "
-                        << (kernel == PlannerKernel::kParallel ? "parallel " : "serial ") << to_string(mode)
-                        << ": rank " << r;
+                expect_tpe_plan_equal(cfg, tpe, s, mode, kernel,
+                                      testing_cat("instance ", it, " ", cfg.to_string(), " ",
+                                                  kernel == PlannerKernel::kParallel ? "parallel " : "serial ",
+                                                  to_string(mode)));
+                if (HasFatalFailure()) return;
             }
     }
 }

@@ -18,7 +18,7 @@
 //   SlackOracle.DispatchCombineBitwise         CPU oracle on slack plans: tagged dispatch rows land where dst says,
 //                                              combine equals the SPEC §4.2 formula bit for bit.
 //   SlackCli.*                                 `plan --slack` (check OK, bad values exit 2 with one line),
-//                                              `slack --quick --json`.
+//                                              `slack --quick --json`, a sweep too long for --max-time refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -358,6 +358,13 @@ TEST(SlackCli, BadValuesExitTwoWithOneLine) {
             EXPECT_EQ(std::count(run.error.begin(), run.error.end(), '\n'), 1) << run.error;
         }
     }
+}
+
+TEST(SlackCli, LongSweepRefusedBeforeItStarts) {
+    const testing::CliRun run = testing::run_cli("slack --R 64 --E 896 --K 16 --S 1000000", false, 60);
+    EXPECT_EQ(run.exit_code, 2) << run.output << run.error;
+    EXPECT_NE(run.error.find("estimated time"), std::string::npos) << run.error;
+    EXPECT_LT(run.seconds, 10);
 }
 
 TEST(SlackCli, SweepJson) {

@@ -302,19 +302,29 @@ inline constexpr double kSecondsPerExpertDraw = 1.5e-9;
 inline constexpr double kSecondsPerCandidate = 25e-9;
 inline constexpr int kTargetMaxvioDraws = 6;
 
-void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
-    const double entries = static_cast<double>(opt.R) * opt.S * opt.K;
+}  // namespace
+
+void add_lognormal_estimate(int R, int E, int K, int S, int draws, Estimate& e) {
+    const double entries = static_cast<double>(R) * S * K;
     // The routing, the best one kept during the search, its histograms and the caller's copies.
     e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
-    if (!opt.adversarial.empty()) return;
-    const double tokens = static_cast<double>(opt.R) * opt.S;
-    const double per_token = kSecondsPerExpertDraw * opt.E +
-                             kSecondsPerCandidate * opt.K * (1 + std::log(static_cast<double>(opt.E) / opt.K));
-    const int passes = opt.sigma_given() ? 1 : kTargetMaxvioDraws;
-    e.add_seconds(
-        passes * tokens * per_token,
-        fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", passes, passes > 1 ? "s" : "",
-                    tokens, opt.E, passes > 1 ? " to find the sigma of --maxvio" : ""));
+    const double tokens = static_cast<double>(R) * S;
+    const double per_token =
+        kSecondsPerExpertDraw * E + kSecondsPerCandidate * K * (1 + std::log(static_cast<double>(E) / K));
+    e.add_seconds(draws * tokens * per_token,
+                  fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", draws,
+                              draws > 1 ? "s" : "", tokens, E, draws > 1 ? " to find the sigma of --maxvio" : ""));
+}
+
+namespace {
+
+void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
+    if (!opt.adversarial.empty()) {
+        const double entries = static_cast<double>(opt.R) * opt.S * opt.K;
+        e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
+        return;
+    }
+    add_lognormal_estimate(opt.R, opt.E, opt.K, opt.S, opt.sigma_given() ? 1 : kTargetMaxvioDraws, e);
 }
 
 // Refuses a target maxvio the lognormal family cannot reach (judged from the routings at the two ends of the

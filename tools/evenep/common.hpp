@@ -99,6 +99,9 @@ struct Estimate {
 // the physical memory 23.5 GiB; raise it with --max-memory)".
 void check_estimate(std::string_view command, const Estimate& e, const ResourceLimits& limits);
 
+// Adds the lognormal generator's memory (the routing ids) and time (`draws` draws of R*S tokens over E experts).
+void add_lognormal_estimate(int R, int E, int K, int S, int draws, Estimate& e);
+
 // Physical memory of this machine in bytes (the cgroup limit when it is lower); 0 when unknown.
 double physical_memory_bytes();
 

@@ -1,11 +1,13 @@
 // `evenep slack`: the imbalance budget trade (SPEC §3.6, docs/slack.md). For each routing skew of the grid and each
 // ε: total copies, the most copies one rank holds, the busiest rank's copy traffic (received + pushed), moved and
 // crossing entries, and the compute imbalance the budget costs (largest target / mean). Every plan is checked by
-// the independent validator first (exit 1 if one fails).
+// the independent validator first (exit 1 if one fails). A run whose estimate passes --max-memory / --max-time is
+// refused before it starts (exit 2).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -29,7 +31,20 @@ struct SlackOptions {
     std::string planner = "optimized";
     bool quick = false;
     std::string json_file;
+    ResourceLimits limits;
 };
+
+// One lognormal routing per maxvio (routing_near_maxvio: a small probe, then one full draw) and one plan plus one
+// validation per (maxvio, eps): ~64 B and ~50 ns per (rank, expert) pair each (the model of `evenep plan`).
+Estimate slack_estimate(const SlackOptions& o) {
+    Estimate e;
+    add_lognormal_estimate(o.R, o.E, o.K, o.S, static_cast<int>(o.maxvios.size()), e);
+    const double pairs = static_cast<double>(o.R) * o.E;
+    const double plans = static_cast<double>(o.maxvios.size() * o.slacks.size());
+    e.add_bytes(2 * 64 * pairs, fmt::format("planner and validator state of R*E = {:.3g} pairs", pairs));
+    e.add_seconds(2 * 50e-9 * pairs * plans, fmt::format("{:.0f} plans of R*E = {:.3g} pairs", plans, pairs));
+    return e;
+}
 
 // The small grid of --quick (tests): applied to every option not given on the command line.
 void apply_quick(const CLI::App& cmd, SlackOptions& o) {
@@ -76,6 +91,7 @@ void run_slack(const SlackOptions& o) {
     EVENEP_CHECK(!o.slacks.empty(), "--slack: give at least one value");
     const PlannerMode mode = parse_planner_mode(o.planner);
     for (double eps : o.slacks) Config{.R = o.R, .E = o.E, .K = o.K, .S = o.S, .tp = o.tp, .slack = eps}.validate();
+    check_estimate("slack", slack_estimate(o), o.limits);
     const double t0 = now_seconds();
     fmt::print("EvenEP imbalance budget — R={} E={} K={} S={} tp={} planner={} seed={}\n", o.R, o.E, o.K, o.S, o.tp,
                o.planner, o.seed);
@@ -137,7 +153,7 @@ void register_slack(CLI::App& app) {
     add_int(*cmd, "--R", opt->R, "EP group size (ranks)", 1, kMaxRanks);
     add_int(*cmd, "--E", opt->E, "routed experts in the group (E % R == 0)", 1, kMaxExperts);
     add_int(*cmd, "--K", opt->K, "top-k experts per token", 1, 32);
-    add_int(*cmd, "--S", opt->S, "tokens per rank", 1, 1 << 24);
+    add_int(*cmd, "--S", opt->S, "tokens per rank", 1, std::numeric_limits<int>::max());
     add_int(*cmd, "--tp", opt->tp, "token padding of every non-empty expert segment", 1, kMaxTokenPad);
     add_reals(*cmd, "--maxvio", opt->maxvios, "routing skews (target max/mean - 1)", 0, 1e6);
     add_reals(*cmd, "--slack", opt->slacks, "imbalance budgets eps", 0, 1);
@@ -147,6 +163,7 @@ void register_slack(CLI::App& app) {
         ->capture_default_str();
     cmd->add_flag("--quick", opt->quick, "small grid for tests: R 4, E 32, K 4, S 256, maxvio 1 10");
     add_output_file(*cmd, "--json", opt->json_file, "write every row as JSON (schema evenep.slack/1)");
+    opt->limits.add_to(*cmd);
     cmd->callback([opt, cmd] {
         apply_quick(*cmd, *opt);
         run_slack(*opt);
