@@ -361,7 +361,7 @@ TEST(SlackCli, BadValuesExitTwoWithOneLine) {
 }
 
 TEST(SlackCli, LongSweepRefusedBeforeItStarts) {
-    const testing::CliRun run = testing::run_cli("slack --R 64 --E 896 --K 16 --S 1000000", false, 60);
+    const testing::CliRun run = testing::run_cli("slack --R 64 --E 896 --K 16 --S 100000 --max-time 10", false, 60);
     EXPECT_EQ(run.exit_code, 2) << run.output << run.error;
     EXPECT_NE(run.error.find("estimated time"), std::string::npos) << run.error;
     EXPECT_LT(run.seconds, 10);
