@@ -183,7 +183,8 @@ std::vector<NamedCase> corpus(const Config& cfg, uint64_t seed) {
 struct Shape {
     int R, E, K, S, tp;
 };
-const Shape kShapes[] = {{2, 8, 2, 16, 1}, {4, 16, 4, 32, 4}, {8, 32, 4, 48, 8}, {8, 64, 8, 32, 2}, {4, 64, 6, 40, 3}};
+const Shape kShapes[] = {{1, 4, 2, 8, 2},  {2, 8, 2, 16, 1},  {4, 16, 4, 32, 4},
+                         {8, 32, 4, 48, 8}, {8, 64, 8, 32, 2}, {4, 64, 6, 40, 3}};
 
 class SlackCorpus : public ::testing::TestWithParam<int> {};
 
