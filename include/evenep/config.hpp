@@ -17,16 +17,23 @@ struct Config {
     int S = 512;   // token capacity per rank, >= 1
     int B = -1;    // prefetch slots per rank; -1 means epn (required for training)
     int tp = 128;  // token padding of every non-empty expert segment, >= 1
+    // Imbalance budget ε (SPEC §3.6, opt-in): rank r may compute up to c_r = ⌈(1+ε)·q_r⌉ entries (q_r the even
+    // quota of invariant 1) when that saves copies; the planner's rule is plan_slack_targets in
+    // evenep/detail/plan_core.hpp, the figures are in docs/slack.md. Finite, in [0, 1]; applied in units of 10^-6
+    // (slack_ppm). 0 (the default) is exact balance, bit for bit the plans without it.
+    double slack = 0.0;
 
     int epn() const { return E / R; }                     // experts homed on each rank
     int num_slots() const { return B < 0 ? epn() : B; }   // B with the default resolved
     int num_groups() const { return 2 * epn(); }          // receive-buffer groups per rank
     int home(int expert) const { return expert / epn(); } // rank that owns `expert`
-    // Receive-buffer rows per rank (SPEC invariant 4).
-    int64_t recv_rows() const { return detail::recv_rows(S, K, epn(), tp); }
+    // ε in parts per million, rounded to nearest: what the planner and the buffer sizing use.
+    int32_t slack_ppm() const;
+    // Receive-buffer rows per rank (SPEC invariant 4), sized for the largest target ⌈(1+ε)·S·K⌉ under slack.
+    int64_t recv_rows() const { return detail::recv_rows(S, K, epn(), tp, slack_ppm()); }
 
-    // Throws evenep::Error naming the bad value: R, E, K, S, tp out of range, E % R != 0, B > epn,
-    // or R * NvS too large for the int32 destination encoding (SPEC §8).
+    // Throws evenep::Error naming the bad value: R, E, K, S, tp out of range, E % R != 0, B > epn, slack not
+    // finite or outside [0, 1], or R * NvS too large for the int32 destination encoding (SPEC §8).
     void validate() const;
     std::string to_string() const;
 };

@@ -1,5 +1,7 @@
 #include "evenep/config.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <sstream>
 
@@ -16,6 +18,8 @@ void Config::validate() const {
     EVENEP_CHECK(S >= 1, "config: S = ", S, " must be >= 1");
     EVENEP_CHECK(tp >= 1, "config: tp = ", tp, " must be >= 1");
     EVENEP_CHECK(B >= -1 && B <= epn(), "config: B = ", B, " must be in [0, epn = ", epn(), "] (or -1 for epn)");
+    EVENEP_CHECK(std::isfinite(slack) && slack >= 0 && slack <= 1, "config: slack = ", slack,
+                 " must be a finite value in [0, 1]");
     // Entry counts (S*K per rank, R*S*K per group) and flat destinations (R*NvS) are int32.
     const int64_t rows = recv_rows();
     EVENEP_CHECK(static_cast<int64_t>(R) * S * K < INT32_MAX, "config: R*S*K = ",
@@ -24,10 +28,17 @@ void Config::validate() const {
                  " (NvS = ", rows, ") overflows the int32 destination encoding");
 }
 
+int32_t Config::slack_ppm() const {
+    // Out-of-range values are refused by validate(); clamped here so an unvalidated config cannot overflow.
+    const double ppm = std::nearbyint((std::isfinite(slack) ? slack : 0.0) * static_cast<double>(detail::kSlackPpmOne));
+    return static_cast<int32_t>(std::clamp(ppm, 0.0, static_cast<double>(detail::kSlackPpmOne)));
+}
+
 std::string Config::to_string() const {
     std::ostringstream os;
     os << "R=" << R << " E=" << E << " K=" << K << " S=" << S << " epn=" << (R > 0 ? epn() : 0)
        << " B=" << (R > 0 ? num_slots() : B) << " tp=" << tp;
+    if (slack != 0) os << " slack=" << slack;
     if (R > 0 && E % R == 0) os << " NvS=" << recv_rows();
     return os.str();
 }

@@ -384,7 +384,7 @@ detail::PlanCostValues cost_of_alloc(const Instance& in, const std::vector<int32
         for (int e = 0; e < E; ++e) sum += alloc[static_cast<size_t>(e) * R + d];
         EVENEP_ASSERT(sum == in.q[d], "exact: rank ", d, " computes ", sum, " entries, its quota is ", in.q[d]);
     }
-    const detail::PlanDims dims{R, E, in.epn, 2 * in.epn, in.epn, 1, true};
+    const detail::PlanDims dims{R, E, in.epn, 2 * in.epn, in.epn, 1, true, /*slack_ppm=*/0};
     std::vector<int32_t> pushed(R), recv(R), remote(R);
     detail::PlanCostValues cost{};
     const bool ok =

@@ -568,6 +568,7 @@ std::string plan_to_json(const Plan& plan, const std::vector<std::vector<int32_t
     j["planner"] = std::string(to_string(plan.mode));
     j["config"] = {{"R", cfg.R},       {"E", cfg.E},           {"K", cfg.K},   {"S", cfg.S},
                    {"epn", cfg.epn()}, {"B", cfg.num_slots()}, {"tp", cfg.tp}, {"NvS", cfg.recv_rows()}};
+    if (cfg.slack_ppm() != 0) j["config"]["slack"] = cfg.slack;  // absent = 0: the files without slack stay as they were
     j["s"] = vector_of(plan.s, R, "s");
     j["tpe"] = matrix(plan.tpe, R, E, "tpe");
     j["q"] = vector_of(plan.q, R, "q");

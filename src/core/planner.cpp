@@ -17,7 +17,7 @@ void resize_fill(std::vector<T>& v, size_t n, T value = T{}) {
 
 detail::PlanDims dims_of(const Config& cfg, PlannerMode mode) {
     return detail::PlanDims{cfg.R, cfg.E, cfg.epn(), cfg.num_groups(), cfg.num_slots(), cfg.tp,
-                            mode == PlannerMode::kOptimized};
+                            mode == PlannerMode::kOptimized, cfg.slack_ppm()};
 }
 
 void size_plan(Plan& p, const Config& cfg) {

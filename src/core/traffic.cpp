@@ -31,7 +31,7 @@ void BufferConfig::validate() const {
 }
 
 detail::BufferLayout BufferConfig::layout() const {
-    return detail::BufferLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, H);
+    return detail::BufferLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, H, cfg.slack_ppm());
 }
 
 detail::ExpertPoolLayout BufferConfig::pool_layout() const {

@@ -73,7 +73,8 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
     x.G = cfg.num_groups();
     x.B = cfg.num_slots();
     x.tp = cfg.tp;
-    x.nvs = detail::recv_rows(cfg.S, cfg.K, x.epn, cfg.tp);
+    const int64_t slack_ppm = cfg.slack_ppm();
+    x.nvs = detail::recv_rows(cfg.S, cfg.K, x.epn, cfg.tp, slack_ppm);
     x.optimized = p.mode == PlannerMode::kOptimized;
     const int R = x.R, E = x.E, epn = x.epn, G = x.G, B = x.B;
     auto tpe = [&](int r, int e) -> int64_t { return p.tpe[static_cast<size_t>(r) * E + e]; };
@@ -107,17 +108,33 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
         if (p.expert_load[e] != x.load[e])
             sink.fail("loads: expert ", e, ": expert_load = ", p.expert_load[e], ", sum_r tpe = ", x.load[e]);
     }
+    // Without slack every rank's q is its even quota; with slack (SPEC §3.6) q is the rank's target: any
+    // 0 <= q_r <= ⌈(1+ε)·even quota⌉ with the targets summing to N (the planner's rule itself is not re-derived).
     x.q.assign(R, 0);
+    int64_t target_sum = 0;
     for (int r = 0; r < R; ++r) {
-        x.q[r] = n / R + (r < n % R ? 1 : 0);
-        if (p.q[r] != x.q[r])
-            sink.fail("balance: rank ", r, ": q = ", p.q[r], ", expected floor(N/R) + (r < N mod R) = ", x.q[r],
-                      " (N = ", n, ")");
+        const int64_t even = n / R + (r < n % R ? 1 : 0);
+        if (slack_ppm == 0) {
+            x.q[r] = even;
+            if (p.q[r] != x.q[r])
+                sink.fail("balance: rank ", r, ": q = ", p.q[r], ", expected floor(N/R) + (r < N mod R) = ", x.q[r],
+                          " (N = ", n, ")");
+        } else {
+            x.q[r] = p.q[r];
+            target_sum += p.q[r];
+            const int64_t cap = detail::slack_cap(even, slack_ppm);
+            if (p.q[r] < 0 || p.q[r] > cap)
+                sink.fail("balance: rank ", r, ": target q = ", p.q[r], " outside [0, ceil((1+slack)*q_r) = ", cap,
+                          "] (q_r = ", even, ", slack = ", cfg.slack, ", N = ", n, ")");
+        }
         int64_t homed = 0;
         for (int g = 0; g < epn; ++g) homed += x.load[r * epn + g];
         if (p.load_before[r] != homed)
             sink.fail("loads: rank ", r, ": load_before = ", p.load_before[r], ", sum of its experts' T_e = ", homed);
     }
+
+    if (slack_ppm != 0 && target_sum != n)
+        sink.fail("balance: the targets sum to ", target_sum, ", expected N = ", n, " (slack = ", cfg.slack, ")");
 
     // ---- alloc: non-negative, conservation per expert, balance per rank (invariants 1, 2).
     std::vector<int64_t> computed(R, 0);

@@ -10,6 +10,10 @@
 //   GpuPlannerRoutingTest.BenchmarkPointsMatchCpu   MoonEP point (R=8 E=384 K=8 S=8192) at maxvio 0.2/1/10/20 and the
 //   K3
 //       shape (E=896 K=16) at R=8 and R=64 (planner state in global memory), both modes
+//   GpuPlannerSlackTest.RandomHistogramsMatchCpu  slack ε in (0, 1] (plan_slack_targets on thread 0): random
+//       configurations and histograms, both kernels, both modes, every rank's plan copy vs make_plan
+//   GpuPlannerSlackTest.FusedAndBenchmarkPointsMatchCpu  the fused path with slack on the library's routings, the
+//       MoonEP point (maxvio 1, 10) and R=64 (global-memory planner state) at ε 0.01 / 0.05 / 0.1
 //   GpuPlannerRoutingTest.BadExpertIdNamesRankTokenK  an id >= E: Error(kInvalidArgument) naming rank, token, k, value;
 //       the next plan succeeds
 //   GpuPlannerRoutingTest.GatherTimeoutNamesMissingRank  rank 3 never reaches the all-gather barrier: Error(kTimeout)
@@ -89,6 +93,23 @@ void expect_fused_equal(const Config& cfg,
     }
 }
 
+// Plans histograms `tpe` on the device (no routing) and compares every rank's plan copy with the CPU planner.
+void expect_tpe_plan_equal(const Config& cfg,
+                           const std::vector<int32_t>& tpe,
+                           const std::vector<int32_t>& s,
+                           PlannerMode mode,
+                           PlannerKernel kernel,
+                           const std::string& what) {
+    EpOptions opt;
+    opt.mode = mode;
+    opt.planner_kernel = kernel;
+    DeviceEp ep(cfg, 8, opt);
+    const EpPlan plan = plan_from_tpe(ep, tpe, s, nullptr);
+    ep.check(nullptr);
+    const Plan cpu = make_plan(cfg, mode, tpe, s);
+    for (int r = 0; r < cfg.R; ++r) ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "") << what << ": rank " << r;
+}
+
 class GpuPlannerTest : public ::testing::TestWithParam<std::tuple<PlannerKernel, PlannerMode>> {};
 
 TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
@@ -109,16 +130,9 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
         for (int r = 0; r < R; ++r) s[r] = rng.chance(0.5) ? S : rng.between(1, S);
         const double skew = rng.chance(0.3) ? 0.0 : rng.uniform() * 3.0;
         const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), skew);
-        EpOptions opt;
-        opt.mode = mode;
-        opt.planner_kernel = kernel;
-        DeviceEp ep(cfg, 8, opt);
-        const EpPlan plan = plan_from_tpe(ep, tpe, s, nullptr);
-        ep.check(nullptr);
-        const Plan cpu = make_plan(cfg, mode, tpe, s);
-        for (int r = 0; r < R; ++r)
-            ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "")
-                << "instance " << it << " " << cfg.to_string() << " skew " << skew << ": rank " << r;
+        expect_tpe_plan_equal(cfg, tpe, s, mode, kernel,
+                              testing_cat("instance ", it, " ", cfg.to_string(), " skew ", skew));
+        if (HasFatalFailure()) return;
     }
 }
 
@@ -203,6 +217,56 @@ TEST(GpuPlannerRoutingTest, BenchmarkPointsMatchCpu) {
     const Routing routing64 = make_lognormal(RoutingSpec{64, 896, 16, 256, 4}, 1.0);
     for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
         expect_fused_equal(k3_64, routing64, mode, "k3 R=64");
+}
+
+TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    testing::TestRng rng(20261201);
+    std::printf("seed 20261201\n");
+    const int ranks[] = {1, 2, 3, 4, 5, 8, 8, 16};
+    const double slacks[] = {0.01, 0.02, 0.05, 0.1, 0.3, 1.0};
+    for (int it = 0; it < 96; ++it) {
+        const int R = ranks[rng.below(8)], epn = rng.between(1, 16);
+        const int E = R * epn, K = rng.between(1, std::min(8, E)), S = rng.between(1, 64);
+        const int tp = rng.chance(0.5) ? 1 : rng.between(2, 16);
+        const int B = rng.chance(0.25) ? rng.between(0, epn) : -1;
+        Config cfg = make_cfg(R, E, K, S, tp, B);
+        cfg.slack = slacks[rng.below(6)];
+        std::vector<int32_t> s(R);
+        for (int r = 0; r < R; ++r) s[r] = rng.chance(0.5) ? S : rng.between(1, S);
+        const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), rng.uniform() * 3.0);
+        for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kSerial})
+            for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference}) {
+                expect_tpe_plan_equal(cfg, tpe, s, mode, kernel,
+                                      testing_cat("instance ", it, " ", cfg.to_string(), " ",
+                                                  kernel == PlannerKernel::kParallel ? "parallel " : "serial ",
+                                                  to_string(mode)));
+                if (HasFatalFailure()) return;
+            }
+    }
+}
+
+TEST(GpuPlannerSlackTest, FusedAndBenchmarkPointsMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    Config cfg = make_cfg(4, 32, 4, 96, 8);
+    cfg.slack = 0.05;
+    for (const auto& named : testing::test_routings(cfg, 7))
+        for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+            expect_fused_equal(cfg, named.routing, mode, testing_cat("slack 0.05 ", named.name, "/", to_string(mode)));
+    for (double eps : {0.01, 0.05, 0.1}) {
+        Config moon = make_cfg(8, 384, 8, 8192, 128);
+        moon.slack = eps;
+        for (double maxvio : {1.0, 10.0}) {
+            const Routing routing = make_target_maxvio(RoutingSpec{8, 384, 8, 8192, 1}, maxvio);
+            expect_fused_equal(moon, routing, PlannerMode::kOptimized,
+                               testing_cat("moonep maxvio ", maxvio, " slack ", eps));
+        }
+        Config k3_64 = make_cfg(64, 896, 16, 256, 128);
+        k3_64.slack = eps;
+        const Routing routing64 = make_lognormal(RoutingSpec{64, 896, 16, 256, 4}, 1.0);
+        for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+            expect_fused_equal(k3_64, routing64, mode, testing_cat("k3 R=64 slack ", eps));
+    }
 }
 
 TEST(GpuPlannerRoutingTest, BadExpertIdNamesRankTokenK) {

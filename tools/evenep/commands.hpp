@@ -24,6 +24,8 @@ void register_bench_multi(CLI::App& bench);
 void register_bench_gemm(CLI::App& bench);
 // `evenep bench layer`: one MoE layer step vs conventional EP and EPLB-style replication (bench_layer.cpp).
 void register_bench_layer(CLI::App& bench);
+// `evenep slack`: copies and copy traffic vs the imbalance budget eps (slack.cpp).
+void register_slack(CLI::App& app);
 // `evenep pipeline`: interleaved 1F1B with the vision encoder in the bubbles, dynamic CP (pipeline.cpp).
 void register_pipeline(CLI::App& app);
 

@@ -302,19 +302,29 @@ inline constexpr double kSecondsPerExpertDraw = 1.5e-9;
 inline constexpr double kSecondsPerCandidate = 25e-9;
 inline constexpr int kTargetMaxvioDraws = 6;
 
-void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
-    const double entries = static_cast<double>(opt.R) * opt.S * opt.K;
+}  // namespace
+
+void add_lognormal_estimate(int R, int E, int K, int S, int draws, Estimate& e) {
+    const double entries = static_cast<double>(R) * S * K;
     // The routing, the best one kept during the search, its histograms and the caller's copies.
     e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
-    if (!opt.adversarial.empty()) return;
-    const double tokens = static_cast<double>(opt.R) * opt.S;
-    const double per_token = kSecondsPerExpertDraw * opt.E +
-                             kSecondsPerCandidate * opt.K * (1 + std::log(static_cast<double>(opt.E) / opt.K));
-    const int passes = opt.sigma_given() ? 1 : kTargetMaxvioDraws;
-    e.add_seconds(
-        passes * tokens * per_token,
-        fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", passes, passes > 1 ? "s" : "",
-                    tokens, opt.E, passes > 1 ? " to find the sigma of --maxvio" : ""));
+    const double tokens = static_cast<double>(R) * S;
+    const double per_token =
+        kSecondsPerExpertDraw * E + kSecondsPerCandidate * K * (1 + std::log(static_cast<double>(E) / K));
+    e.add_seconds(draws * tokens * per_token,
+                  fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", draws,
+                              draws > 1 ? "s" : "", tokens, E, draws > 1 ? " to find the sigma of --maxvio" : ""));
+}
+
+namespace {
+
+void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
+    if (!opt.adversarial.empty()) {
+        const double entries = static_cast<double>(opt.R) * opt.S * opt.K;
+        e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
+        return;
+    }
+    add_lognormal_estimate(opt.R, opt.E, opt.K, opt.S, opt.sigma_given() ? 1 : kTargetMaxvioDraws, e);
 }
 
 // Refuses a target maxvio the lognormal family cannot reach (judged from the routings at the two ends of the
@@ -345,6 +355,11 @@ void RoutingOptions::add_to(CLI::App& cmd) {
                                std::numeric_limits<int>::max());
     add_int(cmd, "--B", B, "prefetch slots per rank (-1 = epn; < epn only for inference)", -1, kMaxExperts);
     add_int(cmd, "--tp", tp, "token padding of every non-empty expert segment", 1, kMaxTokenPad);
+    add_real(cmd, "--slack", slack,
+             "imbalance budget eps: a rank may compute up to ceil((1+eps)*q_r) entries when that saves copies "
+             "(0 = exact balance; docs/slack.md)",
+             0, 1)
+        ->capture_default_str();
     CLI::Option* o_maxvio = opt_maxvio =
         add_real(cmd, "--maxvio", maxvio,
                  "generate lognormal routing with this max violation (max/mean - 1); refused when unreachable", 0,
@@ -377,7 +392,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
     EVENEP_CHECK(opt.tpe_file.empty() || opt.routing_file.empty(), "--tpe and --routing are mutually exclusive");
     if (!opt.tpe_file.empty()) {
         TpeFile f = read_tpe_json(opt.tpe_file);
-        in.cfg = Config{.R = f.R, .E = f.E, .K = f.K, .S = f.S, .B = opt.B, .tp = opt.tp};
+        in.cfg = Config{.R = f.R, .E = f.E, .K = f.K, .S = f.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
         in.cfg.validate();
         in.s = f.s;
         in.tpe = f.tpe;
@@ -396,7 +411,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
         routing = read_routing_npy(opt.routing_file, opt.E);
         in.description = fmt::format("routing from {}", opt.routing_file);
     } else {
-        Config probe{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .B = opt.B, .tp = opt.tp};
+        Config probe{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
         probe.validate();
         Estimate e;
         add_generation_estimate(opt, e);
@@ -426,7 +441,8 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
                                          opt.maxvio, opt.seed, note);
         }
     }
-    in.cfg = Config{.R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp};
+    in.cfg = Config{
+        .R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
     in.cfg.validate();
     in.s = routing.s;
     in.tpe = routing.tpe();

@@ -99,6 +99,9 @@ struct Estimate {
 // the physical memory 23.5 GiB; raise it with --max-memory)".
 void check_estimate(std::string_view command, const Estimate& e, const ResourceLimits& limits);
 
+// Adds the lognormal generator's memory (the routing ids) and time (`draws` draws of R*S tokens over E experts).
+void add_lognormal_estimate(int R, int E, int K, int S, int draws, Estimate& e);
+
 // Physical memory of this machine in bytes (the cgroup limit when it is lower); 0 when unknown.
 double physical_memory_bytes();
 
@@ -108,6 +111,7 @@ double physical_memory_bytes();
 struct RoutingOptions {
     int R = 8, E = 384, K = 8, S = 8192;
     int B = -1, tp = 128;
+    double slack = 0;  // imbalance budget ε (Config::slack)
     double maxvio = 1.0;
     double sigma = 0;         // used when --sigma is given
     std::string adversarial;  // one of to_string(Adversarial) names
@@ -121,8 +125,8 @@ struct RoutingOptions {
     CLI::Option* opt_sigma = nullptr;
     CLI::Option* opt_maxvio = nullptr;
 
-    // Adds --R --E --K --S --B --tp --maxvio --sigma --adversarial --seed --tpe --routing --planner --max-memory
-    // --max-time, with the conflicts between them (--tpe and --routing exclude the generator flags).
+    // Adds --R --E --K --S --B --tp --slack --maxvio --sigma --adversarial --seed --tpe --routing --planner
+    // --max-memory --max-time, with the conflicts between them (--tpe and --routing exclude the generator flags).
     void add_to(CLI::App& cmd);
     bool sigma_given() const { return opt_sigma != nullptr && opt_sigma->count() > 0; }
 };

@@ -31,6 +31,7 @@ struct SimulateOptions {
     int E = 896, K = 16, S = 8192, H = 3584, ffn_hidden = 2048, tp = 128;
     int redundant = -1;  // EPLB redundant slots per rank; -1: EvenEP's prefetch slots B = epn
     double drift = 0.1;
+    double slack = 0;  // imbalance budget ε of EvenEP's planner (docs/slack.md)
     uint64_t seed = 1;
     std::string planner = "optimized";
     int repeat = 5;
@@ -60,7 +61,7 @@ void validate(const SimulateOptions& o) {
     EVENEP_CHECK(o.repeat >= 1, "--repeat = ", o.repeat, " must be >= 1");
     EVENEP_CHECK(o.drift >= 0 && o.drift <= 100, "--drift = ", o.drift, " must be in [0, 100]");
     for (int R : o.ranks) {
-        const Config cfg{.R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp};
+        const Config cfg{.R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp, .slack = o.slack};
         BufferConfig{.cfg = cfg, .H = o.H, .ffn_hidden = o.ffn_hidden}.validate();
     }
     EVENEP_CHECK(o.redundant >= -1 && o.redundant <= o.E, "--redundant = ", o.redundant,
@@ -107,7 +108,7 @@ nlohmann::json traffic_json(const TrafficReport& t) {
 // One point of the grid: prints its row and returns its JSON.
 nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, const std::map<GpuKey, double>& gpu) {
     const double t_start = now_seconds();
-    const Config cfg{.R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp};
+    const Config cfg{.R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp, .slack = o.slack};
     const RoutingSpec spec{.R = R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed};
     double sigma = 0;
     const Routing routing = routing_near_maxvio(spec, target, &sigma);
@@ -189,6 +190,7 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
                      {"maxvio", maxvio},
                      {"sigma", sigma},
                      {"planner", o.planner},
+                     {"slack", o.slack},
                      {"plan_ms_cpu", plan_ms},
                      {"plan_ms_gpu", gpu_ms >= 0 ? nlohmann::json(gpu_ms) : nlohmann::json(nullptr)},
                      {"total_entries", plan.total_entries()}};
@@ -225,9 +227,10 @@ void run_simulate(const SimulateOptions& o) {
     for (const std::string& path : o.gpu_json) read_gpu_plan(path, gpu);
     const double t0 = now_seconds();
     fmt::print(
-        "EvenEP scale model: E={} K={} S={} H={} H'={} tp={} planner={} seed={}; EPLB: {} redundant slots per "
+        "EvenEP scale model: E={} K={} S={} H={} H'={} tp={} planner={}{} seed={}; EPLB: {} redundant slots per "
         "rank, planned on the previous step, drift {}\n",
-        o.E, o.K, o.S, o.H, o.ffn_hidden, o.tp, o.planner, o.seed,
+        o.E, o.K, o.S, o.H, o.ffn_hidden, o.tp, o.planner, o.slack > 0 ? fmt::format(" slack={:g}", o.slack) : "",
+        o.seed,
         o.redundant < 0 ? std::string("epn") : std::to_string(o.redundant), o.drift);
     fmt::print(
         "{:>4} {:>7} {:>8} {:>7} {:>6} {:>7} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>6} "
@@ -275,6 +278,8 @@ void register_simulate(CLI::App& app) {
     cmd->add_option("--drift", opt->drift, "per-step std of each expert's log-popularity (EPLB's staleness)")
         ->capture_default_str();
     cmd->add_option("--seed", opt->seed, "routing seed")->capture_default_str();
+    add_real(*cmd, "--slack", opt->slack, "EvenEP's imbalance budget eps (0 = exact balance; docs/slack.md)", 0, 1)
+        ->capture_default_str();
     cmd->add_option("--planner", opt->planner, "planner mode")
         ->check(CLI::IsMember({"reference", "optimized"}))
         ->capture_default_str();

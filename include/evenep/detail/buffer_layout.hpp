@@ -60,15 +60,16 @@ struct BufferLayout {
     int64_t recv_x_offset = 0, recv_w_offset = 0, recv_next_offset = 0, recv_ret_offset = 0;
     int64_t gather_offset = 0, stage_offset = 0, total_bytes = 0;
 
+    // slack_ppm: Config::slack_ppm() (the receive rows grow with the imbalance budget; 0 = SPEC invariant 4).
     EVENEP_HOST_DEVICE static constexpr BufferLayout make(
-        int64_t R, int64_t E, int64_t K, int64_t S, int64_t tp, int64_t H) {
+        int64_t R, int64_t E, int64_t K, int64_t S, int64_t tp, int64_t H, int64_t slack_ppm = 0) {
         BufferLayout l{};
         l.R = R;
         l.E = E;
         l.K = K;
         l.S = S;
         l.H = H;
-        l.num_recv_rows = recv_rows(S, K, E / R, tp);
+        l.num_recv_rows = recv_rows(S, K, E / R, tp, slack_ppm);
         l.units_per_token = stage_units_per_token(K, R);
         int64_t off = 0;
         l.recv_x_offset = off;

@@ -108,7 +108,8 @@ struct PlanScratchLayout {
 struct EpLayout {
     int R, E, K, S, tp, B, epn, G, H;
     int max_blocks;  // blocks per rank the plan kernel may use (per-block histogram chunks)
-    int64_t nvs;     // receive rows per rank (SPEC invariant 4)
+    int slack_ppm;   // imbalance budget (Config::slack_ppm): sizes nvs and is passed to the planner
+    int64_t nvs;     // receive rows per rank (SPEC invariant 4, grown by the slack bound)
     detail::BufferLayout buf;
     size_t tpe;   // [R*E] int32: every rank's histogram, contiguous (the plan's tpe)
     size_t hist;  // [max_blocks*E] int32: per-block histograms, then their exclusive prefix over blocks
@@ -116,11 +117,13 @@ struct EpLayout {
     PlanOffsets plan;
     size_t total_bytes;
 
-    EVENEP_HOST_DEVICE static EpLayout make(int R, int E, int K, int S, int tp, int B, int H, int max_blocks) {
+    EVENEP_HOST_DEVICE static EpLayout make(int R, int E, int K, int S, int tp, int B, int H, int max_blocks,
+                                            int slack_ppm) {
         EpLayout l{};
         l.R = R, l.E = E, l.K = K, l.S = S, l.tp = tp, l.B = B, l.epn = E / R, l.G = 2 * (E / R), l.H = H;
         l.max_blocks = max_blocks;
-        l.buf = detail::BufferLayout::make(R, E, K, S, tp, H);
+        l.slack_ppm = slack_ppm;
+        l.buf = detail::BufferLayout::make(R, E, K, S, tp, H, slack_ppm);
         l.nvs = l.buf.num_recv_rows;
         size_t o = static_cast<size_t>(l.buf.total_bytes);
         auto take = [&o](size_t bytes) {
@@ -173,7 +176,7 @@ struct EpLayout {
     EVENEP_HOST_DEVICE size_t stage() const { return static_cast<size_t>(buf.stage_offset); }
 
     EVENEP_HOST_DEVICE detail::PlanDims dims(bool locality) const {
-        return detail::PlanDims{R, E, epn, G, B, tp, locality};
+        return detail::PlanDims{R, E, epn, G, B, tp, locality, slack_ppm};
     }
 
     template <typename T>

@@ -5,7 +5,7 @@
 // throws or uses the standard library's containers; inputs are checked by the callers.
 //
 // Phases (SPEC §3):
-//   1. quotas            q_r = floor(N/R) + (r < N mod R)
+//   1. quotas            q_r = floor(N/R) + (r < N mod R); with slack the targets of plan_slack_targets replace them
 //   2. alloc[E][R]       reference greedy (§3.1/§3.2) or one of the balanced constructions of optimized mode
 //   3. finalize          locality keep, rest/capacity prefixes, segment layout, copies, weight sources, costs
 //   4. per-rank dst      (plan_entry_dst) the destination of one entry from the arrays of phase 3
@@ -26,6 +26,7 @@ struct PlanDims {
     int B;   // prefetch slots per rank
     int tp;
     bool locality;  // optimized mode: keep entries on their source rank first (§3.3)
+    int32_t slack_ppm;  // imbalance budget ε in parts per million (Config::slack_ppm); 0 = exact balance
 };
 
 // Views of the plan's arrays (see evenep/plan.hpp for their meaning and sizes).
@@ -67,7 +68,60 @@ EVENEP_HOST_DEVICE inline int64_t imin64(int64_t a, int64_t b) { return a < b ? 
 EVENEP_HOST_DEVICE inline int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // ---------------------------------------------------------------------------------------------------------
-// Phase 1: loads and quotas.
+// Phase 1b: the imbalance budget (SPEC §3.6 slack, opt-in). On entry q[R] holds the even quotas q_r of
+// invariant 1, on exit the targets t_r (entries rank r computes), which every later phase reads in place of
+// q_r. With c_r = slack_cap(q_r) = ⌈(1+ε)·q_r⌉ and L_r = load_before[r]:
+//   donors     (L_r > q_r): t_r = min(L_r, c_r)   keep up to c_r of their own entries (fewer rows leave them);
+//   receivers  (L_r < q_r): the donors' extra D = Σ_donors (t_r - q_r) comes off the receivers' deficits
+//                           δ_r = q_r - L_r, smallest deficit first (ties: lower rank): each receiver whose δ_r
+//                           fits in what is left of D gets t_r = L_r (it needs no copy at all), the first one
+//                           that does not fit gets t_r = q_r - (what is left), the rest keep t_r = q_r;
+//   balanced   (L_r = q_r): t_r = q_r.
+// Why this order: every receiver with a deficit costs at least one copy, so the budget removes the most receivers
+// when it goes to the smallest deficits. D <= Σ_donors (L_r - q_r) = Σ_receivers δ_r, so D is always spent and
+// Σ t_r = Σ q_r = N. Every target is <= c_r (donors by construction, the others <= q_r) and >= min(L_r, q_r).
+// The reference greedy (§3.1) stays feasible: a donor keeps t_h >= q_h and every deficit is <= q_u <= q_h + 1,
+// which is the arithmetic Theorem 1 needs; the epn bound holds as before (one donor group per receiver).
+// slack_ppm = 0 returns at once (c_r = q_r: the targets are the quotas, bit for bit). Sequential, no workspace,
+// O(R) per receiver it zeroes; a pure function of (load_before, q, slack_ppm), so every rank gets the same targets.
+// ---------------------------------------------------------------------------------------------------------
+EVENEP_HOST_DEVICE inline void plan_slack_targets(const PlanDims& d, const int64_t* load_before, int32_t* q) {
+    if (d.slack_ppm <= 0) return;
+    const int R = d.R;
+    int64_t extra = 0;  // D
+    for (int r = 0; r < R; ++r) {
+        const int64_t l = load_before[r];
+        if (l <= q[r]) continue;
+        const int64_t t = imin64(l, slack_cap(q[r], d.slack_ppm));
+        extra += t - q[r];
+        q[r] = static_cast<int32_t>(t);
+    }
+    // Receivers in (deficit, rank) order: each pass picks the smallest key above the previous one.
+    int64_t prev_deficit = -1;
+    int prev_rank = -1;
+    while (extra > 0) {
+        int u = -1;
+        int64_t best = 0;
+        for (int r = 0; r < R; ++r) {
+            const int64_t deficit = q[r] - load_before[r];
+            if (deficit <= 0) continue;  // donors (now t_r <= L_r) and balanced ranks
+            const bool after_prev = deficit > prev_deficit || (deficit == prev_deficit && r > prev_rank);
+            if (after_prev && (u < 0 || deficit < best)) {
+                u = r;
+                best = deficit;
+            }
+        }
+        if (u < 0) break;  // unreachable: D <= the receivers' deficits (see above)
+        const int64_t cut = imin64(best, extra);
+        q[u] = static_cast<int32_t>(q[u] - cut);
+        extra -= cut;
+        prev_deficit = best;
+        prev_rank = u;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Phase 1: loads and quotas (then the slack targets, a no-op without slack).
 // ---------------------------------------------------------------------------------------------------------
 EVENEP_HOST_DEVICE inline int64_t plan_loads_and_quotas(const PlanDims& d, const int32_t* tpe, PlanArrays& a) {
     int64_t total = 0;
@@ -83,6 +137,7 @@ EVENEP_HOST_DEVICE inline int64_t plan_loads_and_quotas(const PlanDims& d, const
         a.load_before[r] = l;
         a.q[r] = static_cast<int32_t>(total / d.R + (r < total % d.R ? 1 : 0));
     }
+    plan_slack_targets(d, a.load_before, a.q);
     return total;
 }
 

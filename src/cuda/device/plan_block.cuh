@@ -145,6 +145,14 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         a.crossing_out[r] = 0;
     }
     __syncthreads();
+    // Imbalance budget (opt-in; d.slack_ppm is block-uniform): the targets of detail::plan_slack_targets replace the
+    // quotas in a.q on thread 0 (sequential, as in plan_loads_and_quotas), and the balances follow them.
+    if (d.slack_ppm > 0) {
+        if (tid == 0) detail::plan_slack_targets(d, a.load_before, a.q);
+        __syncthreads();
+        for (int r = tid; r < R; r += kThreads) sc.balance[r] = a.load_before[r] - a.q[r];
+        __syncthreads();
+    }
     stamp(1);
 
     // ---- Phase 2a: initial state of the reference greedy and of both global fills. ----

@@ -83,7 +83,8 @@ EpLayout Ep::check_and_layout(const Config& cfg_in, int hidden, const EpOptions&
     EVENEP_CHECK(options.channel >= 0 && options.channel < kTeamChannels, "cuda ep: channel = ", options.channel,
                  " outside [0, ", kTeamChannels, ")");
     const EpLayout layout =
-        EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden, options.max_plan_blocks);
+        EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden, options.max_plan_blocks,
+                       cfg.slack_ppm());
     // Return addresses are int32: R * S * U units must fit.
     const int64_t units = static_cast<int64_t>(cfg.R) * layout.buf.stage_units();
     EVENEP_CHECK(units < INT32_MAX, "cuda ep: R*S*min(K,2R) = ", units, " staging units overflow int32");
