@@ -109,11 +109,19 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
     return cfg;
 }
 
-// buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width].
-inline std::vector<int64_t> buffer_info_of(const BufferConfig& b) {
+// buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width, L, rank_begin, home experts]: the ops' tensors lead
+// with the L ranks served in this process (R with virtual ranks, 1 with group=), ranks [rank_begin, + L), whose
+// home experts (the weights' dim 0) are E*L/R.
+inline std::vector<int64_t> buffer_info_of(const BufferConfig& b, int local_ranks, int rank_begin) {
     const Config& c = b.cfg;
     const PlanLayout L{c.E, c.num_groups(), c.num_slots()};
-    return {c.R, c.E, c.K, c.S, b.H, b.ffn_hidden, c.num_slots(), c.tp, c.recv_rows(), c.num_groups(), L.width()};
+    return {c.R,           c.E,
+            c.K,           c.S,
+            b.H,           b.ffn_hidden,
+            c.num_slots(), c.tp,
+            c.recv_rows(), c.num_groups(),
+            L.width(),     local_ranks,
+            rank_begin,    c.E / c.R * local_ranks};
 }
 
 // The grouped GEMM's weights: weight [E, in, out] and slots [R, B, in, out] of one dtype, contiguous, on `device`.
