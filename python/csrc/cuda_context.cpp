@@ -73,6 +73,10 @@ CudaContext::~CudaContext() {
     team_.reset();
 }
 
+void CudaContext::peer_barrier(cudaStream_t stream, int channel) {
+    if (auto* t = dynamic_cast<cuda::NcclTeam*>(team_.get())) t->device_barrier(stream, channel);
+}
+
 cuda::Experts& CudaContext::experts(int64_t elems, bool grads, bool capturing) {
     auto& e = experts_[{elems, grads}];
     if (!e) {

@@ -84,6 +84,10 @@ class CudaContext {
     // The expert pool of `elems` (bf16 units) per matrix: weights + slots (prefetch) or slot gradients + gradients
     // (reduce, fp32 elems); created on first use (collective on the NCCL team, refused during graph capture).
     cuda::Experts& experts(int64_t elems, bool grads, bool capturing);
+    // NCCL team: a device barrier of the group on `channel` before this rank overwrites memory its peers read or
+    // write in the previous call of that channel (a slow peer may still pull this rank's receive rows from the
+    // previous combine, or push into its slots); the local team needs none (one launch serves every rank).
+    void peer_barrier(cudaStream_t stream, int channel);
     char* const* bases() const { return ep_->window().d_peers; }
     const cukernels::BufferOffsets& offsets() const { return off_; }
     const at::Tensor& zero_rows() const { return zero_rows_; }   // bf16 [L, S, H] zeros (re-dispatch input)

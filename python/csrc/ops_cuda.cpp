@@ -151,6 +151,7 @@ at::Tensor combine_cuda(const at::Tensor& expert_out,
         std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "combine");
         const int64_t s_pad = topk_weights.size(1);
         hold(sc, p, handle, topk_weights);
+        ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
         cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(expert_out), sc.stream);
         at::Tensor out = at::zeros({R, s_pad, H}, on(ctx, at::kBFloat16));
         std::vector<cuda::RankIo> io(R);
@@ -208,6 +209,7 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
         std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "dispatch_backward");
         const int64_t s_pad = topk_weights.size(1), rows = static_cast<int64_t>(ctx.cfg().S) * H;
         hold(sc, p, handle, topk_weights);
+        ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
         cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(grad_recv_x), sc.stream);
         at::Tensor grad_x = at::zeros({R, s_pad, H}, on(ctx, at::kBFloat16));
         at::Tensor grad_w = at::zeros({R, s_pad, K}, on(ctx, at::kFloat));
@@ -262,6 +264,7 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
         std::shared_ptr<PlanEntry> p = ctx.plan_of(plan, sc.capturing, "prefetch_weight");
         cuda::Experts& ex = ctx.experts(mat_bytes / 2, false, sc.capturing);
         const int r = ctx.rank_begin();
+        ctx.peer_barrier(sc.stream, 1);  // the owners push into this rank's slots: the last copy-out is done
         EVENEP_CUDA_CHECK(cudaMemcpyAsync(ex.weight(r, 0, 0), w.data_ptr(), mat_bytes * ctx.num_home(),
                                           cudaMemcpyDeviceToDevice, sc.stream));
         ex.prefetch_weight(ctx.ep(), p->plan, sc.stream);

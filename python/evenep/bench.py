@@ -335,6 +335,7 @@ def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
         add(f"op {name}", fn)
     if not cuda or a.no_graph:
         return
+    torch.cuda.empty_cache()  # the MoonEP point: the graphs' private pools need the memory the eager calls cached
     # CUDA-graph replay of the ops the C++ benchmark times (no launch overhead); plan last: a plan captured in a
     # graph replaces the resident plan without a copy.
     for name in ("dispatch", "combine", "prefetch_weight", "reduce_grad", "plan"):

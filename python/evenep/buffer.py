@@ -142,6 +142,8 @@ class Buffer:
         EvenEP's NCCL team; the NCCL unique id is made by the group's rank 0 and broadcast over `group`."""
         import torch.distributed as dist
 
+        if not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+            raise TypeError(f"evenep.Buffer(group=...): expected a torch.distributed ProcessGroup, got {type(group)}")
         if virtual_ranks is not None:
             raise ValueError("evenep.Buffer: give group= or virtual_ranks=, not both")
         self.device = torch.device("cuda" if device is None else device)
