@@ -57,7 +57,9 @@ at::Tensor plan_cuda(const at::Tensor& topk_idx, int64_t buffer, std::optional<a
         OpScope sc(buffer, "plan");
         at::Tensor idx = topk_int32(*sc.ctx, topk_idx, "plan");
         at::Tensor packed;
-        new_plan(sc, idx, token_counts(sc.ctx->cfg(), idx.size(1), num_tokens, "plan"), {}, &packed);
+        new_plan(sc, idx,
+                 token_counts(sc.ctx->cfg(), idx.size(1), num_tokens, "plan", sc.ctx->rank_begin(), sc.ctx->L()), {},
+                 &packed);
         return packed;
     });
 }
@@ -110,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
         at::Tensor idx = topk_int32(ctx, topk_idx, "dispatch");
         check_cuda(ctx, topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
         check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {R, L.width()});
-        const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch");
+        const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch", r0, R);
         std::shared_ptr<PlanEntry> p = ctx.find_plan(plan, sc.capturing);
         // A plan tensor this buffer did not make (a copy): the plan is a pure function of the routing, plan again.
         if (!p) p = new_plan(sc, idx, s, plan, nullptr);

@@ -133,7 +133,7 @@ fi
 if [ $run_bench -eq 1 ]; then
   args=(--device cuda)
   [ $quick -eq 1 ] && args+=(--tokens 256 --iters 10)
-  timeout 180 "$py" -m evenep.bench "${args[@]}" --cpp "${cli:-none}" --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+  timeout 180 "$py" -m evenep.bench "${args[@]}" --cpp none --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   # The example LM on the GPU, both back-ends from the same weights (loss curves agree within bf16 noise).
