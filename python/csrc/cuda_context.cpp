@@ -246,13 +246,8 @@ int64_t create_cuda_buffer(int64_t num_ranks,
 
 // group=: this process's rank of a group of `world_size` processes over EvenEP's NCCL team, bootstrapped from the
 // NCCL unique id (hex) that rank 0 made with nccl_unique_id() and the caller broadcast over its process group.
-int64_t create_nccl_buffer(int64_t num_experts,
-                           int64_t top_k,
-                           int64_t max_tokens,
-                           int64_t hidden,
-                           int64_t ffn_hidden,
-                           int64_t num_slots,
-                           int64_t token_padding,
+// config: [E, K, S, H, H', B, tp] as create_cuda_buffer's.
+int64_t create_nccl_buffer(at::IntArrayRef config,
                            std::string planner,
                            std::string unique_id,
                            int64_t rank,
@@ -263,8 +258,10 @@ int64_t create_nccl_buffer(int64_t num_experts,
         EVENEP_CHECK(cuda::nccl_team_built(),
                      "evenep.Buffer(group=...): this build of evenep has no NCCL team (built without NCCL >= 2.28 "
                      "with nccl_device.h; see docs/python.md)");
-        const BufferConfig cfg = make_buffer_config(world_size, num_experts, top_k, max_tokens, hidden, ffn_hidden,
-                                                    num_slots, token_padding);
+        TORCH_CHECK_VALUE(config.size() == 7, "evenep.create_nccl_buffer: config has ", config.size(),
+                          " values, expected [E, K, S, H, H', B, tp]");
+        const BufferConfig cfg =
+            make_buffer_config(world_size, config[0], config[1], config[2], config[3], config[4], config[5], config[6]);
         cuda::NcclBootstrap boot;
         boot.rank = static_cast<int>(rank);
         boot.world_size = static_cast<int>(world_size);
@@ -331,8 +328,8 @@ TORCH_LIBRARY_FRAGMENT(evenep, m) {
         "int num_slots, int token_padding, str planner, int device, int num_sms) -> int",
         &create_cuda_buffer);
     m.def(
-        "create_nccl_buffer(int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, int num_slots, "
-        "int token_padding, str planner, str unique_id, int rank, int world_size, int device, int num_sms) -> int",
+        "create_nccl_buffer(int[] config, str planner, str unique_id, int rank, int world_size, int device, "
+        "int num_sms) -> int",
         &create_nccl_buffer);
     m.def("nccl_unique_id() -> str", &nccl_unique_id);
     m.def("nccl_built() -> bool", &nccl_built);

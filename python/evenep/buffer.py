@@ -166,10 +166,8 @@ class Buffer:
         uid = _group_unique_id(group, rank, self.device)
         self.num_sms = num_sms
         self._release = ops.release_cuda_buffer
-        self._id = ops.create_nccl_buffer(
-            E, K, S, H, H if ffn_hidden is None else ffn_hidden, -1 if slots is None else slots, tp, planner, uid,
-            rank, world, self.device.index, num_sms,
-        )
+        config = [E, K, S, H, H if ffn_hidden is None else ffn_hidden, -1 if slots is None else slots, tp]
+        self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms)
         self._finish()
 
     # Static shape -----------------------------------------------------------------------------------------

@@ -80,9 +80,16 @@ def test_data_path_bit_exact(pair, kind, unequal):
     gpu.check()
 
 
+@pytest.fixture(scope="module")
+def few_slots():
+    """B = 1 < E/R = 2: plans with peer groups (the home weight read directly), whose wgrad is one launch per rank."""
+    return evenep.Buffer(**CFG, prefetch_slots=1), evenep.Buffer(**CFG, prefetch_slots=1, device="cuda")
+
+
+@pytest.mark.parametrize("slots", ["default", "few"])
 @pytest.mark.parametrize("kind", ["hot_rank", "hot_expert", "random"])
-def test_experts_and_gemm(pair, kind):
-    cpu, gpu = pair
+def test_experts_and_gemm(pair, few_slots, kind, slots):
+    cpu, gpu = pair if slots == "default" else few_slots
     i = cpu.info
     x, idx, w = _inputs(i, kind, seed=3)
     rx, _, _, h = cpu.dispatch(x, idx, w)
