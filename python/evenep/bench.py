@@ -306,7 +306,7 @@ def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
     dev, (R, E, s, H, Fh) = xb.device, (a.ranks, a.experts, a.tokens, a.hidden, a.ffn)
     ops = torch.ops.evenep
     recv_x, recv_w, _, h = buf.dispatch(xb, idx, w, plan)
-    W = torch.randn(E, H, Fh, device=dev).to(torch.bfloat16 if a.ops_only else torch.float32)
+    W = torch.randn(E, H, Fh, device=dev, dtype=torch.bfloat16 if a.ops_only else torch.float32)
     slots = buf.prefetch_weight(W, plan)
     g = torch.randn(R, s, H, device=dev).bfloat16()
     zero_slots = torch.zeros(R, buf.num_slots, H, Fh, device=dev)
