@@ -313,6 +313,7 @@ def test_bad_input_cuda(pair):
     gpu.check()
 
 
-def test_group_not_implemented():
-    with pytest.raises(NotImplementedError):
+def test_group_needs_a_process_group():
+    # group= itself (torchrun, one process over the NCCL team): test_group.py
+    with pytest.raises(TypeError, match="ProcessGroup"):
         evenep.Buffer(8, 2, 16, 32, group=object(), device="cuda")
