@@ -30,6 +30,7 @@ CudaContext::CudaContext(
                      " < E/R = ", cfg.cfg.E / cfg.cfg.R,
                      " is not supported (the expert ops would need the peers' weights directly)");
         team_ = std::make_unique<cuda::NcclTeam>(*boot, 256, to);  // the Ep allocates its own windows
+        nccl_ = true;
     } else {
         team_ = std::make_unique<cuda::LocalTeam>(cfg.cfg.R, 0, to);
     }

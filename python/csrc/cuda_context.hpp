@@ -74,7 +74,7 @@ class CudaContext {
     int device() const { return device_; }
     int L() const { return team_->num_local_ranks(); }        // ranks served here: the ops' leading dimension
     int rank_begin() const { return team_->rank_begin(); }    // the first of them
-    bool multi_process() const { return L() != cfg().R; }     // the NCCL team (group=)
+    bool multi_process() const { return nccl_; }              // the NCCL team (group=), also with a group of one
     int num_home() const { return cfg().E / cfg().R * L(); }  // home experts of the served ranks (weights' dim 0)
     int expert_base() const { return cfg().E / cfg().R * rank_begin(); }  // global id of the first of them
     PlanLayout plan_layout() const { return {cfg().E, cfg().num_groups(), cfg().num_slots()}; }
@@ -115,6 +115,7 @@ class CudaContext {
   private:
     BufferConfig cfg_;
     int device_;
+    bool nccl_ = false;
     std::unique_ptr<cuda::Team> team_;  // before ep_: the Ep's window belongs to the team
     std::unique_ptr<cuda::Ep> ep_;
     std::map<std::pair<int64_t, bool>, std::unique_ptr<cuda::Experts>> experts_;  // after ep_: windows of the team
