@@ -39,6 +39,13 @@ site=/tmp/evenep-site
 status=0
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+# One device call may run 600 s: every step after the build gets at most what is left of BUDGET_S (default 570 s);
+# a step that needs more than is left is skipped (and says so) rather than killed midway.
+budget=${BUDGET_S:-570}
+left() { echo $(( budget - ($(date +%s) - t0) )); }
+# limit N: N seconds, or what is left when less; fails (skip the step) when less than MIN_S (default 30) is left.
+limit() { local l; l=$(left); [ "$l" -lt "${2:-30}" ] && return 1; [ "$l" -lt "$1" ] && echo "$l" || echo "$1"; }
+skip() { echo "$1: SKIPPED, $(left) s left of the ${budget} s budget"; status=1; }
 
 # Where the package goes: a venv over the system site-packages (the preinstalled torch), or, where python3 cannot
 # make one (no venv module), pip --target into $site on PYTHONPATH.
@@ -99,50 +106,59 @@ fi
 
 # ---- group=: one process over EvenEP's NCCL team (torchrun), against virtual_ranks=1 ----
 if [ $run_tests -eq 1 ]; then
-  timeout 150 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 tests/python/group_worker.py \
-    > "$OUT/torchrun.log" 2>&1
-  rc=$?
-  [ $rc -ne 0 ] && status=1
-  echo "torchrun --nproc-per-node 1 tests/python/group_worker.py rc=$rc ($(elapsed)):"
-  grep -E "group= check|Error|error" "$OUT/torchrun.log" | head -8
+  if ! t=$(limit 150 60); then skip "torchrun"; else
+    timeout "$t" "$py" -m torch.distributed.run --standalone --nproc-per-node 1 tests/python/group_worker.py \
+      > "$OUT/torchrun.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    echo "torchrun --nproc-per-node 1 tests/python/group_worker.py rc=$rc ($(elapsed)):"
+    grep -E "group= check|Error|error" "$OUT/torchrun.log" | head -8
+  fi
 fi
 
 # ---- pytest (CPU and GPU tests) ----
 if [ $run_tests -eq 1 ]; then
-  marks=()
-  [ $quick -eq 1 ] && marks=(-m "not slow")
-  timeout 300 "$py" -m pytest -p no:cacheprovider -q -rs --durations=8 "${marks[@]}" tests/python > "$OUT/pytest.log" 2>&1
-  rc=$?
-  [ $rc -ne 0 ] && status=1
-  echo "pytest rc=$rc ($(elapsed)):"
-  grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
-  grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -20
+  if ! t=$(limit 300 90); then skip "pytest"; else
+    marks=()
+    [ $quick -eq 1 ] && marks=(-m "not slow")
+    timeout "$t" "$py" -m pytest -p no:cacheprovider -q -rs --durations=8 "${marks[@]}" tests/python > "$OUT/pytest.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    echo "pytest rc=$rc ($(elapsed)):"
+    grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
+    grep -E "^(FAILED|ERROR) " "$OUT/pytest.log" | head -20
+  fi
 fi
 
 # ---- benchmark at the MoonEP point: the data-path ops, Python vs the C++ figure of the same call ----
 if [ $run_bench -eq 1 ] && [ $quick -eq 0 ]; then
-  timeout 300 "$py" -m evenep.bench --device cuda --moonep --cpp "${cli:-none}" --json "$OUT/bench_moonep.json" \
-    > "$OUT/bench_moonep.log" 2>&1
-  rc=$?
-  [ $rc -ne 0 ] && status=1
-  echo "bench --moonep rc=$rc ($(elapsed)):"
-  tail -20 "$OUT/bench_moonep.log"
+  if ! t=$(limit 240 90); then skip "bench --moonep"; else
+    timeout "$t" "$py" -m evenep.bench --device cuda --moonep --cpp "${cli:-none}" --json "$OUT/bench_moonep.json" \
+      > "$OUT/bench_moonep.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    echo "bench --moonep rc=$rc ($(elapsed)):"
+    tail -20 "$OUT/bench_moonep.log"
+  fi
 fi
 
 # ---- benchmark (CUDA, virtual ranks on one GPU): the MoE layer vs the plain PyTorch MoE ----
 if [ $run_bench -eq 1 ]; then
-  args=(--device cuda)
-  [ $quick -eq 1 ] && args+=(--tokens 256 --iters 10)
-  timeout 180 "$py" -m evenep.bench "${args[@]}" --cpp none --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
-  rc=$?
-  [ $rc -ne 0 ] && status=1
-  # The example LM on the GPU, both back-ends from the same weights (loss curves agree within bf16 noise).
-  for b in evenep reference; do
-    echo "# examples/train_moe.py --device cuda --backend $b --steps 30" >> "$OUT/bench.log"
-    timeout 90 "$py" examples/train_moe.py --device cuda --backend $b --steps 30 >> "$OUT/bench.log" 2>&1 || status=1
-  done
-  echo "bench rc=$rc ($(elapsed)):"
-  head -40 "$OUT/bench.log"
+  if ! t=$(limit 120 40); then skip "bench"; else
+    args=(--device cuda)
+    [ $quick -eq 1 ] && args+=(--tokens 256 --iters 10)
+    timeout "$t" "$py" -m evenep.bench "${args[@]}" --cpp none --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+    rc=$?
+    [ $rc -ne 0 ] && status=1
+    # The example LM on the GPU, both back-ends from the same weights (loss curves agree within bf16 noise).
+    for b in evenep reference; do
+      if ! t=$(limit 90 40); then echo "# examples/train_moe.py --backend $b: skipped, $(left) s left" >> "$OUT/bench.log"; continue; fi
+      echo "# examples/train_moe.py --device cuda --backend $b --steps 30" >> "$OUT/bench.log"
+      timeout "$t" "$py" examples/train_moe.py --device cuda --backend $b --steps 30 >> "$OUT/bench.log" 2>&1 || status=1
+    done
+    echo "bench rc=$rc ($(elapsed)):"
+    head -40 "$OUT/bench.log"
+  fi
 fi
 echo "total $(elapsed), status $status"
 exit $status
