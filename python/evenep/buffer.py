@@ -100,6 +100,7 @@ class Buffer:
             self._init_group(group, virtual_ranks, device, num_sms, num_experts, top_k, max_tokens, hidden,
                              prefetch_slots, ffn_hidden, token_padding, planner)
             return
+        self.group = None
         self.device = torch.device("cpu" if device is None else device)
         R = 1 if virtual_ranks is None else int(virtual_ranks)
         self.num_sms = num_sms
@@ -165,6 +166,7 @@ class Buffer:
         rank, world = dist.get_rank(group), dist.get_world_size(group)
         uid = _group_unique_id(group, rank, self.device)
         self.num_sms = num_sms
+        self.group = group
         self._release = ops.release_cuda_buffer
         config = [E, K, S, H, H if ffn_hidden is None else ffn_hidden, -1 if slots is None else slots, tp]
         self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms)
@@ -214,8 +216,8 @@ class Buffer:
     def __repr__(self) -> str:
         i = self.info
         dev = "" if self.device.type == "cpu" else f", device={self.device}"
-        if i.L != i.R:
-            dev += f", rank={i.rank_begin} (group)"
+        if self.group is not None:
+            dev += f", group rank={i.rank_begin}"
         return f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs}{dev})"
 
     def check(self) -> None:
