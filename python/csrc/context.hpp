@@ -66,12 +66,16 @@ inline void check_tensor(const at::Tensor& t,
     TORCH_CHECK_VALUE(t.is_contiguous(), "evenep.", op, ": ", name, " is not contiguous");
 }
 
-// s_r of every rank: num_tokens when given (each in [1, s_pad]), else s_pad for all.
+// s_r of every rank: num_tokens when given (each in [1, s_pad] for the ranks served here, [served, + L), and in
+// [1, S] for the others: with group= the other processes' tokens), else s_pad for all.
 inline std::vector<int32_t> token_counts(const Config& c,
                                          int64_t s_pad,
                                          const std::optional<at::IntArrayRef>& num_tokens,
-                                         const char* op) {
+                                         const char* op,
+                                         int served = 0,
+                                         int num_served = -1) {
     const int R = c.R;
+    if (num_served < 0) num_served = R;
     TORCH_CHECK_VALUE(s_pad >= 1 && s_pad <= c.S, "evenep.", op, ": s = ", s_pad,
                       " tokens per rank, expected 1 <= s <= max_tokens = ", c.S);
     std::vector<int32_t> s(R, static_cast<int32_t>(s_pad));
@@ -79,8 +83,10 @@ inline std::vector<int32_t> token_counts(const Config& c,
         TORCH_CHECK_VALUE(static_cast<int>(num_tokens->size()) == R, "evenep.", op, ": num_tokens has ",
                           num_tokens->size(), " values, expected R = ", R);
         for (int r = 0; r < R; ++r) {
-            TORCH_CHECK_VALUE((*num_tokens)[r] >= 1 && (*num_tokens)[r] <= s_pad, "evenep.", op, ": num_tokens[", r,
-                              "] = ", (*num_tokens)[r], " outside [1, s = ", s_pad, "]");
+            const int64_t hi = r >= served && r < served + num_served ? s_pad : c.S;
+            TORCH_CHECK_VALUE((*num_tokens)[r] >= 1 && (*num_tokens)[r] <= hi, "evenep.", op, ": num_tokens[", r,
+                              "] = ", (*num_tokens)[r], " outside [1, ", hi == s_pad ? "s = " : "max_tokens = ", hi,
+                              "]");
             s[r] = static_cast<int32_t>((*num_tokens)[r]);
         }
     }
@@ -109,11 +115,19 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
     return cfg;
 }
 
-// buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width].
-inline std::vector<int64_t> buffer_info_of(const BufferConfig& b) {
+// buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width, L, rank_begin, home experts]: the ops' tensors lead
+// with the L ranks served in this process (R with virtual ranks, 1 with group=), ranks [rank_begin, + L), whose
+// home experts (the weights' dim 0) are E*L/R.
+inline std::vector<int64_t> buffer_info_of(const BufferConfig& b, int local_ranks, int rank_begin) {
     const Config& c = b.cfg;
     const PlanLayout L{c.E, c.num_groups(), c.num_slots()};
-    return {c.R, c.E, c.K, c.S, b.H, b.ffn_hidden, c.num_slots(), c.tp, c.recv_rows(), c.num_groups(), L.width()};
+    return {c.R,           c.E,
+            c.K,           c.S,
+            b.H,           b.ffn_hidden,
+            c.num_slots(), c.tp,
+            c.recv_rows(), c.num_groups(),
+            L.width(),     local_ranks,
+            rank_begin,    c.E / c.R * local_ranks};
 }
 
 // The grouped GEMM's weights: weight [E, in, out] and slots [R, B, in, out] of one dtype, contiguous, on `device`.

@@ -16,12 +16,24 @@ namespace evenep::python {
 
 // ---- CudaContext ----
 
-CudaContext::CudaContext(const BufferConfig& cfg, PlannerMode mode, int device, int num_sms)
+CudaContext::CudaContext(
+    const BufferConfig& cfg, PlannerMode mode, int device, int num_sms, const cuda::NcclBootstrap* boot)
     : cfg_(cfg), device_(device) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     cuda::TeamOptions to;
     to.device = device;
-    team_ = std::make_unique<cuda::LocalTeam>(cfg.cfg.R, 0, to);
+    if (boot) {
+        EVENEP_CHECK(boot->world_size == cfg.cfg.R, "evenep.Buffer(group=...): world size ", boot->world_size,
+                     " but R = ", cfg.cfg.R);
+        EVENEP_CHECK(cfg.cfg.num_slots() >= cfg.cfg.E / cfg.cfg.R,
+                     "evenep.Buffer(group=...): prefetch_slots = ", cfg.cfg.num_slots(),
+                     " < E/R = ", cfg.cfg.E / cfg.cfg.R,
+                     " is not supported (the expert ops would need the peers' weights directly)");
+        team_ = std::make_unique<cuda::NcclTeam>(*boot, 256, to);  // the Ep allocates its own windows
+        nccl_ = true;
+    } else {
+        team_ = std::make_unique<cuda::LocalTeam>(cfg.cfg.R, 0, to);
+    }
     cuda::EpOptions eo;
     eo.mode = mode;
     eo.sm_budget = num_sms;
@@ -45,18 +57,41 @@ CudaContext::CudaContext(const BufferConfig& cfg, PlannerMode mode, int device, 
             l.G,
             l.B,
             l.H,
-            l.nvs};
+            l.nvs,
+            team_->rank_begin(),
+            team_->num_local_ranks()};
     const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA, device);
-    zero_rows_ = at::zeros({cfg.cfg.R, cfg.cfg.S, cfg.H}, opts);
-    scratch_ = at::zeros({cfg.cfg.R, cfg.cfg.S, cfg.H}, opts);
+    zero_rows_ = at::zeros({L(), cfg.cfg.S, cfg.H}, opts);
+    scratch_ = at::zeros({L(), cfg.cfg.S, cfg.H}, opts);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());  // the buffers are initialised before any stream uses them
 }
 
 CudaContext::~CudaContext() {
     // Work of this buffer may still be queued on torch's streams; the Ep frees its memory with cudaFree, which waits.
     plans_.clear();
+    experts_.clear();
     ep_.reset();
     team_.reset();
+}
+
+void CudaContext::peer_barrier(cudaStream_t stream, int channel) {
+    if (auto* t = dynamic_cast<cuda::NcclTeam*>(team_.get())) t->device_barrier(stream, channel);
+}
+
+cuda::Experts& CudaContext::experts(int64_t elems, bool grads, bool capturing) {
+    auto& e = experts_[{elems, grads}];
+    if (!e) {
+        // A new pool allocates windows (ncclMemAlloc / cudaMalloc): not inside a graph capture.
+        TORCH_CHECK(!capturing, "evenep: the first ", grads ? "reduce_grad" : "prefetch_weight",
+                    " of this matrix size on a group= buffer allocates its pool: run it once before capturing");
+        cuda::ExpertsShape shape;
+        shape.num_projections = 1;
+        shape.elems = elems;
+        shape.with_weights = !grads;
+        shape.with_grads = grads;
+        e = std::make_unique<cuda::Experts>(*ep_, shape);
+    }
+    return *e;
 }
 
 void CudaContext::surface_errors(cudaStream_t stream, bool sync) {
@@ -108,7 +143,7 @@ std::shared_ptr<PlanEntry> CudaContext::find_plan(const at::Tensor& t, bool capt
 }
 
 std::shared_ptr<PlanEntry> CudaContext::plan_of(const at::Tensor& t, bool capturing, const char* op) {
-    check_tensor(t, op, "plan", at::kInt, {cfg().R, plan_layout().width()}, c10::DeviceType::CUDA);
+    check_tensor(t, op, "plan", at::kInt, {L(), plan_layout().width()}, c10::DeviceType::CUDA);
     std::shared_ptr<PlanEntry> p = find_plan(t, capturing);
     TORCH_CHECK_VALUE(p != nullptr, "evenep.", op,
                       ": the plan tensor was not made by this buffer's plan op (or that plan is gone)",
@@ -175,7 +210,7 @@ at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const 
     const int64_t s = topk_idx.dim() == 3 ? topk_idx.size(1) : -1;
     TORCH_CHECK_VALUE(topk_idx.scalar_type() == at::kInt || topk_idx.scalar_type() == at::kLong, "evenep.", op,
                       ": topk_idx has dtype ", topk_idx.scalar_type(), ", expected int32 or int64");
-    check_cuda(ctx, topk_idx, op, "topk_idx", topk_idx.scalar_type(), {ctx.cfg().R, s, ctx.cfg().K});
+    check_cuda(ctx, topk_idx, op, "topk_idx", topk_idx.scalar_type(), {ctx.L(), s, ctx.cfg().K});
     if (topk_idx.scalar_type() == at::kInt) return topk_idx;
     return topk_idx.clamp(-2, ctx.cfg().E).to(at::kInt);
 }
@@ -183,6 +218,13 @@ at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const 
 namespace {
 
 // ---- buffer management ----
+
+int64_t register_context(std::shared_ptr<CudaContext> ctx) {
+    const int64_t id = new_buffer_id();
+    std::lock_guard lock(g_mutex);
+    g_contexts[id] = std::move(ctx);
+    return id;
+}
 
 int64_t create_cuda_buffer(int64_t num_ranks,
                            int64_t num_experts,
@@ -198,14 +240,49 @@ int64_t create_cuda_buffer(int64_t num_ranks,
     return translate([&] {
         const BufferConfig cfg =
             make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding);
-        auto ctx = std::make_shared<CudaContext>(cfg, parse_planner_mode(planner), static_cast<int>(device),
-                                                 static_cast<int>(num_sms));
-        const int64_t id = new_buffer_id();
-        std::lock_guard lock(g_mutex);
-        g_contexts[id] = ctx;
-        return id;
+        return register_context(std::make_shared<CudaContext>(
+            cfg, parse_planner_mode(planner), static_cast<int>(device), static_cast<int>(num_sms), nullptr));
     });
 }
+
+// group=: this process's rank of a group of `world_size` processes over EvenEP's NCCL team, bootstrapped from the
+// NCCL unique id (hex) that rank 0 made with nccl_unique_id() and the caller broadcast over its process group.
+// config: [E, K, S, H, H', B, tp] as create_cuda_buffer's.
+int64_t create_nccl_buffer(at::IntArrayRef config,
+                           std::string planner,
+                           std::string unique_id,
+                           int64_t rank,
+                           int64_t world_size,
+                           int64_t device,
+                           int64_t num_sms) {
+    return translate([&] {
+        EVENEP_CHECK(cuda::nccl_team_built(),
+                     "evenep.Buffer(group=...): this build of evenep has no NCCL team (built without NCCL >= 2.28 "
+                     "with nccl_device.h; see docs/python.md)");
+        TORCH_CHECK_VALUE(config.size() == 7, "evenep.create_nccl_buffer: config has ", config.size(),
+                          " values, expected [E, K, S, H, H', B, tp]");
+        const BufferConfig cfg =
+            make_buffer_config(world_size, config[0], config[1], config[2], config[3], config[4], config[5], config[6]);
+        cuda::NcclBootstrap boot;
+        boot.rank = static_cast<int>(rank);
+        boot.world_size = static_cast<int>(world_size);
+        boot.local_rank = static_cast<int>(device);
+        boot.unique_id = std::move(unique_id);
+        return register_context(std::make_shared<CudaContext>(
+            cfg, parse_planner_mode(planner), static_cast<int>(device), static_cast<int>(num_sms), &boot));
+    });
+}
+
+std::string nccl_unique_id() {
+    return translate([&] {
+        EVENEP_CHECK(cuda::nccl_team_built(),
+                     "evenep.Buffer(group=...): this build of evenep has no NCCL team (built without NCCL >= 2.28 "
+                     "with nccl_device.h; see docs/python.md)");
+        return cuda::nccl_new_unique_id();
+    });
+}
+
+bool nccl_built() { return cuda::nccl_team_built(); }
 
 void release_cuda_buffer(int64_t id) {
     std::shared_ptr<CudaContext> ctx;
@@ -226,7 +303,7 @@ std::vector<int64_t> cuda_buffer_info(int64_t id) {
         if (it == g_contexts.end()) return {};
         ctx = it->second;
     }
-    return buffer_info_of(ctx->buffer_config());
+    return buffer_info_of(ctx->buffer_config(), ctx->L(), ctx->rank_begin());
 }
 
 // Synchronises the buffer's current stream and raises what the device recorded (bad expert ids), recovering.
@@ -251,6 +328,12 @@ TORCH_LIBRARY_FRAGMENT(evenep, m) {
         "create_cuda_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
         "int num_slots, int token_padding, str planner, int device, int num_sms) -> int",
         &create_cuda_buffer);
+    m.def(
+        "create_nccl_buffer(int[] config, str planner, str unique_id, int rank, int world_size, int device, "
+        "int num_sms) -> int",
+        &create_nccl_buffer);
+    m.def("nccl_unique_id() -> str", &nccl_unique_id);
+    m.def("nccl_built() -> bool", &nccl_built);
     m.def("release_cuda_buffer(int buffer) -> ()", &release_cuda_buffer);
     m.def("check_cuda_buffer(int buffer) -> ()", &check_cuda_buffer);
 }

@@ -1,6 +1,12 @@
-// python/csrc/cuda_context.hpp — the state behind one CUDA evenep.Buffer (python/csrc/ops_cuda.cpp): R virtual ranks
-// on one GPU as a cuda::LocalTeam with one cuda::Ep over it, the plans it made (keyed by their plan tensors) and
-// which dispatch its receive buffers hold.
+// python/csrc/cuda_context.hpp — the state behind one CUDA evenep.Buffer (python/csrc/ops_cuda.cpp): a cuda::Team —
+// R virtual ranks on one GPU (cuda::LocalTeam) or this process's one rank of a group (cuda::NcclTeam, group=) — with
+// one cuda::Ep over it, the plans it made (keyed by their plan tensors) and which dispatch its receive buffers hold.
+// The ops act for the L ranks the team serves ([rank_begin, rank_begin + L): all R locally, one on the NCCL team):
+// their tensors lead with L.
+//
+// Expert pools (NCCL team): the home weights of the other ranks live in their processes, so prefetch_weight and
+// reduce_grad go through the library's cuda::Experts (symmetric windows): one per matrix size and direction,
+// created on first use (collective: every rank calls the ops in the same order) and shared by every layer.
 //
 // Plans. cuda::Ep plans are values (EpPlan) whose arrays live on the device; the op's plan tensor is a packed copy
 // of them (bit-identical to the CPU op's). Ops find the EpPlan of a plan tensor by the tensor's storage (a weak
@@ -18,6 +24,7 @@
 #include <c10/core/Storage.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -25,6 +32,8 @@
 #include "context.hpp"
 #include "cuda_kernels.hpp"
 #include "evenep/cuda/ep.hpp"
+#include "evenep/cuda/experts.hpp"
+#include "evenep/cuda/nccl_team.hpp"
 #include "evenep/cuda/team.hpp"
 
 namespace evenep::python {
@@ -53,7 +62,8 @@ struct PlanEntry {
 
 class CudaContext {
   public:
-    CudaContext(const BufferConfig& cfg, PlannerMode mode, int device, int num_sms);
+    // boot: the NCCL team's bootstrap (group=), nullptr for R virtual ranks on `device`.
+    CudaContext(const BufferConfig& cfg, PlannerMode mode, int device, int num_sms, const cuda::NcclBootstrap* boot);
     ~CudaContext();
 
     const Config& cfg() const { return cfg_.cfg; }
@@ -62,14 +72,26 @@ class CudaContext {
     int ffn_hidden() const { return cfg_.ffn_hidden; }
     int64_t nvs() const { return cfg().recv_rows(); }
     int device() const { return device_; }
+    int L() const { return team_->num_local_ranks(); }        // ranks served here: the ops' leading dimension
+    int rank_begin() const { return team_->rank_begin(); }    // the first of them
+    bool multi_process() const { return nccl_; }              // the NCCL team (group=), also with a group of one
+    int num_home() const { return cfg().E / cfg().R * L(); }  // home experts of the served ranks (weights' dim 0)
+    int expert_base() const { return cfg().E / cfg().R * rank_begin(); }  // global id of the first of them
     PlanLayout plan_layout() const { return {cfg().E, cfg().num_groups(), cfg().num_slots()}; }
     std::mutex& mutex() { return mutex_; }
     cuda::Ep& ep() { return *ep_; }
-    cuda::LocalTeam& team() { return *team_; }
+    cuda::Team& team() { return *team_; }
+    // The expert pool of `elems` (bf16 units) per matrix: weights + slots (prefetch) or slot gradients + gradients
+    // (reduce, fp32 elems); created on first use (collective on the NCCL team, refused during graph capture).
+    cuda::Experts& experts(int64_t elems, bool grads, bool capturing);
+    // NCCL team: a device barrier of the group on `channel` before this rank overwrites memory its peers read or
+    // write in the previous call of that channel (a slow peer may still pull this rank's receive rows from the
+    // previous combine, or push into its slots); the local team needs none (one launch serves every rank).
+    void peer_barrier(cudaStream_t stream, int channel);
     char* const* bases() const { return ep_->window().d_peers; }
     const cukernels::BufferOffsets& offsets() const { return off_; }
-    const at::Tensor& zero_rows() const { return zero_rows_; }   // bf16 [R, S, H] zeros (re-dispatch input)
-    const at::Tensor& scratch_rows() const { return scratch_; }  // bf16 [R, S, H] (unused pointer slots)
+    const at::Tensor& zero_rows() const { return zero_rows_; }   // bf16 [L, S, H] zeros (re-dispatch input)
+    const at::Tensor& scratch_rows() const { return scratch_; }  // bf16 [L, S, H] (unused pointer slots)
 
     // Raises (ValueError / RuntimeError, after recovering the team) when the device recorded an error in an earlier
     // call (a bad expert id); `sync`: synchronise the stream first (Buffer.check()).
@@ -93,8 +115,10 @@ class CudaContext {
   private:
     BufferConfig cfg_;
     int device_;
-    std::unique_ptr<cuda::LocalTeam> team_;  // before ep_: the Ep's window belongs to the team
+    bool nccl_ = false;
+    std::unique_ptr<cuda::Team> team_;  // before ep_: the Ep's window belongs to the team
     std::unique_ptr<cuda::Ep> ep_;
+    std::map<std::pair<int64_t, bool>, std::unique_ptr<cuda::Experts>> experts_;  // after ep_: windows of the team
     cukernels::BufferOffsets off_{};
     at::Tensor zero_rows_, scratch_;
     std::vector<std::shared_ptr<PlanEntry>> plans_;
@@ -124,7 +148,7 @@ void check_cuda(const CudaContext& ctx,
                 const char* name,
                 at::ScalarType dtype,
                 std::initializer_list<int64_t> sizes);
-// topk_idx ([R, s, K] int32 or int64 on the device) as int32.
+// topk_idx ([L, s, K] int32 or int64 on the device) as int32.
 at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const char* op);
 
 }  // namespace evenep::python

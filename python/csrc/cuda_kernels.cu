@@ -1,8 +1,10 @@
 // python/csrc/cuda_kernels.cu — device kernels of the torch binding's CUDA ops (see cuda_kernels.hpp).
 #include <climits>
+#include <cstdint>
 
 #include "cuda_kernels.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/error.hpp"
 
 namespace evenep::python::cukernels {
 namespace {
@@ -17,9 +19,9 @@ int blocks_for(int64_t n, int cap = 1024) {
 __device__ const int32_t* i32(const char* base, size_t off) { return reinterpret_cast<const int32_t*>(base + off); }
 
 __global__ void pack_plan_kernel(BufferOffsets o, char* const* bases, int32_t* plan, int64_t width) {
-    const int r = blockIdx.x;
+    const int r = o.rank_begin + static_cast<int>(blockIdx.x);  // row blockIdx.x: served rank r
     const char* b = bases[r];
-    int32_t* row = plan + r * width;
+    int32_t* row = plan + blockIdx.x * width;
     const int E = o.E, G = o.G;
     for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
         int32_t v;
@@ -56,34 +58,34 @@ __global__ void pack_plan_kernel(BufferOffsets o, char* const* bases, int32_t* p
 }
 
 __global__ void pack_handle_kernel(BufferOffsets o, char* const* bases, int32_t* handle, int64_t s_pad) {
-    const int r = blockIdx.y;
+    const int i_row = blockIdx.y, r = o.rank_begin + i_row;
     const char* b = bases[r];
     const int64_t n = s_pad * o.K, used = static_cast<int64_t>(i32(b, o.s)[r]) * o.K;
     const int32_t* dst = i32(b, o.dst);
     for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-        handle[r * n + i] = i < used ? dst[i] : INT32_MIN;  // detail::kMaskedDst
+        handle[i_row * n + i] = i < used ? dst[i] : INT32_MIN;  // detail::kMaskedDst
 }
 
 __global__ void gather_recv_kernel(BufferOffsets o, char* const* bases, uint16_t* recv_x, float* recv_w) {
-    const int r = blockIdx.y;
+    const int i_row = blockIdx.y, r = o.rank_begin + i_row;
     const char* b = bases[r];
     const int64_t used = i32(b, o.cu_seqlens)[static_cast<int64_t>(r) * o.G + o.G - 1];
     const int64_t vec_per_row = o.H / 8, n = o.nvs * vec_per_row;
     const uint4* src = reinterpret_cast<const uint4*>(b + o.recv_x);
-    uint4* dst = reinterpret_cast<uint4*>(recv_x) + r * n;
+    uint4* dst = reinterpret_cast<uint4*>(recv_x) + i_row * n;
     const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
     for (int64_t i = tid; i < n; i += step) dst[i] = i / vec_per_row < used ? src[i] : make_uint4(0, 0, 0, 0);
     if (recv_w) {
         const float* w = reinterpret_cast<const float*>(b + o.recv_w);
-        for (int64_t i = tid; i < o.nvs; i += step) recv_w[r * o.nvs + i] = i < used ? w[i] : 0.0f;
+        for (int64_t i = tid; i < o.nvs; i += step) recv_w[i_row * o.nvs + i] = i < used ? w[i] : 0.0f;
     }
 }
 
 __global__ void scatter_recv_kernel(BufferOffsets o, char* const* bases, const uint16_t* rows) {
-    const int r = blockIdx.y;
+    const int i_row = blockIdx.y;
     const int64_t n = o.nvs * (o.H / 8);
-    const uint4* src = reinterpret_cast<const uint4*>(rows) + r * n;
-    uint4* dst = reinterpret_cast<uint4*>(bases[r] + o.recv_x);
+    const uint4* src = reinterpret_cast<const uint4*>(rows) + i_row * n;
+    uint4* dst = reinterpret_cast<uint4*>(bases[o.rank_begin + i_row] + o.recv_x);
     for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
 }
 
@@ -96,22 +98,48 @@ struct PlanCols {
     __device__ int64_t copies() const { return 1 + E + 5 * G; }
 };
 
-__global__ void group_table_kernel(
-    const int32_t* plan, PlanCols c, const char* home, const char* slots, int64_t mat_bytes, const void** table) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= c.R * c.G) return;
-    const int r = i / c.G, g = i % c.G;
+struct TableArgs {
+    int64_t nvs;
+    int expert_base, num_home;
+};
+
+__global__ void group_table_kernel(const int32_t* plan,
+                                   PlanCols c,
+                                   TableArgs t,
+                                   const char* home,
+                                   const char* slots,
+                                   int64_t mat_bytes,
+                                   const void** table,
+                                   int32_t* cu) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, G1 = c.G + 1;
+    if (i >= c.R * G1) return;  // c.R: the plan tensor's rows (L)
+    const int r = i / G1, g = i % G1;
     const int32_t* row = plan + r * c.width;
-    const int32_t src = row[c.source() + g];
     const void* p = nullptr;
-    if (src == 1 || src == 3) {  // WeightSource::kLocal, kPeer: the home expert
-        const int32_t e = row[c.expert() + g];
-        if (e >= 0 && e < c.E) p = home + e * mat_bytes;
-    } else if (src == 2) {  // kSlot
-        const int32_t b = row[c.slot() + g];
-        if (b >= 0 && b < c.B) p = slots + (static_cast<int64_t>(r) * c.B + b) * mat_bytes;
+    if (g == c.G) {  // the gap after the rank's last group: not computed
+        cu[i] = static_cast<int32_t>((r + 1) * t.nvs);
+    } else {
+        cu[i] = static_cast<int32_t>(r * t.nvs + row[1 + c.E + g]);
+        const int32_t src = row[c.source() + g];
+        if (src == 1 || src == 3) {  // WeightSource::kLocal, kPeer: the home expert
+            const int32_t e = row[c.expert() + g] - t.expert_base;
+            if (e >= 0 && e < t.num_home) p = home + e * mat_bytes;
+        } else if (src == 2) {  // kSlot
+            const int32_t b = row[c.slot() + g];
+            if (b >= 0 && b < c.B) p = slots + (static_cast<int64_t>(r) * c.B + b) * mat_bytes;
+        }
     }
     table[i] = p;
+}
+
+__global__ void select_slots_kernel(const int32_t* plan, PlanCols c, const char* in, char* out, int64_t mat_bytes) {
+    const int rb = blockIdx.y, r = rb / c.B, b = rb % c.B;
+    const int32_t e = plan[r * c.width + c.copies() + b];
+    const bool have = e >= 0 && e < c.E;
+    const int64_t n = mat_bytes / 16, tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    const uint4* src = reinterpret_cast<const uint4*>(in + rb * mat_bytes);
+    uint4* dst = reinterpret_cast<uint4*>(out + rb * mat_bytes);
+    for (int64_t i = tid; i < n; i += step) dst[i] = have ? src[i] : make_uint4(0, 0, 0, 0);
 }
 
 __global__ void prefetch_kernel(const int32_t* plan, PlanCols c, const char* weight, char* slots, int64_t mat_bytes) {
@@ -130,53 +158,102 @@ __global__ void prefetch_kernel(const int32_t* plan, PlanCols c, const char* wei
     }
 }
 
-__global__ void reduce_grad_kernel(const int32_t* plan, PlanCols c, const float* sg, float* grad, int64_t n) {
+// One expert per blockIdx.y: its copies (r*B + b, ranks then slots ascending) listed once in shared memory.
+__global__ void reduce_grad_kernel(const int32_t* plan, PlanCols c, const float* sg, float* grad, int64_t n, bool vec) {
+    extern __shared__ int32_t copies[];
+    __shared__ int count;
     const int e = blockIdx.y;
-    for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        float acc = 0.0f;
+    if (threadIdx.x == 0) {
+        int k = 0;
         for (int r = 0; r < c.R; ++r)
             for (int b = 0; b < c.B; ++b)
-                if (plan[r * c.width + c.copies() + b] == e) acc += sg[(static_cast<int64_t>(r) * c.B + b) * n + i];
-        grad[e * n + i] = acc;
+                if (plan[r * c.width + c.copies() + b] == e) copies[k++] = r * c.B + b;
+        count = k;
+    }
+    __syncthreads();
+    const int m = count;
+    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    if (vec) {  // n % 4 == 0, 16-byte aligned: the same fp32 sums, four lanes at a time
+        const int64_t n4 = n / 4;
+        const float4* s4 = reinterpret_cast<const float4*>(sg);
+        float4* g4 = reinterpret_cast<float4*>(grad) + e * n4;
+        for (int64_t i = tid; i < n4; i += step) {
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int j = 0; j < m; ++j) {
+                const float4 v = s4[copies[j] * n4 + i];
+                acc.x += v.x;
+                acc.y += v.y;
+                acc.z += v.z;
+                acc.w += v.w;
+            }
+            g4[i] = acc;
+        }
+    } else {
+        for (int64_t i = tid; i < n; i += step) {
+            float acc = 0.0f;
+            for (int j = 0; j < m; ++j) acc += sg[copies[j] * n + i];
+            grad[e * n + i] = acc;
+        }
     }
 }
 
 }  // namespace
 
 void pack_plan(const BufferOffsets& o, char* const* bases, int32_t* plan, int64_t width, cudaStream_t stream) {
-    pack_plan_kernel<<<o.R, kThreads, 0, stream>>>(o, bases, plan, width);
+    pack_plan_kernel<<<o.L, kThreads, 0, stream>>>(o, bases, plan, width);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
 void pack_handle(const BufferOffsets& o, char* const* bases, int32_t* handle, int64_t s_pad, cudaStream_t stream) {
-    pack_handle_kernel<<<dim3(blocks_for(s_pad * o.K, 64), o.R), kThreads, 0, stream>>>(o, bases, handle, s_pad);
+    pack_handle_kernel<<<dim3(blocks_for(s_pad * o.K, 64), o.L), kThreads, 0, stream>>>(o, bases, handle, s_pad);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
 void gather_recv(const BufferOffsets& o, char* const* bases, uint16_t* recv_x, float* recv_w, cudaStream_t stream) {
-    gather_recv_kernel<<<dim3(blocks_for(o.nvs * (o.H / 8), 128), o.R), kThreads, 0, stream>>>(o, bases, recv_x,
+    gather_recv_kernel<<<dim3(blocks_for(o.nvs * (o.H / 8), 128), o.L), kThreads, 0, stream>>>(o, bases, recv_x,
                                                                                                recv_w);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
 void scatter_recv(const BufferOffsets& o, char* const* bases, const uint16_t* rows, cudaStream_t stream) {
-    scatter_recv_kernel<<<dim3(blocks_for(o.nvs * (o.H / 8), 128), o.R), kThreads, 0, stream>>>(o, bases, rows);
+    scatter_recv_kernel<<<dim3(blocks_for(o.nvs * (o.H / 8), 128), o.L), kThreads, 0, stream>>>(o, bases, rows);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
 void group_table(const int32_t* plan,
                  int64_t width,
-                 int R,
+                 int L,
                  int E,
                  int G,
                  int B,
+                 int64_t nvs,
+                 int expert_base,
+                 int num_home,
                  const char* home,
                  const char* slots,
                  int64_t mat_bytes,
                  const void** table,
+                 int32_t* cu,
                  cudaStream_t stream) {
-    group_table_kernel<<<blocks_for(static_cast<int64_t>(R) * G), kThreads, 0, stream>>>(
-        plan, PlanCols{width, R, E, G, B}, home, slots, mat_bytes, table);
+    group_table_kernel<<<blocks_for(static_cast<int64_t>(L) * (G + 1)), kThreads, 0, stream>>>(
+        plan, PlanCols{width, L, E, G, B}, TableArgs{nvs, expert_base, num_home}, home, slots, mat_bytes, table, cu);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+void select_slots(const int32_t* plan,
+                  int64_t width,
+                  int L,
+                  int E,
+                  int G,
+                  int B,
+                  const char* in,
+                  char* out,
+                  int64_t mat_bytes,
+                  cudaStream_t stream) {
+    if (static_cast<int64_t>(L) * B == 0 || mat_bytes == 0) return;
+    EVENEP_CHECK(mat_bytes % 16 == 0, "select_slots: ", mat_bytes, " bytes per slot, expected a multiple of 16");
+    select_slots_kernel<<<dim3(blocks_for(mat_bytes / 16, 64), L * B), kThreads, 0, stream>>>(
+        plan, PlanCols{width, L, E, G, B}, in, out, mat_bytes);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -207,8 +284,12 @@ void reduce_grad(const int32_t* plan,
                  int64_t mat_elems,
                  cudaStream_t stream) {
     if (E == 0 || mat_elems == 0) return;
-    reduce_grad_kernel<<<dim3(blocks_for(mat_elems, 64), E), kThreads, 0, stream>>>(plan, PlanCols{width, R, E, G, B},
-                                                                                    slot_grads, grad, mat_elems);
+    const size_t list_bytes = static_cast<size_t>(R) * B * sizeof(int32_t);
+    EVENEP_CHECK(list_bytes <= 48 * 1024, "reduce_grad: R*B = ", R * B, " copies, at most 12288 supported");
+    const bool vec = mat_elems % 4 == 0 && reinterpret_cast<uintptr_t>(slot_grads) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+    reduce_grad_kernel<<<dim3(blocks_for(vec ? mat_elems / 4 : mat_elems, 128), E), kThreads, list_bytes, stream>>>(
+        plan, PlanCols{width, R, E, G, B}, slot_grads, grad, mat_elems, vec);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -12,40 +12,65 @@
 
 namespace evenep::python::cukernels {
 
-// Byte offsets inside one rank's buffer (cuda::EpLayout) of what the packers read.
+// Byte offsets inside one rank's buffer (cuda::EpLayout) of what the packers read. The packers act for the L ranks
+// this process serves, [rank_begin, rank_begin + L) (all R on the local team, one on the NCCL team): output row i is
+// rank rank_begin + i.
 struct BufferOffsets {
     size_t s, tpe, dst, cu_seqlens, group_count, group_expert, group_source, group_slot, copies, recv_x, recv_w;
     int R, E, K, G, B, H;
     int64_t nvs;
+    int rank_begin, L;
 };
 
-// Plan tensor [R, width] int32 (PlanLayout of context.hpp) from each rank's resident plan (rank r's row from rank
-// r's buffer; group_source widened from int8).
+// Plan tensor [L, width] int32 (PlanLayout of context.hpp) from each served rank's resident plan (rank r's row from
+// rank r's buffer; group_source widened from int8).
 void pack_plan(const BufferOffsets& o, char* const* bases, int32_t* plan, int64_t width, cudaStream_t stream);
 
-// Handle [R, s_pad*K] int32: rank r's encoded destinations for its first s_r tokens, kMaskedDst after them.
+// Handle [L, s_pad*K] int32: rank r's encoded destinations for its first s_r tokens, kMaskedDst after them.
 void pack_handle(const BufferOffsets& o, char* const* bases, int32_t* handle, int64_t s_pad, cudaStream_t stream);
 
-// recv_x [R, NvS, H] bf16 (and recv_w [R, NvS] fp32 when non-null) from the buffers: the rows before the resident
+// recv_x [L, NvS, H] bf16 (and recv_w [L, NvS] fp32 when non-null) from the buffers: the rows before the resident
 // plan's last group end (cu_seqlens[G-1]) are copied, the rest are zero.
 void gather_recv(const BufferOffsets& o, char* const* bases, uint16_t* recv_x, float* recv_w, cudaStream_t stream);
 
-// Every rank's receive rows (all NvS) from rows [R, NvS, H] bf16 into the buffers (expert outputs, row gradients).
+// Every served rank's receive rows (all NvS) from rows [L, NvS, H] bf16 into the buffers (expert outputs, row
+// gradients).
 void scatter_recv(const BufferOffsets& o, char* const* bases, const uint16_t* rows, cudaStream_t stream);
 
-// Per-group matrix pointers [R*G] of the grouped GEMM from the plan tensor: home (kLocal, kPeer) -> home +
-// expert * mat_bytes, kSlot -> slots + (r*B + slot) * mat_bytes, kEmpty -> null.
+// One grouped GEMM over the receive rows of all L rows of the plan tensor [L, width] at once: L*(G+1) groups, rank
+// r's G groups then one gap group (rows cu_seqlens[G-1] .. NvS, null pointer: not computed).
+//   table[r*(G+1) + g]  home (kLocal, kPeer) -> home + (expert - expert_base) * mat_bytes when that index is in
+//                       [0, num_home), kSlot -> slots + (r*B + slot) * mat_bytes, kEmpty / gap -> null;
+//   cu[r*(G+1) + g]     r*NvS + cu_seqlens[r][g], the gap group's end (r+1)*NvS (rows of x [L*NvS, in]).
+// expert_base/num_home: 0/E with every expert's home weights in `home`; rank*E/R and E/R on the NCCL team.
 void group_table(const int32_t* plan,
                  int64_t width,
-                 int R,
+                 int L,
                  int E,
                  int G,
                  int B,
+                 int64_t nvs,
+                 int expert_base,
+                 int num_home,
                  const char* home,
                  const char* slots,
                  int64_t mat_bytes,
                  const void** table,
+                 int32_t* cu,
                  cudaStream_t stream);
+
+// out[r, b] = copies[r][b] >= 0 ? in[r, b] : 0 for the L rows of the plan tensor (mat_bytes per slot; the slots a
+// library prefetch into the pool left untouched are zero in the op's output, as on the CPU).
+void select_slots(const int32_t* plan,
+                  int64_t width,
+                  int L,
+                  int E,
+                  int G,
+                  int B,
+                  const char* in,
+                  char* out,
+                  int64_t mat_bytes,
+                  cudaStream_t stream);
 
 // slots[r, b] = weight[copies[r][b]] (mat_bytes each), zero where copies = -1 (or out of [0, E)).
 void prefetch(const int32_t* plan,
@@ -60,7 +85,8 @@ void prefetch(const int32_t* plan,
               cudaStream_t stream);
 
 // grad[e] = sum over r ascending, b ascending with copies[r][b] == e of slot_grads[r, b] (fp32, that order; 0 when
-// none): the CPU op's order, bit for bit.
+// none): the CPU op's order, bit for bit. Each block loads its expert's copy list once (shared memory), then streams
+// the matrices with 16-byte loads.
 void reduce_grad(const int32_t* plan,
                  int64_t width,
                  int R,

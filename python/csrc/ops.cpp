@@ -98,13 +98,14 @@ void release_buffer(int64_t id) {
     g_registry.erase(id);
 }
 
-// [R, E, K, S, H, H', B, tp, NvS, G, plan width]
+// [R, E, K, S, H, H', B, tp, NvS, G, plan width, L, rank_begin, home experts] (buffer_info_of)
 std::vector<int64_t> buffer_info(int64_t id) {
     if (BufferInfoHook hook = g_cuda_info.load()) {
         std::vector<int64_t> info = hook(id);
         if (!info.empty()) return info;
     }
-    return buffer_info_of(context(id)->buffer_config());
+    const BufferConfig& b = context(id)->buffer_config();
+    return buffer_info_of(b, b.cfg.R, 0);
 }
 
 at::Tensor plan_op(const at::Tensor& topk_idx, int64_t buffer, std::optional<at::IntArrayRef> num_tokens) {

@@ -1,6 +1,7 @@
 // python/csrc/ops_cuda.cpp — the CUDA kernels of the torch.library ops (TORCH_LIBRARY_IMPL(evenep, CUDA, m)): the
 // same schemas and results as the CPU kernels of ops.cpp (bit for bit for plan and data movement; the grouped GEMM
-// within bf16 tolerance), over cuda::Ep with R virtual ranks on one GPU (CudaContext, cuda_context.hpp).
+// within bf16 tolerance), over cuda::Ep with R virtual ranks on one GPU or this process's rank of a group= buffer
+// over the NCCL team (CudaContext, cuda_context.hpp). Tensors lead with L, the ranks served here (R, or 1).
 //
 // Every op runs on the current torch stream of the buffer's device (c10::cuda::getCurrentCUDAStream), launches
 // asynchronously and never synchronises with the host (except: a plan tensor the buffer did not make is matched
@@ -19,6 +20,7 @@
 #include <optional>
 
 #include "cuda_context.hpp"
+#include "evenep/cuda/check.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
 
 namespace evenep::python {
@@ -33,18 +35,18 @@ at::TensorOptions on(const CudaContext& ctx, at::ScalarType dtype) {
     return at::TensorOptions().dtype(dtype).device(at::kCUDA, ctx.device());
 }
 
-// Plans from idx (int32 [R, s_pad, K] on the device) with s_r tokens each: the device plan, its packed tensor and
-// its entry, registered under `key` (the packed tensor when undefined).
+// Plans from idx (int32 [L, s_pad, K] on the device) with s_r tokens on each of the R ranks: the device plan, its
+// packed tensor and its entry, registered under `key` (the packed tensor when undefined).
 std::shared_ptr<PlanEntry> new_plan(
     OpScope& sc, const at::Tensor& idx, const std::vector<int32_t>& s, const at::Tensor& key, at::Tensor* packed) {
     CudaContext& ctx = *sc.ctx;
-    const int R = ctx.cfg().R, K = ctx.cfg().K;
+    const int L = ctx.L(), K = ctx.cfg().K;
     const int64_t s_pad = idx.size(1), W = ctx.plan_layout().width();
-    std::vector<cuda::RankIo> io(R);
-    for (int r = 0; r < R; ++r) io[r].topk_idx = ptr<const int32_t>(idx) + r * s_pad * K;
+    std::vector<cuda::RankIo> io(L);
+    for (int i = 0; i < L; ++i) io[i].topk_idx = ptr<const int32_t>(idx) + i * s_pad * K;
     ctx.prune_plans();
     cuda::EpPlan p = ctx.ep().plan(io, s, sc.stream, group_total(s));
-    at::Tensor t = at::empty({R, W}, on(ctx, at::kInt));
+    at::Tensor t = at::empty({L, W}, on(ctx, at::kInt));
     cukernels::pack_plan(ctx.offsets(), ctx.bases(), ptr<int32_t>(t), W, sc.stream);
     if (packed) *packed = t;
     return ctx.add_plan(key.defined() ? key : t, std::move(p));
@@ -55,7 +57,9 @@ at::Tensor plan_cuda(const at::Tensor& topk_idx, int64_t buffer, std::optional<a
         OpScope sc(buffer, "plan");
         at::Tensor idx = topk_int32(*sc.ctx, topk_idx, "plan");
         at::Tensor packed;
-        new_plan(sc, idx, token_counts(sc.ctx->cfg(), idx.size(1), num_tokens, "plan"), {}, &packed);
+        new_plan(sc, idx,
+                 token_counts(sc.ctx->cfg(), idx.size(1), num_tokens, "plan", sc.ctx->rank_begin(), sc.ctx->L()), {},
+                 &packed);
         return packed;
     });
 }
@@ -64,13 +68,13 @@ at::Tensor plan_cuda(const at::Tensor& topk_idx, int64_t buffer, std::optional<a
 std::shared_ptr<PlanEntry> handle_plan(
     OpScope& sc, const at::Tensor& topk_w, const at::Tensor& plan, const at::Tensor& handle, const char* op) {
     const CudaContext& ctx = *sc.ctx;
-    const int R = ctx.cfg().R, K = ctx.cfg().K;
+    const int L = ctx.L(), K = ctx.cfg().K;
     const int64_t s_pad = topk_w.dim() == 3 ? topk_w.size(1) : -1;
-    check_cuda(ctx, topk_w, op, "topk_weights", at::kFloat, {R, s_pad, K});
-    check_cuda(ctx, handle, op, "handle", at::kInt, {R, s_pad * K});
+    check_cuda(ctx, topk_w, op, "topk_weights", at::kFloat, {L, s_pad, K});
+    check_cuda(ctx, handle, op, "handle", at::kInt, {L, s_pad * K});
     std::shared_ptr<PlanEntry> p = sc.ctx->plan_of(plan, sc.capturing, op);
     const std::span<const int32_t> s = p->plan.s();
-    for (int r = 0; r < R; ++r)
+    for (int r = ctx.rank_begin(); r < ctx.rank_begin() + L; ++r)
         TORCH_CHECK_VALUE(s[r] <= s_pad, "evenep.", op, ": the plan gives rank ", r, " ", s[r],
                           " tokens but the handle holds ", s_pad);
     return p;
@@ -81,12 +85,12 @@ std::shared_ptr<PlanEntry> handle_plan(
 void hold(OpScope& sc, const std::shared_ptr<PlanEntry>& p, const at::Tensor& handle, const at::Tensor& topk_w) {
     CudaContext& ctx = *sc.ctx;
     if (ctx.holds(*p, handle, topk_w)) return;
-    const int R = ctx.cfg().R, K = ctx.cfg().K;
+    const int L = ctx.L(), K = ctx.cfg().K;
     const int64_t s_pad = topk_w.size(1), rows = static_cast<int64_t>(ctx.cfg().S) * ctx.H();
-    std::vector<cuda::RankIo> io(R);
-    for (int r = 0; r < R; ++r) {
-        io[r].x = ptr<const uint16_t>(ctx.zero_rows()) + r * rows;
-        io[r].topk_w = ptr<const float>(topk_w) + r * s_pad * K;
+    std::vector<cuda::RankIo> io(L);
+    for (int i = 0; i < L; ++i) {
+        io[i].x = ptr<const uint16_t>(ctx.zero_rows()) + i * rows;
+        io[i].topk_w = ptr<const float>(topk_w) + i * s_pad * K;
     }
     ctx.ep().dispatch(p->plan, io, sc.stream);
     ctx.set_held(p, handle, topk_w);
@@ -101,19 +105,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
     return translate([&] {
         OpScope sc(buffer, "dispatch");
         CudaContext& ctx = *sc.ctx;
-        const int R = ctx.cfg().R, K = ctx.cfg().K, H = ctx.H();
+        const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H(), r0 = ctx.rank_begin();  // R: the served ranks (L)
         const PlanLayout L = ctx.plan_layout();
         const int64_t s_pad = x.dim() == 3 ? x.size(1) : -1, nvs = ctx.nvs();
         check_cuda(ctx, x, "dispatch", "x", at::kBFloat16, {R, s_pad, H});
         at::Tensor idx = topk_int32(ctx, topk_idx, "dispatch");
         check_cuda(ctx, topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
         check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {R, L.width()});
-        const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch");
+        const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch", r0, R);
         std::shared_ptr<PlanEntry> p = ctx.find_plan(plan, sc.capturing);
         // A plan tensor this buffer did not make (a copy): the plan is a pure function of the routing, plan again.
         if (!p) p = new_plan(sc, idx, s, plan, nullptr);
         const std::span<const int32_t> ps = p->plan.s();
-        for (int r = 0; r < R; ++r)
+        for (int r = r0; r < r0 + R; ++r)
             TORCH_CHECK_VALUE(ps[r] == s[r], "evenep.dispatch: the plan was made for ", ps[r], " tokens on rank ", r,
                               " but x holds ", s[r]);
         std::vector<cuda::RankIo> io(R);
@@ -143,12 +147,13 @@ at::Tensor combine_cuda(const at::Tensor& expert_out,
     return translate([&] {
         OpScope sc(buffer, "combine");
         CudaContext& ctx = *sc.ctx;
-        const int R = ctx.cfg().R, K = ctx.cfg().K, H = ctx.H();
+        const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H();
         check_cuda(ctx, expert_out, "combine", "expert_out", at::kBFloat16, {R, ctx.nvs(), H});
         check_cuda(ctx, recv_w, "combine", "recv_w", at::kFloat, {R, ctx.nvs()});
         std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "combine");
         const int64_t s_pad = topk_weights.size(1);
         hold(sc, p, handle, topk_weights);
+        ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
         cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(expert_out), sc.stream);
         at::Tensor out = at::zeros({R, s_pad, H}, on(ctx, at::kBFloat16));
         std::vector<cuda::RankIo> io(R);
@@ -170,7 +175,7 @@ at::Tensor combine_backward_cuda(const at::Tensor& grad_out,
     return translate([&] {
         OpScope sc(buffer, "combine_backward");
         CudaContext& ctx = *sc.ctx;
-        const int R = ctx.cfg().R, H = ctx.H();
+        const int R = ctx.L(), H = ctx.H();
         const int64_t s_pad = topk_weights.dim() == 3 ? topk_weights.size(1) : -1;
         check_cuda(ctx, grad_out, "combine_backward", "grad_out", at::kBFloat16, {R, s_pad, H});
         std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "combine_backward");
@@ -199,13 +204,14 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
     return translate([&] {
         OpScope sc(buffer, "dispatch_backward");
         CudaContext& ctx = *sc.ctx;
-        const int R = ctx.cfg().R, K = ctx.cfg().K, H = ctx.H();
+        const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H();
         const int64_t nvs = ctx.nvs();
         check_cuda(ctx, grad_recv_x, "dispatch_backward", "grad_recv_x", at::kBFloat16, {R, nvs, H});
         check_cuda(ctx, grad_recv_w, "dispatch_backward", "grad_recv_w", at::kFloat, {R, nvs});
         std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "dispatch_backward");
         const int64_t s_pad = topk_weights.size(1), rows = static_cast<int64_t>(ctx.cfg().S) * H;
         hold(sc, p, handle, topk_weights);
+        ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
         cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(grad_recv_x), sc.stream);
         at::Tensor grad_x = at::zeros({R, s_pad, H}, on(ctx, at::kBFloat16));
         at::Tensor grad_w = at::zeros({R, s_pad, K}, on(ctx, at::kFloat));
@@ -223,72 +229,117 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
     });
 }
 
-// ---- expert weights: pure functions of the plan tensor's copies table (no Ep state) ----
+// ---- expert weights: with virtual ranks every home weight is in this process and the ops are functions of the
+// plan tensor's tables; with group= the peers' weights and slot gradients move through the library's pools
+// (cuda::Experts of CudaContext::experts, shared by every layer) ----
 
 void check_plan(const CudaContext& ctx, const at::Tensor& plan, const char* op) {
-    check_cuda(ctx, plan, op, "plan", at::kInt, {ctx.cfg().R, ctx.plan_layout().width()});
+    check_cuda(ctx, plan, op, "plan", at::kInt, {ctx.L(), ctx.plan_layout().width()});
 }
 
-// slots[r, b] = weight[copies[r][b]] (zero for empty slots).
+// Home weights [E*L/R, in, out]: every expert with virtual ranks, this rank's E/R with group=.
+void check_home(const CudaContext& ctx, const at::Tensor& w, const char* op, const char* name, at::ScalarType dtype) {
+    TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == ctx.num_home(), "evenep.", op, ": ", name, " has shape ", w.sizes(),
+                      ", expected [", ctx.multi_process() ? "E/R = " : "E = ", ctx.num_home(), ", in, out]");
+    check_cuda(ctx, w, op, name, dtype, {w.size(0), w.size(1), w.size(2)});
+}
+
+// slots[i, b] = weight of expert copies[i][b] (zero for empty slots).
 at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int64_t buffer) {
     return translate([&] {
         OpScope sc(buffer, "prefetch_weight");
-        const CudaContext& ctx = *sc.ctx;
+        CudaContext& ctx = *sc.ctx;
         const Config& c = ctx.cfg();
         const PlanLayout L = ctx.plan_layout();
-        TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == c.E, "evenep.prefetch_weight: weight has shape ", w.sizes(),
-                          ", expected [E = ", c.E, ", in, out]");
-        check_cuda(ctx, w, "prefetch_weight", "weight", w.scalar_type(), {c.E, w.size(1), w.size(2)});
+        check_home(ctx, w, "prefetch_weight", "weight", w.scalar_type());
         check_plan(ctx, plan, "prefetch_weight");
-        at::Tensor slots = at::empty({c.R, L.B, w.size(1), w.size(2)}, w.options());
-        cukernels::prefetch(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const char>(w),
-                            ptr<char>(slots), w.size(1) * w.size(2) * w.element_size(), sc.stream);
+        const int64_t mat_bytes = w.size(1) * w.size(2) * w.element_size();
+        at::Tensor slots = at::empty({ctx.L(), L.B, w.size(1), w.size(2)}, w.options());
+        if (!ctx.multi_process()) {
+            cukernels::prefetch(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const char>(w),
+                                ptr<char>(slots), mat_bytes, sc.stream);
+            return slots;
+        }
+        // group=: the owners push their weights (raw bytes of w's dtype) into the holders' slots.
+        TORCH_CHECK_VALUE(mat_bytes > 0 && mat_bytes % 16 == 0, "evenep.prefetch_weight: one matrix of weight has ",
+                          mat_bytes, " bytes, expected a positive multiple of 16");
+        std::shared_ptr<PlanEntry> p = ctx.plan_of(plan, sc.capturing, "prefetch_weight");
+        cuda::Experts& ex = ctx.experts(mat_bytes / 2, false, sc.capturing);
+        const int r = ctx.rank_begin();
+        ctx.peer_barrier(sc.stream, 1);  // the owners push into this rank's slots: the last copy-out is done
+        EVENEP_CUDA_CHECK(cudaMemcpyAsync(ex.weight(r, 0, 0), w.data_ptr(), mat_bytes * ctx.num_home(),
+                                          cudaMemcpyDeviceToDevice, sc.stream));
+        ex.prefetch_weight(ctx.ep(), p->plan, sc.stream);
+        cukernels::select_slots(ptr<const int32_t>(plan), L.width(), 1, c.E, L.G, L.B,
+                                reinterpret_cast<const char*>(ex.slot(r, 0, 0)), ptr<char>(slots), mat_bytes,
+                                sc.stream);
         return slots;
     });
 }
 
-// grad[e] = sum of the slot gradients of e's copies (ranks ascending, slots ascending), fp32.
+// grad[e] = sum of the slot gradients of e's copies (ranks ascending, slots ascending), fp32; for the home experts
+// of the served ranks.
 at::Tensor reduce_grad_cuda(const at::Tensor& sg, const at::Tensor& plan, int64_t buffer) {
     return translate([&] {
         OpScope sc(buffer, "reduce_grad");
-        const CudaContext& ctx = *sc.ctx;
+        CudaContext& ctx = *sc.ctx;
         const Config& c = ctx.cfg();
         const PlanLayout L = ctx.plan_layout();
         TORCH_CHECK_VALUE(sg.dim() == 4, "evenep.reduce_grad: slot_grads has shape ", sg.sizes(),
-                          ", expected [R, B, in, out]");
-        check_cuda(ctx, sg, "reduce_grad", "slot_grads", at::kFloat, {c.R, L.B, sg.size(2), sg.size(3)});
+                          ", expected [L, B, in, out]");
+        check_cuda(ctx, sg, "reduce_grad", "slot_grads", at::kFloat, {ctx.L(), L.B, sg.size(2), sg.size(3)});
         check_plan(ctx, plan, "reduce_grad");
-        at::Tensor grad = at::empty({c.E, sg.size(2), sg.size(3)}, on(ctx, at::kFloat));
-        cukernels::reduce_grad(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const float>(sg),
-                               ptr<float>(grad), sg.size(2) * sg.size(3), sc.stream);
+        const int64_t n = sg.size(2) * sg.size(3);
+        at::Tensor grad = at::empty({ctx.num_home(), sg.size(2), sg.size(3)}, on(ctx, at::kFloat));
+        if (!ctx.multi_process()) {
+            cukernels::reduce_grad(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const float>(sg),
+                                   ptr<float>(grad), n, sc.stream);
+            return grad;
+        }
+        // group=: slot gradients into the reduce buffer, the home ranks pull them (cuda::Experts::reduce_grad).
+        TORCH_CHECK_VALUE(n > 0 && n % 8 == 0, "evenep.reduce_grad: one matrix of slot_grads has ", n,
+                          " elements, expected a positive multiple of 8");
+        std::shared_ptr<PlanEntry> p = ctx.plan_of(plan, sc.capturing, "reduce_grad");
+        cuda::Experts& ex = ctx.experts(n, true, sc.capturing);
+        const int r = ctx.rank_begin();
+        const size_t home_bytes = static_cast<size_t>(n) * ctx.num_home() * sizeof(float);
+        EVENEP_CUDA_CHECK(cudaMemcpyAsync(ex.slot_grad(r, 0, 0), sg.data_ptr(), sg.numel() * sizeof(float),
+                                          cudaMemcpyDeviceToDevice, sc.stream));
+        EVENEP_CUDA_CHECK(cudaMemsetAsync(ex.grad(r, 0, 0), 0, home_bytes, sc.stream));
+        ex.reduce_grad(ctx.ep(), p->plan, sc.stream);
+        EVENEP_CUDA_CHECK(
+            cudaMemcpyAsync(grad.data_ptr(), ex.grad(r, 0, 0), home_bytes, cudaMemcpyDeviceToDevice, sc.stream));
         return grad;
     });
 }
 
 // ---- grouped GEMM (EvenEP's: the Hopper kernel on H100/H200, mma.sync elsewhere) ----
 
-// Per-call device scratch: the [R*G] pointer table, then one GEMM workspace per rank (torch's allocator).
+// Per-call device scratch (torch's allocator): the pointer table and the shifted cu_seqlens of `groups` groups
+// (cukernels::group_table), then `calls` GEMM workspaces.
 struct GemmScratch {
     at::Tensor bytes;
-    size_t ws_bytes = 0;
-    GemmScratch(const CudaContext& ctx) {
-        const int R = ctx.cfg().R, G = ctx.plan_layout().G;
-        ws_bytes = (cuda::grouped_gemm_workspace_bytes(G) + 255) / 256 * 256;
-        const size_t table = (static_cast<size_t>(R) * G * sizeof(void*) + 255) / 256 * 256;
-        bytes = at::empty({static_cast<int64_t>(table + R * ws_bytes)}, on(ctx, at::kByte));
-        table_bytes = table;
+    size_t cu_off = 0, ws_off = 0, ws_bytes = 0;
+    GemmScratch(const CudaContext& ctx, int groups, int calls) {
+        auto align = [](size_t v) { return (v + 255) / 256 * 256; };
+        ws_bytes = align(cuda::grouped_gemm_workspace_bytes(groups));
+        cu_off = align(static_cast<size_t>(groups) * sizeof(void*));
+        ws_off = cu_off + align(static_cast<size_t>(groups) * sizeof(int32_t));
+        bytes = at::empty({static_cast<int64_t>(ws_off + calls * ws_bytes)}, on(ctx, at::kByte));
     }
-    const void** table() const { return reinterpret_cast<const void**>(bytes.data_ptr()); }
+    char* base() const { return static_cast<char*>(bytes.data_ptr()); }
+    const void** table() const { return reinterpret_cast<const void**>(base()); }
     template <typename T>
-    T* const* table_as(int r, int G) const {
-        return reinterpret_cast<T* const*>(static_cast<char*>(bytes.data_ptr()) + sizeof(void*) * r * G);
+    T* const* table_as(int64_t first) const {
+        return reinterpret_cast<T* const*>(base()) + first;
     }
-    void* workspace(int r) const { return static_cast<char*>(bytes.data_ptr()) + table_bytes + r * ws_bytes; }
-    size_t table_bytes = 0;
+    int32_t* cu() const { return reinterpret_cast<int32_t*>(base() + cu_off); }
+    void* workspace(int i) const { return base() + ws_off + i * ws_bytes; }
 };
 
-// fwd (transposed = false): out[r] = x[r] · W_g per group, x [R, NvS, a] -> [R, NvS, b] fp32.
-// dgrad (transposed = true): out[r] = x[r] · W_g^T, x [R, NvS, b] -> [R, NvS, a] fp32. Rows past the groups are 0.
+// fwd (transposed = false): out[i] = x[i] · W_g per group, x [L, NvS, a] -> [L, NvS, b] fp32.
+// dgrad (transposed = true): out[i] = x[i] · W_g^T, x [L, NvS, b] -> [L, NvS, a] fp32. Rows past the groups are 0.
+// One GEMM launch for the groups of every served rank (cukernels::group_table).
 at::Tensor grouped_gemm_impl(const char* op,
                              const at::Tensor& x,
                              const at::Tensor& w,
@@ -301,33 +352,32 @@ at::Tensor grouped_gemm_impl(const char* op,
         const CudaContext& ctx = *sc.ctx;
         const Config& c = ctx.cfg();
         const PlanLayout L = ctx.plan_layout();
-        check_gemm_weights(c, op, w, slots, c10::DeviceType::CUDA);
-        check_cuda(ctx, w, op, "weight", w.scalar_type(), {c.E, w.size(1), w.size(2)});  // and the buffer's GPU
-        check_cuda(ctx, slots, op, "slots", w.scalar_type(), {c.R, L.B, w.size(1), w.size(2)});
+        check_home(ctx, w, op, "weight", w.scalar_type());
+        check_cuda(ctx, slots, op, "slots", w.scalar_type(), {ctx.L(), L.B, w.size(1), w.size(2)});
         check_plan(ctx, plan, op);
         const int64_t a = w.size(1), b = w.size(2), in = transposed ? b : a, out_dim = transposed ? a : b;
         const int64_t nvs = ctx.nvs();
-        check_cuda(ctx, x, op, "x", at::kBFloat16, {c.R, nvs, in});
+        check_cuda(ctx, x, op, "x", at::kBFloat16, {ctx.L(), nvs, in});
         at::Tensor wb = w.to(at::kBFloat16).contiguous(), sb = slots.to(at::kBFloat16).contiguous();
-        at::Tensor out = at::zeros({c.R, nvs, out_dim}, on(ctx, at::kFloat));
-        GemmScratch scratch(ctx);
-        cukernels::group_table(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const char>(wb),
-                               ptr<const char>(sb), a * b * 2, scratch.table(), sc.stream);
-        for (int r = 0; r < c.R; ++r) {
-            cuda::GroupedGemmArgs g;
-            g.x = ptr<const uint16_t>(x) + r * nvs * in;
-            g.cu_seqlens = ptr<const int32_t>(plan) + r * L.width() + L.cu_seqlens();
-            g.weights = scratch.table_as<const uint16_t>(r, L.G);
-            g.y = ptr<float>(out) + r * nvs * out_dim;
-            g.y_fp32 = true;
-            g.num_groups = L.G;
-            g.in_dim = static_cast<int>(a);
-            g.out_dim = static_cast<int>(b);
-            g.op = transposed ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
-            g.schedule = cuda::GemmSchedule::kLoadAware;
-            g.workspace = scratch.workspace(r);
-            cuda::grouped_gemm(g, sc.stream);
-        }
+        at::Tensor out = at::zeros({ctx.L(), nvs, out_dim}, on(ctx, at::kFloat));
+        const int groups = ctx.L() * (L.G + 1);
+        GemmScratch scratch(ctx, groups, 1);
+        cukernels::group_table(ptr<const int32_t>(plan), L.width(), ctx.L(), c.E, L.G, L.B, nvs, ctx.expert_base(),
+                               ctx.num_home(), ptr<const char>(wb), ptr<const char>(sb), a * b * 2, scratch.table(),
+                               scratch.cu(), sc.stream);
+        cuda::GroupedGemmArgs g;
+        g.x = ptr<const uint16_t>(x);
+        g.cu_seqlens = scratch.cu();
+        g.weights = scratch.table_as<const uint16_t>(0);
+        g.y = ptr<float>(out);
+        g.y_fp32 = true;
+        g.num_groups = groups;
+        g.in_dim = static_cast<int>(a);
+        g.out_dim = static_cast<int>(b);
+        g.op = transposed ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
+        g.schedule = cuda::GemmSchedule::kLoadAware;
+        g.workspace = scratch.workspace(0);
+        cuda::grouped_gemm(g, sc.stream);
         return out;
     });
 }
@@ -341,9 +391,10 @@ at::Tensor grouped_gemm_dgrad_cuda(
     return grouped_gemm_impl("grouped_gemm_dgrad", dy, w, slots, plan, buffer, true);
 }
 
-// wgrad: grad_W_g += x_g^T · dy_g (fp32) per group into the home gradient [E, a, b] (local and peer groups) or the
-// slot gradient [R, B, a, b]; ranks one after the other (peer groups of one expert add up in rank order), the
-// deterministic schedule (no row split).
+// wgrad: grad_W_g = x_g^T · dy_g (fp32) per group into the home gradient [E*L/R, a, b] (local and peer groups) or
+// the slot gradient [L, B, a, b]. With B >= E/R (training: no peer groups) every gradient matrix belongs to at most
+// one group: one launch for every served rank, written without being read (never split: deterministic). With
+// B < E/R peer groups of one expert add into its home gradient: one launch per rank, in rank order (kFixed).
 std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_cuda(const at::Tensor& x,
                                                            const at::Tensor& dy,
                                                            const at::Tensor& plan,
@@ -355,24 +406,39 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_cuda(const at::Tensor& x,
         const PlanLayout L = ctx.plan_layout();
         check_plan(ctx, plan, "grouped_gemm_wgrad");
         const int64_t a = x.dim() == 3 ? x.size(2) : -1, b = dy.dim() == 3 ? dy.size(2) : -1, nvs = ctx.nvs();
-        check_cuda(ctx, x, "grouped_gemm_wgrad", "x", at::kBFloat16, {c.R, nvs, a});
-        check_cuda(ctx, dy, "grouped_gemm_wgrad", "dy", at::kBFloat16, {c.R, nvs, b});
-        at::Tensor gw = at::zeros({c.E, a, b}, on(ctx, at::kFloat));
-        at::Tensor gs = at::zeros({c.R, L.B, a, b}, on(ctx, at::kFloat));
-        GemmScratch scratch(ctx);
-        cukernels::group_table(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const char>(gw),
-                               ptr<const char>(gs), a * b * 4, scratch.table(), sc.stream);
-        for (int r = 0; r < c.R; ++r) {
-            cuda::GroupedWgradArgs g;
-            g.x = ptr<const uint16_t>(x) + r * nvs * a;
-            g.dy = ptr<const uint16_t>(dy) + r * nvs * b;
-            g.cu_seqlens = ptr<const int32_t>(plan) + r * L.width() + L.cu_seqlens();
-            g.grads = scratch.table_as<float>(r, L.G);
+        check_cuda(ctx, x, "grouped_gemm_wgrad", "x", at::kBFloat16, {ctx.L(), nvs, a});
+        check_cuda(ctx, dy, "grouped_gemm_wgrad", "dy", at::kBFloat16, {ctx.L(), nvs, b});
+        at::Tensor gw = at::zeros({ctx.num_home(), a, b}, on(ctx, at::kFloat));
+        at::Tensor gs = at::zeros({ctx.L(), L.B, a, b}, on(ctx, at::kFloat));
+        const bool one_launch = c.num_slots() >= c.E / c.R;
+        const int groups = ctx.L() * (L.G + 1);
+        GemmScratch scratch(ctx, groups, one_launch ? 1 : ctx.L());
+        cukernels::group_table(ptr<const int32_t>(plan), L.width(), ctx.L(), c.E, L.G, L.B, nvs, ctx.expert_base(),
+                               ctx.num_home(), ptr<const char>(gw), ptr<const char>(gs), a * b * 4, scratch.table(),
+                               scratch.cu(), sc.stream);
+        cuda::GroupedWgradArgs g;
+        g.in_dim = static_cast<int>(a);
+        g.out_dim = static_cast<int>(b);
+        if (one_launch) {
+            g.x = ptr<const uint16_t>(x);
+            g.dy = ptr<const uint16_t>(dy);
+            g.cu_seqlens = scratch.cu();
+            g.grads = scratch.table_as<float>(0);
+            g.num_groups = groups;
+            g.schedule = cuda::GemmSchedule::kLoadAware;
+            g.accumulate = false;
+            g.workspace = scratch.workspace(0);
+            cuda::grouped_gemm_wgrad(g, sc.stream);
+            return std::make_tuple(gw, gs);
+        }
+        for (int i = 0; i < ctx.L(); ++i) {  // ranks in order: peer groups of one expert add up deterministically
+            g.x = ptr<const uint16_t>(x) + i * nvs * a;
+            g.dy = ptr<const uint16_t>(dy) + i * nvs * b;
+            g.cu_seqlens = ptr<const int32_t>(plan) + i * L.width() + L.cu_seqlens();
+            g.grads = scratch.table_as<float>(static_cast<int64_t>(i) * (L.G + 1));
             g.num_groups = L.G;
-            g.in_dim = static_cast<int>(a);
-            g.out_dim = static_cast<int>(b);
             g.schedule = cuda::GemmSchedule::kFixed;
-            g.workspace = scratch.workspace(r);
+            g.workspace = scratch.workspace(i);
             cuda::grouped_gemm_wgrad(g, sc.stream);
         }
         return std::make_tuple(gw, gs);

@@ -5,6 +5,9 @@
     moe = evenep.nn.MoE(128, 256, 8, 2, buffer=buf)
     out = moe(x)            # x: [R, s, H], the tokens of every virtual rank
 
+    # or one rank per process (torchrun), over EvenEP's NCCL team: x [1, s, H], this rank's E/R experts
+    buf = evenep.Buffer(num_experts=8, top_k=2, max_tokens=64, hidden=128, group=torch.distributed.group.WORLD)
+
 See docs/python.md.
 """
 

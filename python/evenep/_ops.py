@@ -1,8 +1,10 @@
 """torch.ops.evenep: fake (meta) implementations and autograd of the ops registered by evenep._C.
 
-Schemas (python/csrc/ops.cpp). Virtual-rank tensors lead with R (all R ranks of the group in this process);
+Schemas (python/csrc/ops.cpp). Tensors lead with L, the ranks of the group served by this process: L = R with
+virtual ranks (all R in this process), L = 1 with group= (one rank per process). The shapes below write R for L.
 s is the token dimension of the call (1 <= s <= max_tokens), NvS the fixed receive-buffer rows per rank,
-G = 2 * E / R groups per rank, B prefetch slots per rank.
+G = 2 * E / R groups per rank, B prefetch slots per rank. Expert weights [E, a, b] are the home weights of the
+served ranks: all E with virtual ranks, the E/R experts of this rank with group= (info().home).
 
   plan(topk_idx [R,s,K] int, buffer, num_tokens=None) -> plan int32 [R, W]
   dispatch(x [R,s,H] bf16, topk_idx, topk_weights [R,s,K] f32, plan, buffer, num_tokens=None)
@@ -44,6 +46,9 @@ class BufferInfo(NamedTuple):
     nvs: int
     G: int
     plan_width: int
+    L: int  # ranks served by this process (the ops' leading dimension)
+    rank_begin: int  # the first of them
+    home: int  # their home experts (E*L/R: the expert weights' dimension 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,7 +64,7 @@ def info(buffer: int) -> BufferInfo:
 @torch.library.register_fake("evenep::plan")
 def _plan_fake(topk_idx, buffer, num_tokens=None):
     i = info(buffer)
-    return topk_idx.new_empty((i.R, i.plan_width), dtype=torch.int32)
+    return topk_idx.new_empty((i.L, i.plan_width), dtype=torch.int32)
 
 
 @torch.library.register_fake("evenep::dispatch")
@@ -67,23 +72,23 @@ def _dispatch_fake(x, topk_idx, topk_weights, plan, buffer, num_tokens=None):
     i = info(buffer)
     s = x.shape[1]
     return (
-        x.new_empty((i.R, i.nvs, i.H), dtype=torch.bfloat16),
-        x.new_empty((i.R, i.nvs), dtype=torch.float32),
-        x.new_empty((i.R, i.G), dtype=torch.int32),
-        x.new_empty((i.R, s * i.K), dtype=torch.int32),
+        x.new_empty((i.L, i.nvs, i.H), dtype=torch.bfloat16),
+        x.new_empty((i.L, i.nvs), dtype=torch.float32),
+        x.new_empty((i.L, i.G), dtype=torch.int32),
+        x.new_empty((i.L, s * i.K), dtype=torch.int32),
     )
 
 
 @torch.library.register_fake("evenep::combine")
 def _combine_fake(expert_out, recv_w, topk_weights, plan, handle, buffer, apply_weights=True):
     i = info(buffer)
-    return expert_out.new_empty((i.R, topk_weights.shape[1], i.H), dtype=torch.bfloat16)
+    return expert_out.new_empty((i.L, topk_weights.shape[1], i.H), dtype=torch.bfloat16)
 
 
 @torch.library.register_fake("evenep::combine_backward")
 def _combine_backward_fake(grad_out, topk_weights, plan, handle, buffer):
     i = info(buffer)
-    return grad_out.new_empty((i.R, i.nvs, i.H), dtype=torch.bfloat16)
+    return grad_out.new_empty((i.L, i.nvs, i.H), dtype=torch.bfloat16)
 
 
 @torch.library.register_fake("evenep::dispatch_backward")
@@ -91,33 +96,33 @@ def _dispatch_backward_fake(grad_recv_x, grad_recv_w, topk_weights, plan, handle
     i = info(buffer)
     s = topk_weights.shape[1]
     return (
-        grad_recv_x.new_empty((i.R, s, i.H), dtype=torch.bfloat16),
-        grad_recv_x.new_empty((i.R, s, i.K), dtype=torch.float32),
+        grad_recv_x.new_empty((i.L, s, i.H), dtype=torch.bfloat16),
+        grad_recv_x.new_empty((i.L, s, i.K), dtype=torch.float32),
     )
 
 
 @torch.library.register_fake("evenep::prefetch_weight")
 def _prefetch_weight_fake(weight, plan, buffer):
     i = info(buffer)
-    return weight.new_empty((i.R, i.B, weight.shape[1], weight.shape[2]))
+    return weight.new_empty((i.L, i.B, weight.shape[1], weight.shape[2]))
 
 
 @torch.library.register_fake("evenep::reduce_grad")
 def _reduce_grad_fake(slot_grads, plan, buffer):
     i = info(buffer)
-    return slot_grads.new_empty((i.E, slot_grads.shape[2], slot_grads.shape[3]), dtype=torch.float32)
+    return slot_grads.new_empty((i.home, slot_grads.shape[2], slot_grads.shape[3]), dtype=torch.float32)
 
 
 @torch.library.register_fake("evenep::grouped_gemm")
 def _grouped_gemm_fake(x, weight, slots, plan, buffer):
     i = info(buffer)
-    return x.new_empty((i.R, i.nvs, weight.shape[2]), dtype=torch.float32)
+    return x.new_empty((i.L, i.nvs, weight.shape[2]), dtype=torch.float32)
 
 
 @torch.library.register_fake("evenep::grouped_gemm_dgrad")
 def _grouped_gemm_dgrad_fake(dy, weight, slots, plan, buffer):
     i = info(buffer)
-    return dy.new_empty((i.R, i.nvs, weight.shape[1]), dtype=torch.float32)
+    return dy.new_empty((i.L, i.nvs, weight.shape[1]), dtype=torch.float32)
 
 
 @torch.library.register_fake("evenep::grouped_gemm_wgrad")
@@ -125,8 +130,8 @@ def _grouped_gemm_wgrad_fake(x, dy, plan, buffer):
     i = info(buffer)
     a, b = x.shape[2], dy.shape[2]
     return (
-        x.new_empty((i.E, a, b), dtype=torch.float32),
-        x.new_empty((i.R, i.B, a, b), dtype=torch.float32),
+        x.new_empty((i.home, a, b), dtype=torch.float32),
+        x.new_empty((i.L, i.B, a, b), dtype=torch.float32),
     )
 
 
@@ -152,9 +157,9 @@ def _dispatch_backward(ctx, grad_recv_x, grad_recv_w, _grad_cu, _grad_handle):
     topk_weights, plan, handle = ctx.saved_tensors
     i = info(ctx.buffer)
     if grad_recv_x is None:
-        grad_recv_x = plan.new_zeros((i.R, i.nvs, i.H), dtype=torch.bfloat16)
+        grad_recv_x = plan.new_zeros((i.L, i.nvs, i.H), dtype=torch.bfloat16)
     if grad_recv_w is None:
-        grad_recv_w = plan.new_zeros((i.R, i.nvs), dtype=torch.float32)
+        grad_recv_w = plan.new_zeros((i.L, i.nvs), dtype=torch.float32)
     grad_x, grad_w = ops.dispatch_backward(
         _bf16(grad_recv_x), grad_recv_w.float().contiguous(), topk_weights, plan, handle, ctx.buffer
     )

@@ -6,13 +6,25 @@ CUDA (--device cuda): R virtual ranks on one GPU (cuda::Ep); CUDA-event medians;
 PyTorch MoE (argsort permute + torch._grouped_mm + index_add_, the same parameters); both eager and as a replayed
 CUDA graph (which removes the launch overhead). Per op: the GPU time (events) and the host time of the Python
 call (launch overhead, no synchronisation). --json PATH also writes the rows as JSON.
+
+--moonep: the MoonEP point (R=8 E=384 K=8 s=8192 H=7168 H'=2048), the data-path ops only (plan, dispatch, combine,
+combine_backward, dispatch_backward, prefetch_weight, reduce_grad; bf16 weights): the MoE layer's fp32 parameters
+would not fit. --cpp PATH (default: an `evenep` CLI found on PATH or under build*/tools/evenep/) also runs the C++
+`evenep bench gpu-plan|dispatch|combine|prefetch|reduce --graph` at the same shape first and prints the Python op
+next to the C++ figure of the same call (eager and CUDA-graph replay). Every run checks its own results (combine
+of the dispatched rows against x * sum of the weights; with --cpp-check also the C++ runs' --check).
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
 
 import torch
@@ -22,6 +34,16 @@ import evenep
 
 CPU_DEFAULTS = dict(ranks=4, experts=16, top_k=4, tokens=64, hidden=128, ffn=128, token_padding=16, iters=5)
 CUDA_DEFAULTS = dict(ranks=8, experts=32, top_k=4, tokens=1024, hidden=2048, ffn=1024, token_padding=128, iters=20)
+MOONEP = dict(ranks=8, experts=384, top_k=8, tokens=8192, hidden=7168, ffn=2048, token_padding=128, iters=10)
+# Python op -> the C++ `evenep bench` subcommand and row of the same call (pull-mode weighted combine, one
+# projection per copy for prefetch/reduce: the op moves one [H, H'] matrix per copy).
+CPP_ROWS = {
+    "plan": ("gpu-plan", "plan_fused"),
+    "dispatch": ("dispatch", "dispatch"),
+    "combine": ("combine", "combine_pull_weighted"),
+    "prefetch_weight": ("prefetch", "prefetch"),
+    "reduce_grad": ("reduce", "reduce"),
+}
 
 
 def _median_ms(fn, warmup, iters):
@@ -54,7 +76,7 @@ def _cuda_ms(fn, warmup, iters):
 
 
 def _routing(kind, R, s, E, K, gen):
-    idx = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(R * s)]).reshape(R, s, K)
+    idx = torch.rand(R * s, E, generator=gen).topk(K, dim=-1).indices.reshape(R, s, K)  # distinct, uniform
     if kind == "hot_expert":
         idx[..., 0] = 0
         idx[..., 1:] = torch.where(idx[..., 1:] == 0, torch.ones_like(idx[..., 1:]), idx[..., 1:])
@@ -115,6 +137,49 @@ def capture(step):
     return g.replay, out
 
 
+def find_cli():
+    """The C++ `evenep` CLI: on PATH, else the newest build*/tools/evenep/evenep under the working directory."""
+    found = shutil.which("evenep")
+    if found:
+        return found
+    cands = [c for c in glob.glob("build*/tools/evenep/evenep") + glob.glob("build*/*/tools/evenep/evenep")
+             if os.access(c, os.X_OK)]
+    return max(cands, key=os.path.getmtime) if cands else None
+
+
+def cpp_rows(cli, a):
+    """Runs the C++ benchmark of every op of CPP_ROWS at the bench's shape (--graph; --check with --cpp-check);
+    returns {row op: median ms}, with the graph rows as '<op>_graph'. Raises when a C++ run fails or finds errors."""
+    out = {}
+    shape = ["--R", a.ranks, "--E", a.experts, "--K", a.top_k, "--S", a.tokens, "--H", a.hidden,
+             "--ffn-hidden", a.ffn, "--tp", a.token_padding, "--maxvio", a.cpp_maxvio, "--projections", 1,
+             "--warmup", a.warmup, "--iters", a.iters, "--graph"] + (["--check"] if a.cpp_check else [])
+    for sub in dict.fromkeys(c for c, _ in CPP_ROWS.values()):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "rows.json")
+            cmd = [cli, "bench", sub, *map(str, shape), "--json", path]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
+            with open(path) as f:
+                for row in json.load(f)["rows"]:
+                    if row.get("wrong", 0) > 0:
+                        raise RuntimeError(f"C++ bench {sub}: {row['op']} has {row['wrong']} wrong results")
+                    out.setdefault(row["op"], row["median_us"] / 1e3)
+    return out
+
+
+def _check_data_path(buf, xb, idx, w, plan):
+    """combine(dispatch(x)) = x * (sum of the token's unmasked weights), one bf16 rounding: the bench's self-check."""
+    recv_x, _, _, h = buf.dispatch(xb, idx, w, plan)
+    y = buf.combine(recv_x, h).float()
+    ref = xb.float() * (w * (idx >= 0)).sum(-1, keepdim=True)
+    err = ((y - ref).abs() / ref.abs().clamp_min(1e-3)).max().item()
+    if not err <= 2 ** -7:
+        raise RuntimeError(f"evenep.bench: combine(dispatch(x)) is off by {err:.3g} (relative), expected <= 2^-7")
+    return err
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m evenep.bench", description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu")
@@ -123,13 +188,27 @@ def main(argv=None):
     p.add_argument("--routing", choices=["random", "hot_expert"], default="random")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-graph", action="store_true", help="CUDA: skip the CUDA-graph replays")
+    p.add_argument("--moonep", action="store_true", help="the MoonEP point, data-path ops only (CUDA)")
+    p.add_argument("--ops-only", action="store_true", help="skip the MoE layer and the grouped GEMM ops")
+    p.add_argument("--cpp", default=None, help="the C++ evenep CLI to compare with ('none': skip; default: found)")
+    p.add_argument("--cpp-maxvio", type=float, default=0.2, help="routing skew of the C++ runs (Python: uniform)")
+    p.add_argument("--cpp-check", action="store_true", help="the C++ runs verify against the CPU oracle (slow)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     a = p.parse_args(argv)
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
-    for k, v in (CUDA_DEFAULTS if cuda else CPU_DEFAULTS).items():
+    if a.moonep:
+        a.ops_only = True
+    for k, v in (MOONEP if a.moonep else CUDA_DEFAULTS if cuda else CPU_DEFAULTS).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    cpp = {}
+    if cuda and a.cpp != "none":
+        cli = a.cpp or find_cli()
+        if cli:  # first: the C++ process needs the GPU's memory to itself
+            cpp = cpp_rows(cli, a)
+        else:
+            print("# no C++ evenep CLI found (--cpp PATH): the C++ columns are empty")
 
     R, E, K, s, H, Fh = a.ranks, a.experts, a.top_k, a.tokens, a.hidden, a.ffn
     buf = evenep.Buffer(E, K, s, H, virtual_ranks=R, ffn_hidden=Fh, token_padding=a.token_padding, device=dev)
@@ -137,6 +216,58 @@ def main(argv=None):
     idx = _routing(a.routing, R, s, E, K, gen).to(dev)
     w = torch.rand(R, s, K, generator=gen).to(dev)
     x = torch.randn(R, s, H, generator=gen).to(dev)
+    rows = []  # (what, median ms, min ms, host ms or None)
+
+    def add(name, fn):
+        if cuda:
+            rows.append((name, *_cuda_ms(fn, a.warmup, a.iters)))
+        else:
+            rows.append((name, *_median_ms(fn, a.warmup, a.iters), None))
+
+    if not a.ops_only:
+        _layer_rows(a, buf, x, idx, w, add, cuda)
+    xb = x.bfloat16()
+    del x
+    plan = buf.plan(idx)
+    check_err = _check_data_path(buf, xb, idx, w, plan)
+    _op_rows(a, buf, xb, idx, w, plan, add, cuda)
+    buf.check()
+
+    head = (f"# evenep.bench ({'CUDA ' + torch.cuda.get_device_name(dev) if cuda else 'CPU backend'}): R={R} E={E} "
+            f"K={K} s={s} H={H} H'={Fh} tp={a.token_padding} NvS={buf.num_recv_rows} routing={a.routing} "
+            f"iters={a.iters} torch {torch.__version__}; self-check combine(dispatch(x)) rel err {check_err:.2g}")
+    print(head)
+    if cuda:
+        print("# GPU ms: CUDA events around the call (median, min); host ms: issuing the call from Python; C++ ms: "
+              f"`evenep bench` median of the same call (routing maxvio {a.cpp_maxvio}), graph rows vs its _graph rows")
+        print(f"{'what':<44}{'GPU ms':>10}{'min ms':>10}{'host ms':>10}{'C++ ms':>10}{'py/C++':>8}")
+        for name, med, mn, host in rows:
+            c = _cpp_of(name, cpp)
+            tail = f"{c:>10.3f}{med / c:>8.3f}" if c else ""
+            print(f"{name:<44}{med:>10.3f}{mn:>10.3f}{host:>10.3f}{tail}")
+    else:
+        print(f"{'what':<44}{'median ms':>12}{'min ms':>12}")
+        for name, med, mn, _ in rows:
+            print(f"{name:<44}{med:>12.3f}{mn:>12.3f}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"config": head, "self_check_rel_err": check_err, "cpp_ms": cpp,
+                       "rows": [dict(what=r[0], median_ms=r[1], min_ms=r[2], host_ms=r[3], cpp_ms=_cpp_of(r[0], cpp))
+                                for r in rows]}, f, indent=1)
+    return rows
+
+
+def _cpp_of(name, cpp):
+    """The C++ median (ms) of the row `op <op>[ graph]`, or None."""
+    parts = name.split()
+    if len(parts) < 2 or parts[0] != "op" or parts[1] not in CPP_ROWS:
+        return None
+    row = CPP_ROWS[parts[1]][1] + ("_graph" if parts[-1] == "graph" else "")
+    return cpp.get(row)
+
+
+def _layer_rows(a, buf, x, idx, w, add, cuda):
+    dev, (E, K, H, Fh) = x.device, (a.experts, a.top_k, a.hidden, a.ffn)
     torch.manual_seed(0)
     moe = evenep.nn.MoE(H, Fh, E, K, buffer=buf).to(dev)
     ref = evenep.nn.TorchMoE(H, Fh, E, K).to(dev)
@@ -155,14 +286,6 @@ def main(argv=None):
     else:
         torch_step = layer(lambda t: ref(t, routing=(idx, w)))
         torch_name = "torch (loop)"
-    rows = []  # (what, median ms, min ms, host ms or None)
-
-    def add(name, fn):
-        if cuda:
-            rows.append((name, *_cuda_ms(fn, a.warmup, a.iters)))
-        else:
-            rows.append((name, *_median_ms(fn, a.warmup, a.iters), None))
-
     add("MoE fwd+bwd evenep", evenep_step)
     try:
         add(f"MoE fwd+bwd {torch_name}", torch_step)
@@ -178,13 +301,13 @@ def main(argv=None):
             except RuntimeError as e:
                 print(f"# {name} graph skipped: {str(e).splitlines()[0]}")
 
+
+def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
+    dev, (R, E, s, H, Fh) = xb.device, (a.ranks, a.experts, a.tokens, a.hidden, a.ffn)
     ops = torch.ops.evenep
-    xb = x.bfloat16()
-    plan = buf.plan(idx)
     recv_x, recv_w, _, h = buf.dispatch(xb, idx, w, plan)
-    W = torch.randn(E, H, Fh, device=dev)
+    W = torch.randn(E, H, Fh, device=dev, dtype=torch.bfloat16 if a.ops_only else torch.float32)
     slots = buf.prefetch_weight(W, plan)
-    dy = torch.randn(R, buf.num_recv_rows, Fh, device=dev).bfloat16()
     g = torch.randn(R, s, H, device=dev).bfloat16()
     zero_slots = torch.zeros(R, buf.num_slots, H, Fh, device=dev)
     calls = {
@@ -198,34 +321,29 @@ def main(argv=None):
             ops.dispatch_backward(recv_x, recv_w, h.topk_weights, plan, h.dst, buf.id)),
         "prefetch_weight": lambda: buf.prefetch_weight(W, plan),
         "reduce_grad": lambda: buf.reduce_grad(zero_slots, plan),
-        "grouped_gemm fwd": lambda: buf.grouped_gemm(recv_x, W, slots, plan),
-        "grouped_gemm dgrad": lambda: ops.grouped_gemm_dgrad(dy, W, slots, plan, buf.id),
-        "grouped_gemm wgrad": lambda: ops.grouped_gemm_wgrad(recv_x, dy, plan, buf.id),
     }
+    if not a.ops_only:
+        dy = torch.randn(R, buf.num_recv_rows, Fh, device=dev).bfloat16()
+        calls.update({
+            "grouped_gemm fwd": lambda: buf.grouped_gemm(recv_x, W, slots, plan),
+            "grouped_gemm dgrad": lambda: ops.grouped_gemm_dgrad(dy, W, slots, plan, buf.id),
+            "grouped_gemm wgrad": lambda: ops.grouped_gemm_wgrad(recv_x, dy, plan, buf.id),
+        })
     for name, fn in calls.items():
         if name == "combine":
             buf.dispatch(xb, idx, w, plan)  # the buffer holds h: no re-dispatch inside the timed calls
         add(f"op {name}", fn)
-    buf.check()
-
-    head = (f"# evenep.bench ({'CUDA ' + torch.cuda.get_device_name(dev) if cuda else 'CPU backend'}): R={R} E={E} "
-            f"K={K} s={s} H={H} H'={Fh} tp={a.token_padding} NvS={buf.num_recv_rows} routing={a.routing} "
-            f"iters={a.iters} torch {torch.__version__}")
-    print(head)
-    if cuda:
-        print("# GPU ms: CUDA events around the call (median, min); host ms: issuing the call from Python")
-        print(f"{'what':<44}{'GPU ms':>10}{'min ms':>10}{'host ms':>10}")
-        for name, med, mn, host in rows:
-            print(f"{name:<44}{med:>10.3f}{mn:>10.3f}{host:>10.3f}")
-    else:
-        print(f"{'what':<44}{'median ms':>12}{'min ms':>12}")
-        for name, med, mn, _ in rows:
-            print(f"{name:<44}{med:>12.3f}{mn:>12.3f}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"config": head, "rows": [dict(what=r[0], median_ms=r[1], min_ms=r[2], host_ms=r[3])
-                                                for r in rows]}, f, indent=1)
-    return rows
+    if not cuda or a.no_graph:
+        return
+    torch.cuda.empty_cache()  # the MoonEP point: the graphs' private pools need the memory the eager calls cached
+    # CUDA-graph replay of the ops the C++ benchmark times (no launch overhead); plan last: a plan captured in a
+    # graph replaces the resident plan without a copy.
+    for name in ("dispatch", "combine", "prefetch_weight", "reduce_grad", "plan"):
+        try:
+            buf.dispatch(xb, idx, w, plan)
+            add(f"op {name} graph", capture(calls[name])[0])
+        except RuntimeError as e:
+            print(f"# op {name} graph skipped: {str(e).splitlines()[0]}")
 
 
 if __name__ == "__main__":

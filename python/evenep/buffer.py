@@ -60,15 +60,20 @@ class Buffer:
         max_tokens: S, the most tokens one rank passes in one call; sizes the fixed receive buffer
             (NvS = align(S*K + (tp-1)*2*E/R, tp) rows per rank). Calls may pass any s <= S.
         hidden: H, the token row size (bf16 elements, H % 8 == 0).
-        group: a torch.distributed process group (one rank per process over EvenEP's NCCL team). Not available
-            yet: raises NotImplementedError.
+        group: a torch.distributed process group (e.g. dist.group.WORLD under torchrun): R = group.size()
+            processes, one rank and one GPU each, over EvenEP's NCCL team (collective: every rank of the group
+            creates its Buffer together; the NCCL unique id is broadcast over the group). Every tensor then leads
+            with 1 (this rank): x [1, s, H]; expert weights are this rank's E/R home experts; every rank passes
+            the same s (or the same num_tokens list of all R counts). Needs device="cuda" (the current device by
+            default: torch.cuda.set_device(LOCAL_RANK) first) and a build linked with NCCL >= 2.28.
         virtual_ranks: R ranks in this process (threads on the CPU, or R ranks on one GPU). Every tensor of the
             API then leads with R: x [R, s, H], topk_idx/topk_weights [R, s, K]. Default 1.
         num_sms: SMs per virtual rank the communication kernels may use (CUDA; clamped so that every rank's
             blocks are co-resident). Unused on the CPU.
         prefetch_slots: B expert copies per rank (default E/R, required for training).
-        device: "cpu" (the CPU backend: virtual ranks are threads) or "cuda" / "cuda:i" (cuda::Ep over R
-            virtual ranks on that GPU; every op runs on the current torch stream, without host synchronisation).
+        device: "cpu" (the CPU backend: virtual ranks are threads; the default without group=) or "cuda" /
+            "cuda:i" (cuda::Ep over R virtual ranks on that GPU, or this rank with group=; every op runs on the
+            current torch stream, without host synchronisation).
         ffn_hidden: H' of the experts (sizes the library's expert pools; default hidden).
         token_padding: tp, the row padding of every expert segment (128 matches the GPU GEMM tile; smaller
             values make CPU tests faster).
@@ -86,17 +91,17 @@ class Buffer:
         virtual_ranks: Optional[int] = None,
         num_sms: int = 32,
         prefetch_slots: Optional[int] = None,
-        device="cpu",
+        device=None,
         ffn_hidden: Optional[int] = None,
         token_padding: int = 128,
         planner: str = "optimized",
     ):
         if group is not None:
-            raise NotImplementedError(
-                "evenep.Buffer(group=...): the multi-process path (EvenEP's NCCL team bootstrapped over the process "
-                "group) is not available in this version; use virtual_ranks=R in one process"
-            )
-        self.device = torch.device(device)
+            self._init_group(group, virtual_ranks, device, num_sms, num_experts, top_k, max_tokens, hidden,
+                             prefetch_slots, ffn_hidden, token_padding, planner)
+            return
+        self.group = None
+        self.device = torch.device("cpu" if device is None else device)
         R = 1 if virtual_ranks is None else int(virtual_ranks)
         self.num_sms = num_sms
         args = (
@@ -127,8 +132,45 @@ class Buffer:
             self._id = ops.create_buffer(*args)
         else:
             raise NotImplementedError(f"evenep.Buffer(device={self.device}): only cpu and cuda are supported")
+        self._finish()
+
+    def _finish(self):
         self.info = _ops.info(self._id)
         self.layout = PlanLayout(self.info.E, self.info.G, self.info.B)
+
+    def _init_group(self, group, virtual_ranks, device, num_sms, E, K, S, H, slots, ffn_hidden, tp, planner):
+        """group=: this process is rank group.rank() of an EP group of group.size() processes, one GPU each, over
+        EvenEP's NCCL team; the NCCL unique id is made by the group's rank 0 and broadcast over `group`."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+            raise TypeError(f"evenep.Buffer(group=...): expected a torch.distributed ProcessGroup, got {type(group)}")
+        if virtual_ranks is not None:
+            raise ValueError("evenep.Buffer: give group= or virtual_ranks=, not both")
+        self.device = torch.device("cuda" if device is None else device)
+        if self.device.type != "cuda":
+            raise ValueError(
+                f"evenep.Buffer(group=...): device={self.device}, but group= runs one rank per process on a GPU "
+                "over EvenEP's NCCL team (device='cuda'); on the CPU use virtual_ranks=R in one process"
+            )
+        if not cuda_built() or not ops.nccl_built():
+            raise NotImplementedError(
+                "evenep.Buffer(group=...): this build of evenep has no "
+                + ("CUDA ops" if not cuda_built() else "NCCL team")
+                + " (group= needs the CUDA build linked with NCCL >= 2.28; see docs/python.md)"
+            )
+        if not torch.cuda.is_available():
+            raise RuntimeError("evenep.Buffer(group=...): no CUDA device available")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        uid = _group_unique_id(group, rank, self.device)
+        self.num_sms = num_sms
+        self.group = group
+        self._release = ops.release_cuda_buffer
+        config = [E, K, S, H, H if ffn_hidden is None else ffn_hidden, -1 if slots is None else slots, tp]
+        self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms)
+        self._finish()
 
     # Static shape -----------------------------------------------------------------------------------------
     @property
@@ -138,7 +180,23 @@ class Buffer:
 
     @property
     def num_ranks(self) -> int:
+        """R, the ranks of the EP group (all in this process with virtual_ranks, one per process with group=)."""
         return self.info.R
+
+    @property
+    def local_ranks(self) -> int:
+        """L, the ranks this process serves: the leading dimension of every op's tensors (R, or 1 with group=)."""
+        return self.info.L
+
+    @property
+    def rank(self) -> int:
+        """The first rank this process serves (0 with virtual ranks; the process's group rank with group=)."""
+        return self.info.rank_begin
+
+    @property
+    def num_home_experts(self) -> int:
+        """Home experts of the served ranks: the expert weights' dimension 0 (E, or E/R with group=)."""
+        return self.info.home
 
     @property
     def num_recv_rows(self) -> int:
@@ -158,6 +216,8 @@ class Buffer:
     def __repr__(self) -> str:
         i = self.info
         dev = "" if self.device.type == "cpu" else f", device={self.device}"
+        if self.group is not None:
+            dev += f", group rank={i.rank_begin}"
         return f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs}{dev})"
 
     def check(self) -> None:
@@ -239,6 +299,37 @@ class Buffer:
 def cuda_built() -> bool:
     """Whether this build of evenep has the CUDA kernels of the ops."""
     return hasattr(ops, "create_cuda_buffer")
+
+
+_GROUP_IDS = {}  # (group ranks) -> NCCL unique id: one root communicator per group and process
+
+
+def _group_unique_id(group, rank, device):
+    import torch.distributed as dist
+
+    try:
+        key = tuple(dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+    except Exception:  # older torch
+        key = (id(group),)
+    if key in _GROUP_IDS:
+        return _GROUP_IDS[key]
+    payload = [None]
+    if rank == 0:
+        try:
+            payload = [("id", ops.nccl_unique_id())]
+        except Exception as e:  # every rank raises, none waits for an id
+            payload = [("error", str(e))]
+    try:
+        src = dist.get_global_rank(group, 0) if group is not None else 0
+    except Exception:
+        src = 0
+    with torch.cuda.device(device):
+        dist.broadcast_object_list(payload, src=src, group=group)
+    kind, value = payload[0]
+    if kind != "id":
+        raise RuntimeError(f"evenep.Buffer(group=...): rank 0 could not make the NCCL unique id: {value}")
+    _GROUP_IDS[key] = value
+    return value
 
 
 def _tokens(num_tokens):

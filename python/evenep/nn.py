@@ -32,19 +32,21 @@ def route(x: torch.Tensor, router_weight: torch.Tensor, top_k: int, router: str)
 
 
 class _Experts(nn.Module):
-    """Home expert weights [E, in, out] (global expert order; rank r homes experts r*E/R .. (r+1)*E/R - 1)."""
+    """Home expert weights [E_home, in, out] (global expert order; rank r homes experts r*E/R .. (r+1)*E/R - 1):
+    every expert (E_home = E) in one process, this rank's E/R with a group= buffer."""
 
-    def __init__(self, hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype):
+    def __init__(self, hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype, num_home=None):
         super().__init__()
         self.hidden, self.ffn_hidden, self.num_experts, self.top_k, self.router = (
             hidden, ffn_hidden, num_experts, top_k, router,
         )
         if router not in ("softmax", "sigmoid"):
             raise ValueError(f"router = {router!r}, expected 'softmax' or 'sigmoid'")
+        n = num_experts if num_home is None else num_home
         self.router_weight = nn.Parameter(torch.empty(hidden, num_experts, dtype=dtype))
-        self.w_gate = nn.Parameter(torch.empty(num_experts, hidden, ffn_hidden, dtype=dtype))
-        self.w_up = nn.Parameter(torch.empty(num_experts, hidden, ffn_hidden, dtype=dtype))
-        self.w_down = nn.Parameter(torch.empty(num_experts, ffn_hidden, hidden, dtype=dtype))
+        self.w_gate = nn.Parameter(torch.empty(n, hidden, ffn_hidden, dtype=dtype))
+        self.w_up = nn.Parameter(torch.empty(n, hidden, ffn_hidden, dtype=dtype))
+        self.w_down = nn.Parameter(torch.empty(n, ffn_hidden, hidden, dtype=dtype))
         self.shared_expert = shared_expert
         self.reset_parameters()
 
@@ -77,6 +79,9 @@ class MoE(_Experts):
         shared_expert: optional module applied to every token and added to the output.
         dtype: parameter dtype (fp32 master weights by default; the data path is bf16).
 
+    With a group= buffer (one rank per process) x is [1, s, H], the expert weights are this rank's E/R home experts
+    (global ids rank*E/R ...) and the router weight is replicated (the framework reduces its gradient as usual).
+
     forward(x [R, s, H], num_tokens=None, routing=None) -> [R, s, H] in x's dtype; num_tokens: s_r per rank
     (rows past s_r are ignored and give 0); routing: (topk_idx, topk_weights) [R, s, K] instead of the router. Expert weights are home nn.Parameters;
     the copies each rank computes without owning are prefetched (evenep.prefetch_weight) and their gradients
@@ -85,7 +90,7 @@ class MoE(_Experts):
 
     def __init__(self, hidden, ffn_hidden, num_experts, top_k, *, buffer: Buffer, router="softmax",
                  shared_expert: Optional[nn.Module] = None, dtype=torch.float32):
-        super().__init__(hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype)
+        super().__init__(hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype, buffer.info.home)
         i = buffer.info
         if (i.E, i.K, i.H) != (num_experts, top_k, hidden):
             raise ValueError(

@@ -80,9 +80,16 @@ def test_data_path_bit_exact(pair, kind, unequal):
     gpu.check()
 
 
+@pytest.fixture(scope="module")
+def few_slots():
+    """B = 1 < E/R = 2: plans with peer groups (the home weight read directly), whose wgrad is one launch per rank."""
+    return evenep.Buffer(**CFG, prefetch_slots=1), evenep.Buffer(**CFG, prefetch_slots=1, device="cuda")
+
+
+@pytest.mark.parametrize("slots", ["default", "few"])
 @pytest.mark.parametrize("kind", ["hot_rank", "hot_expert", "random"])
-def test_experts_and_gemm(pair, kind):
-    cpu, gpu = pair
+def test_experts_and_gemm(pair, few_slots, kind, slots):
+    cpu, gpu = pair if slots == "default" else few_slots
     i = cpu.info
     x, idx, w = _inputs(i, kind, seed=3)
     rx, _, _, h = cpu.dispatch(x, idx, w)
@@ -306,6 +313,7 @@ def test_bad_input_cuda(pair):
     gpu.check()
 
 
-def test_group_not_implemented():
-    with pytest.raises(NotImplementedError):
+def test_group_needs_a_process_group():
+    # group= itself (torchrun, one process over the NCCL team): test_group.py
+    with pytest.raises(TypeError, match="ProcessGroup"):
         evenep.Buffer(8, 2, 16, 32, group=object(), device="cuda")
