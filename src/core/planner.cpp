@@ -1,9 +1,9 @@
 // The host planner: input checks, candidate selection for optimized mode, and the per-rank token -> slot map.
-// The algorithm itself lives in evenep/detail/plan_core.hpp, shared with the GPU planner.
+// The algorithm itself lives in evenep/detail/plan_core.hpp and plan_candidates.hpp, shared with the GPU planner.
 #include <algorithm>
 #include <cstdint>
 
-#include "evenep/detail/plan_core.hpp"
+#include "evenep/detail/plan_candidates.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
 

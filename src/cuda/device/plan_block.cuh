@@ -1,5 +1,5 @@
 // The planner on one thread block: the same plan as src/core/planner.cpp, bit for bit, with the loops of
-// evenep/detail/plan_core.hpp spread over warps and threads.
+// evenep/detail/plan_core.hpp and plan_candidates.hpp spread over warps and threads.
 //
 // Why it is bit-exact: every quantity is an integer; sums, counts and maxima are order-independent; every argmax
 // of the sequential code ("first index wins ties", or the lexicographic key of plan_alloc_global_fill) is a warp
@@ -7,7 +7,7 @@
 // greedy loops) stays sequential, executed by one warp with lane 0 committing the update (plan_warp.cuh). Helpers
 // that are cheap per element (plan_local_keep, plan_is_prefetched) are called from plan_core.hpp itself.
 //
-// Optimized mode runs all six candidates of plan_core.hpp plan_alloc_mode (the default candidate set).
+// Optimized mode runs all six candidates of plan_candidates.hpp plan_alloc_mode (the default candidate set).
 //
 // Two entry points:
 //   plan_block_serial   thread 0 runs planner.cpp's sequence of plan_core calls (reference for tests; slow);
@@ -23,7 +23,7 @@
 #include "cuda/device/vec.cuh"
 #include "cuda/device/plan_warp.cuh"
 #include "evenep/detail/ep_layout.hpp"
-#include "evenep/detail/plan_core.hpp"
+#include "evenep/detail/plan_candidates.hpp"
 
 namespace evenep::cuda::device {
 
@@ -33,7 +33,7 @@ using detail::PlanDims;
 
 // ---------------------------------------------------------------------------------------------------------
 // The sequential planner (planner.cpp's Planner::plan without the host input checks), on thread 0: the same
-// plan_core.hpp call (plan_sequential) as the host, so the two cannot drift apart.
+// plan_candidates.hpp call (plan_sequential) as the host, so the two cannot drift apart.
 // ---------------------------------------------------------------------------------------------------------
 __device__ inline void plan_block_serial(
     const PlanDims& d, const int32_t* tpe, const PlanArrays& a, int64_t* cost_out, int64_t* work64, int32_t* work32) {
@@ -252,7 +252,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     __syncthreads();
     stamp(4);
 
-    // ---- Phase 2d (optimized): costs of the three candidates (plan_cost_of), then the choice of planner.cpp. ----
+    // ---- Phase 2d (optimized): costs of the reference and the six candidates (plan_cost_of), then the choice of planner.cpp. ----
     if (optimized) {
         // Work items (candidate, chunk of 32 experts) spread over all warps.
         const int chunks = (E + kWarpSize - 1) / kWarpSize;

@@ -1,13 +1,13 @@
 // Warp-level pieces of the block planner (plan_block.cuh): reductions with the sequential code's tie rule and
-// one-warp versions of plan_core.hpp's greedy loops (global fill in every variant, path) and of plan_cost_of's
-// per-expert sums. Each returns exactly what its plan_core.hpp counterpart computes (see plan_block.cuh for why).
+// one-warp versions of plan_candidates.hpp's greedy loops (global fill in every variant, path) and of plan_cost_of's
+// per-expert sums. Each returns exactly what its plan_candidates.hpp counterpart computes (see plan_block.cuh for why).
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
-#include "evenep/detail/plan_core.hpp"
+#include "evenep/detail/plan_candidates.hpp"
 
 namespace evenep::cuda::device {
 
