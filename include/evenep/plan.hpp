@@ -31,6 +31,11 @@ struct PlanCost {
     int64_t total_copies = 0;           // sum_r remote experts on r (prefetched + peer-read)
     int64_t crossing_rows = 0;          // entries computed on a rank other than their source rank
     int64_t moved_entries = 0;          // entries computed on a rank other than their expert's home
+    // Copy critical path (docs/relayed-prefetch.md): rounds of the plan's copy schedule, every rank
+    // sending at most one expert weight and receiving at most one per round. Without relays it equals
+    // direct_critical_path = max_r max(copies pushed by r, copies received by r).
+    int64_t copy_critical_path = 0;    // of the plan's copy tree (relay_src, relay_round)
+    int64_t direct_critical_path = 0;  // of direct pushes from the home ranks
 };
 
 struct Plan {
@@ -56,6 +61,8 @@ struct Plan {
     std::vector<int32_t> group_slot;    // [R*G] prefetch slot of a kSlot group, else -1
 
     std::vector<int32_t> copies;          // [R*B] expert id held in each prefetch slot, -1 if empty
+    std::vector<int32_t> relay_src;       // [R*B] rank the slot's copy comes from (the home: a direct push), -1 empty
+    std::vector<int32_t> relay_round;     // [R*B] round of the copy schedule it arrives in (1-based), 0 if empty
     std::vector<int32_t> remote_experts;  // [R] non-home experts computed on r (<= epn)
     std::vector<int32_t> copies_received; // [R] prefetched copies held by r (<= B)
     std::vector<int32_t> copies_pushed;   // [R] prefetched copies of r's experts held elsewhere
@@ -139,6 +146,8 @@ void for_each_array(PlanT& plan, F&& f) {
     detail::visit_plan_array(f, "group_source", PlanExtent::kRG, J::kTop, plan.group_source);
     detail::visit_plan_array(f, "group_slot", PlanExtent::kRG, J::kNone, plan.group_slot);
     detail::visit_plan_array(f, "copies", PlanExtent::kRB, J::kTop, plan.copies);
+    detail::visit_plan_array(f, "relay_src", PlanExtent::kRB, J::kTop, plan.relay_src);
+    detail::visit_plan_array(f, "relay_round", PlanExtent::kRB, J::kTop, plan.relay_round);
     detail::visit_plan_array(f, "remote_experts", PlanExtent::kR, J::kPerRank, plan.remote_experts);
     detail::visit_plan_array(f, "copies_received", PlanExtent::kR, J::kPerRank, plan.copies_received);
     detail::visit_plan_array(f, "copies_pushed", PlanExtent::kR, J::kPerRank, plan.copies_pushed);
@@ -159,6 +168,12 @@ public:
     // Throws evenep::Error naming the rank and value on inconsistent input.
     void plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Plan& out);
 
+    // Relayed prefetch (docs/relayed-prefetch.md): let ranks that received a copy forward it when that shortens the copy
+    // critical path. Off by default (every copy pushed by its home, as the published planner); the GPU planner
+    // takes the same switch (cuda::EpOptions::relay) and fills the same arrays.
+    void set_relay(bool relay) { relay_ = relay; }
+    bool relay() const { return relay_; }
+
     const Config& config() const { return cfg_; }
     PlannerMode mode() const { return mode_; }
 
@@ -166,6 +181,7 @@ private:
     Config cfg_;
     PlannerMode mode_;
     bool extended_;
+    bool relay_ = false;
     std::vector<int64_t> work64_;
     std::vector<int32_t> work32_;
     Plan scratch_;

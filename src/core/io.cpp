@@ -1,4 +1,4 @@
-// Routing files and plan dumps (SPEC §6): tpe JSON, NumPy .npy, routing .npy, plan JSON "evenep.plan/1".
+// Routing files and plan dumps (SPEC §6): tpe JSON, NumPy .npy, routing .npy, plan JSON "evenep.plan/2".
 //
 // Every reader checks every field and throws evenep::Error naming the file, the field (or rank/token/k) and
 // the offending value. Content errors and a missing or unreadable input path (a directory, no such file) are
@@ -559,7 +559,7 @@ std::string plan_to_json(const Plan& plan, const std::vector<std::vector<int32_t
     const Config& cfg = plan.cfg;
     const size_t R = cfg.R;
     OrderedJson j;
-    j["schema"] = "evenep.plan/1";
+    j["schema"] = kPlanSchema;
     j["planner"] = std::string(to_string(plan.mode));
     j["config"] = {{"R", cfg.R},       {"E", cfg.E},           {"K", cfg.K},   {"S", cfg.S},
                    {"epn", cfg.epn()}, {"B", cfg.num_slots()}, {"tp", cfg.tp}, {"NvS", cfg.recv_rows()}};
@@ -588,7 +588,9 @@ std::string plan_to_json(const Plan& plan, const std::vector<std::vector<int32_t
     j["cost"] = {{"max_rank_copy_traffic", plan.cost.max_rank_copy_traffic},
                  {"total_copies", plan.cost.total_copies},
                  {"crossing_rows", plan.cost.crossing_rows},
-                 {"moved_entries", plan.cost.moved_entries}};
+                 {"moved_entries", plan.cost.moved_entries},
+                 {"copy_critical_path", plan.cost.copy_critical_path},
+                 {"direct_critical_path", plan.cost.direct_critical_path}};
     j["per_rank"] = std::move(per_rank);
     if (!dst.empty()) {
         EVENEP_CHECK(dst.size() == R, "plan JSON: dst has ", dst.size(), " ranks, expected R = ", R);

@@ -32,7 +32,7 @@ struct PlanOffset {
 // carry the names of Plan's arrays: evenep::for_each_array visits them, so the offsets derive from the one list.
 struct PlanOffsets {
     PlanOffset<int32_t> s, tpe, q, alloc, local_keep, rest_prefix, cap_prefix, seg_row, group_expert, group_count,
-        cu_seqlens, group_slot, copies, remote_experts, copies_received, copies_pushed, peer_reads;
+        cu_seqlens, group_slot, copies, relay_src, relay_round, remote_experts, copies_received, copies_pushed, peer_reads;
     PlanOffset<int64_t> expert_load, load_before, crossing_out;
     PlanOffset<int8_t> group_source;  // WeightSource values
     size_t cost;                    // [kPlanCostWords] int64: PlanCost in declaration order
@@ -43,7 +43,7 @@ struct PlanOffsets {
 };
 
 // int64 words of the device copy of PlanCost.
-inline constexpr int kPlanCostWords = 4;
+inline constexpr int kPlanCostWords = 6;
 
 // Planner workspace, carved from work64/work32 (see plan_block.cuh for how each part is used).
 struct PlanWorkOffsets {

@@ -396,7 +396,7 @@ Plan Ep::download_plan(const EpPlan& plan, int rank) const {
         ++i;
     });
     const std::vector<int64_t> cost = download<int64_t>(src, o.cost, kPlanCostWords);
-    p.cost = PlanCost{cost[0], cost[1], cost[2], cost[3]};
+    p.cost = PlanCost{cost[0], cost[1], cost[2], cost[3], cost[4], cost[5]};
     return p;
 }
 
