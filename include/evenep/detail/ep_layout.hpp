@@ -13,6 +13,7 @@
 #include "evenep/detail/host_device.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/detail/plan_core.hpp"
+#include "evenep/detail/plan_relay.hpp"
 #include "evenep/plan.hpp"
 
 namespace evenep::cuda {
@@ -74,8 +75,11 @@ struct PlanWorkOffsets {
         return static_cast<size_t>(R) * R + 5 * static_cast<size_t>(R) + 3 * static_cast<size_t>(E) + 14;
     }
     EVENEP_HOST_DEVICE static constexpr size_t num_words32(int R, int E) {
-        // The serial planner kernel (planner.cpp's workspace) needs 4*E*R + 4*R; the block planner less.
-        return 4 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
+        // The serial planner kernel (planner.cpp's workspace) needs 4*E*R + 4*R; the block planner less; the copy
+        // tree post-pass (plan_relay.hpp) at most 2*R*R*B + 2*E + 3*R <= 2*E*R + 2*E + 3*R (B <= epn).
+        const size_t planner = 4 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
+        const size_t relay = static_cast<size_t>(detail::plan_relay_work_size(R, E, E / R));
+        return planner > relay ? planner : relay;
     }
 };
 

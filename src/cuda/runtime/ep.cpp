@@ -226,7 +226,7 @@ EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStre
     const RankIo* d_io = store_io(fwd_, io, stream);
     last_blocks_ =
         launch_plan(view(options_.channel), layout_, d_io, s, s_total, options_.mode == PlannerMode::kOptimized,
-                    options_.planner_kernel, options_.sm_budget, stream);
+                    options_.planner_kernel, options_.sm_budget, stream, options_.relay);
     auto st = std::make_shared<EpPlanState>();
     st->owner = this;
     st->id = next_plan_id_++;
@@ -263,7 +263,7 @@ EpPlan Ep::plan_from_tpe(
     for (int r = first; r < first + num_ranks; ++r)
         EVENEP_CUDA_CHECK(cudaMemcpy(base(r) + layout_.tpe, tpe.data(), RE * 4, cudaMemcpyHostToDevice));
     launch_plan_only(view(options_.channel), layout_, s, options_.mode == PlannerMode::kOptimized,
-                     options_.planner_kernel, first, num_ranks, stream);
+                     options_.planner_kernel, first, num_ranks, stream, 1, options_.relay);
     auto st = std::make_shared<EpPlanState>();
     st->owner = this;
     st->id = next_plan_id_++;
