@@ -15,7 +15,8 @@
 namespace evenep::validate_detail {
 
 void check_relays(const Plan& p, Sink& sink) {
-    const int R = p.cfg.R, B = p.cfg.num_slots(), epn = p.cfg.epn();
+    const int R = p.cfg.R, E = p.cfg.E, B = p.cfg.num_slots(), epn = p.cfg.epn();
+    const int32_t max_round = R * B;  // a schedule never needs more rounds than copies
     const auto at = [&](int r, int b) { return static_cast<size_t>(r) * B + b; };
     std::vector<int64_t> pushed(R, 0), received(R, 0);
     int64_t last = 0;
@@ -30,13 +31,19 @@ void check_relays(const Plan& p, Sink& sink) {
                 }
                 continue;
             }
+            if (e >= E) {
+                ok = false;  // reported by the copies checks
+                continue;
+            }
             ++received[r];
             ++pushed[e / epn];
-            last = std::max<int64_t>(last, t);
-            if (t < 1) {
-                sink.fail("relays: rank ", r, " slot ", b, " (expert ", e, "): relay_round = ", t, " must be >= 1");
+            if (t < 1 || t > max_round) {
+                sink.fail("relays: rank ", r, " slot ", b, " (expert ", e, "): relay_round = ", t, " outside [1, R*B = ",
+                          max_round, "]");
                 ok = false;
+                continue;
             }
+            last = std::max<int64_t>(last, t);
             if (src < 0 || src >= R || src == r) {
                 sink.fail("relays: rank ", r, " slot ", b, " (expert ", e, "): relay_src = ", src,
                           " is not another rank");
@@ -62,7 +69,7 @@ void check_relays(const Plan& p, Sink& sink) {
     for (int r = 0; r < R; ++r)
         for (int b = 0; b < B; ++b) {
             const int32_t src = p.relay_src[at(r, b)], t = p.relay_round[at(r, b)];
-            if (p.copies[at(r, b)] < 0 || t < 1 || src < 0 || src >= R) continue;
+            if (p.copies[at(r, b)] < 0 || t < 1 || t > last || src < 0 || src >= R) continue;
             if (++sends[static_cast<size_t>(src) * (last + 1) + t] == 2)
                 sink.fail("relays: rank ", src, " sends more than one copy in round ", t);
             if (++recvs[static_cast<size_t>(r) * (last + 1) + t] == 2)

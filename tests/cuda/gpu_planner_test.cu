@@ -2,7 +2,8 @@
 //
 // Cases:
 //   GpuPlannerTest.RandomHistogramsMatchCpu/{parallel,serial}_{optimized,reference}  random configurations
-//       (R 1..16, epn 1..48, K, tp, B <= epn) and skewed histograms, every rank's plan copy vs make_plan
+//       (R 1..16, epn 1..48, K, tp, B <= epn) and skewed histograms, every rank's plan copy vs make_plan; every
+//       second instance with relays (EpOptions::relay vs Planner::set_relay: the copy tree too)
 //   FusedPlanTest.FusedPathMatchesCpu/<routing>  histogram on device + all-gather + plan + dst from topk_idx, for the
 //       library's routings (lognormal, round robin, every adversarial kind incl. masked and unequal s_r), both modes
 //   GpuPlannerRoutingTest.RandomRoutingsMatchCpu  random routings with masks, unequal s, hot subsets, small and large
@@ -111,13 +112,18 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
         EpOptions opt;
         opt.mode = mode;
         opt.planner_kernel = kernel;
+        opt.relay = it % 2 == 1;
         DeviceEp ep(cfg, 8, opt);
         const EpPlan plan = ep.plan_from_tpe(tpe, s, nullptr);
         ep.check(nullptr);
-        const Plan cpu = make_plan(cfg, mode, tpe, s);
+        Planner planner(cfg, mode);
+        planner.set_relay(opt.relay);
+        Plan cpu;
+        planner.plan(tpe, s, cpu);
         for (int r = 0; r < R; ++r)
             ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "")
-                << "instance " << it << " " << cfg.to_string() << " skew " << skew << ": rank " << r;
+                << "instance " << it << " " << cfg.to_string() << " skew " << skew << " relay " << opt.relay
+                << ": rank " << r;
     }
 }
 
