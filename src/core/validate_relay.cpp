@@ -1,7 +1,8 @@
 // The copy tree check of validate_plan (relay_src, relay_round and the copy critical paths; docs/relayed-prefetch.md).
 // Like the rest of the validator it never includes the planner's headers: every quantity is recomputed here.
 //
-// Checked: an empty slot has relay_src -1 and relay_round 0; a held copy arrives in a round >= 1 from another rank
+// Checked: an empty slot has relay_src -1 and relay_round 0; direct pushes may be left unscheduled (every held slot
+// from its home with relay_round 0; critical path Delta); otherwise a held copy arrives in a round >= 1 from another rank
 // that is its expert's home or holds the expert in a slot it received in an earlier round (so every chain ends at
 // the home and there are no cycles); per round every rank sends at most one copy and receives at most one;
 // cost.copy_critical_path is the last round, cost.direct_critical_path = max_r max(pushed_r, received_r), and the
@@ -21,6 +22,9 @@ void check_relays(const Plan& p, Sink& sink) {
     std::vector<int64_t> pushed(R, 0), received(R, 0);
     int64_t last = 0;
     bool ok = true;
+    // Unscheduled direct pushes: every held slot has round 0 (then its source must be the home).
+    bool unscheduled = true;
+    for (size_t i = 0; i < p.copies.size(); ++i) unscheduled = unscheduled && (p.copies[i] < 0 || p.relay_round[i] == 0);
     for (int r = 0; r < R; ++r)
         for (int b = 0; b < B; ++b) {
             const int32_t e = p.copies[at(r, b)], src = p.relay_src[at(r, b)], t = p.relay_round[at(r, b)];
@@ -37,6 +41,14 @@ void check_relays(const Plan& p, Sink& sink) {
             }
             ++received[r];
             ++pushed[e / epn];
+            if (unscheduled) {
+                if (src != e / epn) {
+                    sink.fail("relays: rank ", r, " slot ", b, " (expert ", e, "): unscheduled copy from rank ", src,
+                              ", not from its home ", e / epn);
+                    ok = false;
+                }
+                continue;
+            }
             if (t < 1 || t > max_round) {
                 sink.fail("relays: rank ", r, " slot ", b, " (expert ", e, "): relay_round = ", t, " outside [1, R*B = ",
                           max_round, "]");
@@ -79,6 +91,7 @@ void check_relays(const Plan& p, Sink& sink) {
     for (int r = 0; r < R; ++r) direct = std::max({direct, pushed[r], received[r]});
     if (p.cost.direct_critical_path != direct)
         sink.fail("cost: direct_critical_path = ", p.cost.direct_critical_path, ", recomputed ", direct);
+    if (unscheduled) last = direct;
     if (ok && p.cost.copy_critical_path != last)
         sink.fail("cost: copy_critical_path = ", p.cost.copy_critical_path, ", the copy schedule's last round is ", last);
     if (p.cost.copy_critical_path > direct)

@@ -3,9 +3,10 @@
 //
 // Cases:
 //   RelayTree.PropertiesOnManyRoutings   random (skew 0/2/3, masked, unequal s), adversarial and lognormal routings on
-//                                        three shapes, both modes: relay off = every copy from its home in exactly
-//                                        Delta rounds; relay on = a valid tree (validator) with lower bound <=
-//                                        rounds <= Delta; the plan's other arrays are unchanged by the switch.
+//                                        three shapes, both modes: relay off = every copy from its home, unscheduled
+//                                        (rounds 0), critical path Delta; relay on = a valid schedule (validator: a
+//                                        Delta-round colouring when direct) with lower bound <= rounds <= Delta; the
+//                                        plan's other arrays are unchanged by the switch.
 //   RelayTree.HotExpertUsesRelays        one hot expert copied to every rank: relays cut R-1 rounds to
 //                                        ceil(log2 R) and the tree is deeper than one level.
 //   RelayValidator.RejectsBrokenTrees    a cycle, a source that does not hold the expert, a forward before its
@@ -72,6 +73,7 @@ void check_pair(const Plan& direct, const Plan& relayed, const std::string& what
     for (size_t i = 0; i < direct.copies.size(); ++i)
         if (direct.copies[i] >= 0) {
             ASSERT_EQ(direct.relay_src[i], direct.copies[i] / epn) << "slot " << i;
+            ASSERT_EQ(direct.relay_round[i], 0) << "slot " << i << ": direct pushes are left unscheduled";
         }
     EXPECT_EQ(direct.cost.copy_critical_path, direct.cost.direct_critical_path);
     EXPECT_EQ(relayed.cost.direct_critical_path, direct.cost.direct_critical_path);

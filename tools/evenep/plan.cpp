@@ -116,7 +116,7 @@ void run_plan(const PlanOptions& opt) {
             const int32_t bound = detail::plan_relay_lower_bound(
                 detail::RelayDims{cfg.R, cfg.E, cfg.epn(), cfg.num_slots()}, plan.copies.data(), work.data());
             fmt::print("copy critical path: {} rounds {} (direct pushes: {}; lower bound of any relay tree: {})\n",
-                       plan.cost.copy_critical_path, opt.relay ? "with relays" : "without relays (--relay: relayed)",
+                       plan.cost.copy_critical_path, opt.relay ? "with relays" : "of direct pushes (--relay plans relays)",
                        plan.cost.direct_critical_path, bound);
         }
         int64_t peer = 0;

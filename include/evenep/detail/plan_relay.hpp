@@ -14,6 +14,8 @@
 //           experts, then the most pending receivers); the sender is a free relay (a rank that received the
 //           expert in an earlier round) with the fewest sends so far, then the lowest rank, else the home. Kept
 //           only when it needs fewer rounds than Delta; else the direct schedule.
+// Without relays (the default) the copies are direct and left unscheduled (relay_round 0): their critical path is
+// Delta by the theorem, and the planner does not pay for the colouring.
 // Lower bound of any tree: max(copies received by one rank, distinct experts one home must send at least once,
 // ceil(log2(copies of one expert + 1))) (plan_relay_lower_bound).
 //
@@ -232,13 +234,21 @@ EVENEP_HOST_DEVICE inline int32_t plan_relay_lower_bound(const RelayDims& d, con
     return lb;
 }
 
-// The post-pass: fills relay_src[R*B] and relay_round[R*B] (-1 / 0 for an empty slot) from copies[R*B]. With
-// `relay` the greedy relayed schedule is kept when it has fewer rounds than direct pushes; otherwise (and without
-// `relay`) every copy comes from its home in the Delta-round direct schedule.
+// The post-pass: fills relay_src[R*B] and relay_round[R*B] (-1 / 0 for an empty slot) from copies[R*B].
+// Without `relay`: every copy from its home, unscheduled (relay_round 0 everywhere: any Delta-round colouring serves;
+// O(R*B), cheap enough for the GPU planner's budget). With `relay`: the greedy relayed schedule when it has fewer
+// rounds than Delta, else the Delta-round direct schedule (plan_relay_direct), rounds filled in both cases.
 EVENEP_HOST_DEVICE inline RelayPaths plan_relays(
     const RelayDims& d, const int32_t* copies, int32_t* relay_src, int32_t* relay_round, int32_t* work, bool relay) {
     const int32_t delta = plan_direct_critical_path(d, copies, work);
-    if (relay && delta >= 2) {
+    if (!relay) {
+        for (int i = 0; i < d.R * d.B; ++i) {
+            relay_src[i] = copies[i] >= 0 ? copies[i] / d.epn : -1;
+            relay_round[i] = 0;
+        }
+        return RelayPaths{delta, delta};
+    }
+    if (delta >= 2) {
         const int32_t rounds = plan_relay_greedy(d, copies, relay_src, relay_round, work);
         if (rounds < delta) return RelayPaths{rounds, delta};
     }
