@@ -36,7 +36,11 @@ void write_npy(const std::string& path, const std::string& dtype, const std::vec
 Routing read_routing_npy(const std::string& path, int E, bool trim_masked_tail = false);
 void write_routing_npy(const std::string& path, const Routing& routing);  // pads ranks with s_r < S by -1
 
-// Plan dump, schema "evenep.plan/1" (docs/plan-schema.md). `dst` may be empty (no routing given).
+// The plan dump's schema string. Version 2 added the copy tree (relay_src, relay_round) and the copy critical paths;
+// version 1 dumps lack them (docs/plan-schema.md says how to upgrade one).
+inline constexpr const char* kPlanSchema = "evenep.plan/2";
+
+// Plan dump, schema kPlanSchema (docs/plan-schema.md). `dst` may be empty (no routing given).
 std::string plan_to_json(const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int indent = -1);
 
 }  // namespace evenep

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "evenep/config.hpp"
@@ -30,6 +31,11 @@ struct PlanCost {
     int64_t total_copies = 0;           // sum_r remote experts on r (prefetched + peer-read)
     int64_t crossing_rows = 0;          // entries computed on a rank other than their source rank
     int64_t moved_entries = 0;          // entries computed on a rank other than their expert's home
+    // Copy critical path (docs/relayed-prefetch.md): rounds of the plan's copy schedule, every rank
+    // sending at most one expert weight and receiving at most one per round. Without relays it equals
+    // direct_critical_path = max_r max(copies pushed by r, copies received by r).
+    int64_t copy_critical_path = 0;    // of the plan's copy tree (relay_src, relay_round)
+    int64_t direct_critical_path = 0;  // of direct pushes from the home ranks
 };
 
 struct Plan {
@@ -55,6 +61,8 @@ struct Plan {
     std::vector<int32_t> group_slot;    // [R*G] prefetch slot of a kSlot group, else -1
 
     std::vector<int32_t> copies;          // [R*B] expert id held in each prefetch slot, -1 if empty
+    std::vector<int32_t> relay_src;       // [R*B] rank the slot's copy comes from (the home: a direct push), -1 empty
+    std::vector<int32_t> relay_round;     // [R*B] round of the copy schedule it arrives in (1-based), 0 if empty
     std::vector<int32_t> remote_experts;  // [R] non-home experts computed on r (<= epn)
     std::vector<int32_t> copies_received; // [R] prefetched copies held by r (<= B)
     std::vector<int32_t> copies_pushed;   // [R] prefetched copies of r's experts held elsewhere
@@ -101,31 +109,50 @@ inline size_t plan_extent_size(const Config& cfg, PlanExtent x) {
     return 0;
 }
 
-// The plan's arrays, listed once: calls f(name, extent, array) for each array of `plan` (a Plan or const Plan), in
-// declaration order. Sizing (the planner), validation and the device plan download derive from this list.
+// Where an array goes in the plan JSON (docs/plan-schema.md): a top-level key, a key of "per_rank", or not written.
+enum class PlanJson : int8_t { kNone, kTop, kPerRank };
+
+namespace detail {
+template <typename F, typename V>
+void visit_plan_array(F& f, const char* name, PlanExtent x, PlanJson j, V& v) {
+    if constexpr (std::is_invocable_v<F&, const char*, PlanExtent, V&, PlanJson>)
+        f(name, x, v, j);
+    else
+        f(name, x, v);
+}
+}  // namespace detail
+
+// The plan's arrays, listed once: calls f(name, extent, array) — or f(name, extent, array, json) when f takes four
+// arguments — for each array of `plan`, in this order. `plan` is a Plan (const or not) or any struct with members of
+// the same names (the device offsets, cuda::PlanOffsets). Sizing (the planner), validation, the device offsets, the
+// device plan download and the plan JSON (keys in this order within their section) all derive from this list:
+// adding an array is one line here plus its member.
 template <typename PlanT, typename F>
 void for_each_array(PlanT& plan, F&& f) {
-    f("s", PlanExtent::kR, plan.s);
-    f("tpe", PlanExtent::kRE, plan.tpe);
-    f("expert_load", PlanExtent::kE, plan.expert_load);
-    f("load_before", PlanExtent::kR, plan.load_before);
-    f("q", PlanExtent::kR, plan.q);
-    f("alloc", PlanExtent::kER, plan.alloc);
-    f("local_keep", PlanExtent::kER, plan.local_keep);
-    f("rest_prefix", PlanExtent::kEPrefix, plan.rest_prefix);
-    f("cap_prefix", PlanExtent::kEPrefix, plan.cap_prefix);
-    f("seg_row", PlanExtent::kRE, plan.seg_row);
-    f("group_expert", PlanExtent::kRG, plan.group_expert);
-    f("group_count", PlanExtent::kRG, plan.group_count);
-    f("cu_seqlens", PlanExtent::kRG, plan.cu_seqlens);
-    f("group_source", PlanExtent::kRG, plan.group_source);
-    f("group_slot", PlanExtent::kRG, plan.group_slot);
-    f("copies", PlanExtent::kRB, plan.copies);
-    f("remote_experts", PlanExtent::kR, plan.remote_experts);
-    f("copies_received", PlanExtent::kR, plan.copies_received);
-    f("copies_pushed", PlanExtent::kR, plan.copies_pushed);
-    f("peer_reads", PlanExtent::kR, plan.peer_reads);
-    f("crossing_out", PlanExtent::kR, plan.crossing_out);
+    using J = PlanJson;
+    detail::visit_plan_array(f, "s", PlanExtent::kR, J::kTop, plan.s);
+    detail::visit_plan_array(f, "tpe", PlanExtent::kRE, J::kTop, plan.tpe);
+    detail::visit_plan_array(f, "expert_load", PlanExtent::kE, J::kNone, plan.expert_load);
+    detail::visit_plan_array(f, "load_before", PlanExtent::kR, J::kPerRank, plan.load_before);
+    detail::visit_plan_array(f, "q", PlanExtent::kR, J::kTop, plan.q);
+    detail::visit_plan_array(f, "alloc", PlanExtent::kER, J::kTop, plan.alloc);
+    detail::visit_plan_array(f, "local_keep", PlanExtent::kER, J::kNone, plan.local_keep);
+    detail::visit_plan_array(f, "rest_prefix", PlanExtent::kEPrefix, J::kNone, plan.rest_prefix);
+    detail::visit_plan_array(f, "cap_prefix", PlanExtent::kEPrefix, J::kNone, plan.cap_prefix);
+    detail::visit_plan_array(f, "seg_row", PlanExtent::kRE, J::kNone, plan.seg_row);
+    detail::visit_plan_array(f, "group_expert", PlanExtent::kRG, J::kTop, plan.group_expert);
+    detail::visit_plan_array(f, "cu_seqlens", PlanExtent::kRG, J::kTop, plan.cu_seqlens);
+    detail::visit_plan_array(f, "group_count", PlanExtent::kRG, J::kTop, plan.group_count);
+    detail::visit_plan_array(f, "group_source", PlanExtent::kRG, J::kTop, plan.group_source);
+    detail::visit_plan_array(f, "group_slot", PlanExtent::kRG, J::kNone, plan.group_slot);
+    detail::visit_plan_array(f, "copies", PlanExtent::kRB, J::kTop, plan.copies);
+    detail::visit_plan_array(f, "relay_src", PlanExtent::kRB, J::kTop, plan.relay_src);
+    detail::visit_plan_array(f, "relay_round", PlanExtent::kRB, J::kTop, plan.relay_round);
+    detail::visit_plan_array(f, "remote_experts", PlanExtent::kR, J::kPerRank, plan.remote_experts);
+    detail::visit_plan_array(f, "copies_received", PlanExtent::kR, J::kPerRank, plan.copies_received);
+    detail::visit_plan_array(f, "copies_pushed", PlanExtent::kR, J::kPerRank, plan.copies_pushed);
+    detail::visit_plan_array(f, "peer_reads", PlanExtent::kR, J::kPerRank, plan.peer_reads);
+    detail::visit_plan_array(f, "crossing_out", PlanExtent::kR, J::kPerRank, plan.crossing_out);
 }
 
 // Builds plans for one configuration and mode. Construction sizes all workspace; plan() does not allocate
@@ -142,6 +169,12 @@ public:
     // Throws evenep::Error naming the rank and value on inconsistent input.
     void plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Plan& out);
 
+    // Relayed prefetch (docs/relayed-prefetch.md): let ranks that received a copy forward it when that shortens the copy
+    // critical path. Off by default (every copy pushed by its home, as the published planner); the GPU planner
+    // takes the same switch (cuda::EpOptions::relay) and fills the same arrays.
+    void set_relay(bool relay) { relay_ = relay; }
+    bool relay() const { return relay_; }
+
     const Config& config() const { return cfg_; }
     PlannerMode mode() const { return mode_; }
 
@@ -149,6 +182,7 @@ private:
     Config cfg_;
     PlannerMode mode_;
     bool extended_;
+    bool relay_ = false;
     std::vector<int64_t> work64_;
     std::vector<int32_t> work32_;
     Plan scratch_;

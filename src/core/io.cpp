@@ -1,4 +1,4 @@
-// Routing files and plan dumps (SPEC §6): tpe JSON, NumPy .npy, routing .npy, plan JSON "evenep.plan/1".
+// Routing files and plan dumps (SPEC §6): tpe JSON, NumPy .npy, routing .npy, plan JSON "evenep.plan/2".
 //
 // Every reader checks every field and throws evenep::Error naming the file, the field (or rank/token/k) and
 // the offending value. Content errors and a missing or unreadable input path (a directory, no such file) are
@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "evenep/detail/align.hpp"
@@ -341,12 +342,6 @@ OrderedJson matrix(const std::vector<T>& v, size_t rows, size_t cols, const char
     return out;
 }
 
-template <typename T>
-OrderedJson vector_of(const std::vector<T>& v, size_t size, const char* field) {
-    EVENEP_CHECK(v.size() == size, "plan JSON: plan.", field, " has ", v.size(), " entries, expected ", size);
-    return OrderedJson(v);
-}
-
 }  // namespace
 
 // --- tpe JSON ---------------------------------------------------------------------------------------------------
@@ -562,40 +557,42 @@ void write_routing_npy(const std::string& path, const Routing& routing) {
 
 std::string plan_to_json(const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int indent) {
     const Config& cfg = plan.cfg;
-    const size_t R = cfg.R, E = cfg.E, G = cfg.num_groups(), B = cfg.num_slots();
+    const size_t R = cfg.R;
     OrderedJson j;
-    j["schema"] = "evenep.plan/1";
+    j["schema"] = kPlanSchema;
     j["planner"] = std::string(to_string(plan.mode));
     j["config"] = {{"R", cfg.R},       {"E", cfg.E},           {"K", cfg.K},   {"S", cfg.S},
                    {"epn", cfg.epn()}, {"B", cfg.num_slots()}, {"tp", cfg.tp}, {"NvS", cfg.recv_rows()}};
     if (cfg.slack_ppm() != 0) j["config"]["slack"] = cfg.slack;  // absent = 0: the files without slack stay as they were
-    j["s"] = vector_of(plan.s, R, "s");
-    j["tpe"] = matrix(plan.tpe, R, E, "tpe");
-    j["q"] = vector_of(plan.q, R, "q");
-    j["alloc"] = matrix(plan.alloc, E, R, "alloc");
-    j["group_expert"] = matrix(plan.group_expert, R, G, "group_expert");
-    j["cu_seqlens"] = matrix(plan.cu_seqlens, R, G, "cu_seqlens");
-    j["group_count"] = matrix(plan.group_count, R, G, "group_count");
-    EVENEP_CHECK(plan.group_source.size() == R * G, "plan JSON: plan.group_source has ", plan.group_source.size(),
-                 " entries, expected ", R, " x ", G);
-    OrderedJson sources = OrderedJson::array();
-    for (size_t r = 0; r < R; ++r) {
-        OrderedJson row = OrderedJson::array();
-        for (size_t g = 0; g < G; ++g) row.push_back(source_name(plan.group_source[r * G + g]));
-        sources.push_back(std::move(row));
-    }
-    j["group_source"] = std::move(sources);
-    j["copies"] = matrix(plan.copies, R, B, "copies");
+    // The arrays of the one list (evenep::for_each_array): [R] arrays as vectors, the others as row-major matrices.
+    OrderedJson per_rank = OrderedJson::object();
+    for_each_array(plan, [&](const char* name, PlanExtent x, const auto& v, PlanJson where) {
+        if (where == PlanJson::kNone) return;
+        const size_t n = plan_extent_size(cfg, x);
+        EVENEP_CHECK(v.size() == n, "plan JSON: plan.", name, " has ", v.size(), " entries, expected ", n);
+        const size_t rows = x == PlanExtent::kER ? cfg.E : x == PlanExtent::kE ? 1 : R;
+        OrderedJson out;
+        if constexpr (std::is_same_v<typename std::decay_t<decltype(v)>::value_type, WeightSource>) {
+            out = OrderedJson::array();
+            for (size_t r = 0; r < rows; ++r) {
+                OrderedJson row = OrderedJson::array();
+                for (size_t c = 0; c < n / rows; ++c) row.push_back(source_name(v[r * (n / rows) + c]));
+                out.push_back(std::move(row));
+            }
+        } else if (x == PlanExtent::kR || x == PlanExtent::kE) {
+            out = OrderedJson(v);
+        } else {
+            out = matrix(v, rows, n / rows, name);
+        }
+        (where == PlanJson::kTop ? j : per_rank)[name] = std::move(out);
+    });
     j["cost"] = {{"max_rank_copy_traffic", plan.cost.max_rank_copy_traffic},
                  {"total_copies", plan.cost.total_copies},
                  {"crossing_rows", plan.cost.crossing_rows},
-                 {"moved_entries", plan.cost.moved_entries}};
-    j["per_rank"] = {{"load_before", vector_of(plan.load_before, R, "load_before")},
-                     {"remote_experts", vector_of(plan.remote_experts, R, "remote_experts")},
-                     {"copies_received", vector_of(plan.copies_received, R, "copies_received")},
-                     {"copies_pushed", vector_of(plan.copies_pushed, R, "copies_pushed")},
-                     {"peer_reads", vector_of(plan.peer_reads, R, "peer_reads")},
-                     {"crossing_out", vector_of(plan.crossing_out, R, "crossing_out")}};
+                 {"moved_entries", plan.cost.moved_entries},
+                 {"copy_critical_path", plan.cost.copy_critical_path},
+                 {"direct_critical_path", plan.cost.direct_critical_path}};
+    j["per_rank"] = std::move(per_rank);
     if (!dst.empty()) {
         EVENEP_CHECK(dst.size() == R, "plan JSON: dst has ", dst.size(), " ranks, expected R = ", R);
         for (size_t r = 0; r < R; ++r)

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "evenep/detail/plan_candidates.hpp"
+#include "evenep/detail/plan_relay.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
 
@@ -76,7 +77,8 @@ Planner::Planner(const Config& cfg, PlannerMode mode, bool extended_candidates)
     : cfg_(cfg), mode_(mode), extended_(extended_candidates) {
     cfg_.validate();
     work64_.resize(detail::plan_work64_size(cfg_.R, cfg_.E));
-    work32_.resize(detail::plan_work32_size(cfg_.R, cfg_.E));
+    work32_.resize(std::max<int64_t>(detail::plan_work32_size(cfg_.R, cfg_.E),
+                                     detail::plan_relay_work_size(cfg_.R, cfg_.E, cfg_.num_slots())));
     size_plan(scratch_, cfg_);
 }
 
@@ -96,7 +98,11 @@ void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Pla
     for (int r = 0; r < R; ++r)
         EVENEP_ASSERT(out.remote_experts[r] <= cfg_.epn(), "plan: rank ", r, " holds ", out.remote_experts[r],
                       " remote experts > epn = ", cfg_.epn());
-    out.cost = PlanCost{cost.max_rank_copy_traffic, cost.total_copies, cost.crossing_rows, cost.moved_entries};
+    const detail::RelayPaths paths =
+        detail::plan_relays(detail::RelayDims{R, cfg_.E, cfg_.epn(), cfg_.num_slots()}, out.copies.data(),
+                            out.relay_src.data(), out.relay_round.data(), work32_.data(), relay_);
+    out.cost = PlanCost{cost.max_rank_copy_traffic, cost.total_copies, cost.crossing_rows, cost.moved_entries,
+                        paths.critical_path, paths.direct_critical_path};
 }
 
 Plan make_plan(const Config& cfg, PlannerMode mode, std::span<const int32_t> tpe, std::span<const int32_t> s) {

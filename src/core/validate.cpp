@@ -4,7 +4,8 @@
 //
 // validate_plan: sizes -> inputs -> loads and quotas -> alloc (balance, conservation) -> per-rank group layout
 //                (experts, counts, cu_seqlens, seg_row) -> weight sources and the copies table -> token -> slot
-//                prefix arrays -> counters and costs.
+//                prefix arrays -> counters and costs -> the copy tree
+//                (validate_relay.cpp).
 // validate_dst:  validate_plan, then every rank's encoded destinations (validate_dst.cpp).
 #include "evenep/validate.hpp"
 
@@ -382,6 +383,7 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
     if (p.cost.total_copies != copies) sink.fail("cost: total_copies = ", p.cost.total_copies, ", recomputed ", copies);
     if (p.cost.moved_entries != moved)
         sink.fail("cost: moved_entries = ", p.cost.moved_entries, ", recomputed ", moved);
+    check_relays(p, sink);
     return true;
 }
 

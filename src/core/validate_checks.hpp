@@ -62,6 +62,9 @@ struct Expected {
 // array sizes).
 bool check_plan(const Plan& p, Sink& sink, Expected& x);
 
+// Checks the copy tree and the copy critical paths (validate_relay.cpp); needs sizes checked.
+void check_relays(const Plan& p, Sink& sink);
+
 // Checks every rank's encoded destinations against `routing` (validate_dst.cpp); needs check_plan's `x`.
 void check_dst(const Plan& p,
                const Routing& routing,

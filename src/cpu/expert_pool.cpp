@@ -1,10 +1,15 @@
 // Expert weights, prefetch slots and gradient reduction (evenep/cpu/expert_pool.hpp).
 //
-// Synchronisation:
-//   prefetch_weight  barrier "start" (homes' weights are final); each rank pulls its own slots.
-//   reduce_grad      barrier "start" (every rank's slot gradients are final); each home pulls and zeroes the
-//                    slots holding its experts; barrier "slots consumed" (no rank writes a slot gradient again
-//                    before its home has read and zeroed it).
+// Synchronisation (the copy tree of the plan, relay_src; docs/relayed-prefetch.md; level 1 = direct from the home):
+//   prefetch_weight  barrier "start" (homes' weights are final); per tree level 1..D each rank pulls its slots of
+//                    that level from their sources (the home's weights or the relay's slot); barrier "relay level"
+//                    between levels.
+//   reduce_grad      barrier "start" (every rank's slot gradients are final); per level D-1..1 each relay adds the
+//                    gradients of its children (ascending (rank, slot)) into its own slot gradient and zeroes
+//                    theirs, barrier "relay level"; then each home pulls and zeroes its children's slots in
+//                    ascending (rank, slot) order; barrier "slots consumed" (no rank writes a slot gradient again
+//                    before its parent has read and zeroed it). Without relays (D = 1) this is the home pulling
+//                    every copy in (rank, slot) order, as before.
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)
@@ -17,7 +22,9 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "evenep/detail/plan_relay.hpp"
 #include "evenep/error.hpp"
 #include "local_status.hpp"
 
@@ -36,6 +43,25 @@ void check_plan(const Plan& plan, const BufferConfig& cfg, int rank, const char*
     EVENEP_CHECK(plan.copies.size() == static_cast<size_t>(a.R) * a.num_slots(), call, ": rank ", rank,
                  ": the plan's copies table has ", plan.copies.size(),
                  " slots, expected R*B = ", static_cast<int64_t>(a.R) * a.num_slots());
+}
+
+// Tree level of every slot [R*B] (0: empty) and the deepest level; throws on a broken tree.
+int relay_levels(const Plan& plan, std::vector<int>& level) {
+    const Config& c = plan.cfg;
+    const detail::RelayDims d{c.R, c.E, c.epn(), c.num_slots()};
+    const size_t n = static_cast<size_t>(c.R) * d.B;
+    EVENEP_CHECK(plan.relay_src.size() == n && plan.relay_round.size() == n, "expert pool: the plan's copy tree has ",
+                 plan.relay_src.size(), " entries, expected R*B = ", n);
+    level.assign(n, 0);
+    int deepest = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (plan.copies[i] < 0) continue;
+        level[i] = detail::relay_level(d, plan.copies.data(), plan.relay_src.data(), static_cast<int>(i));
+        EVENEP_CHECK(level[i] > 0, "expert pool: rank ", i / d.B, " slot ", i % d.B, " (expert ", plan.copies[i],
+                     "): relay source ", plan.relay_src[i], " does not lead to the home rank");
+        deepest = std::max(deepest, level[i]);
+    }
+    return deepest;
 }
 
 void check_layer(const ExpertWeights& layer, const BufferConfig& cfg, int rank, const char* call) {
@@ -147,6 +173,8 @@ void ExpertPool::begin_phase(const Plan& plan, const ExpertWeights& layer, const
     status.run([&] {
         check_plan(plan, cfg_, rank_, call);
         check_layer(layer, cfg_, rank_, call);
+        std::vector<int> level;
+        (void)relay_levels(plan, level);
     });
     const int bad = team_.barrier(std::string(call) + ": start", status.ok);
     status.throw_if_failed(bad, call, "nothing was moved");
@@ -155,42 +183,66 @@ void ExpertPool::begin_phase(const Plan& plan, const ExpertWeights& layer, const
 void ExpertPool::prefetch_weight(const Plan& plan, const ExpertWeights& layer) {
     const int B = static_cast<int>(layout_.B), epn = cfg_.cfg.epn();
     begin_phase(plan, layer, "prefetch_weight");
+    std::vector<int> level;
+    const int deepest = relay_levels(plan, level);  // checked in begin_phase: the same answer on every rank
     const int64_t n = layout_.expert_elems();
-    for (int b = 0; b < B; ++b) {
-        const int32_t e = plan.copies[static_cast<size_t>(rank_) * B + b];
-        if (e < 0) continue;
-        SlotContent& sc = slots_[b];
-        const int home = e / epn;
-        const uint64_t version = layer.version(home);
-        if (sc.expert == e && sc.layer == &layer && sc.version == version) continue;
-        EVENEP_ASSERT(home != rank_, "prefetch_weight: rank ", rank_, " slot ", b, " holds its own expert ", e);
-        for (int p = 0; p < detail::kNumProjections; ++p)
-            std::memcpy(slot_weight(p, b).data(), layer.peer_weight(p, home, e % epn), static_cast<size_t>(n) * 2);
-        sc = SlotContent{e, &layer, version};
-        traffic_.rows += 1;
-        traffic_.move(home, rank_, detail::kNumProjections * n * 2);
+    for (int lvl = 1; lvl <= deepest; ++lvl) {
+        if (lvl > 1) team_.barrier("prefetch_weight: relay level");
+        for (int b = 0; b < B; ++b) {
+            const size_t i = static_cast<size_t>(rank_) * B + b;
+            const int32_t e = plan.copies[i];
+            if (e < 0 || level[i] != lvl) continue;
+            SlotContent& sc = slots_[b];
+            const int home = e / epn, src = plan.relay_src[i];
+            const uint64_t version = layer.version(home);
+            if (sc.expert == e && sc.layer == &layer && sc.version == version) continue;
+            EVENEP_ASSERT(home != rank_, "prefetch_weight: rank ", rank_, " slot ", b, " holds its own expert ", e);
+            const int from = src == home ? -1 : detail::relay_slot_of(plan.copies.data(), B, src, e);
+            for (int p = 0; p < detail::kNumProjections; ++p) {
+                const void* w = from < 0 ? static_cast<const void*>(layer.peer_weight(p, home, e % epn))
+                                         : static_cast<const void*>(peers_[src] + layout_.slot_w(p, from));
+                std::memcpy(slot_weight(p, b).data(), w, static_cast<size_t>(n) * 2);
+            }
+            sc = SlotContent{e, &layer, version};
+            traffic_.rows += 1;
+            traffic_.move(src, rank_, detail::kNumProjections * n * 2);
+        }
     }
 }
 
 void ExpertPool::reduce_grad(const Plan& plan, ExpertWeights& layer) {
     const int R = cfg_.cfg.R, B = static_cast<int>(layout_.B), epn = cfg_.cfg.epn();
     begin_phase(plan, layer, "reduce_grad");
+    std::vector<int> level;
+    const int deepest = relay_levels(plan, level);
     const int64_t n = layout_.expert_elems();
-    for (int le = 0; le < epn; ++le) {
-        const int32_t e = rank_ * epn + le;
+    // Adds the slot gradients of expert e's children of this rank (relay_src == rank_) into dst(p), ascending
+    // (rank, slot), zeroing them.
+    const auto pull_children = [&](int32_t e, auto&& dst) {
         for (int r = 0; r < R; ++r)
             for (int b = 0; b < B; ++b) {
-                if (plan.copies[static_cast<size_t>(r) * B + b] != e) continue;
+                const size_t i = static_cast<size_t>(r) * B + b;
+                if (plan.copies[i] != e || plan.relay_src[i] != rank_) continue;
                 for (int p = 0; p < detail::kNumProjections; ++p) {
                     float* src = reinterpret_cast<float*>(peers_[r] + layout_.slot_grad(p, b));
-                    float* dst = layer.grad(p, le).data();
-                    for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+                    float* d = dst(p);
+                    for (int64_t k = 0; k < n; ++k) d[k] += src[k];
                     std::fill(src, src + n, 0.0f);
                 }
                 traffic_.rows += 1;
                 traffic_.move(r, rank_, detail::kNumProjections * n * 4);
             }
+    };
+    for (int lvl = deepest - 1; lvl >= 1; --lvl) {
+        for (int b = 0; b < B; ++b) {
+            const size_t i = static_cast<size_t>(rank_) * B + b;
+            if (plan.copies[i] >= 0 && level[i] == lvl)
+                pull_children(plan.copies[i], [&](int p) { return slot_grad(p, b).data(); });
+        }
+        team_.barrier("reduce_grad: relay level");
     }
+    for (int le = 0; le < epn; ++le)
+        pull_children(rank_ * epn + le, [&](int p) { return layer.grad(p, le).data(); });
     team_.barrier("reduce_grad: slots consumed");
 }
 

@@ -182,34 +182,22 @@ inline std::string plan_diff(const Plan& a, const Plan& b) {
     };
     if (a.cfg.to_string() != b.cfg.to_string()) os << "cfg: " << a.cfg.to_string() << " vs " << b.cfg.to_string();
     if (os.str().empty() && a.mode != b.mode) os << "mode differs";
-    cmp("s", a.s, b.s);
-    cmp("tpe", a.tpe, b.tpe);
-    cmp("expert_load", a.expert_load, b.expert_load);
-    cmp("load_before", a.load_before, b.load_before);
-    cmp("q", a.q, b.q);
-    cmp("alloc", a.alloc, b.alloc);
-    cmp("local_keep", a.local_keep, b.local_keep);
-    cmp("rest_prefix", a.rest_prefix, b.rest_prefix);
-    cmp("cap_prefix", a.cap_prefix, b.cap_prefix);
-    cmp("seg_row", a.seg_row, b.seg_row);
-    cmp("group_expert", a.group_expert, b.group_expert);
-    cmp("group_count", a.group_count, b.group_count);
-    cmp("cu_seqlens", a.cu_seqlens, b.cu_seqlens);
-    std::vector<int> sa(a.group_source.size()), sb(b.group_source.size());
-    for (size_t i = 0; i < sa.size(); ++i) sa[i] = static_cast<int>(a.group_source[i]);
-    for (size_t i = 0; i < sb.size(); ++i) sb[i] = static_cast<int>(b.group_source[i]);
-    cmp("group_source", sa, sb);
-    cmp("group_slot", a.group_slot, b.group_slot);
-    cmp("copies", a.copies, b.copies);
-    cmp("remote_experts", a.remote_experts, b.remote_experts);
-    cmp("copies_received", a.copies_received, b.copies_received);
-    cmp("copies_pushed", a.copies_pushed, b.copies_pushed);
-    cmp("peer_reads", a.peer_reads, b.peer_reads);
-    cmp("crossing_out", a.crossing_out, b.crossing_out);
+    // Every array of the one list (evenep::for_each_array), as int64 values.
+    const auto values = [](const Plan& p) {
+        std::vector<std::pair<const char*, std::vector<int64_t>>> out;
+        for_each_array(p, [&](const char* name, PlanExtent, const auto& v) {
+            std::vector<int64_t> w(v.size());
+            for (size_t i = 0; i < v.size(); ++i) w[i] = static_cast<int64_t>(v[i]);
+            out.emplace_back(name, std::move(w));
+        });
+        return out;
+    };
+    const auto va = values(a), vb = values(b);
+    for (size_t k = 0; k < va.size(); ++k) cmp(va[k].first, va[k].second, vb[k].second);
     const std::vector<int64_t> ca{a.cost.max_rank_copy_traffic, a.cost.total_copies, a.cost.crossing_rows,
-                                  a.cost.moved_entries};
+                                  a.cost.moved_entries, a.cost.copy_critical_path, a.cost.direct_critical_path};
     const std::vector<int64_t> cb{b.cost.max_rank_copy_traffic, b.cost.total_copies, b.cost.crossing_rows,
-                                  b.cost.moved_entries};
+                                  b.cost.moved_entries, b.cost.copy_critical_path, b.cost.direct_critical_path};
     cmp("cost", ca, cb);
     return os.str();
 }

@@ -6,6 +6,9 @@
 //       g + slot(r0,b0) + slot(r1,b1) + ... in ascending (rank, slot) fp32 order, consumed slots are zero, unused
 //       slot gradients and gradients of uncopied experts are untouched. Shapes: 3 projections x 64 elements,
 //       1 projection x 40008 elements (several 32 KiB tiles and a partial one), B < epn (inference), R = 8.
+//       *_relay: EpOptions::relay on a hot-expert routing (a copy tree deeper than one level, asserted): slots
+//       still equal their home weights; the gradients follow the tree (a relay's slot + its children ascending
+//       (rank, slot), then the home + its children ascending), the order of the CPU backend.
 //   ExpertsTest.ReduceTwiceIsDeterministic  the same inputs reduced twice give the same bits
 //   ExpertPoolTest.LayersShareSlots  two layers on one ExpertPool: each prefetch fills the shared slots with that
 //       layer's home weights; ExpertPool::holds names the last layer and plan
@@ -16,6 +19,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,6 +41,7 @@ struct Shape {
     int R, E, B, P;
     int64_t elems;
     const char* name;
+    bool relay = false;  // EpOptions::relay on a hot-expert routing
 };
 
 struct Fixture {
@@ -70,11 +75,15 @@ Fixture make_fixture(const Shape& sh) {
     f.cfg.S = 64;
     f.cfg.tp = 8;
     f.cfg.B = sh.B;
-    f.ep = std::make_unique<DeviceEp>(f.cfg, 8);
+    EpOptions options;
+    options.relay = sh.relay;
+    f.ep = std::make_unique<DeviceEp>(f.cfg, 8, options);
     f.io = std::make_unique<GroupIo>(sh.R, f.cfg.S, f.cfg.K, 8);
     testing::RoutingOptions ro;
     ro.skew = 3.0;
-    const Routing routing = testing::random_routing(f.cfg, 99, ro);
+    const Routing routing =
+        sh.relay ? make_adversarial({sh.R, sh.E, f.cfg.K, f.cfg.S, 3}, Adversarial::kSingleHotExpert)
+                 : testing::random_routing(f.cfg, 99, ro);
     for (int r = 0; r < sh.R; ++r) f.io->idx[r].upload(routing.topk_idx[r]);
     f.ep_plan = f.ep->plan(f.io->io, routing.s, nullptr);
     f.ep->check(nullptr);
@@ -97,6 +106,12 @@ TEST_P(ExpertsTest, PrefetchAndReduce) {
     int num_copies = 0;
     for (int32_t e : f.plan.copies) num_copies += e >= 0;
     ASSERT_GT(num_copies, 0) << "the routing must produce copies";
+    int relayed = 0;
+    for (size_t i = 0; i < f.plan.copies.size(); ++i)
+        relayed += f.plan.copies[i] >= 0 && f.plan.relay_src[i] != f.plan.copies[i] / epn;
+    if (sh.relay) {
+        ASSERT_GT(relayed, 0) << "the relay cases must forward some copy";
+    }
     // Inputs: random weights and gradients, sentinel slots.
     for (int r = 0; r < R; ++r)
         for (int p = 0; p < sh.P; ++p) {
@@ -130,17 +145,22 @@ TEST_P(ExpertsTest, PrefetchAndReduce) {
             for (int g = 0; g < epn; ++g) want_grad[(r * sh.P + p) * epn + g] = get(f.ex->grad(r, p, g), n);
             for (int b = 0; b < B; ++b) want_slot[(r * sh.P + p) * B + b] = get(f.ex->slot_grad(r, p, b), n);
         }
-    for (int r = 0; r < R; ++r)
-        for (int b = 0; b < B; ++b) {
-            const int32_t e = f.plan.copies[static_cast<size_t>(r) * B + b];
-            if (e < 0) continue;
-            for (int p = 0; p < sh.P; ++p) {
-                std::vector<float>& g = want_grad[((e / epn) * sh.P + p) * epn + e % epn];
-                std::vector<float>& s = want_slot[(r * sh.P + p) * B + b];
-                for (size_t i = 0; i < n; ++i) g[i] = g[i] + s[i];
-                std::fill(s.begin(), s.end(), 0.0f);
-            }
-        }
+    // The copy tree (direct: every copy's parent is its home): acc(parent) += subtree sum of each child, children in
+    // ascending (rank, slot) order, a child's subtree sum being its own slot gradient plus its children's.
+    const std::function<void(int, int32_t, int, std::vector<float>&)> add_children =
+        [&](int parent, int32_t e, int p, std::vector<float>& acc) {
+            for (int q = 0; q < R; ++q)
+                for (int b = 0; b < B; ++b) {
+                    const size_t k = static_cast<size_t>(q) * B + b;
+                    if (f.plan.copies[k] != e || f.plan.relay_src[k] != parent) continue;
+                    std::vector<float>& s = want_slot[(q * sh.P + p) * B + b];
+                    add_children(q, e, p, s);
+                    for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + s[i];
+                    std::fill(s.begin(), s.end(), 0.0f);
+                }
+        };
+    for (int32_t e = 0; e < f.cfg.E; ++e)
+        for (int p = 0; p < sh.P; ++p) add_children(e / epn, e, p, want_grad[((e / epn) * sh.P + p) * epn + e % epn]);
     f.ex->reduce_grad(*f.ep, f.ep_plan, nullptr);
     f.ep->check(nullptr);
     for (int r = 0; r < R; ++r)
@@ -163,7 +183,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes,
                          ::testing::Values(Shape{4, 16, -1, 3, 64, "R4_E16_P3_small"},
                                            Shape{4, 16, -1, 1, 40008, "R4_E16_P1_multitile"},
                                            Shape{4, 32, 3, 2, 136, "R4_E32_B3_inference"},
-                                           Shape{8, 64, -1, 1, 1024, "R8_E64_P1"}),
+                                           Shape{8, 64, -1, 1, 1024, "R8_E64_P1"},
+                                           Shape{8, 32, -1, 2, 136, "R8_E32_P2_relay", true},
+                                           Shape{8, 64, -1, 1, 40008, "R8_E64_P1_multitile_relay", true}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(ExpertsDeterminismTest, ReduceTwiceIsDeterministic) {

@@ -2,7 +2,8 @@
 //
 // Cases:
 //   GpuPlannerTest.RandomHistogramsMatchCpu/{parallel,serial}_{optimized,reference}  random configurations
-//       (R 1..16, epn 1..48, K, tp, B <= epn) and skewed histograms, every rank's plan copy vs make_plan
+//       (R 1..16, epn 1..48, K, tp, B <= epn) and skewed histograms, every rank's plan copy vs make_plan; every
+//       second instance with relays (EpOptions::relay vs Planner::set_relay: the copy tree too)
 //   FusedPlanTest.FusedPathMatchesCpu/<routing>  histogram on device + all-gather + plan + dst from topk_idx, for the
 //       library's routings (lognormal, round robin, every adversarial kind incl. masked and unequal s_r), both modes
 //   GpuPlannerRoutingTest.RandomRoutingsMatchCpu  random routings with masks, unequal s, hot subsets, small and large
@@ -99,14 +100,19 @@ void expect_tpe_plan_equal(const Config& cfg,
                            const std::vector<int32_t>& s,
                            PlannerMode mode,
                            PlannerKernel kernel,
-                           const std::string& what) {
+                           const std::string& what,
+                           bool relay = false) {
     EpOptions opt;
     opt.mode = mode;
     opt.planner_kernel = kernel;
+    opt.relay = relay;
     DeviceEp ep(cfg, 8, opt);
     const EpPlan plan = plan_from_tpe(ep, tpe, s, nullptr);
     ep.check(nullptr);
-    const Plan cpu = make_plan(cfg, mode, tpe, s);
+    Planner planner(cfg, mode);
+    planner.set_relay(relay);
+    Plan cpu;
+    planner.plan(tpe, s, cpu);
     for (int r = 0; r < cfg.R; ++r) ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "") << what << ": rank " << r;
 }
 
@@ -130,8 +136,9 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
         for (int r = 0; r < R; ++r) s[r] = rng.chance(0.5) ? S : rng.between(1, S);
         const double skew = rng.chance(0.3) ? 0.0 : rng.uniform() * 3.0;
         const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), skew);
+        const bool relay = it % 2 == 1;  // every second instance plans the relayed copy tree too
         expect_tpe_plan_equal(cfg, tpe, s, mode, kernel,
-                              testing_cat("instance ", it, " ", cfg.to_string(), " skew ", skew));
+                              testing_cat("instance ", it, " ", cfg.to_string(), " skew ", skew, " relay ", relay), relay);
         if (HasFatalFailure()) return;
     }
 }

@@ -467,7 +467,7 @@ TEST(PlanJson, FieldsAndShapes) {
         const Plan& p = f.plan;
         const auto j = nlohmann::json::parse(plan_to_json(p, f.dst));
         const size_t R = 4, E = 16, G = 8, B = 4;
-        EXPECT_EQ(j.at("schema"), "evenep.plan/1");
+        EXPECT_EQ(j.at("schema"), "evenep.plan/2");
         EXPECT_EQ(j.at("planner"), std::string(to_string(mode)));
         const auto& c = j.at("config");
         EXPECT_EQ(c.at("R"), 4);
@@ -486,6 +486,8 @@ TEST(PlanJson, FieldsAndShapes) {
         EXPECT_EQ(j.at("cu_seqlens").get<std::vector<std::vector<int32_t>>>(), rows_of(p.cu_seqlens, R, G));
         EXPECT_EQ(j.at("group_count").get<std::vector<std::vector<int32_t>>>(), rows_of(p.group_count, R, G));
         EXPECT_EQ(j.at("copies").get<std::vector<std::vector<int32_t>>>(), rows_of(p.copies, R, B));
+        EXPECT_EQ(j.at("relay_src").get<std::vector<std::vector<int32_t>>>(), rows_of(p.relay_src, R, B));
+        EXPECT_EQ(j.at("relay_round").get<std::vector<std::vector<int32_t>>>(), rows_of(p.relay_round, R, B));
         const auto& src = j.at("group_source");
         ASSERT_EQ(src.size(), R);
         const char* names[] = {"empty", "local", "slot", "peer"};
@@ -499,6 +501,8 @@ TEST(PlanJson, FieldsAndShapes) {
         EXPECT_EQ(cost.at("total_copies").get<int64_t>(), p.cost.total_copies);
         EXPECT_EQ(cost.at("crossing_rows").get<int64_t>(), p.cost.crossing_rows);
         EXPECT_EQ(cost.at("moved_entries").get<int64_t>(), p.cost.moved_entries);
+        EXPECT_EQ(cost.at("copy_critical_path").get<int64_t>(), p.cost.copy_critical_path);
+        EXPECT_EQ(cost.at("direct_critical_path").get<int64_t>(), p.cost.direct_critical_path);
         const auto& pr = j.at("per_rank");
         EXPECT_EQ(pr.at("load_before").get<std::vector<int64_t>>(), p.load_before);
         EXPECT_EQ(pr.at("remote_experts").get<std::vector<int32_t>>(), p.remote_experts);
@@ -515,7 +519,7 @@ TEST(PlanJson, FieldsAndShapes) {
         // Keys in the documented order.
         const std::vector<std::string> order = {
             "schema",     "planner",     "config",       "s",      "tpe",  "q",        "alloc", "group_expert",
-            "cu_seqlens", "group_count", "group_source", "copies", "cost", "per_rank", "dst"};
+            "cu_seqlens", "group_count", "group_source", "copies", "relay_src", "relay_round", "cost", "per_rank", "dst"};
         const auto ordered = nlohmann::ordered_json::parse(plan_to_json(p, f.dst));
         std::vector<std::string> keys;
         for (const auto& [k, v] : ordered.items()) keys.push_back(k);

@@ -8,6 +8,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "evenep/buffer.hpp"
+#include "evenep/detail/plan_relay.hpp"
 #include "evenep/error.hpp"
 #include "evenep/io.hpp"
 #include "evenep/plan.hpp"
@@ -24,6 +25,7 @@ struct PlanOptions {
     bool check = false;
     bool quiet = false;
     bool legacy = false;
+    bool relay = false;
     std::string json_file;
 };
 
@@ -58,6 +60,7 @@ void run_plan(const PlanOptions& opt) {
     const Config& cfg = in.cfg;
     check_estimate("plan", plan_estimate(opt, in), opt.routing.limits);
     Planner planner(cfg, in.mode, !opt.legacy);
+    planner.set_relay(opt.relay);
     Plan plan;
     std::vector<double> times;
     for (int i = 0; i < std::max(1, opt.repeat); ++i) {
@@ -108,6 +111,14 @@ void run_plan(const PlanOptions& opt) {
                    "Theorem-2 worst-case need ceil(E(R-1)/R^2) = {}\n",
                    plan.cost.total_copies, plan.cost.max_rank_copy_traffic, cfg.epn(),
                    theorem2_lower_bound(cfg.E, cfg.R));
+        {
+            std::vector<int32_t> work(detail::plan_relay_work_size(cfg.R, cfg.E, cfg.num_slots()));
+            const int32_t bound = detail::plan_relay_lower_bound(
+                detail::RelayDims{cfg.R, cfg.E, cfg.epn(), cfg.num_slots()}, plan.copies.data(), work.data());
+            fmt::print("copy critical path: {} rounds {} (direct pushes: {}; lower bound of any relay tree: {})\n",
+                       plan.cost.copy_critical_path, opt.relay ? "with relays" : "of direct pushes (--relay plans relays)",
+                       plan.cost.direct_critical_path, bound);
+        }
         int64_t peer = 0;
         for (int32_t p : plan.peer_reads) peer += p;
         if (peer > 0) fmt::print("peer-read remote experts (B = {} < epn): {}\n", cfg.num_slots(), peer);
@@ -186,9 +197,12 @@ void register_plan(CLI::App& app) {
                   "optimized mode: only the first release's candidates (two global fills, no overshoot, push "
                   "spreading or paths; CPU only), to measure what the default set buys; refused with --planner "
                   "reference");
+    cmd->add_flag("--relay", opt->relay,
+                  "relayed prefetch: ranks that received a copy forward it when that shortens the copy critical path "
+                  "(docs/relayed-prefetch.md)");
     cmd->add_flag("--quiet", opt->quiet, "print nothing but errors and the check line");
     add_output_file(*cmd, "--json", opt->json_file,
-                    "write the plan as JSON (schema evenep.plan/1, docs/plan-schema.md); opened before the run");
+                    "write the plan as JSON (schema evenep.plan/2, docs/plan-schema.md); opened before the run");
     cmd->callback([opt] { run_plan(*opt); });
 }
 

@@ -53,6 +53,7 @@ struct EpOptions {
     int sm_budget = 32;        // SMs per virtual rank for the communication kernels (clamped to co-residency)
     int max_plan_blocks = 64;  // blocks per rank of the plan kernel (sizes the per-block histograms)
     int channel = 0;           // the team channel of the data-path kernels (Experts default to channel 1)
+    bool relay = false;        // plans carry the relayed copy tree (Planner::set_relay; docs/relayed-prefetch.md)
     TeamOptions team;          // for the convenience constructors that create their team (DeviceEp, NcclEp)
 };
 

@@ -13,22 +13,38 @@
 #include "evenep/detail/host_device.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/detail/plan_core.hpp"
+#include "evenep/detail/plan_relay.hpp"
+#include "evenep/plan.hpp"
 
 namespace evenep::cuda {
 
 inline constexpr size_t kLayoutAlign = 256;
 
+// The byte offset of one plan array of element type T inside the rank's allocation; converts to size_t.
+template <typename T>
+struct PlanOffset {
+    using value_type = T;
+    size_t at = 0;
+    EVENEP_HOST_DEVICE constexpr operator size_t() const { return at; }
+};
+
 // Byte offsets of a plan's arrays inside the rank's allocation (sizes as in evenep/plan.hpp), plus the planner's
-// workspace. Each rank holds its own copy of the whole plan (decentralised planning, SPEC §3).
+// workspace. Each rank holds its own copy of the whole plan (decentralised planning, SPEC §3). The array members
+// carry the names of Plan's arrays: evenep::for_each_array visits them, so the offsets derive from the one list.
 struct PlanOffsets {
-    size_t s, cost, expert_load, load_before, crossing_out, q, alloc, local_keep, rest_prefix, cap_prefix, seg_row,
-        group_expert, group_count, cu_seqlens, group_slot, copies, remote_experts, copies_received, copies_pushed,
-        peer_reads, group_source;
+    PlanOffset<int32_t> s, tpe, q, alloc, local_keep, rest_prefix, cap_prefix, seg_row, group_expert, group_count,
+        cu_seqlens, group_slot, copies, relay_src, relay_round, remote_experts, copies_received, copies_pushed, peer_reads;
+    PlanOffset<int64_t> expert_load, load_before, crossing_out;
+    PlanOffset<int8_t> group_source;  // WeightSource values
+    size_t cost;                    // [kPlanCostWords] int64: PlanCost in declaration order
     size_t work64, work32;          // planner workspace (int64 / int32 words)
     size_t num_work64, num_work32;  // their sizes in words
     size_t scratch;                 // PlanScratchLayout bytes (the block planner's state when not in smem)
     size_t timing;                  // [24] int64: phase timestamps and loop counts (benchmark breakdown)
 };
+
+// int64 words of the device copy of PlanCost.
+inline constexpr int kPlanCostWords = 6;
 
 // Planner workspace, carved from work64/work32 (see plan_block.cuh for how each part is used).
 struct PlanWorkOffsets {
@@ -59,8 +75,11 @@ struct PlanWorkOffsets {
         return static_cast<size_t>(R) * R + 5 * static_cast<size_t>(R) + 3 * static_cast<size_t>(E) + 14;
     }
     EVENEP_HOST_DEVICE static constexpr size_t num_words32(int R, int E) {
-        // The serial planner kernel (plan_core's PlanWork: plan_work32_size = 6*E*R + 3*R); the block planner less.
-        return 6 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
+        // The serial planner kernel (plan_core's PlanWork: plan_work32_size = 6*E*R + 3*R); the block planner less;
+        // the copy tree post-pass (plan_relay.hpp) at most 2*R*R*B + 2*E + 3*R <= 2*E*R + 2*E + 3*R (B <= epn).
+        const size_t planner = 6 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
+        const size_t relay = static_cast<size_t>(detail::plan_relay_work_size(R, E, E / R));
+        return planner > relay ? planner : relay;
     }
 };
 
@@ -111,14 +130,15 @@ struct EpLayout {
     int slack_ppm;   // imbalance budget (Config::slack_ppm): sizes nvs and is passed to the planner
     int64_t nvs;     // receive rows per rank (SPEC invariant 4, grown by the slack bound)
     detail::BufferLayout buf;
-    size_t tpe;   // [R*E] int32: every rank's histogram, contiguous (the plan's tpe)
+    size_t plan_begin;  // start of the plan region (hist, dst, the plan arrays; ends at plan.work64)
+    size_t tpe;   // [R*E] int32: every rank's histogram, contiguous (the plan's tpe, = plan.tpe)
     size_t hist;  // [max_blocks*E] int32: per-block histograms, then their exclusive prefix over blocks
     size_t dst;   // [S*K] int32: encoded destinations of this rank's entries (SPEC §3.4)
     PlanOffsets plan;
     size_t total_bytes;
 
-    EVENEP_HOST_DEVICE static EpLayout make(int R, int E, int K, int S, int tp, int B, int H, int max_blocks,
-                                            int slack_ppm) {
+    // Host only (the offsets come from evenep::for_each_array); kernels receive the finished struct.
+    static EpLayout make(int R, int E, int K, int S, int tp, int B, int H, int max_blocks, int slack_ppm) {
         EpLayout l{};
         l.R = R, l.E = E, l.K = K, l.S = S, l.tp = tp, l.B = B, l.epn = E / R, l.G = 2 * (E / R), l.H = H;
         l.max_blocks = max_blocks;
@@ -131,32 +151,18 @@ struct EpLayout {
             o = detail::align_up(o + bytes, kLayoutAlign);
             return at;
         };
-        const size_t RE = static_cast<size_t>(R) * E, RG = static_cast<size_t>(R) * l.G;
-        l.tpe = take(4 * RE);
+        l.plan_begin = o;
         l.hist = take(4 * static_cast<size_t>(max_blocks) * E);
         l.dst = take(4 * static_cast<size_t>(S) * K);
         PlanOffsets& p = l.plan;
-        p.s = take(4 * static_cast<size_t>(R));
-        p.cost = take(8 * 4);
-        p.expert_load = take(8 * static_cast<size_t>(E));
-        p.load_before = take(8 * static_cast<size_t>(R));
-        p.crossing_out = take(8 * static_cast<size_t>(R));
-        p.q = take(4 * static_cast<size_t>(R));
-        p.alloc = take(4 * RE);
-        p.local_keep = take(4 * RE);
-        p.rest_prefix = take(4 * static_cast<size_t>(E) * (R + 1));
-        p.cap_prefix = take(4 * static_cast<size_t>(E) * (R + 1));
-        p.seg_row = take(4 * RE);
-        p.group_expert = take(4 * RG);
-        p.group_count = take(4 * RG);
-        p.cu_seqlens = take(4 * RG);
-        p.group_slot = take(4 * RG);
-        p.copies = take(4 * static_cast<size_t>(R) * (B > 0 ? B : 1));
-        p.remote_experts = take(4 * static_cast<size_t>(R));
-        p.copies_received = take(4 * static_cast<size_t>(R));
-        p.copies_pushed = take(4 * static_cast<size_t>(R));
-        p.peer_reads = take(4 * static_cast<size_t>(R));
-        p.group_source = take(RG);
+        p.cost = take(8 * kPlanCostWords);
+        Config cfg;
+        cfg.R = R, cfg.E = E, cfg.K = K, cfg.S = S, cfg.tp = tp, cfg.B = B;
+        for_each_array(p, [&](const char*, PlanExtent x, auto& off) {
+            const size_t n = plan_extent_size(cfg, x);
+            off.at = take(sizeof(typename std::decay_t<decltype(off)>::value_type) * (n > 0 ? n : 1));
+        });
+        l.tpe = p.tpe;
         p.num_work64 = PlanWorkOffsets::num_words64(R, E);
         p.num_work32 = PlanWorkOffsets::num_words32(R, E);
         p.work64 = take(8 * p.num_work64);

@@ -22,6 +22,7 @@
 #include "cuda/kernels/launch.cuh"
 #include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/detail/layout.hpp"
+#include "evenep/detail/plan_relay.hpp"
 
 namespace evenep::cuda {
 namespace {
@@ -43,6 +44,7 @@ struct PlanParams {
     int scratch_in_smem;  // the block planner's state lives in dynamic shared memory (else the global workspace)
     int route_in_smem;    // phase 4 reads the route tables from shared memory
     int repeat;           // plan_only: plans per launch (1; more only to measure warm-cache phase times)
+    int relay;            // plan the relayed copy tree (detail/plan_relay.hpp), else direct pushes
 };
 
 // Dynamic shared memory of both plan kernels (one declaration: the two kernels share this translation unit).
@@ -75,7 +77,7 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
             sc.tpe = const_cast<int32_t*>(tpe);  // already in place: no copy
             device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
         }
-        (void)w64, (void)w32;
+        (void)w64;
     } else {
         device::plan_block_serial(d, tpe, a, cost, w64, w32);
         __syncthreads();
@@ -85,6 +87,17 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
                     device::record_error(p.team, DeviceErrorKind::kInternal, rank, -1, Phase::kPlanReady, -1, -1,
                                          a.remote_experts[r], L.epn, 0);
     }
+    // The copy tree: the same post-pass as the CPU planner's, on the finished copies table (one thread; the planner
+    // workspace w32 is free again here).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const detail::RelayPaths paths = detail::plan_relays(
+            detail::RelayDims{L.R, L.E, L.epn, L.B}, a.copies, EpLayout::at<int32_t>(base, L.plan.relay_src),
+            EpLayout::at<int32_t>(base, L.plan.relay_round), w32, p.relay != 0);
+        cost[4] = paths.critical_path;
+        cost[5] = paths.direct_critical_path;
+    }
+    __syncthreads();
 }
 
 template <int kThreads, bool kParallel>
@@ -315,8 +328,10 @@ int launch_plan(const TeamView& team,
                 bool locality,
                 PlannerKernel kernel,
                 int sm_budget,
-                cudaStream_t stream) {
-    const PlanParams p = make_params(team, layout, d_io, s, s_total, locality);
+                cudaStream_t stream,
+                bool relay) {
+    PlanParams p = make_params(team, layout, d_io, s, s_total, locality);
+    p.relay = relay ? 1 : 0;
     return kernel == PlannerKernel::kParallel ? launch_plan_impl<true>(p, sm_budget, stream)
                                               : launch_plan_impl<false>(p, sm_budget, stream);
 }
@@ -329,8 +344,10 @@ void launch_plan_only(const TeamView& team,
                       int rank_begin,
                       int num_ranks,
                       cudaStream_t stream,
-                      int repeat) {
+                      int repeat,
+                      bool relay) {
     PlanParams p = make_params(team, layout, nullptr, s, -1, locality);
+    p.relay = relay ? 1 : 0;
     EVENEP_CHECK(repeat >= 1, "plan: repeat = ", repeat);
     p.repeat = repeat;
     EVENEP_CHECK(rank_begin >= 0 && num_ranks >= 1 && rank_begin + num_ranks <= layout.R, "plan: ranks [", rank_begin,

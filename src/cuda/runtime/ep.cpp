@@ -3,6 +3,8 @@
 
 #include <climits>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
@@ -48,8 +50,8 @@ namespace {
 
 // The plan region of a rank's buffer: every array a plan leaves for the data path (histograms, per-block prefixes,
 // encoded destinations, the plan arrays); the planner's workspace after it is scratch.
-size_t plan_begin(const EpLayout& l) { return l.tpe; }
-size_t plan_bytes(const EpLayout& l) { return l.plan.work64 - l.tpe; }
+size_t plan_begin(const EpLayout& l) { return l.plan_begin; }
+size_t plan_bytes(const EpLayout& l) { return l.plan.work64 - l.plan_begin; }
 
 bool capturing(cudaStream_t stream) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -224,7 +226,7 @@ EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStre
     const RankIo* d_io = store_io(fwd_, io, stream);
     last_blocks_ =
         launch_plan(view(options_.channel), layout_, d_io, s, s_total, options_.mode == PlannerMode::kOptimized,
-                    options_.planner_kernel, options_.sm_budget, stream);
+                    options_.planner_kernel, options_.sm_budget, stream, options_.relay);
     return plan;
 }
 
@@ -343,37 +345,28 @@ const char* Ep::plan_source(const EpPlan& plan, int rank, size_t) const {
 
 Plan Ep::download_plan(const EpPlan& plan, int rank) const {
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    const int R = cfg_.R, E = cfg_.E, G = cfg_.num_groups(), B = cfg_.num_slots();
-    const PlanOffsets& o = layout_.plan;
     const char* src = plan_source(plan, rank, 0);
+    // The arrays' offsets in list order (evenep::for_each_array over PlanOffsets), then every array of the Plan.
+    std::vector<std::pair<size_t, size_t>> offsets;  // (byte offset, element bytes)
+    PlanOffsets o = layout_.plan;
+    for_each_array(o, [&](const char*, PlanExtent, auto& off) {
+        offsets.emplace_back(off.at, sizeof(typename std::decay_t<decltype(off)>::value_type));
+    });
     Plan p;
     p.cfg = cfg_;
     p.mode = options_.mode;
-    p.s = download<int32_t>(src, o.s, R);
-    p.tpe = download<int32_t>(src, layout_.tpe, static_cast<size_t>(R) * E);
-    p.expert_load = download<int64_t>(src, o.expert_load, E);
-    p.load_before = download<int64_t>(src, o.load_before, R);
-    p.q = download<int32_t>(src, o.q, R);
-    p.alloc = download<int32_t>(src, o.alloc, static_cast<size_t>(E) * R);
-    p.local_keep = download<int32_t>(src, o.local_keep, static_cast<size_t>(E) * R);
-    p.rest_prefix = download<int32_t>(src, o.rest_prefix, static_cast<size_t>(E) * (R + 1));
-    p.cap_prefix = download<int32_t>(src, o.cap_prefix, static_cast<size_t>(E) * (R + 1));
-    p.seg_row = download<int32_t>(src, o.seg_row, static_cast<size_t>(R) * E);
-    p.group_expert = download<int32_t>(src, o.group_expert, static_cast<size_t>(R) * G);
-    p.group_count = download<int32_t>(src, o.group_count, static_cast<size_t>(R) * G);
-    p.cu_seqlens = download<int32_t>(src, o.cu_seqlens, static_cast<size_t>(R) * G);
-    const std::vector<int8_t> gs = download<int8_t>(src, o.group_source, static_cast<size_t>(R) * G);
-    p.group_source.resize(gs.size());
-    for (size_t i = 0; i < gs.size(); ++i) p.group_source[i] = static_cast<WeightSource>(gs[i]);
-    p.group_slot = download<int32_t>(src, o.group_slot, static_cast<size_t>(R) * G);
-    p.copies = download<int32_t>(src, o.copies, static_cast<size_t>(R) * B);
-    p.remote_experts = download<int32_t>(src, o.remote_experts, R);
-    p.copies_received = download<int32_t>(src, o.copies_received, R);
-    p.copies_pushed = download<int32_t>(src, o.copies_pushed, R);
-    p.peer_reads = download<int32_t>(src, o.peer_reads, R);
-    p.crossing_out = download<int64_t>(src, o.crossing_out, R);
-    const std::vector<int64_t> cost = download<int64_t>(src, o.cost, 4);
-    p.cost = PlanCost{cost[0], cost[1], cost[2], cost[3]};
+    size_t i = 0;
+    for_each_array(p, [&](const char* name, PlanExtent x, auto& v) {
+        using T = typename std::decay_t<decltype(v)>::value_type;
+        EVENEP_CHECK_KIND(ErrorKind::kInternal, offsets[i].second == sizeof(T), "cuda ep: plan array ", name,
+                          " has ", sizeof(T), "-byte values on the host, ", offsets[i].second, " on the device");
+        v.resize(plan_extent_size(cfg_, x));
+        if (!v.empty())
+            EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), src + offsets[i].first, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
+        ++i;
+    });
+    const std::vector<int64_t> cost = download<int64_t>(src, o.cost, kPlanCostWords);
+    p.cost = PlanCost{cost[0], cost[1], cost[2], cost[3], cost[4], cost[5]};
     return p;
 }
 

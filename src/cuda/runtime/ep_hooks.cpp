@@ -36,7 +36,7 @@ struct EpHooks {
             EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(r) + ep.layout().tpe, tpe.data(), RE * 4, cudaMemcpyHostToDevice));
         const EpOptions& o = ep.options();
         launch_plan_only(ep.view(o.channel), ep.layout(), s, o.mode == PlannerMode::kOptimized, o.planner_kernel, first,
-                         num, stream);
+                         num, stream, 1, o.relay);
         return plan;
     }
 };

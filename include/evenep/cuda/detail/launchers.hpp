@@ -25,6 +25,7 @@ namespace evenep::cuda {
 // Histogram -> all-gather -> every rank plans -> encoded dst of each rank's entries, in one cooperative launch.
 // d_io: device table [R] (topk_idx is read); s: [R] host ints; s_total: the group total when s differ, else -1
 // (stored in the gather rows, like the CPU backend). Bad expert ids are recorded in the team's error record.
+// relay: plan the relayed copy tree (EpOptions::relay; after the stream so that existing callers keep their form).
 int launch_plan(const TeamView& team,
                 const EpLayout& layout,
                 const RankIo* d_io,
@@ -33,7 +34,8 @@ int launch_plan(const TeamView& team,
                 bool locality,
                 PlannerKernel kernel,
                 int sm_budget,
-                cudaStream_t stream);
+                cudaStream_t stream,
+                bool relay = false);
 
 // Planning only, from the histograms already in each rank's contiguous tpe array (EpLayout::tpe): one block per
 // planning rank (ranks [rank_begin, rank_begin + num_ranks)). For tests and the planner benchmark; `repeat` > 1
@@ -46,7 +48,8 @@ void launch_plan_only(const TeamView& team,
                       int rank_begin,
                       int num_ranks,
                       cudaStream_t stream,
-                      int repeat = 1);
+                      int repeat = 1,
+                      bool relay = false);
 
 int launch_dispatch(const TeamView& team,
                     const EpLayout& layout,
