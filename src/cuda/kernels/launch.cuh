@@ -38,13 +38,19 @@ int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, in
     std::pair<int, int> occ;
     {
         std::lock_guard<std::mutex> lock(mutex);
+        // The kernel's dynamic shared memory limit only ever grows: a launch with less after one with more (two
+        // layouts in one process) must not lower it under the larger launch's cached configuration.
+        static std::map<std::pair<int, const void*>, size_t> smem_limit;
+        size_t& limit = smem_limit[{device, reinterpret_cast<const void*>(kernel)}];
+        if (smem > 48 * 1024 && smem > limit) {
+            EVENEP_CUDA_CHECK(
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+            limit = smem;
+        }
         auto it = cache.find(key);
         if (it == cache.end()) {
             int num_sms = 0, per_sm = 0;
             EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-            if (smem > 48 * 1024)
-                EVENEP_CUDA_CHECK(
-                    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
             EVENEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
             it = cache.emplace(key, std::make_pair(per_sm, num_sms)).first;
         }

@@ -87,15 +87,35 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
                     device::record_error(p.team, DeviceErrorKind::kInternal, rank, -1, Phase::kPlanReady, -1, -1,
                                          a.remote_experts[r], L.epn, 0);
     }
-    // The copy tree: the same post-pass as the CPU planner's, on the finished copies table (one thread; the planner
-    // workspace w32 is free again here).
+    // The copy tree: the same post-pass as the CPU planner's (detail::plan_relays), on the finished copies table.
+    // Relays on: one thread (the planner workspace w32 is free again here). Off (the default): what plan_relays
+    // writes then — direct sources, round 0, critical path Delta = max_r max(pushed, received), both counts already
+    // in the plan (copies_pushed, copies_received) — spread over the block.
     __syncthreads();
-    if (threadIdx.x == 0) {
-        const detail::RelayPaths paths = detail::plan_relays(
-            detail::RelayDims{L.R, L.E, L.epn, L.B}, a.copies, EpLayout::at<int32_t>(base, L.plan.relay_src),
-            EpLayout::at<int32_t>(base, L.plan.relay_round), w32, p.relay != 0);
-        cost[4] = paths.critical_path;
-        cost[5] = paths.direct_critical_path;
+    int32_t* relay_src = EpLayout::at<int32_t>(base, L.plan.relay_src);
+    int32_t* relay_round = EpLayout::at<int32_t>(base, L.plan.relay_round);
+    if (p.relay) {
+        if (threadIdx.x == 0) {
+            const detail::RelayPaths paths = detail::plan_relays(detail::RelayDims{L.R, L.E, L.epn, L.B}, a.copies,
+                                                                 relay_src, relay_round, w32, true);
+            cost[4] = paths.critical_path;
+            cost[5] = paths.direct_critical_path;
+        }
+    } else {
+        __shared__ int s_delta;
+        if (threadIdx.x == 0) s_delta = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < L.R * L.B; i += blockDim.x) {
+            const int32_t c = a.copies[i];
+            relay_src[i] = c >= 0 ? c / L.epn : -1;
+            relay_round[i] = 0;
+        }
+        int delta = 0;
+        for (int r = threadIdx.x; r < L.R; r += blockDim.x)
+            delta = max(delta, max(a.copies_pushed[r], a.copies_received[r]));
+        if (delta) atomicMax(&s_delta, delta);
+        __syncthreads();
+        if (threadIdx.x == 0) cost[4] = cost[5] = s_delta;
     }
     __syncthreads();
 }
