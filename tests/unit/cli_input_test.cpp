@@ -14,7 +14,8 @@
 //   conflicts: maxvio_with_sigma, routing_with_R, routing_with_S, tpe_with_E, reference_legacy,
 //              quality_quick_cases
 //   parser:    unknown_command, unknown_bench_command, unknown_flag, missing_value
-//   outputs:   quality_json_dev_full, bench_plan_json_dev_full (a failed write is detected at close);
+//   outputs:   quality_json_dev_full, simulate_json_dev_full, pipeline_json_dev_full, pipeline_svg_dev_full,
+//              bench_plan_json_dev_full (opened before the run; a failed write is detected at close);
 //              bench_gemm_json_dev_full_gpu, bench_multi_json_dev_full_gpu (the same through the measuring run on a
 //              tiny shape; *_gpu cases skip where no GPU is usable: the device check comes first there)
 //   machine:   demo_r512_memory (~R^3 plan state), demo_tp_memory, plan_long_generation (time estimate),
@@ -120,6 +121,11 @@ std::vector<Case> cases() {
         {"unknown_flag", "plan --bogus 3", {"--bogus", "evenep plan --help"}},
         {"missing_value", "plan --E", {"--E"}},
         {"quality_json_dev_full", "quality --quick --only 0 --json /dev/full", {"--json", "/dev/full", "No space"}},
+        {"simulate_json_dev_full", "simulate --R 8 --maxvio 1 --repeat 1 --json /dev/full", {"--json", "/dev/full", "No space"}},
+        {"pipeline_json_dev_full", "pipeline --P 4 --m 8 --V 2 --vit-load 0.5 --json /dev/full",
+         {"--json", "/dev/full", "No space"}},
+        {"pipeline_svg_dev_full", "pipeline --P 4 --m 8 --V 2 --vit-load 0.5 --svg /dev/full",
+         {"--svg", "/dev/full", "No space"}},
         {"bench_plan_json_dev_full",
          "bench plan --shapes small --maxvio 1 --planners optimized --warmup 0 --iters 1 --json /dev/full",
          {"--json", "/dev/full", "No space"}},

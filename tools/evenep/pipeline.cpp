@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "common.hpp"
 #include "evenep/error.hpp"
 #include "evenep/pipeline.hpp"
 
@@ -108,6 +109,8 @@ std::string optimal_absent(const pl::PipelineConfig& cfg, const pl::VitWork& wor
 }
 
 void print_policies(const PipelineOptions& opt) {
+    // Opened before the run: a target that cannot be written fails at once, a failed write at close.
+    OutputFile json("--json", opt.json_file), svg("--svg", opt.svg_file);
     const pl::PipelineConfig cfg = make_config(opt);
     const pl::VitPolicy chosen = pl::parse_vit_policy(opt.policy);
     std::string description;
@@ -144,19 +147,17 @@ void print_policies(const PipelineOptions& opt) {
     if (opt.json_file.empty() && opt.svg_file.empty()) return;
     EVENEP_CHECK(chosen_result.has_value(), "pipeline: --vit-policy ", opt.policy,
                       " is unavailable here (", optimal_absent(cfg, work), ")");
-    if (!opt.json_file.empty()) {
-        std::ofstream f(opt.json_file);
-        EVENEP_CHECK(f.good(), "pipeline: --json: cannot open '", opt.json_file, "'");
-        f << pl::schedule_json(cfg, chosen_result->schedule, opt.policy);
+    if (json.active()) {
+        json.write(pl::schedule_json(cfg, chosen_result->schedule, opt.policy));
+        json.close();
         fmt::print("wrote {} ({} policy)\n", opt.json_file, opt.policy);
     }
-    if (!opt.svg_file.empty()) {
-        std::ofstream f(opt.svg_file);
-        EVENEP_CHECK(f.good(), "pipeline: --svg: cannot open '", opt.svg_file, "'");
+    if (svg.active()) {
         const std::string title = fmt::format("P={} m={} V={}, ViT {} ({}), makespan {:.2f}, hidden {:.0f}%", cfg.P,
                                               cfg.m, cfg.V, opt.policy, opt.images_file.empty() ? opt.mix : "file",
                                               chosen_result->schedule.makespan, 100 * chosen_result->hidden_fraction);
-        f << pl::schedule_svg(cfg, chosen_result->schedule, title);
+        svg.write(pl::schedule_svg(cfg, chosen_result->schedule, title));
+        svg.close();
         fmt::print("wrote {} ({} policy)\n", opt.svg_file, opt.policy);
     }
 }

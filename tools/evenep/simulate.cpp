@@ -223,6 +223,7 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
 
 void run_simulate(const SimulateOptions& o) {
     validate(o);
+    OutputFile json("--json", o.json_file);  // opened before the run: a bad target fails at once
     std::map<GpuKey, double> gpu;
     for (const std::string& path : o.gpu_json) read_gpu_plan(path, gpu);
     const double t0 = now_seconds();
@@ -249,12 +250,8 @@ void run_simulate(const SimulateOptions& o) {
         "conv/eplb/evenep = max/mean of per-rank rows.\n",
         o.repeat);
     fmt::print("total {:.1f} s\n", seconds);
-    if (!o.json_file.empty()) {
-        std::ofstream f(o.json_file);
-        EVENEP_CHECK(f.good(), "--json: cannot open '", o.json_file, "' for writing");
-        f << nlohmann::json{{"schema", "evenep.simulate/1"}, {"seconds", seconds}, {"points", points}}.dump(1) << "\n";
-        EVENEP_CHECK(f.good(), "--json: writing '", o.json_file, "' failed");
-    }
+    json.write(nlohmann::json{{"schema", "evenep.simulate/1"}, {"seconds", seconds}, {"points", points}}.dump(1) + "\n");
+    json.close();
 }
 
 }  // namespace
