@@ -17,6 +17,22 @@ namespace evenep::cuda {
 // Blocks per virtual rank for an SM budget of `sm_budget` SMs per rank: sm_budget * (blocks of `kernel` one SM
 // holds), clamped to max_blocks and so that num_ranks * blocks blocks fit on the current device at once
 // (co-residency). With R virtual ranks on one GPU the clamp usually wins: the ranks share the GPU's SMs.
+// Allows `kernel` at least `smem` bytes of dynamic shared memory on the current device. The limit only ever grows: a
+// launch with less after one with more (two layouts in one process) must not lower it under the larger launch.
+template <typename Kernel>
+void allow_dynamic_smem(Kernel kernel, size_t smem) {
+    if (smem <= 48 * 1024) return;  // the default limit
+    int device = 0;
+    EVENEP_CUDA_CHECK(cudaGetDevice(&device));
+    static std::mutex mutex;
+    static std::map<std::pair<int, const void*>, size_t> limits;
+    std::lock_guard<std::mutex> lock(mutex);
+    size_t& limit = limits[{device, reinterpret_cast<const void*>(kernel)}];
+    if (smem <= limit) return;
+    EVENEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    limit = smem;
+}
+
 // The occupancy query runs once per (device, kernel, threads, smem); later calls (graph capture) only read the cache.
 template <typename Kernel>
 int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, int sm_budget, int max_blocks = 1 << 30) {
@@ -35,18 +51,10 @@ int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, in
     int device = 0;
     EVENEP_CUDA_CHECK(cudaGetDevice(&device));
     const Key key{device, reinterpret_cast<const void*>(kernel), threads, smem};
+    allow_dynamic_smem(kernel, smem);
     std::pair<int, int> occ;
     {
         std::lock_guard<std::mutex> lock(mutex);
-        // The kernel's dynamic shared memory limit only ever grows: a launch with less after one with more (two
-        // layouts in one process) must not lower it under the larger launch's cached configuration.
-        static std::map<std::pair<int, const void*>, size_t> smem_limit;
-        size_t& limit = smem_limit[{device, reinterpret_cast<const void*>(kernel)}];
-        if (smem > 48 * 1024 && smem > limit) {
-            EVENEP_CUDA_CHECK(
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-            limit = smem;
-        }
         auto it = cache.find(key);
         if (it == cache.end()) {
             int num_sms = 0, per_sm = 0;

@@ -377,12 +377,7 @@ void launch_plan_only(const TeamView& team,
         p.scratch_in_smem = scratch_fits_smem(layout) ? 1 : 0;
         const size_t smem = p.scratch_in_smem ? PlanScratchLayout::make(layout.R, layout.E).total : 0;
         auto k = plan_only_kernel<kPlanThreads, true>;
-        static size_t smem_set = 48 * 1024;  // largest dynamic smem already allowed for k (single device)
-        if (smem > smem_set) {
-            EVENEP_CUDA_CHECK(
-                cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-            smem_set = smem;
-        }
+        allow_dynamic_smem(k, smem);
         k<<<num_ranks, kPlanThreads, smem, stream>>>(p);
     } else {
         plan_only_kernel<kPlanThreads, false><<<num_ranks, kPlanThreads, 0, stream>>>(p);
