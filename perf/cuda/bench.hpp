@@ -32,6 +32,8 @@ struct BenchConfig {
     int expert_projections = 3;  // prefetch/reduce: projections moved per copy (3 = gate, up, down), fewer when the
                                  // op's pool would not fit in free device memory (the row's note says how many)
     std::string routing_npy;     // if set, rank 0's routing [1, S, K] int32 is written here (PyTorch anchor)
+    std::string routing_in;      // if set, the routing [R, S, K] int32 .npy to use instead of generating one (the
+                                 // Python benchmark's, for the same call on both sides); maxvio is then measured
 };
 
 struct BenchRow {

@@ -60,9 +60,16 @@ Point::Point(const BenchConfig& config, double copy_anchor_gbps) : bc(config), c
     RoutingSpec spec{bc.R, bc.E, bc.K, bc.S, bc.seed};
     RoutingSpec probe = spec;
     probe.S = std::min(bc.S, 2048);
-    double sigma = 0;
-    make_target_maxvio(probe, bc.maxvio, &sigma);
-    routing = make_lognormal(spec, sigma);
+    if (bc.routing_in.empty()) {
+        double sigma = 0;
+        make_target_maxvio(probe, bc.maxvio, &sigma);
+        routing = make_lognormal(spec, sigma);
+    } else {
+        routing = read_routing_npy(bc.routing_in, bc.E);
+        EVENEP_CHECK(routing.R == bc.R && routing.K == bc.K && routing.S == bc.S, "--routing '", bc.routing_in,
+                     "' holds R=", routing.R, " S=", routing.S, " K=", routing.K, ", the benchmark runs R=", bc.R,
+                     " S=", bc.S, " K=", bc.K);
+    }
     maxvio = routing.maxvio();
     weights = make_route_weights(routing, bc.seed);
     if (!bc.routing_npy.empty()) {

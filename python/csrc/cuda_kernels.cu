@@ -74,7 +74,8 @@ __global__ void gather_recv_kernel(BufferOffsets o, char* const* bases, uint16_t
     const uint4* src = reinterpret_cast<const uint4*>(b + o.recv_x);
     uint4* dst = reinterpret_cast<uint4*>(recv_x) + i_row * n;
     const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
-    for (int64_t i = tid; i < n; i += step) dst[i] = i / vec_per_row < used ? src[i] : make_uint4(0, 0, 0, 0);
+    if (recv_x)
+        for (int64_t i = tid; i < n; i += step) dst[i] = i / vec_per_row < used ? src[i] : make_uint4(0, 0, 0, 0);
     if (recv_w) {
         const float* w = reinterpret_cast<const float*>(b + o.recv_w);
         for (int64_t i = tid; i < o.nvs; i += step) recv_w[i_row * o.nvs + i] = i < used ? w[i] : 0.0f;
@@ -142,10 +143,12 @@ __global__ void select_slots_kernel(const int32_t* plan, PlanCols c, const char*
     for (int64_t i = tid; i < n; i += step) dst[i] = have ? src[i] : make_uint4(0, 0, 0, 0);
 }
 
-__global__ void prefetch_kernel(const int32_t* plan, PlanCols c, const char* weight, char* slots, int64_t mat_bytes) {
+__global__ void prefetch_kernel(
+    const int32_t* plan, PlanCols c, const char* weight, char* slots, int64_t mat_bytes, bool zero_empty) {
     const int rb = blockIdx.y, r = rb / c.B, b = rb % c.B;
     const int32_t e = plan[r * c.width + c.copies() + b];
     const bool have = e >= 0 && e < c.E;
+    if (!have && !zero_empty) return;
     char* dst = slots + rb * mat_bytes;
     const char* src = weight + (have ? e : 0) * mat_bytes;
     const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
@@ -159,7 +162,8 @@ __global__ void prefetch_kernel(const int32_t* plan, PlanCols c, const char* wei
 }
 
 // One expert per blockIdx.y: its copies (r*B + b, ranks then slots ascending) listed once in shared memory.
-__global__ void reduce_grad_kernel(const int32_t* plan, PlanCols c, const float* sg, float* grad, int64_t n, bool vec) {
+__global__ void reduce_grad_kernel(
+    const int32_t* plan, PlanCols c, const float* sg, float* grad, int64_t n, bool vec, bool accumulate) {
     extern __shared__ int32_t copies[];
     __shared__ int count;
     const int e = blockIdx.y;
@@ -172,6 +176,7 @@ __global__ void reduce_grad_kernel(const int32_t* plan, PlanCols c, const float*
     }
     __syncthreads();
     const int m = count;
+    if (accumulate && m == 0) return;  // nothing to add: grad[e] stays as it is
     const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
     if (vec) {  // n % 4 == 0, 16-byte aligned: the same fp32 sums, four lanes at a time
         const int64_t n4 = n / 4;
@@ -186,13 +191,17 @@ __global__ void reduce_grad_kernel(const int32_t* plan, PlanCols c, const float*
                 acc.z += v.z;
                 acc.w += v.w;
             }
+            if (accumulate) {
+                const float4 g = g4[i];
+                acc = make_float4(g.x + acc.x, g.y + acc.y, g.z + acc.z, g.w + acc.w);
+            }
             g4[i] = acc;
         }
     } else {
         for (int64_t i = tid; i < n; i += step) {
             float acc = 0.0f;
             for (int j = 0; j < m; ++j) acc += sg[copies[j] * n + i];
-            grad[e * n + i] = acc;
+            grad[e * n + i] = accumulate ? grad[e * n + i] + acc : acc;
         }
     }
 }
@@ -210,8 +219,8 @@ void pack_handle(const BufferOffsets& o, char* const* bases, int32_t* handle, in
 }
 
 void gather_recv(const BufferOffsets& o, char* const* bases, uint16_t* recv_x, float* recv_w, cudaStream_t stream) {
-    gather_recv_kernel<<<dim3(blocks_for(o.nvs * (o.H / 8), 128), o.L), kThreads, 0, stream>>>(o, bases, recv_x,
-                                                                                               recv_w);
+    const int64_t work = recv_x ? o.nvs * (o.H / 8) : o.nvs;  // recv_w alone: one thread per row
+    gather_recv_kernel<<<dim3(blocks_for(work, 128), o.L), kThreads, 0, stream>>>(o, bases, recv_x, recv_w);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -266,10 +275,11 @@ void prefetch(const int32_t* plan,
               const char* weight,
               char* slots,
               int64_t mat_bytes,
+              bool zero_empty,
               cudaStream_t stream) {
     if (static_cast<int64_t>(R) * B == 0 || mat_bytes == 0) return;
     prefetch_kernel<<<dim3(blocks_for(mat_bytes / 16 + 1, 64), R * B), kThreads, 0, stream>>>(
-        plan, PlanCols{width, R, E, G, B}, weight, slots, mat_bytes);
+        plan, PlanCols{width, R, E, G, B}, weight, slots, mat_bytes, zero_empty);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -282,6 +292,7 @@ void reduce_grad(const int32_t* plan,
                  const float* slot_grads,
                  float* grad,
                  int64_t mat_elems,
+                 bool accumulate,
                  cudaStream_t stream) {
     if (E == 0 || mat_elems == 0) return;
     const size_t list_bytes = static_cast<size_t>(R) * B * sizeof(int32_t);
@@ -289,7 +300,7 @@ void reduce_grad(const int32_t* plan,
     const bool vec = mat_elems % 4 == 0 && reinterpret_cast<uintptr_t>(slot_grads) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(grad) % 16 == 0;
     reduce_grad_kernel<<<dim3(blocks_for(vec ? mat_elems / 4 : mat_elems, 128), E), kThreads, list_bytes, stream>>>(
-        plan, PlanCols{width, R, E, G, B}, slot_grads, grad, mat_elems, vec);
+        plan, PlanCols{width, R, E, G, B}, slot_grads, grad, mat_elems, vec, accumulate);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 

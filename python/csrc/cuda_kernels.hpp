@@ -29,8 +29,8 @@ void pack_plan(const BufferOffsets& o, char* const* bases, int32_t* plan, int64_
 // Handle [L, s_pad*K] int32: rank r's encoded destinations for its first s_r tokens, kMaskedDst after them.
 void pack_handle(const BufferOffsets& o, char* const* bases, int32_t* handle, int64_t s_pad, cudaStream_t stream);
 
-// recv_x [L, NvS, H] bf16 (and recv_w [L, NvS] fp32 when non-null) from the buffers: the rows before the resident
-// plan's last group end (cu_seqlens[G-1]) are copied, the rest are zero.
+// recv_x [L, NvS, H] bf16 and recv_w [L, NvS] fp32 (each when non-null) from the buffers: the rows before the
+// resident plan's last group end (cu_seqlens[G-1]) are copied, the rest are zero.
 void gather_recv(const BufferOffsets& o, char* const* bases, uint16_t* recv_x, float* recv_w, cudaStream_t stream);
 
 // Every served rank's receive rows (all NvS) from rows [L, NvS, H] bf16 into the buffers (expert outputs, row
@@ -72,7 +72,8 @@ void select_slots(const int32_t* plan,
                   int64_t mat_bytes,
                   cudaStream_t stream);
 
-// slots[r, b] = weight[copies[r][b]] (mat_bytes each), zero where copies = -1 (or out of [0, E)).
+// slots[r, b] = weight[copies[r][b]] (mat_bytes each); where copies = -1 (or out of [0, E)) zero with zero_empty,
+// else not written.
 void prefetch(const int32_t* plan,
               int64_t width,
               int R,
@@ -82,11 +83,13 @@ void prefetch(const int32_t* plan,
               const char* weight,
               char* slots,
               int64_t mat_bytes,
+              bool zero_empty,
               cudaStream_t stream);
 
 // grad[e] = sum over r ascending, b ascending with copies[r][b] == e of slot_grads[r, b] (fp32, that order; 0 when
 // none): the CPU op's order, bit for bit. Each block loads its expert's copy list once (shared memory), then streams
-// the matrices with 16-byte loads.
+// the matrices with 16-byte loads. accumulate: grad[e] = grad[e] + that sum, only for experts with copies (the
+// others are not touched).
 void reduce_grad(const int32_t* plan,
                  int64_t width,
                  int R,
@@ -96,6 +99,7 @@ void reduce_grad(const int32_t* plan,
                  const float* slot_grads,
                  float* grad,
                  int64_t mat_elems,
+                 bool accumulate,
                  cudaStream_t stream);
 
 }  // namespace evenep::python::cukernels

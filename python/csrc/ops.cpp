@@ -287,6 +287,27 @@ at::Tensor reduce_grad_op(const at::Tensor& slot_grads, const at::Tensor& plan, 
     });
 }
 
+// reduce_grad_add_: grad[e] += (0 + the slot gradients of e's copies, ranks then slots ascending) for every expert
+// with copies, in place (fp32; the CUDA kernel's order); the other experts' rows are not touched.
+void reduce_grad_add_op(at::Tensor& grad, const at::Tensor& slot_grads, const at::Tensor& plan, int64_t buffer) {
+    auto ctx = context(buffer);
+    translate([&] {
+        const Config& c = ctx->cfg();
+        TORCH_CHECK_VALUE(slot_grads.dim() == 4, "evenep.reduce_grad_add_: slot_grads has shape ", slot_grads.sizes(),
+                          ", expected [R, B, in, out]");
+        check_tensor(slot_grads, "reduce_grad_add_", "slot_grads", at::kFloat,
+                     {c.R, c.num_slots(), slot_grads.size(2), slot_grads.size(3)});
+        check_tensor(grad, "reduce_grad_add_", "grad", at::kFloat, {c.E, slot_grads.size(2), slot_grads.size(3)});
+        std::map<int, at::Tensor> sums;  // expert -> 0 + its copies' gradients, in the library's order
+        for_each_copy(*ctx, plan, "reduce_grad_add_", [&](int r, int b, int e) {
+            auto it = sums.try_emplace(e, at::zeros_like(grad[e])).first;
+            it->second.add_(slot_grads[r][b]);
+        });
+        for (auto& [e, sum] : sums) grad[e].add_(sum);
+        return 0;
+    });
+}
+
 // Per-group pointers of rank r into the home weights w [E, a, b] or the slots [R, B, a, b] (by group source).
 template <typename T>
 std::vector<T*> group_table(const Context& ctx, const at::Tensor& plan, int r, T* w, T* slots, int64_t mat) {
@@ -412,6 +433,7 @@ TORCH_LIBRARY(evenep, m) {
         "Tensor handle, int buffer) -> (Tensor grad_x, Tensor grad_topk_weights)");
     m.def("prefetch_weight(Tensor weight, Tensor plan, int buffer) -> Tensor");
     m.def("reduce_grad(Tensor slot_grads, Tensor plan, int buffer) -> Tensor");
+    m.def("reduce_grad_add_(Tensor(a!) grad, Tensor slot_grads, Tensor plan, int buffer) -> ()");
     m.def("grouped_gemm(Tensor x, Tensor weight, Tensor slots, Tensor plan, int buffer) -> Tensor");
     m.def("grouped_gemm_dgrad(Tensor dy, Tensor weight, Tensor slots, Tensor plan, int buffer) -> Tensor");
     m.def(
@@ -428,6 +450,7 @@ TORCH_LIBRARY_IMPL(evenep, CPU, m) {
     m.impl("dispatch_backward", &dispatch_backward_op);
     m.impl("prefetch_weight", &prefetch_weight_op);
     m.impl("reduce_grad", &reduce_grad_op);
+    m.impl("reduce_grad_add_", &reduce_grad_add_op);
     m.impl("grouped_gemm", &grouped_gemm_op);
     m.impl("grouped_gemm_dgrad", &grouped_gemm_dgrad_op);
     m.impl("grouped_gemm_wgrad", &grouped_gemm_wgrad_op);

@@ -12,8 +12,15 @@
 // library itself may make is the copy of a plan that is replaced while still referenced (cuda::Ep: a recycled
 // pool, grown only outside capture).
 //
-// Outputs are copies of the receive buffers, never aliasing views: autograd saves dispatch's outputs and the next
-// dispatch (another layer, the next step) overwrites the buffers, so a view would silently change saved tensors.
+// Outputs never alias the library's buffers: autograd saves dispatch's outputs and the next dispatch (another layer,
+// the next step) overwrites the buffers, so a view would silently change saved tensors. With virtual ranks the
+// data-path kernels write and read the op's own tensors directly (cuda::RankIo::rows: dispatch writes recv_x and
+// combine_backward its rows in place of the buffer's receive rows, combine and dispatch_backward read theirs), so
+// no row is copied; with group= the rows live in the NCCL window and are copied out and in (peers write them).
+// What an op does not need to write is left as torch.empty leaves it, unless torch's deterministic mode asks for
+// initialised memory (unwritten_zero): rows of recv_x and combine_backward's output past the plan's groups, the
+// slots without a copy (prefetch_weight, the slot gradients of grouped_gemm_wgrad). No op or autograd formula reads
+// them.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -33,6 +40,31 @@ T* ptr(const at::Tensor& t) {
 
 at::TensorOptions on(const CudaContext& ctx, at::ScalarType dtype) {
     return at::TensorOptions().dtype(dtype).device(at::kCUDA, ctx.device());
+}
+
+// torch.use_deterministic_algorithms(True) with torch.utils.deterministic.fill_uninitialized_memory: what an op
+// leaves unwritten is zero (torch.empty itself then fills NaN; these ops promise zero, as on the CPU).
+bool unwritten_zero() {
+    return at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory();
+}
+
+// An output whose unwritten parts are unspecified (zero under unwritten_zero()).
+at::Tensor output(const CudaContext& ctx, at::IntArrayRef shape, at::ScalarType dtype) {
+    return unwritten_zero() ? at::zeros(shape, on(ctx, dtype)) : at::empty(shape, on(ctx, dtype));
+}
+
+// Zeroes rows [s_r, s_pad) of every served rank's [L, s_pad, ...] output (tokens that do not exist: 0).
+void zero_tails(const CudaContext& ctx, const cuda::EpPlan& plan, at::Tensor& out) {
+    const std::span<const int32_t> s = plan.s();
+    for (int i = 0; i < ctx.L(); ++i) {
+        const int64_t s_r = s[ctx.rank_begin() + i];
+        if (s_r < out.size(1)) out[i].narrow(0, s_r, out.size(1) - s_r).zero_();
+    }
+}
+
+// Rank i's rows of an [L, NvS, H] bf16 tensor as the kernels' caller-owned receive rows (virtual ranks only).
+uint16_t* rows_of(const CudaContext& ctx, const at::Tensor& t, int i) {
+    return ctx.multi_process() ? nullptr : const_cast<uint16_t*>(ptr<const uint16_t>(t)) + i * ctx.nvs() * ctx.H();
 }
 
 // Plans from idx (int32 [L, s_pad, K] on the device) with s_r tokens on each of the R ranks: the device plan, its
@@ -120,15 +152,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
         for (int r = r0; r < r0 + R; ++r)
             TORCH_CHECK_VALUE(ps[r] == s[r], "evenep.dispatch: the plan was made for ", ps[r], " tokens on rank ", r,
                               " but x holds ", s[r]);
+        at::Tensor recv_x = output(ctx, {R, nvs, H}, at::kBFloat16);
+        at::Tensor recv_w = at::empty({R, nvs}, on(ctx, at::kFloat));
         std::vector<cuda::RankIo> io(R);
         for (int r = 0; r < R; ++r) {
             io[r].x = ptr<const uint16_t>(x) + r * s_pad * H;
             io[r].topk_w = ptr<const float>(topk_weights) + r * s_pad * K;
+            io[r].rows = rows_of(ctx, recv_x, r);
         }
         ctx.ep().dispatch(p->plan, io, sc.stream);
-        at::Tensor recv_x = at::empty({R, nvs, H}, on(ctx, at::kBFloat16));
-        at::Tensor recv_w = at::empty({R, nvs}, on(ctx, at::kFloat));
-        cukernels::gather_recv(ctx.offsets(), ctx.bases(), ptr<uint16_t>(recv_x), ptr<float>(recv_w), sc.stream);
+        cukernels::gather_recv(ctx.offsets(), ctx.bases(), ctx.multi_process() ? ptr<uint16_t>(recv_x) : nullptr,
+                               ptr<float>(recv_w), sc.stream);
         at::Tensor cu = plan.narrow(1, L.cu_seqlens(), L.G).clone(at::MemoryFormat::Contiguous);
         at::Tensor handle = at::empty({R, s_pad * K}, on(ctx, at::kInt));
         cukernels::pack_handle(ctx.offsets(), ctx.bases(), ptr<int32_t>(handle), s_pad, sc.stream);
@@ -153,13 +187,17 @@ at::Tensor combine_cuda(const at::Tensor& expert_out,
         std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "combine");
         const int64_t s_pad = topk_weights.size(1);
         hold(sc, p, handle, topk_weights);
-        ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
-        cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(expert_out), sc.stream);
-        at::Tensor out = at::zeros({R, s_pad, H}, on(ctx, at::kBFloat16));
+        if (ctx.multi_process()) {
+            ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
+            cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(expert_out), sc.stream);
+        }
+        at::Tensor out = at::empty({R, s_pad, H}, on(ctx, at::kBFloat16));
+        zero_tails(ctx, p->plan, out);
         std::vector<cuda::RankIo> io(R);
         for (int r = 0; r < R; ++r) {
             io[r].topk_w = ptr<const float>(topk_weights) + r * s_pad * K;
             io[r].out = ptr<uint16_t>(out) + r * s_pad * H;
+            io[r].rows = rows_of(ctx, expert_out, r);
         }
         ctx.ep().combine(p->plan, io, apply_weights, cuda::CombineMode::kPull, sc.stream);
         return out;
@@ -180,15 +218,17 @@ at::Tensor combine_backward_cuda(const at::Tensor& grad_out,
         check_cuda(ctx, grad_out, "combine_backward", "grad_out", at::kBFloat16, {R, s_pad, H});
         std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "combine_backward");
         const int64_t rows = static_cast<int64_t>(ctx.cfg().S) * H;
+        at::Tensor out = output(ctx, {R, ctx.nvs(), H}, at::kBFloat16);
         std::vector<cuda::BackwardIo> io(R);
         for (int r = 0; r < R; ++r) {
             io[r].grad_out = ptr<const uint16_t>(grad_out) + r * s_pad * H;
             io[r].grad_x = ptr<uint16_t>(ctx.scratch_rows()) + r * rows;  // not written by this call
             io[r].topk_w = ptr<const float>(topk_weights) + r * s_pad * ctx.cfg().K;
+            io[r].rows = rows_of(ctx, out, r);
         }
         ctx.ep().combine_backward(p->plan, io, sc.stream);
-        at::Tensor out = at::empty({R, ctx.nvs(), H}, on(ctx, at::kBFloat16));
-        cukernels::gather_recv(ctx.offsets(), ctx.bases(), ptr<uint16_t>(out), nullptr, sc.stream);
+        if (ctx.multi_process())
+            cukernels::gather_recv(ctx.offsets(), ctx.bases(), ptr<uint16_t>(out), nullptr, sc.stream);
         ctx.set_held(p, handle, topk_weights);
         return out;
     });
@@ -211,9 +251,12 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
         std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "dispatch_backward");
         const int64_t s_pad = topk_weights.size(1), rows = static_cast<int64_t>(ctx.cfg().S) * H;
         hold(sc, p, handle, topk_weights);
-        ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
-        cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(grad_recv_x), sc.stream);
-        at::Tensor grad_x = at::zeros({R, s_pad, H}, on(ctx, at::kBFloat16));
+        if (ctx.multi_process()) {
+            ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
+            cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(grad_recv_x), sc.stream);
+        }
+        at::Tensor grad_x = at::empty({R, s_pad, H}, on(ctx, at::kBFloat16));
+        zero_tails(ctx, p->plan, grad_x);
         at::Tensor grad_w = at::zeros({R, s_pad, K}, on(ctx, at::kFloat));
         std::vector<cuda::BackwardIo> io(R);
         for (int r = 0; r < R; ++r) {
@@ -222,6 +265,7 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
             io[r].grad_topk_w = ptr<float>(grad_w) + r * s_pad * K;
             io[r].grad_recv_w = ptr<const float>(grad_recv_w) + r * nvs;
             io[r].topk_w = ptr<const float>(topk_weights) + r * s_pad * K;
+            io[r].rows = rows_of(ctx, grad_recv_x, r);
         }
         ctx.ep().dispatch_backward(p->plan, io, cuda::CombineMode::kPull, sc.stream);
         ctx.invalidate();  // recv_w now holds the row-weight gradients
@@ -244,7 +288,7 @@ void check_home(const CudaContext& ctx, const at::Tensor& w, const char* op, con
     check_cuda(ctx, w, op, name, dtype, {w.size(0), w.size(1), w.size(2)});
 }
 
-// slots[i, b] = weight of expert copies[i][b] (zero for empty slots).
+// slots[i, b] = weight of expert copies[i][b]; slots without a copy are not written (unwritten_zero: zero).
 at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int64_t buffer) {
     return translate([&] {
         OpScope sc(buffer, "prefetch_weight");
@@ -257,7 +301,7 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
         at::Tensor slots = at::empty({ctx.L(), L.B, w.size(1), w.size(2)}, w.options());
         if (!ctx.multi_process()) {
             cukernels::prefetch(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const char>(w),
-                                ptr<char>(slots), mat_bytes, sc.stream);
+                                ptr<char>(slots), mat_bytes, unwritten_zero(), sc.stream);
             return slots;
         }
         // group=: the owners push their weights (raw bytes of w's dtype) into the holders' slots.
@@ -277,39 +321,60 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
     });
 }
 
-// grad[e] = sum of the slot gradients of e's copies (ranks ascending, slots ascending), fp32; for the home experts
-// of the served ranks.
+// Adds every copy's gradient home: grad[e] = (accumulate ? grad[e] : 0) + the sum of the slot gradients of e's
+// copies (ranks ascending, slots ascending), fp32, for the home experts of the served ranks. With accumulate the
+// experts without copies are not touched (no dense zero-fill or add); without, they get 0.
+void reduce_into(
+    OpScope& sc, const char* op, const at::Tensor& sg, const at::Tensor& plan, at::Tensor& grad, bool accumulate) {
+    CudaContext& ctx = *sc.ctx;
+    const Config& c = ctx.cfg();
+    const PlanLayout L = ctx.plan_layout();
+    TORCH_CHECK_VALUE(sg.dim() == 4, "evenep.", op, ": slot_grads has shape ", sg.sizes(), ", expected [L, B, in, out]");
+    check_cuda(ctx, sg, op, "slot_grads", at::kFloat, {ctx.L(), L.B, sg.size(2), sg.size(3)});
+    check_plan(ctx, plan, op);
+    if (!grad.defined()) grad = at::empty({ctx.num_home(), sg.size(2), sg.size(3)}, on(ctx, at::kFloat));
+    check_cuda(ctx, grad, op, "grad", at::kFloat, {ctx.num_home(), sg.size(2), sg.size(3)});
+    const int64_t n = sg.size(2) * sg.size(3);
+    if (!ctx.multi_process()) {
+        cukernels::reduce_grad(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const float>(sg),
+                               ptr<float>(grad), n, accumulate, sc.stream);
+        return;
+    }
+    // group=: slot gradients into the reduce buffer, the home ranks pull them (cuda::Experts::reduce_grad adds them
+    // to its home gradients: 0, or grad when accumulating).
+    TORCH_CHECK_VALUE(n > 0 && n % 8 == 0, "evenep.", op, ": one matrix of slot_grads has ", n,
+                      " elements, expected a positive multiple of 8");
+    std::shared_ptr<PlanEntry> p = ctx.plan_of(plan, sc.capturing, op);
+    cuda::Experts& ex = ctx.experts(n, true, sc.capturing);
+    const int r = ctx.rank_begin();
+    const size_t home_bytes = static_cast<size_t>(n) * ctx.num_home() * sizeof(float);
+    EVENEP_CUDA_CHECK(cudaMemcpyAsync(ex.slot_grad(r, 0, 0), sg.data_ptr(), sg.numel() * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, sc.stream));
+    if (accumulate)
+        EVENEP_CUDA_CHECK(
+            cudaMemcpyAsync(ex.grad(r, 0, 0), grad.data_ptr(), home_bytes, cudaMemcpyDeviceToDevice, sc.stream));
+    else
+        EVENEP_CUDA_CHECK(cudaMemsetAsync(ex.grad(r, 0, 0), 0, home_bytes, sc.stream));
+    ex.reduce_grad(ctx.ep(), p->plan, sc.stream);
+    EVENEP_CUDA_CHECK(
+        cudaMemcpyAsync(grad.data_ptr(), ex.grad(r, 0, 0), home_bytes, cudaMemcpyDeviceToDevice, sc.stream));
+}
+
 at::Tensor reduce_grad_cuda(const at::Tensor& sg, const at::Tensor& plan, int64_t buffer) {
     return translate([&] {
         OpScope sc(buffer, "reduce_grad");
-        CudaContext& ctx = *sc.ctx;
-        const Config& c = ctx.cfg();
-        const PlanLayout L = ctx.plan_layout();
-        TORCH_CHECK_VALUE(sg.dim() == 4, "evenep.reduce_grad: slot_grads has shape ", sg.sizes(),
-                          ", expected [L, B, in, out]");
-        check_cuda(ctx, sg, "reduce_grad", "slot_grads", at::kFloat, {ctx.L(), L.B, sg.size(2), sg.size(3)});
-        check_plan(ctx, plan, "reduce_grad");
-        const int64_t n = sg.size(2) * sg.size(3);
-        at::Tensor grad = at::empty({ctx.num_home(), sg.size(2), sg.size(3)}, on(ctx, at::kFloat));
-        if (!ctx.multi_process()) {
-            cukernels::reduce_grad(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const float>(sg),
-                                   ptr<float>(grad), n, sc.stream);
-            return grad;
-        }
-        // group=: slot gradients into the reduce buffer, the home ranks pull them (cuda::Experts::reduce_grad).
-        TORCH_CHECK_VALUE(n > 0 && n % 8 == 0, "evenep.reduce_grad: one matrix of slot_grads has ", n,
-                          " elements, expected a positive multiple of 8");
-        std::shared_ptr<PlanEntry> p = ctx.plan_of(plan, sc.capturing, "reduce_grad");
-        cuda::Experts& ex = ctx.experts(n, true, sc.capturing);
-        const int r = ctx.rank_begin();
-        const size_t home_bytes = static_cast<size_t>(n) * ctx.num_home() * sizeof(float);
-        EVENEP_CUDA_CHECK(cudaMemcpyAsync(ex.slot_grad(r, 0, 0), sg.data_ptr(), sg.numel() * sizeof(float),
-                                          cudaMemcpyDeviceToDevice, sc.stream));
-        EVENEP_CUDA_CHECK(cudaMemsetAsync(ex.grad(r, 0, 0), 0, home_bytes, sc.stream));
-        ex.reduce_grad(ctx.ep(), p->plan, sc.stream);
-        EVENEP_CUDA_CHECK(
-            cudaMemcpyAsync(grad.data_ptr(), ex.grad(r, 0, 0), home_bytes, cudaMemcpyDeviceToDevice, sc.stream));
+        at::Tensor grad;
+        reduce_into(sc, "reduce_grad", sg, plan, grad, false);
         return grad;
+    });
+}
+
+// In place: the home gradient the GEMM's wgrad wrote, completed by the copies' gradients.
+void reduce_grad_add_cuda(at::Tensor& grad, const at::Tensor& sg, const at::Tensor& plan, int64_t buffer) {
+    translate([&] {
+        OpScope sc(buffer, "reduce_grad_add_");
+        reduce_into(sc, "reduce_grad_add_", sg, plan, grad, true);
+        return 0;
     });
 }
 
@@ -408,9 +473,11 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_cuda(const at::Tensor& x,
         const int64_t a = x.dim() == 3 ? x.size(2) : -1, b = dy.dim() == 3 ? dy.size(2) : -1, nvs = ctx.nvs();
         check_cuda(ctx, x, "grouped_gemm_wgrad", "x", at::kBFloat16, {ctx.L(), nvs, a});
         check_cuda(ctx, dy, "grouped_gemm_wgrad", "dy", at::kBFloat16, {ctx.L(), nvs, b});
-        at::Tensor gw = at::zeros({ctx.num_home(), a, b}, on(ctx, at::kFloat));
-        at::Tensor gs = at::zeros({ctx.L(), L.B, a, b}, on(ctx, at::kFloat));
         const bool one_launch = c.num_slots() >= c.E / c.R;
+        at::Tensor gw = at::zeros({ctx.num_home(), a, b}, on(ctx, at::kFloat));
+        // One launch: each used slot's gradient is written by its one group; the others stay unwritten.
+        at::Tensor gs = one_launch ? output(ctx, {ctx.L(), L.B, a, b}, at::kFloat)
+                                   : at::zeros({ctx.L(), L.B, a, b}, on(ctx, at::kFloat));
         const int groups = ctx.L() * (L.G + 1);
         GemmScratch scratch(ctx, groups, one_launch ? 1 : ctx.L());
         cukernels::group_table(ptr<const int32_t>(plan), L.width(), ctx.L(), c.E, L.G, L.B, nvs, ctx.expert_base(),
@@ -457,6 +524,7 @@ TORCH_LIBRARY_IMPL(evenep, CUDA, m) {
     m.impl("dispatch_backward", &dispatch_backward_cuda);
     m.impl("prefetch_weight", &prefetch_weight_cuda);
     m.impl("reduce_grad", &reduce_grad_cuda);
+    m.impl("reduce_grad_add_", &reduce_grad_add_cuda);
     m.impl("grouped_gemm", &grouped_gemm_cuda);
     m.impl("grouped_gemm_dgrad", &grouped_gemm_dgrad_cuda);
     m.impl("grouped_gemm_wgrad", &grouped_gemm_wgrad_cuda);

@@ -15,11 +15,16 @@ served ranks: all E with virtual ranks, the E/R experts of this rank with group=
       -> grad_x [R,s,H] bf16, grad_topk_weights [R,s,K] f32
   prefetch_weight(weight [E,a,b], plan, buffer) -> slots [R,B,a,b] (weight's dtype)
   reduce_grad(slot_grads [R,B,a,b] f32, plan, buffer) -> [E,a,b] f32
+  reduce_grad_add_(grad [E,a,b] f32 (mutated), slot_grads [R,B,a,b] f32, plan, buffer) -> ()
+      grad[e] += the sum of e's copies' gradients, only for experts with copies (no dense zero-fill)
   grouped_gemm(x [R,NvS,a] bf16, weight [E,a,b], slots [R,B,a,b], plan, buffer) -> [R,NvS,b] f32
   grouped_gemm_dgrad(dy [R,NvS,b] bf16, weight, slots, plan, buffer) -> [R,NvS,a] f32
   grouped_gemm_wgrad(x [R,NvS,a] bf16, dy [R,NvS,b] bf16, plan, buffer) -> [E,a,b] f32, [R,B,a,b] f32
 
 Every output shape follows from the static configuration and the input shapes alone (never from data).
+On CUDA what an op need not write is left as torch.empty leaves it (zero under torch.use_deterministic_algorithms
+with fill_uninitialized_memory): rows of recv_x / combine_backward past rank r's groups (cu_seqlens[r, -1]),
+prefetch slots without a copy and their gradients in grouped_gemm_wgrad. Nothing reads them. The CPU ops write 0.
 """
 
 from __future__ import annotations
@@ -111,6 +116,11 @@ def _prefetch_weight_fake(weight, plan, buffer):
 def _reduce_grad_fake(slot_grads, plan, buffer):
     i = info(buffer)
     return slot_grads.new_empty((i.home, slot_grads.shape[2], slot_grads.shape[3]), dtype=torch.float32)
+
+
+@torch.library.register_fake("evenep::reduce_grad_add_")
+def _reduce_grad_add_fake(grad, slot_grads, plan, buffer):
+    return None
 
 
 @torch.library.register_fake("evenep::grouped_gemm")
@@ -239,3 +249,34 @@ def _reduce_backward(ctx, grad):
 
 
 torch.library.register_autograd("evenep::reduce_grad", _reduce_backward, setup_context=_reduce_setup)
+
+
+class ExpertLinear(torch.autograd.Function):
+    """out = x · W_g per receive-buffer group (fp32), W_g the group's home weight or its prefetched copy, with the
+    copies made inside: weight (any float dtype, e.g. fp32 master weights) is cast to bf16 once, the copies are
+    prefetched from that cast (bf16: half the bytes, no slot conversion), and the backward returns the weight
+    gradient in weight's dtype with every copy's gradient reduced home in place (reduce_grad_add_), so no
+    zero-filled slot tensor and no dense add of a reduced gradient is made. Equal in value to
+    grouped_gemm(x, weight, prefetch_weight(weight, plan), plan) and its autograd."""
+
+    @staticmethod
+    def forward(ctx, x, weight, plan, buffer):
+        wb = weight.detach().to(torch.bfloat16).contiguous()
+        slots = ops.prefetch_weight(wb, plan, buffer)
+        ctx.save_for_backward(x, wb, slots, plan)
+        ctx.buffer = buffer
+        ctx.w_dtype = weight.dtype
+        return ops.grouped_gemm(x, wb, slots, plan, buffer)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, wb, slots, plan = ctx.saved_tensors
+        dy = _bf16(grad)
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = ops.grouped_gemm_dgrad(dy, wb, slots, plan, ctx.buffer).to(x.dtype)
+        if ctx.needs_input_grad[1]:
+            gw, gs = ops.grouped_gemm_wgrad(x, dy, plan, ctx.buffer)
+            ops.reduce_grad_add_(gw, gs, plan, ctx.buffer)
+            grad_w = gw.to(ctx.w_dtype)
+        return grad_x, grad_w, None, None

@@ -10,9 +10,11 @@ call (launch overhead, no synchronisation). --json PATH also writes the rows as 
 --moonep: the MoonEP point (R=8 E=384 K=8 s=8192 H=7168 H'=2048), the data-path ops only (plan, dispatch, combine,
 combine_backward, dispatch_backward, prefetch_weight, reduce_grad; bf16 weights): the MoE layer's fp32 parameters
 would not fit. --cpp PATH (default: an `evenep` CLI found on PATH or under build*/tools/evenep/) also runs the C++
-`evenep bench gpu-plan|dispatch|combine|prefetch|reduce --graph` at the same shape first and prints the Python op
-next to the C++ figure of the same call (eager and CUDA-graph replay). Every run checks its own results (combine
-of the dispatched rows against x * sum of the weights; with --cpp-check also the C++ runs' --check).
+`evenep bench gpu-plan|dispatch|combine|prefetch|reduce --graph` first, at the same shape and on the same routing
+(the Python run's topk_idx, passed as --routing .npy), and prints the Python op next to the C++ figure of the same
+call (eager and CUDA-graph replay): reduce_grad_add_ (the in-place form, as the library's reduce) against `reduce`.
+Every run checks its own results (combine of the dispatched rows against x * sum of the weights; with --cpp-check
+also the C++ runs' --check).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ CPP_ROWS = {
     "dispatch": ("dispatch", "dispatch"),
     "combine": ("combine", "combine_pull_weighted"),
     "prefetch_weight": ("prefetch", "prefetch"),
-    "reduce_grad": ("reduce", "reduce"),
+    "reduce_grad_add_": ("reduce", "reduce"),
 }
 
 
@@ -147,26 +149,36 @@ def find_cli():
     return max(cands, key=os.path.getmtime) if cands else None
 
 
-def cpp_rows(cli, a):
-    """Runs the C++ benchmark of every op of CPP_ROWS at the bench's shape (--graph; --check with --cpp-check);
-    returns {row op: median ms}, with the graph rows as '<op>_graph'. Raises when a C++ run fails or finds errors."""
+def cpp_rows(cli, a, idx):
+    """Runs the C++ benchmark of every op of CPP_ROWS at the bench's shape on the routing idx [R, s, K] (--graph;
+    --check with --cpp-check); returns {row op: median ms}, with the graph rows as '<op>_graph'. Raises when a C++
+    run fails or finds errors."""
+    import numpy as np
+
     out = {}
-    shape = ["--R", a.ranks, "--E", a.experts, "--K", a.top_k, "--S", a.tokens, "--H", a.hidden,
-             "--ffn-hidden", a.ffn, "--tp", a.token_padding, "--maxvio", a.cpp_maxvio, "--projections", 1,
-             "--warmup", a.warmup, "--iters", a.iters, "--graph"] + (["--check"] if a.cpp_check else [])
-    for sub in dict.fromkeys(c for c, _ in CPP_ROWS.values()):
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "rows.json")
-            cmd = [cli, "bench", sub, *map(str, shape), "--json", path]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            if r.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
-            with open(path) as f:
-                for row in json.load(f)["rows"]:
-                    if row.get("wrong", 0) > 0:
-                        raise RuntimeError(f"C++ bench {sub}: {row['op']} has {row['wrong']} wrong results")
-                    out.setdefault(row["op"], row["median_us"] / 1e3)
+    with tempfile.TemporaryDirectory() as d:
+        routing = os.path.join(d, "routing.npy")
+        np.save(routing, idx.to(torch.int32).cpu().numpy())
+        shape = ["--R", a.ranks, "--E", a.experts, "--K", a.top_k, "--S", a.tokens, "--H", a.hidden,
+                 "--ffn-hidden", a.ffn, "--tp", a.token_padding, "--routing", routing, "--projections", 1,
+                 "--warmup", a.warmup, "--iters", a.iters, "--graph"] + (["--check"] if a.cpp_check else [])
+        for sub in dict.fromkeys(c for c, _ in CPP_ROWS.values()):
+            _cpp_run(cli, sub, shape, d, out)
     return out
+
+
+def _cpp_run(cli, sub, shape, d, out):
+    """One `evenep bench <sub>` run; adds its rows' medians (ms) to out."""
+    path = os.path.join(d, f"{sub}.json")
+    cmd = [cli, "bench", sub, *map(str, shape), "--json", path]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {(r.stdout + r.stderr)[-2000:]}")
+    with open(path) as f:
+        for row in json.load(f)["rows"]:
+            if row.get("wrong", 0) > 0:
+                raise RuntimeError(f"C++ bench {sub}: {row['op']} has {row['wrong']} wrong results")
+            out.setdefault(row["op"], row["median_us"] / 1e3)
 
 
 def _check_data_path(buf, xb, idx, w, plan):
@@ -191,7 +203,6 @@ def main(argv=None):
     p.add_argument("--moonep", action="store_true", help="the MoonEP point, data-path ops only (CUDA)")
     p.add_argument("--ops-only", action="store_true", help="skip the MoE layer and the grouped GEMM ops")
     p.add_argument("--cpp", default=None, help="the C++ evenep CLI to compare with ('none': skip; default: found)")
-    p.add_argument("--cpp-maxvio", type=float, default=0.2, help="routing skew of the C++ runs (Python: uniform)")
     p.add_argument("--cpp-check", action="store_true", help="the C++ runs verify against the CPU oracle (slow)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     a = p.parse_args(argv)
@@ -202,18 +213,19 @@ def main(argv=None):
     for k, v in (MOONEP if a.moonep else CUDA_DEFAULTS if cuda else CPU_DEFAULTS).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    R, E, K, s, H, Fh = a.ranks, a.experts, a.top_k, a.tokens, a.hidden, a.ffn
+    gen = torch.Generator().manual_seed(0)
+    idx = _routing(a.routing, R, s, E, K, gen)
     cpp = {}
     if cuda and a.cpp != "none":
         cli = a.cpp or find_cli()
         if cli:  # first: the C++ process needs the GPU's memory to itself
-            cpp = cpp_rows(cli, a)
+            cpp = cpp_rows(cli, a, idx)
         else:
             print("# no C++ evenep CLI found (--cpp PATH): the C++ columns are empty")
 
-    R, E, K, s, H, Fh = a.ranks, a.experts, a.top_k, a.tokens, a.hidden, a.ffn
     buf = evenep.Buffer(E, K, s, H, virtual_ranks=R, ffn_hidden=Fh, token_padding=a.token_padding, device=dev)
-    gen = torch.Generator().manual_seed(0)
-    idx = _routing(a.routing, R, s, E, K, gen).to(dev)
+    idx = idx.to(dev)
     w = torch.rand(R, s, K, generator=gen).to(dev)
     x = torch.randn(R, s, H, generator=gen).to(dev)
     rows = []  # (what, median ms, min ms, host ms or None)
@@ -228,6 +240,7 @@ def main(argv=None):
         _layer_rows(a, buf, x, idx, w, add, cuda)
     xb = x.bfloat16()
     del x
+    idx = idx.int()  # the library's index type: the ops then convert nothing (as the C++ calls)
     plan = buf.plan(idx)
     check_err = _check_data_path(buf, xb, idx, w, plan)
     _op_rows(a, buf, xb, idx, w, plan, add, cuda)
@@ -239,7 +252,7 @@ def main(argv=None):
     print(head)
     if cuda:
         print("# GPU ms: CUDA events around the call (median, min); host ms: issuing the call from Python; C++ ms: "
-              f"`evenep bench` median of the same call (routing maxvio {a.cpp_maxvio}), graph rows vs its _graph rows")
+              "`evenep bench` median of the same call on the same routing, graph rows vs its _graph rows")
         print(f"{'what':<44}{'GPU ms':>10}{'min ms':>10}{'host ms':>10}{'C++ ms':>10}{'py/C++':>8}")
         for name, med, mn, host in rows:
             c = _cpp_of(name, cpp)
@@ -310,6 +323,7 @@ def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
     slots = buf.prefetch_weight(W, plan)
     g = torch.randn(R, s, H, device=dev).bfloat16()
     zero_slots = torch.zeros(R, buf.num_slots, H, Fh, device=dev)
+    home_grad = torch.zeros(E, H, Fh, device=dev)
     calls = {
         "plan": lambda: buf.plan(idx),
         "dispatch": lambda: buf.dispatch(xb, idx, w, plan),
@@ -321,6 +335,7 @@ def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
             ops.dispatch_backward(recv_x, recv_w, h.topk_weights, plan, h.dst, buf.id)),
         "prefetch_weight": lambda: buf.prefetch_weight(W, plan),
         "reduce_grad": lambda: buf.reduce_grad(zero_slots, plan),
+        "reduce_grad_add_": lambda: buf.reduce_grad_add_(home_grad, zero_slots, plan),
     }
     if not a.ops_only:
         dy = torch.randn(R, buf.num_recv_rows, Fh, device=dev).bfloat16()
@@ -338,7 +353,7 @@ def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
     torch.cuda.empty_cache()  # the MoonEP point: the graphs' private pools need the memory the eager calls cached
     # CUDA-graph replay of the ops the C++ benchmark times (no launch overhead); plan last: a plan captured in a
     # graph replaces the resident plan without a copy.
-    for name in ("dispatch", "combine", "prefetch_weight", "reduce_grad", "plan"):
+    for name in ("dispatch", "combine", "prefetch_weight", "reduce_grad_add_", "plan"):
         try:
             buf.dispatch(xb, idx, w, plan)
             add(f"op {name} graph", capture(calls[name])[0])

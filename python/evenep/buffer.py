@@ -282,11 +282,25 @@ class Buffer:
         """Adds every copy's gradient home: slot_grads fp32 [R, B, a, b] -> fp32 [E, a, b] (deterministic)."""
         return ops.reduce_grad(slot_grads, plan, self._id)
 
+    def reduce_grad_add_(self, grad: torch.Tensor, slot_grads: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
+        """In place: grad[e] += the sum of expert e's copies' gradients (fp32 [E, a, b], ranks then slots
+        ascending), for the experts with copies only; returns grad. The form to use where a home gradient already
+        exists (it moves only the copies' gradients: no [E, a, b] zero-fill). Not autograd-aware."""
+        ops.reduce_grad_add_(grad, slot_grads, plan, self._id)
+        return grad
+
     def grouped_gemm(self, x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, plan: torch.Tensor):
         """Per receive-buffer group, x_rows · W_g (W_g the group's home weight or prefetched slot):
         x bf16 [R, NvS, a], weight [E, a, b], slots [R, B, a, b] -> fp32 [R, NvS, b] (padding rows 0).
         Autograd-aware (dgrad and wgrad)."""
         return ops.grouped_gemm(x, weight, slots, plan, self._id)
+
+    def expert_linear(self, x: torch.Tensor, weight: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
+        """grouped_gemm with the copies made inside (what evenep.nn.MoE uses): x bf16 [R, NvS, a], weight [E, a, b]
+        home weights (fp32 master weights are cast to bf16 once; the copies are prefetched from that bf16 cast)
+        -> fp32 [R, NvS, b]. Autograd-aware: the weight's gradient (weight's dtype) has every copy's gradient
+        reduced home in place, so the optimizer only ever sees home weights."""
+        return _ops.ExpertLinear.apply(x, weight, plan, self._id)
 
 
     def _on_device(self, op, **tensors):

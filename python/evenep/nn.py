@@ -84,8 +84,8 @@ class MoE(_Experts):
 
     forward(x [R, s, H], num_tokens=None, routing=None) -> [R, s, H] in x's dtype; num_tokens: s_r per rank
     (rows past s_r are ignored and give 0); routing: (topk_idx, topk_weights) [R, s, K] instead of the router. Expert weights are home nn.Parameters;
-    the copies each rank computes without owning are prefetched (evenep.prefetch_weight) and their gradients
-    reduced home (reduce_grad) inside autograd, before the optimizer or any gradient hook sees them.
+    the copies each rank computes without owning are prefetched from their bf16 cast (Buffer.expert_linear) and
+    their gradients reduced home in place inside autograd, before the optimizer or any gradient hook sees them.
     """
 
     def __init__(self, hidden, ffn_hidden, num_experts, top_k, *, buffer: Buffer, router="softmax",
@@ -114,10 +114,10 @@ class MoE(_Experts):
         recv_x, _, _, handle = buf.dispatch(xb, topk_idx, topk_w, plan, num_tokens)
         # Gate and up projections as one GEMM ([H, 2H']): one dgrad, one bf16 rounding of grad x.
         w_gu = torch.cat([self.w_gate, self.w_up], dim=2)
-        gu = buf.grouped_gemm(recv_x, w_gu, buf.prefetch_weight(w_gu, plan), plan)
+        gu = buf.expert_linear(recv_x, w_gu, plan)
         g, u = gu.to(torch.bfloat16).split(self.ffn_hidden, dim=-1)
         h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
-        y = buf.grouped_gemm(h, self.w_down, buf.prefetch_weight(self.w_down, plan), plan).to(torch.bfloat16)
+        y = buf.expert_linear(h, self.w_down, plan).to(torch.bfloat16)
         out = buf.combine(y, handle).to(x.dtype)
         if side is None:
             return out + self._shared(x)

@@ -12,6 +12,8 @@
 //   DatapathTest.GraphCaptureReplay    plan -> dispatch -> placeholder -> combine captured into one CUDA graph;
 //       replays equal the eager run; after new routing and tokens are written into the same device inputs a replay
 //       equals the oracle for the new routing (the plan is recomputed inside the graph)
+//   DatapathFlowTest.CallerRows        dispatch into caller-owned receive rows (RankIo::rows): those rows equal the
+//       oracle's, the buffer's recv_x is not written; combine reading the caller's rows equals the oracle
 //   DatapathTest.MoonEpPointMatchesOracle  R=8 E=384 K=8 S=512 H=256 at maxvio 10
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -237,6 +239,40 @@ TEST(DatapathFlowTest, PlanReuse) {
     std::vector<std::vector<Bf16>> y(cfg.R);
     for (int r = 0; r < cfg.R; ++r) y[r] = scale_rows_host(od.recv_x[r]);
     expect_combine_equal(g, tokens, bc, y, cpu::OracleOptions{}, "plan reuse");
+}
+
+TEST(DatapathFlowTest, CallerRows) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const BufferConfig bc = testing::buffer_config(4, 16, 4, 96, 8, 40);
+    const Config& cfg = bc.cfg;
+    const Routing routing = make_lognormal(RoutingSpec{4, 16, 4, 96, 5}, 1.5);
+    const auto tokens = testing::random_tokens(bc, routing, 3);
+    const cpu::GroupDispatchResult od = cpu::dispatch_group(bc, tokens);
+    GpuGroup g(cfg, bc.H, EpOptions{});
+    g.upload(tokens);
+    const int64_t nvs = g.ep.layout().nvs, H = bc.H;
+    std::vector<testing::DeviceArray<uint16_t>> rows;
+    for (int r = 0; r < cfg.R; ++r) {
+        rows.emplace_back(static_cast<size_t>(nvs * H));
+        EVENEP_CUDA_CHECK(cudaMemset(rows[r].get(), 0xff, rows[r].size() * 2));
+        EVENEP_CUDA_CHECK(cudaMemset(g.ep.recv_x(r), 0x5a, rows[r].size() * 2));  // must stay untouched
+        g.io.io[r].rows = rows[r].get();
+    }
+    g.plan = g.ep.plan(g.io.io, routing.s, nullptr);
+    g.ep.dispatch(g.plan, g.io.io, nullptr);
+    g.ep.check(nullptr);
+    for (int r = 0; r < cfg.R; ++r) {
+        const int64_t used = od.plan.rows_used(r);
+        const std::vector<uint16_t> got = rows[r].download(static_cast<size_t>(used * H));
+        for (int64_t i = 0; i < used * H; ++i)
+            ASSERT_EQ(got[i], od.recv_x[r][i].bits) << "caller rows: rank " << r << " row " << i / H;
+        for (uint16_t v : g.ep.download_recv_x(r, nvs)) ASSERT_EQ(v, 0x5a5a) << "the buffer's recv_x was written";
+        scale_rows_kernel<<<64, 256>>>(rows[r].get(), used * H);
+    }
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+    std::vector<std::vector<Bf16>> y(cfg.R);
+    for (int r = 0; r < cfg.R; ++r) y[r] = scale_rows_host(od.recv_x[r]);
+    expect_combine_equal(g, tokens, bc, y, cpu::OracleOptions{}, "caller rows");
 }
 
 TEST(DatapathFlowTest, GraphCaptureReplay) {

@@ -42,6 +42,6 @@ def test_cpp_rows_map():
 @pytest.mark.skipif(not evenep.cuda_built(), reason="evenep built without the CUDA ops")
 def test_bench_cuda(tmp_path):
     names = _run(tmp_path, "--device", "cuda")
-    for op in ("dispatch", "combine", "prefetch_weight", "reduce_grad", "plan"):
+    for op in ("dispatch", "combine", "prefetch_weight", "reduce_grad_add_", "plan"):
         assert f"op {op} graph" in names, names
     assert "MoE fwd+bwd evenep graph" in names

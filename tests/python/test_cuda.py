@@ -7,6 +7,7 @@ CUDA-graph capture of a whole forward+backward+optimizer step replayed with chan
 steps; torch.compile(fullgraph=True); bad input (raises, the buffer stays usable).
 """
 
+import contextlib
 import copy
 
 import pytest
@@ -47,6 +48,31 @@ def _eq(got, ref):
     assert torch.equal(got.cpu(), ref), f"max |diff| {(got.cpu().float() - ref.float()).abs().max().item()}"
 
 
+def _rows_in_groups(t, cu):
+    """t [R, NvS, ...] with the rows past each rank's groups (cu_seqlens[r, -1]: not written on CUDA) zeroed."""
+    t, cu = t.cpu(), cu.cpu()
+    live = torch.arange(t.shape[1])[None, :] < cu[:, -1:].long()
+    return torch.where(live.reshape(*live.shape, *([1] * (t.dim() - 2))), t, torch.zeros((), dtype=t.dtype))
+
+
+def _used_slots(t, buf, plan):
+    """t [R, B, ...] with the slots that hold no copy (not written on CUDA) zeroed."""
+    used = buf.layout.field(plan.cpu(), "copies") >= 0
+    t = t.cpu()
+    return torch.where(used.reshape(*used.shape, *([1] * (t.dim() - 2))), t, torch.zeros((), dtype=t.dtype))
+
+
+@contextlib.contextmanager
+def _deterministic():
+    """torch.use_deterministic_algorithms(True): the ops write zero where they otherwise leave memory unwritten."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev)
+
+
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("unequal", [False, True])
 def test_data_path_bit_exact(pair, kind, unequal):
@@ -61,15 +87,17 @@ def test_data_path_bit_exact(pair, kind, unequal):
     rx, rw, cu, h = cpu.dispatch(x, idx, w, plan, n)
     xg, idxg, wg = _cu(x, idx, w)
     rxg, rwg, cug, hg = gpu.dispatch(xg, idxg, wg, plan_g, n)
-    for got, ref in ((rxg, rx), (rwg, rw), (cug, cu), (hg.dst, h.dst)):
+    for got, ref in ((_rows_in_groups(rxg, cug), rx), (rwg, rw), (cug, cu), (hg.dst, h.dst)):
         _eq(got, ref)
+    with _deterministic():  # rows past the groups are zero, as on the CPU
+        _eq(gpu.dispatch(xg, idxg, wg, plan_g, n)[0], rx)
     y = (rx.float() * 0.5).bfloat16()
     for apply in (True, False):
         _eq(gpu.combine(y.cuda(), hg, apply), cpu.combine(y, h, apply))
     g = torch.randn(i.R, i.S, i.H).bfloat16()
     rows = ops.combine_backward(g, h.topk_weights, h.plan, h.dst, cpu.id)
     rows_g = ops.combine_backward(g.cuda(), hg.topk_weights, hg.plan, hg.dst, gpu.id)
-    _eq(rows_g, rows)
+    _eq(_rows_in_groups(rows_g, cug), rows)
     gw_rows = torch.randn(i.R, i.nvs)
     gx, gtw = ops.dispatch_backward(rows, gw_rows, h.topk_weights, h.plan, h.dst, cpu.id)
     gx_g, gtw_g = ops.dispatch_backward(rows_g, gw_rows.cuda(), hg.topk_weights, hg.plan, hg.dst, gpu.id)
@@ -96,9 +124,13 @@ def test_experts_and_gemm(pair, few_slots, kind, slots):
     rxg, _, _, hg = gpu.dispatch(*_cu(x, idx, w))
     W = torch.randn(i.E, i.H, 16)
     slots, slots_g = cpu.prefetch_weight(W, h.plan), gpu.prefetch_weight(W.cuda(), hg.plan)
-    _eq(slots_g, slots)
+    _eq(_used_slots(slots_g, gpu, hg.plan), slots)
+    with _deterministic():
+        _eq(gpu.prefetch_weight(W.cuda(), hg.plan), slots)
     Gs = torch.randn(i.R, i.B, i.H, 16)
     _eq(gpu.reduce_grad(Gs.cuda(), hg.plan), cpu.reduce_grad(Gs, h.plan))
+    G0 = torch.randn(i.E, i.H, 16)
+    _eq(gpu.reduce_grad_add_(G0.cuda(), Gs.cuda(), hg.plan), cpu.reduce_grad_add_(G0.clone(), Gs, h.plan))
     out, out_g = cpu.grouped_gemm(rx, W, slots, h.plan), gpu.grouped_gemm(rxg, W.cuda(), slots_g, hg.plan)
     assert rel_err(out_g.cpu(), out) <= 1e-3
     dy = (torch.randn_like(out) * (out != 0)).bfloat16()
@@ -107,11 +139,17 @@ def test_experts_and_gemm(pair, few_slots, kind, slots):
     assert rel_err(dx_g.cpu(), dx) <= 1e-3
     gw, gs = ops.grouped_gemm_wgrad(rx, dy, h.plan, cpu.id)
     gw_g, gs_g = ops.grouped_gemm_wgrad(rxg, dy.cuda(), hg.plan, gpu.id)
-    assert rel_err(gw_g.cpu(), gw) <= 1e-3 and rel_err(gs_g.cpu(), gs) <= 1e-3
+    assert rel_err(gw_g.cpu(), gw) <= 1e-3 and rel_err(_used_slots(gs_g, gpu, hg.plan), gs) <= 1e-3
     gpu.check()
 
 
 def test_opcheck_cuda(pair):
+    # Deterministic mode: what the ops leave unwritten is zero, so eager and compiled outputs compare equal.
+    with _deterministic():
+        _opcheck_cuda(pair)
+
+
+def _opcheck_cuda(pair):
     _, gpu = pair
     i = gpu.info
     x, idx, w = _cu(*_inputs(i, "masked", s=8))
@@ -129,6 +167,8 @@ def test_opcheck_cuda(pair):
     torch.library.opcheck(ops.prefetch_weight.default, (W, plan, gpu.id))
     slots = ops.prefetch_weight(W, plan, gpu.id)
     torch.library.opcheck(ops.reduce_grad.default, (torch.randn(i.R, i.B, i.H, 8, device="cuda"), plan, gpu.id))
+    torch.library.opcheck(ops.reduce_grad_add_.default, (torch.randn(i.E, i.H, 8, device="cuda"),
+                                                         torch.randn(i.R, i.B, i.H, 8, device="cuda"), plan, gpu.id))
     torch.library.opcheck(ops.grouped_gemm.default, (recv_x, W, slots, plan, gpu.id))
     dy = torch.randn(i.R, i.nvs, 8, device="cuda").bfloat16()
     torch.library.opcheck(ops.grouped_gemm_dgrad.default, (dy, W, slots, plan, gpu.id))

@@ -153,6 +153,9 @@ def test_prefetch_and_reduce(small):
             else:
                 assert slots[r, b].abs().sum() == 0
     assert torch.equal(red, ref)
+    # In place: only the experts with copies change, by the same sums (bit for bit).
+    G0 = torch.randn(i.E, 4, 3)
+    assert torch.equal(small.reduce_grad_add_(G0.clone(), G, plan), G0 + red)
 
 
 def _opcheck(op, args):
@@ -176,6 +179,7 @@ def test_opcheck_every_op(small):
     _opcheck(ops.prefetch_weight.default, (W, plan, small.id))
     slots = ops.prefetch_weight(W, plan, small.id)
     _opcheck(ops.reduce_grad.default, (torch.randn(i.R, i.B, i.H, 8), plan, small.id))
+    _opcheck(ops.reduce_grad_add_.default, (torch.randn(i.E, i.H, 8), torch.randn(i.R, i.B, i.H, 8), plan, small.id))
     _opcheck(ops.grouped_gemm.default, (recv_x, W, slots, plan, small.id))
     dy = torch.randn(i.R, i.nvs, 8).bfloat16()
     _opcheck(ops.grouped_gemm_dgrad.default, (dy, W, slots, plan, small.id))

@@ -32,6 +32,7 @@ struct GpuBenchOptions {
     double copy_mib = 2048;
     std::string json_file;
     std::string npy_dir;  // gpu-suite: rank 0's routing per point, for the PyTorch anchor
+    std::string routing;  // a routing [R, S, K] int32 .npy instead of the generator (one point)
 };
 
 void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
@@ -45,6 +46,10 @@ void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
         add_int(*cmd, "--tp", o.tp, "token padding", 1, kMaxTokenPad);
         add_reals(*cmd, "--maxvio", o.maxvios, "target maxvio values", 0, std::numeric_limits<double>::infinity());
         add_u64(*cmd, "--seed", o.seed, "routing seed");
+        add_input_file(*cmd, "--routing", o.routing,
+                       "use this routing (int32 [R, S, K] .npy, -1 = masked; R, S, K must match) instead of "
+                       "generating one per --maxvio")
+            ->excludes("--maxvio");
         add_string(*cmd, "--planner", o.planner, "reference or optimized")
             ->check(CLI::IsMember({"reference", "optimized"}))
             ->capture_default_str();
@@ -116,7 +121,7 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
     out["copy_gbps"] = copy_gbps;
     int64_t wrong = 0;
     for (const Shape& sh : shapes)
-        for (double mv : o.maxvios) {
+        for (double mv : o.routing.empty() ? o.maxvios : std::vector<double>{0.0}) {  // a given routing: one point
             BenchConfig bc;
             bc.R = sh.R, bc.E = sh.E, bc.K = sh.K, bc.S = sh.S, bc.H = sh.H, bc.ffn_hidden = sh.ffn_hidden;
             bc.tp = o.tp;
@@ -129,6 +134,7 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
             bc.graph = o.graph;
             bc.mode = parse_planner_mode(o.planner);
             bc.expert_projections = o.projections;
+            bc.routing_in = o.routing;
             if (!o.npy_dir.empty()) bc.routing_npy = fmt::format("{}/routing_{}_maxvio{}.npy", o.npy_dir, sh.name, mv);
             for (const BenchRow& r : perf::bench_point(bc, ops, copy_gbps)) {
                 print_row(r);

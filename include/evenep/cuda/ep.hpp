@@ -15,6 +15,10 @@
 //   ep.dispatch(p, io, stream);               // rows into ep.recv_x(r) of every rank, in group order
 //   ... expert compute writes y into ep.recv_x(r) (zero-copy); groups: ep.cu_seqlens(r), the plan's group_expert
 //   ep.combine(p, io, apply_weights, mode, stream);
+// On the local team a call may name its own receive rows (RankIo::rows, BackwardIo::rows: any device memory of
+// [NvS, H] bf16 per rank): dispatch then writes the payload rows there and combine reads them there, while the
+// chain metadata and weights stay in the buffer (how the PyTorch ops return rows without copying them). Rows
+// outside the plan's groups are not written by the call.
 //   ep.check(stream);                         // optional: synchronise and surface device-side errors
 // Backward (SPEC §4.3, cpu::Buffer::combine_backward / dispatch_backward bit for bit), with the forward's plan:
 //   ep.combine_backward(p, bwd, stream);      // dispatch of grad_out: rows into recv_x(r) (no planning)
@@ -65,6 +69,8 @@ struct BackwardIo {
     const float* grad_recv_w = nullptr;  // [NvS] fp32 gradient of each receive row's weight, copied into recv_w(r)
                                          // by dispatch_backward; nullptr: the caller wrote it into recv_w(r)
     const float* topk_w = nullptr;       // [S, K] fp32 route weights of the forward (recv_w = topk_w)
+    uint16_t* rows = nullptr;            // [NvS, H] bf16 receive rows for this call instead of recv_x(r): written
+                                         // by combine_backward, read by dispatch_backward (RankIo::rows)
 };
 
 struct EpPlanState;  // src/cuda/runtime/ep.cpp
@@ -163,6 +169,7 @@ class Ep {
     const char* plan_source(const EpPlan& plan, int rank, size_t offset) const;
     int local_index(int rank) const;
     void check_io(std::span<const RankIo> io, bool need_x, const char* call) const;
+    void check_rows(const uint16_t* rows, int rank, const char* call) const;
     struct Tables {
         RankIo* eager = nullptr;     // [R] device table of eager calls
         RankIo* graph = nullptr;     // [R] device table of captured calls

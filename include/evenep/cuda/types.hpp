@@ -12,6 +12,10 @@ struct RankIo {
     const float* topk_w = nullptr;      // [S, K] fp32 route weights
     uint16_t* out = nullptr;            // [S, H] bf16 combine output
     float* out_w = nullptr;             // [S, K] fp32 gathered route weights (nullptr: not gathered)
+    uint16_t* rows = nullptr;           // [NvS, H] bf16 this rank's receive rows for this call, 16-byte aligned:
+                                        // dispatch writes them and combine reads them there instead of recv_x of
+                                        // the rank's buffer (nullptr: the buffer's). Local team only (every rank's
+                                        // rows in this process); the metadata (recv_w, chains) stays in the buffer
 };
 
 enum class PlannerKernel : int {

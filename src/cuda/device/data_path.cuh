@@ -20,6 +20,19 @@ struct DataParams {
     int apply_weights;
 };
 
+// Rank `rank`'s receive rows [NvS, H] for this call: the caller's (RankIo::rows; the local team, whose table holds
+// every rank's entry) or recv_x of the rank's buffer.
+__device__ __forceinline__ uint16_t* recv_rows(const DataParams& p, int rank) {
+    uint16_t* rows = multi_process(p.team) ? nullptr : p.io[rank].rows;
+    return rows != nullptr ? rows : EpLayout::at<uint16_t>(p.team.peers[rank], p.lay.recv_x());
+}
+
+// A 64-bit pointer from lane `src` (warp-uniform call).
+template <typename T>
+__device__ __forceinline__ T* shfl_ptr(T* ptr, int src) {
+    return reinterpret_cast<T*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(ptr), src));
+}
+
 // One token's K entries held one per lane (lanes >= K hold nothing). Every field is lane-local except the masks.
 struct TokenEntries {
     int32_t code;       // encoded dst (SPEC §3.4) or kMaskedDst

@@ -34,18 +34,17 @@ using device::kWarpSize;
 inline constexpr int kCombineThreads = 256;
 inline constexpr int kCombineUnroll = 4;  // 16-byte vectors per lane per chunk
 
-// acc[u][i] += (0 + sum of the chain's terms), for the lanes of `chain` (ascending), vectors v0 + u*32 + lane.
+// acc[u][i] += (0 + sum of the chain's terms), for the lanes of `chain` (ascending), vectors v0 + u*32 + lane;
+// row: each live lane's receive row (device::recv_rows).
 template <int kUnroll>
 __device__ __forceinline__ void add_chain(float (&acc)[kUnroll][8],
                                           unsigned chain,
-                                          const device::TokenEntries& te,
+                                          const uint16_t* row,
                                           float w,
-                                          char* const* peers,
-                                          const EpLayout& L,
+                                          int num_vec,
                                           int v0,
                                           int lane,
                                           bool apply_weights) {
-    const int num_vec = L.H / kBf16PerVec;
     float part[kUnroll][8];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
@@ -53,10 +52,8 @@ __device__ __forceinline__ void add_chain(float (&acc)[kUnroll][8],
         for (int i = 0; i < 8; ++i) part[u][i] = 0.0f;
     for (unsigned m = chain; m; m &= m - 1) {
         const int l = __ffs(m) - 1;
-        const int prank = __shfl_sync(0xffffffffu, te.drank, l);
-        const int32_t prow = __shfl_sync(0xffffffffu, te.row, l);
         const float pw = __shfl_sync(0xffffffffu, w, l);
-        const uint16_t* yrow = EpLayout::at<uint16_t>(peers[prank], L.recv_x()) + static_cast<int64_t>(prow) * L.H;
+        const uint16_t* yrow = device::shfl_ptr(row, l);
         uint4 buf[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -131,6 +128,7 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(const DataParams
         const float w = lane < K ? io.topk_w[static_cast<int64_t>(t) * K + lane] : 0.0f;
         gather_weights(te, peers, L, io.out_w ? io.out_w + static_cast<int64_t>(t) * K : nullptr, K, lane);
         uint16_t* orow = io.out + static_cast<int64_t>(t) * H;
+        const uint16_t* row = te.live ? device::recv_rows(p, te.drank) + static_cast<int64_t>(te.row) * H : nullptr;
         for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
             float acc[kUnroll][8];
 #pragma unroll
@@ -139,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(const DataParams
                 for (int i = 0; i < 8; ++i) acc[u][i] = 0.0f;
             for (unsigned m = te.payloads; m; m &= m - 1) {
                 const unsigned chain = __shfl_sync(0xffffffffu, te.same, __ffs(m) - 1);
-                add_chain<kUnroll>(acc, chain, te, w, peers, L, v0, lane, apply);
+                add_chain<kUnroll>(acc, chain, row, w, num_vec, v0, lane, apply);
             }
             store_out<kUnroll>(orow, acc, v0, lane, num_vec);
         }
@@ -159,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams
     const int64_t unit_bytes = L.buf.stage_unit_bytes(), units_per_rank = L.buf.stage_units();
 
     // ---- Destination: one partial per chain head, into the source's staging units. ----
-    const uint16_t* y = EpLayout::at<uint16_t>(base, L.recv_x());
+    const uint16_t* y = device::recv_rows(p, c.rank);
     const float* recv_w = EpLayout::at<float>(base, L.recv_w());
     const int32_t* next = EpLayout::at<int32_t>(base, L.recv_next());
     const int32_t* ret = EpLayout::at<int32_t>(base, L.recv_ret());

@@ -65,6 +65,7 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
                 te.payload ? detail::encode_ret(c.rank, unit, L.buf.stage_units()) : detail::kRetDuplicate;
         }
         if (te.payloads == 0) continue;  // a fully masked token: nothing to send, its row is not read
+        uint16_t* my_row = te.payload ? device::recv_rows(p, te.drank) + static_cast<int64_t>(te.row) * H : nullptr;
         const uint16_t* xrow = io.x + static_cast<int64_t>(t) * H;
         for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
             uint4 buf[kUnroll];
@@ -74,10 +75,7 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
                 if (v < num_vec) buf[u] = device::ld_nc_v4(xrow + static_cast<int64_t>(v) * kBf16PerVec);
             }
             for (unsigned m = te.payloads; m; m &= m - 1) {
-                const int pl = __ffs(m) - 1;
-                const int prank = __shfl_sync(0xffffffffu, te.drank, pl);
-                const int32_t prow = __shfl_sync(0xffffffffu, te.row, pl);
-                uint16_t* drow = EpLayout::at<uint16_t>(peers[prank], L.recv_x()) + static_cast<int64_t>(prow) * H;
+                uint16_t* drow = device::shfl_ptr(my_row, __ffs(m) - 1);
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u) {
                     const int v = v0 + u * kWarpSize + lane;
@@ -88,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
     }
 
     // ---- A'. Destination: padding rows are zero (payload and weight). ----
-    uint16_t* recv_x = EpLayout::at<uint16_t>(base, L.recv_x());
+    uint16_t* recv_x = device::recv_rows(p, c.rank);
     float* recv_w = EpLayout::at<float>(base, L.recv_w());
     int32_t* next = EpLayout::at<int32_t>(base, L.recv_next());
     int32_t* ret = EpLayout::at<int32_t>(base, L.recv_ret());

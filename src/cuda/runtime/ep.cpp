@@ -158,7 +158,17 @@ void Ep::check_io(std::span<const RankIo> io, bool need_x, const char* call) con
             EVENEP_CHECK(reinterpret_cast<uintptr_t>(v.out) % 16 == 0, "cuda ep: ", call, ": rank ", r,
                          ": out must be 16-byte aligned");
         }
+        check_rows(v.rows, r, call);
     }
+}
+
+void Ep::check_rows(const uint16_t* rows, int rank, const char* call) const {
+    if (rows == nullptr) return;
+    EVENEP_CHECK(num_local_ranks() == team_.size(), "cuda ep: ", call, ": rank ", rank,
+                 ": caller-owned receive rows need every rank in this process (the local team); this team serves ",
+                 num_local_ranks(), " of ", team_.size(), " ranks");
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(rows) % 16 == 0, "cuda ep: ", call, ": rank ", rank,
+                 ": receive rows must be 16-byte aligned");
 }
 
 // The kernels read their pointers from a device table [R]. An eager call stores the served ranks' entries on its
@@ -277,6 +287,7 @@ std::vector<RankIo> backward_table(std::span<const BackwardIo> io, int first) {
         t[i].topk_w = io[i].topk_w;
         t[i].out = io[i].grad_x;
         t[i].out_w = io[i].grad_topk_w;
+        t[i].rows = io[i].rows;
     }
     return t;
 }
@@ -288,6 +299,7 @@ void Ep::combine_backward(const EpPlan& plan, std::span<const BackwardIo> io, cu
     EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: combine_backward got ", io.size(),
                  " rank inputs, expected ", num_local_ranks());
     const std::vector<RankIo> t = backward_table(io, rank_begin());
+    for (size_t i = 0; i < t.size(); ++i) check_rows(t[i].rows, rank_begin() + static_cast<int>(i), "combine_backward");
     use(plan, stream);
     const RankIo* d_io = store_io(bwd_, t, stream);
     last_blocks_ = launch_dispatch(view(options_.channel), layout_, d_io, s, options_.sm_budget, stream);
@@ -301,6 +313,7 @@ void Ep::dispatch_backward(const EpPlan& plan, std::span<const BackwardIo> io, C
     EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: dispatch_backward got ", io.size(),
                  " rank inputs, expected ", num_local_ranks());
     const std::vector<RankIo> t = backward_table(io, rank_begin());
+    for (size_t i = 0; i < t.size(); ++i) check_rows(t[i].rows, rank_begin() + static_cast<int>(i), "dispatch_backward");
     use(plan, stream);
     for (int i = 0; i < num_local_ranks(); ++i) {
         float* rw = recv_w(rank_begin() + i);
