@@ -142,6 +142,14 @@ inline void check_gemm_weights(const Config& c,
     check_tensor(slots, op, "slots", w.scalar_type(), {c.R, c.num_slots(), w.size(1), w.size(2)}, device);
 }
 
+// The grouped GEMM's output dtype (out_dtype argument): fp32 (default) or bf16 (one rounding of the fp32 sums).
+inline at::ScalarType gemm_out_dtype(std::optional<at::ScalarType> d, const char* op) {
+    const at::ScalarType t = d.value_or(at::kFloat);
+    TORCH_CHECK_VALUE(t == at::kFloat || t == at::kBFloat16, "evenep.", op, ": out_dtype = ", t,
+                      ", expected torch.float32 or torch.bfloat16");
+    return t;
+}
+
 // The group total of unequal token counts (SPEC §1), -1 when every rank has the same count.
 inline int64_t group_total(const std::vector<int32_t>& s) {
     if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;

@@ -1,4 +1,6 @@
 // python/csrc/cuda_kernels.cu — device kernels of the torch binding's CUDA ops (see cuda_kernels.hpp).
+#include <cuda_bf16.h>
+
 #include <climits>
 #include <cstdint>
 
@@ -143,67 +145,144 @@ __global__ void select_slots_kernel(const int32_t* plan, PlanCols c, const char*
     for (int64_t i = tid; i < n; i += step) dst[i] = have ? src[i] : make_uint4(0, 0, 0, 0);
 }
 
+// The plan's copies table staged into shared memory: cp[j] = copies of rank j / B, slot j % B (j < R*B).
+__device__ void stage_copies(const int32_t* plan, const PlanCols& c, int32_t* cp) {
+    for (int j = threadIdx.x; j < c.R * c.B; j += blockDim.x)
+        cp[j] = plan[static_cast<int64_t>(j / c.B) * c.width + c.copies() + j % c.B];
+    __syncthreads();
+}
+
+// Every block walks the slots (from shared memory) and copies its share of each used one: the grid is sized by one
+// matrix, not by R*B matrices, so empty slots cost nothing.
 __global__ void prefetch_kernel(
     const int32_t* plan, PlanCols c, const char* weight, char* slots, int64_t mat_bytes, bool zero_empty) {
-    const int rb = blockIdx.y, r = rb / c.B, b = rb % c.B;
-    const int32_t e = plan[r * c.width + c.copies() + b];
-    const bool have = e >= 0 && e < c.E;
-    if (!have && !zero_empty) return;
-    char* dst = slots + rb * mat_bytes;
-    const char* src = weight + (have ? e : 0) * mat_bytes;
+    extern __shared__ int32_t cp[];
+    stage_copies(plan, c, cp);
     const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
-    if (mat_bytes % 16 == 0) {
-        const int64_t n = mat_bytes / 16;
-        for (int64_t i = tid; i < n; i += step)
-            reinterpret_cast<uint4*>(dst)[i] = have ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
-    } else {
-        for (int64_t i = tid; i < mat_bytes; i += step) dst[i] = have ? src[i] : 0;
+    for (int j = 0; j < c.R * c.B; ++j) {
+        const int32_t e = cp[j];
+        const bool have = e >= 0 && e < c.E;
+        if (!have && !zero_empty) continue;
+        char* dst = slots + j * mat_bytes;
+        const char* src = weight + (have ? e : 0) * mat_bytes;
+        if (mat_bytes % 16 == 0) {
+            const int64_t n = mat_bytes / 16;
+            for (int64_t i = tid; i < n; i += step)
+                reinterpret_cast<uint4*>(dst)[i] =
+                    have ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
+        } else {
+            for (int64_t i = tid; i < mat_bytes; i += step) dst[i] = have ? src[i] : 0;
+        }
     }
 }
 
-// One expert per blockIdx.y: its copies (r*B + b, ranks then slots ascending) listed once in shared memory.
+// Every block lists each expert's copies in shared memory (head[e] -> next[j] ..., slots ascending: one thread per
+// expert scans the staged table), then walks the experts and sums its share of each: the grid is sized by one
+// matrix, and with accumulate the experts without copies cost nothing.
 __global__ void reduce_grad_kernel(
     const int32_t* plan, PlanCols c, const float* sg, float* grad, int64_t n, bool vec, bool accumulate) {
-    extern __shared__ int32_t copies[];
-    __shared__ int count;
-    const int e = blockIdx.y;
-    if (threadIdx.x == 0) {
-        int k = 0;
-        for (int r = 0; r < c.R; ++r)
-            for (int b = 0; b < c.B; ++b)
-                if (plan[r * c.width + c.copies() + b] == e) copies[k++] = r * c.B + b;
-        count = k;
+    extern __shared__ int32_t lists[];
+    const int RB = c.R * c.B;
+    int32_t *cp = lists, *next = lists + RB, *head = lists + 2 * RB;
+    stage_copies(plan, c, cp);
+    for (int e = threadIdx.x; e < c.E; e += blockDim.x) {
+        int32_t prev = -1;
+        head[e] = -1;
+        for (int j = 0; j < RB; ++j) {
+            if (cp[j] != e) continue;
+            if (prev < 0) head[e] = j;
+            else next[prev] = j;
+            prev = j;
+        }
+        if (prev >= 0) next[prev] = -1;
     }
     __syncthreads();
-    const int m = count;
-    if (accumulate && m == 0) return;  // nothing to add: grad[e] stays as it is
     const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
-    if (vec) {  // n % 4 == 0, 16-byte aligned: the same fp32 sums, four lanes at a time
-        const int64_t n4 = n / 4;
-        const float4* s4 = reinterpret_cast<const float4*>(sg);
-        float4* g4 = reinterpret_cast<float4*>(grad) + e * n4;
-        for (int64_t i = tid; i < n4; i += step) {
-            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            for (int j = 0; j < m; ++j) {
-                const float4 v = s4[copies[j] * n4 + i];
-                acc.x += v.x;
-                acc.y += v.y;
-                acc.z += v.z;
-                acc.w += v.w;
+    for (int e = 0; e < c.E; ++e) {
+        const int32_t first = head[e];
+        if (accumulate && first < 0) continue;  // nothing to add: grad[e] stays as it is
+        if (vec) {  // n % 4 == 0, 16-byte aligned: the same fp32 sums, four lanes at a time
+            const int64_t n4 = n / 4;
+            const float4* s4 = reinterpret_cast<const float4*>(sg);
+            float4* g4 = reinterpret_cast<float4*>(grad) + e * n4;
+            for (int64_t i = tid; i < n4; i += step) {
+                float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int32_t j = first; j >= 0; j = next[j]) {
+                    const float4 v = s4[j * n4 + i];
+                    acc.x += v.x;
+                    acc.y += v.y;
+                    acc.z += v.z;
+                    acc.w += v.w;
+                }
+                if (accumulate) {
+                    const float4 g = g4[i];
+                    acc = make_float4(g.x + acc.x, g.y + acc.y, g.z + acc.z, g.w + acc.w);
+                }
+                g4[i] = acc;
             }
-            if (accumulate) {
-                const float4 g = g4[i];
-                acc = make_float4(g.x + acc.x, g.y + acc.y, g.z + acc.z, g.w + acc.w);
+        } else {
+            for (int64_t i = tid; i < n; i += step) {
+                float acc = 0.0f;
+                for (int32_t j = first; j >= 0; j = next[j]) acc += sg[j * n + i];
+                grad[e * n + i] = accumulate ? grad[e * n + i] + acc : acc;
             }
-            g4[i] = acc;
-        }
-    } else {
-        for (int64_t i = tid; i < n; i += step) {
-            float acc = 0.0f;
-            for (int j = 0; j < m; ++j) acc += sg[copies[j] * n + i];
-            grad[e * n + i] = accumulate ? grad[e * n + i] + acc : acc;
         }
     }
+}
+
+__device__ float bf16_bits_to_float(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+
+__global__ void weight_rows_kernel(const int32_t* plan,
+                                   PlanCols c,
+                                   int64_t nvs,
+                                   int H,
+                                   uint16_t* rows,
+                                   const uint16_t* y,
+                                   const float* recv_w,
+                                   float* grad_w) {
+    const int i = blockIdx.y, lane = threadIdx.x % 32;
+    const int64_t used = plan[static_cast<int64_t>(i) * c.width + 1 + c.E + c.G - 1];  // cu_seqlens[G-1]
+    const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+    const int64_t warps = gridDim.x * static_cast<int64_t>(blockDim.x) / 32;
+    const int vecs = H / 8;
+    for (int64_t n = warp; n < nvs; n += warps) {
+        const int64_t row = static_cast<int64_t>(i) * nvs + n;
+        if (n >= used) {
+            if (lane == 0) grad_w[row] = 0.0f;
+            continue;
+        }
+        const float w = recv_w[row];
+        uint4* g4 = reinterpret_cast<uint4*>(rows + row * H);
+        const uint4* y4 = reinterpret_cast<const uint4*>(y + row * H);
+        float acc = 0.0f;
+        for (int v = lane; v < vecs; v += 32) {
+            uint4 g = g4[v];
+            const uint4 yv = y4[v];
+            uint32_t* gw = reinterpret_cast<uint32_t*>(&g);
+            const uint32_t* yw = reinterpret_cast<const uint32_t*>(&yv);
+            for (int k = 0; k < 4; ++k) {
+                const float g0 = bf16_bits_to_float(gw[k] & 0xffffu), g1 = bf16_bits_to_float(gw[k] >> 16);
+                acc = fmaf(g0, bf16_bits_to_float(yw[k] & 0xffffu), acc);
+                acc = fmaf(g1, bf16_bits_to_float(yw[k] >> 16), acc);
+                const uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(w * g0));
+                const uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(w * g1));
+                gw[k] = lo | (hi << 16);
+            }
+            g4[v] = g;
+        }
+        for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) grad_w[row] = acc;
+    }
+}
+
+// Dynamic shared memory of `bytes` for `kernel` (the 48 KB default raised once when needed); checked.
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes, const char* what) {
+    constexpr size_t kDefault = 48 * 1024, kMax = 200 * 1024;
+    EVENEP_CHECK(bytes <= kMax, what, ": the plan's copy lists need ", bytes, " bytes of shared memory, at most ",
+                 kMax, " supported");
+    if (bytes > kDefault)
+        EVENEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 }  // namespace
@@ -278,7 +357,9 @@ void prefetch(const int32_t* plan,
               bool zero_empty,
               cudaStream_t stream) {
     if (static_cast<int64_t>(R) * B == 0 || mat_bytes == 0) return;
-    prefetch_kernel<<<dim3(blocks_for(mat_bytes / 16 + 1, 64), R * B), kThreads, 0, stream>>>(
+    const size_t smem = static_cast<size_t>(R) * B * sizeof(int32_t);
+    allow_smem(prefetch_kernel, smem, "prefetch_weight");
+    prefetch_kernel<<<blocks_for(mat_bytes % 16 == 0 ? mat_bytes / 16 : mat_bytes, 1024), kThreads, smem, stream>>>(
         plan, PlanCols{width, R, E, G, B}, weight, slots, mat_bytes, zero_empty);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
@@ -295,12 +376,30 @@ void reduce_grad(const int32_t* plan,
                  bool accumulate,
                  cudaStream_t stream) {
     if (E == 0 || mat_elems == 0) return;
-    const size_t list_bytes = static_cast<size_t>(R) * B * sizeof(int32_t);
-    EVENEP_CHECK(list_bytes <= 48 * 1024, "reduce_grad: R*B = ", R * B, " copies, at most 12288 supported");
+    const size_t smem = (2 * static_cast<size_t>(R) * B + E) * sizeof(int32_t);
+    allow_smem(reduce_grad_kernel, smem, "reduce_grad");
     const bool vec = mat_elems % 4 == 0 && reinterpret_cast<uintptr_t>(slot_grads) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(grad) % 16 == 0;
-    reduce_grad_kernel<<<dim3(blocks_for(vec ? mat_elems / 4 : mat_elems, 128), E), kThreads, list_bytes, stream>>>(
+    reduce_grad_kernel<<<blocks_for(vec ? mat_elems / 4 : mat_elems, 1024), kThreads, smem, stream>>>(
         plan, PlanCols{width, R, E, G, B}, slot_grads, grad, mat_elems, vec, accumulate);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+void weight_rows(const int32_t* plan,
+                 int64_t width,
+                 int L,
+                 int E,
+                 int G,
+                 int64_t nvs,
+                 int H,
+                 uint16_t* rows,
+                 const uint16_t* y,
+                 const float* recv_w,
+                 float* grad_w,
+                 cudaStream_t stream) {
+    EVENEP_CHECK(H % 8 == 0, "weight_rows: H = ", H, " is not a multiple of 8");
+    weight_rows_kernel<<<dim3(blocks_for(nvs * 32, 512), L), kThreads, 0, stream>>>(
+        plan, PlanCols{width, L, E, G, 0}, nvs, H, rows, y, recv_w, grad_w);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -87,8 +87,8 @@ void prefetch(const int32_t* plan,
               cudaStream_t stream);
 
 // grad[e] = sum over r ascending, b ascending with copies[r][b] == e of slot_grads[r, b] (fp32, that order; 0 when
-// none): the CPU op's order, bit for bit. Each block loads its expert's copy list once (shared memory), then streams
-// the matrices with 16-byte loads. accumulate: grad[e] = grad[e] + that sum, only for experts with copies (the
+// none): the CPU op's order, bit for bit. Each block lists every expert's copies in shared memory, then streams its
+// share of each expert's matrices with 16-byte loads (the grid is sized by one matrix, not by E). accumulate: grad[e] = grad[e] + that sum, only for experts with copies (the
 // others are not touched).
 void reduce_grad(const int32_t* plan,
                  int64_t width,
@@ -100,6 +100,22 @@ void reduce_grad(const int32_t* plan,
                  float* grad,
                  int64_t mat_elems,
                  bool accumulate,
+                 cudaStream_t stream);
+
+// The weighted combine's backward on the dispatched gradient rows [L, NvS, H] bf16, for the rows of each rank's
+// groups (plan row i's cu_seqlens[G-1]): grad_w[i, n] = sum_h rows * y (fp32) and rows = bf16(recv_w * rows) in
+// place (one rounding); grad_w is 0 past the groups, where rows are left as they are. A warp per row.
+void weight_rows(const int32_t* plan,
+                 int64_t width,
+                 int L,
+                 int E,
+                 int G,
+                 int64_t nvs,
+                 int H,
+                 uint16_t* rows,
+                 const uint16_t* y,
+                 const float* recv_w,
+                 float* grad_w,
                  cudaStream_t stream);
 
 }  // namespace evenep::python::cukernels

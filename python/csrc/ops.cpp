@@ -241,6 +241,27 @@ at::Tensor combine_backward_op(const at::Tensor& grad_out,
     });
 }
 
+// The backward of a weighted combine (out_t = sum over t's entries n of w_n * y_n) in one op: rows = combine_backward
+// (grad_out), then per receive row n: grad_y_n = bf16(w_n * rows_n) and grad_w_n = <rows_n, y_n> (fp32).
+std::tuple<at::Tensor, at::Tensor> combine_backward_weighted_op(const at::Tensor& grad_out,
+                                                                const at::Tensor& expert_out,
+                                                                const at::Tensor& recv_w,
+                                                                const at::Tensor& topk_weights,
+                                                                const at::Tensor& plan,
+                                                                const at::Tensor& handle,
+                                                                int64_t buffer) {
+    at::Tensor rows = combine_backward_op(grad_out, topk_weights, plan, handle, buffer);
+    auto ctx = context(buffer);
+    return translate([&] {
+        const int R = ctx->cfg().R;
+        check_tensor(expert_out, "combine_backward_weighted", "expert_out", at::kBFloat16, {R, ctx->nvs(), ctx->H()});
+        check_tensor(recv_w, "combine_backward_weighted", "recv_w", at::kFloat, {R, ctx->nvs()});
+        const at::Tensor rows32 = rows.to(at::kFloat);
+        return std::make_tuple((rows32 * recv_w.unsqueeze(-1)).to(at::kBFloat16),
+                               (rows32 * expert_out.to(at::kFloat)).sum(-1));
+    });
+}
+
 // Calls fn(r, b, e) for every prefetch slot b of every rank r holding a copy of expert e (the plan's copies table),
 // ranks ascending, slots ascending: the library's deterministic order.
 template <typename F>
@@ -324,8 +345,8 @@ std::vector<T*> group_table(const Context& ctx, const at::Tensor& plan, int r, T
     return table;
 }
 
-// fwd (transposed = false): out[r] = x[r] · W_g per group, x [R, NvS, a] → [R, NvS, b] fp32.
-// dgrad (transposed = true): out[r] = x[r] · W_g^T, x [R, NvS, b] → [R, NvS, a] fp32. Padding rows are 0.
+// fwd (transposed = false): out[r] = x[r] · W_g per group, x [R, NvS, a] → [R, NvS, b] fp32 (or bf16: out_dtype).
+// dgrad (transposed = true): out[r] = x[r] · W_g^T, x [R, NvS, b] → [R, NvS, a]. Padding rows are 0.
 // Weights are used as bf16 (fp32 weights are rounded to bf16 first, as stored in the library's pools).
 at::Tensor grouped_gemm_impl(const char* op,
                              const at::Tensor& x,
@@ -333,10 +354,12 @@ at::Tensor grouped_gemm_impl(const char* op,
                              const at::Tensor& slots,
                              const at::Tensor& plan,
                              int64_t buffer,
+                             std::optional<at::ScalarType> out_dtype,
                              bool transposed) {
     auto ctx = context(buffer);
     return translate([&] {
         const Config& c = ctx->cfg();
+        const at::ScalarType dtype = gemm_out_dtype(out_dtype, op);
         check_gemm_weights(c, op, w, slots);
         check_tensor(plan, op, "plan", at::kInt, {c.R, ctx->plan_layout().width()});
         const int64_t a = w.size(1), b = w.size(2), in = transposed ? b : a, out_dim = transposed ? a : b;
@@ -358,17 +381,25 @@ at::Tensor grouped_gemm_impl(const char* op,
                  static_cast<size_t>(ctx->nvs() * in)},
                 {out.data_ptr<float>() + r * ctx->nvs() * out_dim, static_cast<size_t>(ctx->nvs() * out_dim)}, false);
         }
-        return out;
+        return dtype == at::kFloat ? out : out.to(dtype);
     });
 }
 
-at::Tensor grouped_gemm_op(
-    const at::Tensor& x, const at::Tensor& w, const at::Tensor& slots, const at::Tensor& plan, int64_t buffer) {
-    return grouped_gemm_impl("grouped_gemm", x, w, slots, plan, buffer, false);
+at::Tensor grouped_gemm_op(const at::Tensor& x,
+                           const at::Tensor& w,
+                           const at::Tensor& slots,
+                           const at::Tensor& plan,
+                           int64_t buffer,
+                           std::optional<at::ScalarType> out_dtype) {
+    return grouped_gemm_impl("grouped_gemm", x, w, slots, plan, buffer, out_dtype, false);
 }
-at::Tensor grouped_gemm_dgrad_op(
-    const at::Tensor& dy, const at::Tensor& w, const at::Tensor& slots, const at::Tensor& plan, int64_t buffer) {
-    return grouped_gemm_impl("grouped_gemm_dgrad", dy, w, slots, plan, buffer, true);
+at::Tensor grouped_gemm_dgrad_op(const at::Tensor& dy,
+                                 const at::Tensor& w,
+                                 const at::Tensor& slots,
+                                 const at::Tensor& plan,
+                                 int64_t buffer,
+                                 std::optional<at::ScalarType> out_dtype) {
+    return grouped_gemm_impl("grouped_gemm_dgrad", dy, w, slots, plan, buffer, out_dtype, true);
 }
 
 // wgrad: for every used row of every group, grad_W_g += x_row^T · dy_row (fp32), W_g the group's weight: the home
@@ -434,8 +465,15 @@ TORCH_LIBRARY(evenep, m) {
     m.def("prefetch_weight(Tensor weight, Tensor plan, int buffer) -> Tensor");
     m.def("reduce_grad(Tensor slot_grads, Tensor plan, int buffer) -> Tensor");
     m.def("reduce_grad_add_(Tensor(a!) grad, Tensor slot_grads, Tensor plan, int buffer) -> ()");
-    m.def("grouped_gemm(Tensor x, Tensor weight, Tensor slots, Tensor plan, int buffer) -> Tensor");
-    m.def("grouped_gemm_dgrad(Tensor dy, Tensor weight, Tensor slots, Tensor plan, int buffer) -> Tensor");
+    m.def(
+        "combine_backward_weighted(Tensor grad_out, Tensor expert_out, Tensor recv_w, Tensor topk_weights, "
+        "Tensor plan, Tensor handle, int buffer) -> (Tensor grad_expert_out, Tensor grad_recv_w)");
+    m.def(
+        "grouped_gemm(Tensor x, Tensor weight, Tensor slots, Tensor plan, int buffer, "
+        "ScalarType? out_dtype=None) -> Tensor");
+    m.def(
+        "grouped_gemm_dgrad(Tensor dy, Tensor weight, Tensor slots, Tensor plan, int buffer, "
+        "ScalarType? out_dtype=None) -> Tensor");
     m.def(
         "grouped_gemm_wgrad(Tensor x, Tensor dy, Tensor plan, int buffer) -> (Tensor grad_weight, "
         "Tensor grad_slots)");
@@ -447,6 +485,7 @@ TORCH_LIBRARY_IMPL(evenep, CPU, m) {
     m.impl("dispatch", &dispatch_op);
     m.impl("combine", &combine_op);
     m.impl("combine_backward", &combine_backward_op);
+    m.impl("combine_backward_weighted", &combine_backward_weighted_op);
     m.impl("dispatch_backward", &dispatch_backward_op);
     m.impl("prefetch_weight", &prefetch_weight_op);
     m.impl("reduce_grad", &reduce_grad_op);

@@ -234,6 +234,32 @@ at::Tensor combine_backward_cuda(const at::Tensor& grad_out,
     });
 }
 
+// The backward of a weighted combine: combine_backward's rows (written into grad_expert_out), then one pass over
+// each rank's rows in the groups: grad_y = bf16(w * rows) in place and grad_w = <rows, y> (fp32; 0 past the groups).
+std::tuple<at::Tensor, at::Tensor> combine_backward_weighted_cuda(const at::Tensor& grad_out,
+                                                                  const at::Tensor& expert_out,
+                                                                  const at::Tensor& recv_w,
+                                                                  const at::Tensor& topk_weights,
+                                                                  const at::Tensor& plan,
+                                                                  const at::Tensor& handle,
+                                                                  int64_t buffer) {
+    at::Tensor rows = combine_backward_cuda(grad_out, topk_weights, plan, handle, buffer);
+    return translate([&] {
+        OpScope sc(buffer, "combine_backward_weighted");
+        const CudaContext& ctx = *sc.ctx;
+        const Config& c = ctx.cfg();
+        const PlanLayout L = ctx.plan_layout();
+        check_cuda(ctx, expert_out, "combine_backward_weighted", "expert_out", at::kBFloat16,
+                   {ctx.L(), ctx.nvs(), ctx.H()});
+        check_cuda(ctx, recv_w, "combine_backward_weighted", "recv_w", at::kFloat, {ctx.L(), ctx.nvs()});
+        at::Tensor grad_w = at::empty({ctx.L(), ctx.nvs()}, on(ctx, at::kFloat));
+        cukernels::weight_rows(ptr<const int32_t>(plan), L.width(), ctx.L(), c.E, L.G, ctx.nvs(), ctx.H(),
+                               ptr<uint16_t>(rows), ptr<const uint16_t>(expert_out), ptr<const float>(recv_w),
+                               ptr<float>(grad_w), sc.stream);
+        return std::make_tuple(rows, grad_w);
+    });
+}
+
 // dispatch_backward = combine of the row gradients (unweighted) + the gathered route-weight gradients.
 std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad_recv_x,
                                                           const at::Tensor& grad_recv_w,
@@ -402,8 +428,9 @@ struct GemmScratch {
     void* workspace(int i) const { return base() + ws_off + i * ws_bytes; }
 };
 
-// fwd (transposed = false): out[i] = x[i] · W_g per group, x [L, NvS, a] -> [L, NvS, b] fp32.
-// dgrad (transposed = true): out[i] = x[i] · W_g^T, x [L, NvS, b] -> [L, NvS, a] fp32. Rows past the groups are 0.
+// fwd (transposed = false): out[i] = x[i] · W_g per group, x [L, NvS, a] -> [L, NvS, b] fp32 (or bf16: out_dtype,
+// rounded in the epilogue). dgrad (transposed = true): out[i] = x[i] · W_g^T, x [L, NvS, b] -> [L, NvS, a]. Padding
+// rows are 0; rows past the groups are not written (unwritten_zero: 0).
 // One GEMM launch for the groups of every served rank (cukernels::group_table).
 at::Tensor grouped_gemm_impl(const char* op,
                              const at::Tensor& x,
@@ -411,9 +438,11 @@ at::Tensor grouped_gemm_impl(const char* op,
                              const at::Tensor& slots,
                              const at::Tensor& plan,
                              int64_t buffer,
+                             std::optional<at::ScalarType> out_dtype,
                              bool transposed) {
     return translate([&] {
         OpScope sc(buffer, op);
+        const at::ScalarType dtype = gemm_out_dtype(out_dtype, op);
         const CudaContext& ctx = *sc.ctx;
         const Config& c = ctx.cfg();
         const PlanLayout L = ctx.plan_layout();
@@ -424,7 +453,7 @@ at::Tensor grouped_gemm_impl(const char* op,
         const int64_t nvs = ctx.nvs();
         check_cuda(ctx, x, op, "x", at::kBFloat16, {ctx.L(), nvs, in});
         at::Tensor wb = w.to(at::kBFloat16).contiguous(), sb = slots.to(at::kBFloat16).contiguous();
-        at::Tensor out = at::zeros({ctx.L(), nvs, out_dim}, on(ctx, at::kFloat));
+        at::Tensor out = output(ctx, {ctx.L(), nvs, out_dim}, dtype);
         const int groups = ctx.L() * (L.G + 1);
         GemmScratch scratch(ctx, groups, 1);
         cukernels::group_table(ptr<const int32_t>(plan), L.width(), ctx.L(), c.E, L.G, L.B, nvs, ctx.expert_base(),
@@ -434,8 +463,8 @@ at::Tensor grouped_gemm_impl(const char* op,
         g.x = ptr<const uint16_t>(x);
         g.cu_seqlens = scratch.cu();
         g.weights = scratch.table_as<const uint16_t>(0);
-        g.y = ptr<float>(out);
-        g.y_fp32 = true;
+        g.y = out.data_ptr();
+        g.y_fp32 = dtype == at::kFloat;
         g.num_groups = groups;
         g.in_dim = static_cast<int>(a);
         g.out_dim = static_cast<int>(b);
@@ -447,13 +476,21 @@ at::Tensor grouped_gemm_impl(const char* op,
     });
 }
 
-at::Tensor grouped_gemm_cuda(
-    const at::Tensor& x, const at::Tensor& w, const at::Tensor& slots, const at::Tensor& plan, int64_t buffer) {
-    return grouped_gemm_impl("grouped_gemm", x, w, slots, plan, buffer, false);
+at::Tensor grouped_gemm_cuda(const at::Tensor& x,
+                             const at::Tensor& w,
+                             const at::Tensor& slots,
+                             const at::Tensor& plan,
+                             int64_t buffer,
+                             std::optional<at::ScalarType> out_dtype) {
+    return grouped_gemm_impl("grouped_gemm", x, w, slots, plan, buffer, out_dtype, false);
 }
-at::Tensor grouped_gemm_dgrad_cuda(
-    const at::Tensor& dy, const at::Tensor& w, const at::Tensor& slots, const at::Tensor& plan, int64_t buffer) {
-    return grouped_gemm_impl("grouped_gemm_dgrad", dy, w, slots, plan, buffer, true);
+at::Tensor grouped_gemm_dgrad_cuda(const at::Tensor& dy,
+                                   const at::Tensor& w,
+                                   const at::Tensor& slots,
+                                   const at::Tensor& plan,
+                                   int64_t buffer,
+                                   std::optional<at::ScalarType> out_dtype) {
+    return grouped_gemm_impl("grouped_gemm_dgrad", dy, w, slots, plan, buffer, out_dtype, true);
 }
 
 // wgrad: grad_W_g = x_g^T · dy_g (fp32) per group into the home gradient [E*L/R, a, b] (local and peer groups) or
@@ -521,6 +558,7 @@ TORCH_LIBRARY_IMPL(evenep, CUDA, m) {
     m.impl("dispatch", &dispatch_cuda);
     m.impl("combine", &combine_cuda);
     m.impl("combine_backward", &combine_backward_cuda);
+    m.impl("combine_backward_weighted", &combine_backward_weighted_cuda);
     m.impl("dispatch_backward", &dispatch_backward_cuda);
     m.impl("prefetch_weight", &prefetch_weight_cuda);
     m.impl("reduce_grad", &reduce_grad_cuda);

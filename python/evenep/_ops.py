@@ -17,14 +17,19 @@ served ranks: all E with virtual ranks, the E/R experts of this rank with group=
   reduce_grad(slot_grads [R,B,a,b] f32, plan, buffer) -> [E,a,b] f32
   reduce_grad_add_(grad [E,a,b] f32 (mutated), slot_grads [R,B,a,b] f32, plan, buffer) -> ()
       grad[e] += the sum of e's copies' gradients, only for experts with copies (no dense zero-fill)
-  grouped_gemm(x [R,NvS,a] bf16, weight [E,a,b], slots [R,B,a,b], plan, buffer) -> [R,NvS,b] f32
-  grouped_gemm_dgrad(dy [R,NvS,b] bf16, weight, slots, plan, buffer) -> [R,NvS,a] f32
+  combine_backward_weighted(grad_out [R,s,H] bf16, expert_out [R,NvS,H] bf16, recv_w [R,NvS] f32, topk_weights,
+      plan, handle, buffer) -> grad_expert_out [R,NvS,H] bf16, grad_recv_w [R,NvS] f32
+      the backward of combine(apply_weights=True): rows = combine_backward; bf16(w * rows), <rows, y>
+  grouped_gemm(x [R,NvS,a] bf16, weight [E,a,b], slots [R,B,a,b], plan, buffer, out_dtype=None)
+      -> [R,NvS,b] f32 (or out_dtype: torch.bfloat16)
+  grouped_gemm_dgrad(dy [R,NvS,b] bf16, weight, slots, plan, buffer, out_dtype=None) -> [R,NvS,a] f32 (or bf16)
   grouped_gemm_wgrad(x [R,NvS,a] bf16, dy [R,NvS,b] bf16, plan, buffer) -> [E,a,b] f32, [R,B,a,b] f32
 
 Every output shape follows from the static configuration and the input shapes alone (never from data).
 On CUDA what an op need not write is left as torch.empty leaves it (zero under torch.use_deterministic_algorithms
-with fill_uninitialized_memory): rows of recv_x / combine_backward past rank r's groups (cu_seqlens[r, -1]),
-prefetch slots without a copy and their gradients in grouped_gemm_wgrad. Nothing reads them. The CPU ops write 0.
+with fill_uninitialized_memory): rows of recv_x / combine_backward(_weighted) / the grouped GEMMs' outputs past
+rank r's groups (cu_seqlens[r, -1]), prefetch slots without a copy and their gradients in grouped_gemm_wgrad.
+Nothing reads them. The CPU ops write 0.
 """
 
 from __future__ import annotations
@@ -96,6 +101,13 @@ def _combine_backward_fake(grad_out, topk_weights, plan, handle, buffer):
     return grad_out.new_empty((i.L, i.nvs, i.H), dtype=torch.bfloat16)
 
 
+@torch.library.register_fake("evenep::combine_backward_weighted")
+def _combine_backward_weighted_fake(grad_out, expert_out, recv_w, topk_weights, plan, handle, buffer):
+    i = info(buffer)
+    return (grad_out.new_empty((i.L, i.nvs, i.H), dtype=torch.bfloat16),
+            grad_out.new_empty((i.L, i.nvs), dtype=torch.float32))
+
+
 @torch.library.register_fake("evenep::dispatch_backward")
 def _dispatch_backward_fake(grad_recv_x, grad_recv_w, topk_weights, plan, handle, buffer):
     i = info(buffer)
@@ -124,15 +136,15 @@ def _reduce_grad_add_fake(grad, slot_grads, plan, buffer):
 
 
 @torch.library.register_fake("evenep::grouped_gemm")
-def _grouped_gemm_fake(x, weight, slots, plan, buffer):
+def _grouped_gemm_fake(x, weight, slots, plan, buffer, out_dtype=None):
     i = info(buffer)
-    return x.new_empty((i.L, i.nvs, weight.shape[2]), dtype=torch.float32)
+    return x.new_empty((i.L, i.nvs, weight.shape[2]), dtype=out_dtype or torch.float32)
 
 
 @torch.library.register_fake("evenep::grouped_gemm_dgrad")
-def _grouped_gemm_dgrad_fake(dy, weight, slots, plan, buffer):
+def _grouped_gemm_dgrad_fake(dy, weight, slots, plan, buffer, out_dtype=None):
     i = info(buffer)
-    return dy.new_empty((i.L, i.nvs, weight.shape[1]), dtype=torch.float32)
+    return dy.new_empty((i.L, i.nvs, weight.shape[1]), dtype=out_dtype or torch.float32)
 
 
 @torch.library.register_fake("evenep::grouped_gemm_wgrad")
@@ -188,13 +200,12 @@ def _combine_setup(ctx, inputs, output):
 
 def _combine_backward(ctx, grad_out):
     expert_out, recv_w, topk_weights, plan, handle = ctx.saved_tensors
-    rows = ops.combine_backward(_bf16(grad_out), topk_weights, plan, handle, ctx.buffer)
     if not ctx.apply_weights:
+        rows = ops.combine_backward(_bf16(grad_out), topk_weights, plan, handle, ctx.buffer)
         return rows, None, None, None, None, None, None
-    # out_t = sum over t's entries n of w_n * y_n: dy_n = w_n * g_t (bf16), dw_n = <g_t, y_n> (fp32).
-    rows32 = rows.float()
-    grad_y = (rows32 * recv_w.unsqueeze(-1)).to(torch.bfloat16)
-    grad_w = (rows32 * expert_out.float()).sum(-1)
+    # out_t = sum over t's entries n of w_n * y_n: dy_n = w_n * g_t (bf16), dw_n = <g_t, y_n> (fp32), in one op.
+    grad_y, grad_w = ops.combine_backward_weighted(_bf16(grad_out), expert_out, recv_w, topk_weights, plan, handle,
+                                                   ctx.buffer)
     return grad_y, grad_w, None, None, None, None, None
 
 
@@ -202,7 +213,7 @@ torch.library.register_autograd("evenep::combine", _combine_backward, setup_cont
 
 
 def _gemm_setup(ctx, inputs, output):
-    x, weight, slots, plan, buffer = inputs
+    x, weight, slots, plan, buffer, _out_dtype = inputs
     ctx.save_for_backward(x, weight, slots, plan)
     ctx.buffer = buffer
 
@@ -212,11 +223,16 @@ def _gemm_backward(ctx, grad):
     dy = _bf16(grad)
     grad_x = grad_w = grad_slots = None
     if ctx.needs_input_grad[0]:
-        grad_x = ops.grouped_gemm_dgrad(dy, weight, slots, plan, ctx.buffer).to(x.dtype)
+        grad_x = ops.grouped_gemm_dgrad(dy, weight, slots, plan, ctx.buffer, _gemm_dtype(x.dtype)).to(x.dtype)
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
         gw, gs = ops.grouped_gemm_wgrad(x, dy, plan, ctx.buffer)
         grad_w, grad_slots = gw.to(weight.dtype), gs.to(slots.dtype)
-    return grad_x, grad_w, grad_slots, None, None
+    return grad_x, grad_w, grad_slots, None, None, None
+
+
+def _gemm_dtype(dtype):
+    """The grouped GEMM's output dtype for a wanted dtype: bf16 straight from the epilogue, else fp32."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else None
 
 
 torch.library.register_autograd("evenep::grouped_gemm", _gemm_backward, setup_context=_gemm_setup)
@@ -260,13 +276,13 @@ class ExpertLinear(torch.autograd.Function):
     grouped_gemm(x, weight, prefetch_weight(weight, plan), plan) and its autograd."""
 
     @staticmethod
-    def forward(ctx, x, weight, plan, buffer):
+    def forward(ctx, x, weight, plan, buffer, out_dtype=None):
         wb = weight.detach().to(torch.bfloat16).contiguous()
         slots = ops.prefetch_weight(wb, plan, buffer)
         ctx.save_for_backward(x, wb, slots, plan)
         ctx.buffer = buffer
         ctx.w_dtype = weight.dtype
-        return ops.grouped_gemm(x, wb, slots, plan, buffer)
+        return ops.grouped_gemm(x, wb, slots, plan, buffer, out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -274,9 +290,9 @@ class ExpertLinear(torch.autograd.Function):
         dy = _bf16(grad)
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_x = ops.grouped_gemm_dgrad(dy, wb, slots, plan, ctx.buffer).to(x.dtype)
+            grad_x = ops.grouped_gemm_dgrad(dy, wb, slots, plan, ctx.buffer, _gemm_dtype(x.dtype)).to(x.dtype)
         if ctx.needs_input_grad[1]:
             gw, gs = ops.grouped_gemm_wgrad(x, dy, plan, ctx.buffer)
             ops.reduce_grad_add_(gw, gs, plan, ctx.buffer)
             grad_w = gw.to(ctx.w_dtype)
-        return grad_x, grad_w, None, None
+        return grad_x, grad_w, None, None, None

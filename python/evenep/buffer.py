@@ -289,18 +289,21 @@ class Buffer:
         ops.reduce_grad_add_(grad, slot_grads, plan, self._id)
         return grad
 
-    def grouped_gemm(self, x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, plan: torch.Tensor):
+    def grouped_gemm(self, x: torch.Tensor, weight: torch.Tensor, slots: torch.Tensor, plan: torch.Tensor,
+                     out_dtype: Optional[torch.dtype] = None):
         """Per receive-buffer group, x_rows · W_g (W_g the group's home weight or prefetched slot):
-        x bf16 [R, NvS, a], weight [E, a, b], slots [R, B, a, b] -> fp32 [R, NvS, b] (padding rows 0).
+        x bf16 [R, NvS, a], weight [E, a, b], slots [R, B, a, b] -> fp32 [R, NvS, b], or out_dtype=torch.bfloat16
+        (rounded once in the GEMM's epilogue). Padding rows are 0; rows past the groups are unspecified on CUDA.
         Autograd-aware (dgrad and wgrad)."""
-        return ops.grouped_gemm(x, weight, slots, plan, self._id)
+        return ops.grouped_gemm(x, weight, slots, plan, self._id, out_dtype)
 
-    def expert_linear(self, x: torch.Tensor, weight: torch.Tensor, plan: torch.Tensor) -> torch.Tensor:
+    def expert_linear(self, x: torch.Tensor, weight: torch.Tensor, plan: torch.Tensor,
+                      out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """grouped_gemm with the copies made inside (what evenep.nn.MoE uses): x bf16 [R, NvS, a], weight [E, a, b]
         home weights (fp32 master weights are cast to bf16 once; the copies are prefetched from that bf16 cast)
-        -> fp32 [R, NvS, b]. Autograd-aware: the weight's gradient (weight's dtype) has every copy's gradient
-        reduced home in place, so the optimizer only ever sees home weights."""
-        return _ops.ExpertLinear.apply(x, weight, plan, self._id)
+        -> fp32 [R, NvS, b] (or out_dtype=torch.bfloat16). Autograd-aware: the weight's gradient (weight's dtype)
+        has every copy's gradient reduced home in place, so the optimizer only ever sees home weights."""
+        return _ops.ExpertLinear.apply(x, weight, plan, self._id, out_dtype)
 
 
     def _on_device(self, op, **tensors):

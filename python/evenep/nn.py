@@ -114,10 +114,11 @@ class MoE(_Experts):
         recv_x, _, _, handle = buf.dispatch(xb, topk_idx, topk_w, plan, num_tokens)
         # Gate and up projections as one GEMM ([H, 2H']): one dgrad, one bf16 rounding of grad x.
         w_gu = torch.cat([self.w_gate, self.w_up], dim=2)
-        gu = buf.expert_linear(recv_x, w_gu, plan)
-        g, u = gu.to(torch.bfloat16).split(self.ffn_hidden, dim=-1)
+        # bf16 straight from the GEMMs' epilogues (one rounding of the fp32 sums, as a cast would make).
+        gu = buf.expert_linear(recv_x, w_gu, plan, torch.bfloat16)
+        g, u = gu.split(self.ffn_hidden, dim=-1)
         h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
-        y = buf.expert_linear(h, self.w_down, plan).to(torch.bfloat16)
+        y = buf.expert_linear(h, self.w_down, plan, torch.bfloat16)
         out = buf.combine(y, handle).to(x.dtype)
         if side is None:
             return out + self._shared(x)

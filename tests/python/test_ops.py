@@ -86,6 +86,18 @@ def test_backward_identities(small):
     ent = _entry_rows(small, h)
     ref_gw = torch.where(ent >= 0, gw_rows.reshape(-1)[ent.clamp_min(0)], torch.zeros(()))
     assert torch.equal(gtw, ref_gw)
+    # the weighted combine's backward: bf16(w * rows) and <rows, y> per receive row
+    y = torch.randn(i.R, i.nvs, i.H).bfloat16()
+    gy, gwr = ops.combine_backward_weighted(g, y, h.recv_w, h.topk_weights, h.plan, h.dst, small.id)
+    assert torch.equal(gy, (rows.float() * h.recv_w.unsqueeze(-1)).bfloat16())
+    assert torch.equal(gwr, (rows.float() * y.float()).sum(-1))
+    # the GEMM's bf16 output is its fp32 output rounded once
+    W = torch.randn(i.E, i.H, 8)
+    slots = small.prefetch_weight(W, h.plan)
+    out = small.grouped_gemm(rows, W, slots, h.plan)
+    assert torch.equal(small.grouped_gemm(rows, W, slots, h.plan, out_dtype=torch.bfloat16), out.bfloat16())
+    with pytest.raises(ValueError, match="out_dtype"):
+        small.grouped_gemm(rows, W, slots, h.plan, out_dtype=torch.float16)
 
 
 def test_unequal_tokens(small):
@@ -174,6 +186,7 @@ def test_opcheck_every_op(small):
     _opcheck(ops.combine.default, (recv_x, recv_w, w, plan, h.dst, small.id, True))
     g = torch.randn(i.R, 8, i.H).bfloat16()
     _opcheck(ops.combine_backward.default, (g, w, plan, h.dst, small.id))
+    _opcheck(ops.combine_backward_weighted.default, (g, recv_x, recv_w, w, plan, h.dst, small.id))
     _opcheck(ops.dispatch_backward.default, (recv_x, torch.randn(i.R, i.nvs), w, plan, h.dst, small.id))
     W = torch.randn(i.E, i.H, 8)
     _opcheck(ops.prefetch_weight.default, (W, plan, small.id))
@@ -181,6 +194,7 @@ def test_opcheck_every_op(small):
     _opcheck(ops.reduce_grad.default, (torch.randn(i.R, i.B, i.H, 8), plan, small.id))
     _opcheck(ops.reduce_grad_add_.default, (torch.randn(i.E, i.H, 8), torch.randn(i.R, i.B, i.H, 8), plan, small.id))
     _opcheck(ops.grouped_gemm.default, (recv_x, W, slots, plan, small.id))
+    _opcheck(ops.grouped_gemm.default, (recv_x, W, slots, plan, small.id, torch.bfloat16))
     dy = torch.randn(i.R, i.nvs, 8).bfloat16()
     _opcheck(ops.grouped_gemm_dgrad.default, (dy, W, slots, plan, small.id))
     _opcheck(ops.grouped_gemm_wgrad.default, (recv_x, dy, plan, small.id))
