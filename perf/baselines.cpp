@@ -79,9 +79,29 @@ std::vector<std::vector<int32_t>> eplb_slot_routing(const EplbPlacement& p, cons
     return out;
 }
 
-TrafficReport eplb_traffic(const EplbPlacement& p, const Routing& routing, int H, bool training) {
+TrafficReport eplb_traffic(const EplbPlacement& p, const Routing& routing, int H, int ffn_hidden, bool training) {
     const Config phys{.R = p.num_ranks, .E = p.num_ranks * p.slots_per_rank, .K = routing.K, .S = routing.S, .tp = 1};
-    return conventional_traffic(phys, eplb_slot_routing(p, routing), H, training);
+    TrafficReport rep = conventional_traffic(phys, eplb_slot_routing(p, routing), H, training);
+    if (!training) return rep;
+    // Replica synchronisation: one gradient and one weight refresh per (expert, rank) other than the primary's.
+    const int64_t expert_elems = int64_t{detail::kNumProjections} * H * ffn_hidden;
+    std::vector<int32_t> primary(p.num_experts, -1);
+    std::vector<uint8_t> held(static_cast<size_t>(p.num_experts) * p.num_ranks, 0);
+    for (size_t slot = 0; slot < p.slot_expert.size(); ++slot) {
+        const int e = p.slot_expert[slot], r = p.rank_of_slot(static_cast<int>(slot));
+        uint8_t& seen = held[static_cast<size_t>(e) * p.num_ranks + r];
+        if (seen) continue;
+        seen = 1;
+        if (primary[e] < 0) {
+            primary[e] = r;
+            continue;
+        }
+        rep.reduce_grad.rows += 1;
+        rep.reduce_grad.move(r, primary[e], expert_elems * 4);
+        rep.prefetch.rows += 1;
+        rep.prefetch.move(primary[e], r, expert_elems * 2);
+    }
+    return rep;
 }
 
 double imbalance(std::span<const int64_t> rows) {

@@ -4,7 +4,8 @@
 //                    replicas;
 //   EvenEP           the plan's q[r] (equal within one entry by construction).
 // Link bytes reuse the traffic model of evenep/buffer.hpp (conventional_traffic, evenep_traffic); EPLB is modelled
-// as conventional EP over its physical experts. "Rows" are (token, expert) entries, unpadded.
+// as conventional EP over its physical experts, plus (training) the per-step synchronisation of its replicas.
+// "Rows" are (token, expert) entries, unpadded.
 #pragma once
 
 #include <cstdint>
@@ -33,9 +34,12 @@ std::vector<int64_t> eplb_rows(const EplbPlacement& placement, std::span<const i
 // so a source rank's entries of e stay together).
 std::vector<std::vector<int32_t>> eplb_slot_routing(const EplbPlacement& placement, const Routing& routing);
 
-// EPLB link bytes: conventional_traffic over the physical slots (rank r holds slots [r*spr, (r+1)*spr)). Token
-// traffic only: keeping replicas' weights and gradients in sync (training) is not counted.
-TrafficReport eplb_traffic(const EplbPlacement& placement, const Routing& routing, int H, bool training);
+// EPLB link bytes: conventional_traffic over the physical slots (rank r holds slots [r*spr, (r+1)*spr)), and with
+// `training` the replicas kept in sync every step, as EvenEP's copies are: each expert's first slot is its primary;
+// every other rank holding replicas of it sends their summed gradient there (fp32, the reduce_grad phase) and gets
+// the updated weights back (bf16, the prefetch phase), 3 projections of [H, ffn_hidden] each.
+TrafficReport eplb_traffic(
+    const EplbPlacement& placement, const Routing& routing, int H, int ffn_hidden, bool training);
 
 // max(rows) / mean(rows); 1 for an empty or all-zero input.
 double imbalance(std::span<const int64_t> rows);

@@ -203,9 +203,25 @@ TEST(EplbRouting, SlotRoutingMatchesRows) {
             ++rows[p.rank_of_slot(slots[r][i])];
         }
     EXPECT_EQ(rows, eplb_rows(p, load));
-    const TrafficReport t = eplb_traffic(p, routing, 64, /*training=*/true);
+    const TrafficReport t = eplb_traffic(p, routing, 64, 32, /*training=*/true);
     EXPECT_EQ(t.total_entries, routing.total_entries());
     EXPECT_EQ(t.max_rank_entries, *std::max_element(rows.begin(), rows.end()));
+    // Training keeps the replicas in sync: per expert, every rank holding it other than its first slot's sends one
+    // fp32 gradient there and receives the bf16 weights back (3 projections of [64, 32]).
+    int64_t syncs = 0;
+    for (int e = 0; e < 32; ++e) {
+        std::vector<bool> on(4, false);
+        for (size_t slot = 0; slot < p.slot_expert.size(); ++slot)
+            if (p.slot_expert[slot] == e) on[p.rank_of_slot(static_cast<int>(slot))] = true;
+        syncs += std::count(on.begin(), on.end(), true) - 1;
+    }
+    EXPECT_GT(syncs, 0);
+    EXPECT_EQ(t.reduce_grad.rows, syncs);
+    EXPECT_EQ(t.prefetch.rows, syncs);
+    EXPECT_EQ(t.reduce_grad.bytes, syncs * 3 * 64 * 32 * 4);
+    EXPECT_EQ(t.prefetch.bytes, syncs * 3 * 64 * 32 * 2);
+    const TrafficReport inference = eplb_traffic(p, routing, 64, 32, /*training=*/false);
+    EXPECT_EQ(inference.prefetch.bytes + inference.reduce_grad.bytes, 0);
 }
 
 }  // namespace

@@ -152,7 +152,7 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
     const perf::EplbConfig ecfg{.num_ranks = R, .num_experts = o.E, .slots_per_rank = cfg.epn() + redundant};
     const perf::EplbPlacement placement = perf::eplb_place(ecfg, prev_load);
     const std::vector<int64_t> eplb_rows = perf::eplb_rows(placement, load);
-    const TrafficReport ep = perf::eplb_traffic(placement, routing, o.H, /*training=*/true);
+    const TrafficReport ep = perf::eplb_traffic(placement, routing, o.H, o.ffn_hidden, /*training=*/true);
 
     const std::vector<int64_t> ev_rows(plan.q.begin(), plan.q.end());
     const double imb_cv = perf::imbalance(conv_rows), imb_ep = perf::imbalance(eplb_rows),
