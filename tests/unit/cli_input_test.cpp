@@ -113,6 +113,8 @@ std::vector<Case> cases() {
         {"maxvio_with_sigma", "plan --maxvio 2 --sigma 1", {"--maxvio", "--sigma", "excludes"}},
         {"routing_with_R", "plan --routing " + r + " --E 8 --R 4", {"--routing", "--R", "excludes"}},
         {"routing_with_S", "demo --routing " + r + " --E 8 --S 4", {"--routing", "--S", "excludes"}},
+        {"bench_routing_with_maxvio", "bench dispatch --routing " + r + " --maxvio 1", {"--routing", "--maxvio", "excludes"}},
+        {"bench_routing_missing", "bench combine --routing " + path("no_such.npy"), {"--routing", "no_such.npy"}},
         {"tpe_with_E", "plan --tpe " + path("big.json") + " --E 8", {"--tpe", "--E", "excludes"}},
         {"reference_legacy", "plan --planner reference --legacy-candidates", {"--legacy-candidates", "--planner reference"}},
         {"quality_quick_cases", "quality --quick --cases 5", {"--quick", "--cases", "excludes"}},
