@@ -79,27 +79,54 @@ std::vector<std::vector<int32_t>> eplb_slot_routing(const EplbPlacement& p, cons
     return out;
 }
 
-TrafficReport eplb_traffic(const EplbPlacement& p, const Routing& routing, int H, int ffn_hidden, bool training) {
+EplbSync parse_eplb_sync(const std::string& name) {
+    if (name == "star") return EplbSync::kStar;
+    if (name == "ring") return EplbSync::kRing;
+    if (name == "none") return EplbSync::kNone;
+    EVENEP_CHECK(false, "EPLB replica sync '", name, "' must be star, ring or none");
+    return EplbSync::kNone;
+}
+
+const char* to_string(EplbSync sync) {
+    switch (sync) {
+        case EplbSync::kStar: return "star";
+        case EplbSync::kRing: return "ring";
+        case EplbSync::kNone: return "none";
+    }
+    return "?";
+}
+
+TrafficReport eplb_traffic(
+    const EplbPlacement& p, const Routing& routing, int H, int ffn_hidden, bool training, EplbSync sync) {
     const Config phys{.R = p.num_ranks, .E = p.num_ranks * p.slots_per_rank, .K = routing.K, .S = routing.S, .tp = 1};
     TrafficReport rep = conventional_traffic(phys, eplb_slot_routing(p, routing), H, training);
-    if (!training) return rep;
-    // Replica synchronisation: one gradient and one weight refresh per (expert, rank) other than the primary's.
-    const int64_t expert_elems = int64_t{detail::kNumProjections} * H * ffn_hidden;
-    std::vector<int32_t> primary(p.num_experts, -1);
-    std::vector<uint8_t> held(static_cast<size_t>(p.num_experts) * p.num_ranks, 0);
+    if (!training || sync == EplbSync::kNone) return rep;
+    // The ranks holding each expert, ascending (several replicas on one rank sum locally first).
+    std::vector<std::vector<int32_t>> holders(p.num_experts);
     for (size_t slot = 0; slot < p.slot_expert.size(); ++slot) {
-        const int e = p.slot_expert[slot], r = p.rank_of_slot(static_cast<int>(slot));
-        uint8_t& seen = held[static_cast<size_t>(e) * p.num_ranks + r];
-        if (seen) continue;
-        seen = 1;
-        if (primary[e] < 0) {
-            primary[e] = r;
+        std::vector<int32_t>& h = holders[p.slot_expert[slot]];
+        const int r = p.rank_of_slot(static_cast<int>(slot));
+        if (std::find(h.begin(), h.end(), r) == h.end()) h.push_back(r);
+    }
+    const int64_t grad_bytes = int64_t{detail::kNumProjections} * H * ffn_hidden * 4;
+    for (std::vector<int32_t>& h : holders) {
+        const int64_t n = static_cast<int64_t>(h.size());
+        if (n < 2) continue;
+        if (sync == EplbSync::kStar) {  // h[0] (the first slot's rank) is the primary
+            for (int64_t i = 1; i < n; ++i) {
+                rep.reduce_grad.rows += 1;
+                rep.reduce_grad.move(h[i], h[0], grad_bytes);
+                rep.prefetch.rows += 1;
+                rep.prefetch.move(h[0], h[i], grad_bytes / 2);  // bf16 weights
+            }
             continue;
         }
-        rep.reduce_grad.rows += 1;
-        rep.reduce_grad.move(r, primary[e], expert_elems * 4);
-        rep.prefetch.rows += 1;
-        rep.prefetch.move(primary[e], r, expert_elems * 2);
+        std::sort(h.begin(), h.end());
+        const int64_t share = 2 * (n - 1) * grad_bytes / n;  // reduce-scatter + all-gather
+        for (int64_t i = 0; i < n; ++i) {
+            rep.reduce_grad.rows += 1;
+            rep.reduce_grad.move(h[i], h[(i + 1) % n], share);
+        }
     }
     return rep;
 }

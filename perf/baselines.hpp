@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "evenep/buffer.hpp"
@@ -34,12 +35,24 @@ std::vector<int64_t> eplb_rows(const EplbPlacement& placement, std::span<const i
 // so a source rank's entries of e stay together).
 std::vector<std::vector<int32_t>> eplb_slot_routing(const EplbPlacement& placement, const Routing& routing);
 
-// EPLB link bytes: conventional_traffic over the physical slots (rank r holds slots [r*spr, (r+1)*spr)), and with
-// `training` the replicas kept in sync every step, as EvenEP's copies are: each expert's first slot is its primary;
-// every other rank holding replicas of it sends their summed gradient there (fp32, the reduce_grad phase) and gets
-// the updated weights back (bf16, the prefetch phase), 3 projections of [H, ffn_hidden] each.
-TrafficReport eplb_traffic(
-    const EplbPlacement& placement, const Routing& routing, int H, int ffn_hidden, bool training);
+// How a training step keeps an expert's replicas (the ranks holding it) in sync, 3 projections of [H, ffn_hidden]:
+//   kStar  as EvenEP's copies: the expert's first slot is its primary; every other rank holding it sends its summed
+//          fp32 gradient there (the reduce_grad phase) and gets the updated bf16 weights back (the prefetch phase);
+//   kRing  a ring all-reduce of the fp32 gradient over the n ranks holding it (each sends 2(n-1)/n of it to the next
+//          rank in rank order; reduce_grad phase), every replica then steps its own optimizer: no weight traffic;
+//   kNone  not counted (token traffic only: the model of the earlier runs, favouring EPLB).
+enum class EplbSync { kStar, kRing, kNone };
+EplbSync parse_eplb_sync(const std::string& name);  // "star", "ring", "none"; throws naming the value
+const char* to_string(EplbSync sync);
+
+// EPLB link bytes: conventional_traffic over the physical slots (rank r holds slots [r*spr, (r+1)*spr)), plus with
+// `training` the replicas' synchronisation (`sync`).
+TrafficReport eplb_traffic(const EplbPlacement& placement,
+                           const Routing& routing,
+                           int H,
+                           int ffn_hidden,
+                           bool training,
+                           EplbSync sync = EplbSync::kStar);
 
 // max(rows) / mean(rows); 1 for an empty or all-zero input.
 double imbalance(std::span<const int64_t> rows);

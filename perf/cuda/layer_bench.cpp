@@ -163,7 +163,7 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
     const int redundant = c.redundant < 0 ? cfg.num_slots() : c.redundant;
     const EplbPlacement placement =
         eplb_place(EplbConfig{.num_ranks = R, .num_experts = c.E, .slots_per_rank = epn + redundant}, prev_load);
-    const TrafficReport ep_traffic = eplb_traffic(placement, routing, c.H, c.ffn_hidden, /*training=*/true);
+    const TrafficReport ep_traffic = eplb_traffic(placement, routing, c.H, c.ffn_hidden, /*training=*/true, c.eplb_sync);
     const std::vector<int64_t> ep_rows = eplb_rows(placement, load);
     const int spr = placement.slots_per_rank;
     const int ep_busiest = static_cast<int>(std::max_element(ep_rows.begin(), ep_rows.end()) - ep_rows.begin());

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "evenep/routing.hpp"
+#include "perf/baselines.hpp"
 
 namespace evenep::perf::cuda {
 
@@ -35,6 +36,7 @@ struct LayerBenchConfig {
     uint64_t seed = 1;
     double drift = 0.1;     // EPLB: log-popularity random-walk step between the planning step and this one
     int redundant = -1;     // EPLB redundant slots per rank; -1: EvenEP's prefetch slots B = epn
+    EplbSync eplb_sync = EplbSync::kStar;  // how a training step keeps EPLB's replicas in sync (perf/baselines.hpp)
     double link_gbps = 367;  // per direction, GB/s (1e9), for the modelled data movement
     int warmup = 1, iters = 3;
     bool measure_data_movement = true;  // also time plan/dispatch/combine/prefetch/reduce on one GPU (bench_point)

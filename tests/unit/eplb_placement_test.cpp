@@ -208,12 +208,14 @@ TEST(EplbRouting, SlotRoutingMatchesRows) {
     EXPECT_EQ(t.max_rank_entries, *std::max_element(rows.begin(), rows.end()));
     // Training keeps the replicas in sync: per expert, every rank holding it other than its first slot's sends one
     // fp32 gradient there and receives the bf16 weights back (3 projections of [64, 32]).
-    int64_t syncs = 0;
+    int64_t syncs = 0, ring_sends = 0;
     for (int e = 0; e < 32; ++e) {
         std::vector<bool> on(4, false);
         for (size_t slot = 0; slot < p.slot_expert.size(); ++slot)
             if (p.slot_expert[slot] == e) on[p.rank_of_slot(static_cast<int>(slot))] = true;
-        syncs += std::count(on.begin(), on.end(), true) - 1;
+        const int64_t n = std::count(on.begin(), on.end(), true);
+        syncs += n - 1;
+        ring_sends += n >= 2 ? n : 0;
     }
     EXPECT_GT(syncs, 0);
     EXPECT_EQ(t.reduce_grad.rows, syncs);
@@ -222,6 +224,16 @@ TEST(EplbRouting, SlotRoutingMatchesRows) {
     EXPECT_EQ(t.prefetch.bytes, syncs * 3 * 64 * 32 * 2);
     const TrafficReport inference = eplb_traffic(p, routing, 64, 32, /*training=*/false);
     EXPECT_EQ(inference.prefetch.bytes + inference.reduce_grad.bytes, 0);
+    // A ring all-reduce instead: every holder of a replicated expert sends 2(n-1)/n of its gradient, no weights move.
+    const TrafficReport ring = eplb_traffic(p, routing, 64, 32, true, EplbSync::kRing);
+    EXPECT_EQ(ring.reduce_grad.rows, ring_sends);
+    EXPECT_EQ(ring.prefetch.bytes, 0);
+    EXPECT_GT(ring.reduce_grad.bytes, 0);
+    EXPECT_EQ(ring.dispatch.bytes, t.dispatch.bytes);
+    const TrafficReport none = eplb_traffic(p, routing, 64, 32, true, EplbSync::kNone);
+    EXPECT_EQ(none.prefetch.bytes + none.reduce_grad.bytes, 0);
+    EXPECT_EQ(parse_eplb_sync("ring"), EplbSync::kRing);
+    EXPECT_THROW(parse_eplb_sync("mesh"), Error);
 }
 
 }  // namespace

@@ -38,6 +38,7 @@ struct LayerOptions {
     uint64_t seed = 1;
     double drift = 0.1;
     int redundant = -1;
+    std::string eplb_sync = "star";
     double link_gbps = 367;
     int warmup = 1, iters = 3;
     double max_seconds = 1800;
@@ -105,6 +106,7 @@ LayerBenchConfig config_of(const LayerOptions& o, const Point& p) {
     c.seed = o.seed;
     c.drift = o.drift;
     c.redundant = o.redundant;
+    c.eplb_sync = perf::parse_eplb_sync(o.eplb_sync);
     c.link_gbps = o.link_gbps;
     c.warmup = o.warmup, c.iters = o.iters;
     c.measure_data_movement = !o.no_measure;
@@ -183,7 +185,9 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
                          {"link_gbps", r.cfg.link_gbps},
                          {"speedup_evenep_overlapped", s.step_overlapped_ms / ev.step_overlapped_ms},
                          {"seed", r.cfg.seed}};
-        if (s.system == "eplb") j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio;
+        if (s.system == "eplb")
+            j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio,
+            j["replica_sync"] = perf::to_string(r.cfg.eplb_sync);
         if (s.system == "evenep") {
             j["measured_data_movement"] = measured;
             j["measured_note"] = r.measured_note;
@@ -290,6 +294,10 @@ void register_bench_layer(CLI::App& bench) {
     add_real(*cmd, "--drift", o->drift, "EPLB: per-step log-popularity drift (random walk)", 0, 100)
         ->capture_default_str();
     add_int(*cmd, "--redundant", o->redundant, "EPLB redundant slots per rank (-1: EvenEP's B = epn)", -1, 1 << 20);
+    add_string(*cmd, "--eplb-sync", o->eplb_sync,
+               "how a training step keeps EPLB's replicas in sync: star (as EvenEP's copies), ring (all-reduce), none")
+        ->check(CLI::IsMember({"star", "ring", "none"}))
+        ->capture_default_str();
     add_real(*cmd, "--link-gbps", o->link_gbps, "modelled link bandwidth per direction, GB/s", 1e-3, 1e6)
         ->capture_default_str();
     add_int(*cmd, "--warmup", o->warmup, "untimed runs per rank", 0, 1000);

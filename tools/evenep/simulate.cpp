@@ -31,6 +31,7 @@ struct SimulateOptions {
     int E = 896, K = 16, S = 8192, H = 3584, ffn_hidden = 2048, tp = 128;
     int redundant = -1;  // EPLB redundant slots per rank; -1: EvenEP's prefetch slots B = epn
     double drift = 0.1;
+    std::string eplb_sync = "star";  // how EPLB's replicas are kept in sync (perf::EplbSync)
     double slack = 0;  // imbalance budget ε of EvenEP's planner (docs/slack.md)
     uint64_t seed = 1;
     std::string planner = "optimized";
@@ -152,7 +153,8 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
     const perf::EplbConfig ecfg{.num_ranks = R, .num_experts = o.E, .slots_per_rank = cfg.epn() + redundant};
     const perf::EplbPlacement placement = perf::eplb_place(ecfg, prev_load);
     const std::vector<int64_t> eplb_rows = perf::eplb_rows(placement, load);
-    const TrafficReport ep = perf::eplb_traffic(placement, routing, o.H, o.ffn_hidden, /*training=*/true);
+    const TrafficReport ep = perf::eplb_traffic(placement, routing, o.H, o.ffn_hidden, /*training=*/true,
+                                                perf::parse_eplb_sync(o.eplb_sync));
 
     const std::vector<int64_t> ev_rows(plan.q.begin(), plan.q.end());
     const double imb_cv = perf::imbalance(conv_rows), imb_ep = perf::imbalance(eplb_rows),
@@ -215,6 +217,7 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
     j["eplb"] = {{"slots_per_rank", ecfg.slots_per_rank},
                  {"redundant_per_rank", redundant},
                  {"drift", o.drift},
+                 {"replica_sync", o.eplb_sync},
                  {"planned_on_step", -1},
                  {"planned_on_maxvio", prev_maxvio}};
     j["seconds"] = seconds;
@@ -229,10 +232,10 @@ void run_simulate(const SimulateOptions& o) {
     const double t0 = now_seconds();
     fmt::print(
         "EvenEP scale model: E={} K={} S={} H={} H'={} tp={} planner={}{} seed={}; EPLB: {} redundant slots per "
-        "rank, planned on the previous step, drift {}\n",
+        "rank, planned on the previous step, drift {}, replica sync {}\n",
         o.E, o.K, o.S, o.H, o.ffn_hidden, o.tp, o.planner, o.slack > 0 ? fmt::format(" slack={:g}", o.slack) : "",
         o.seed,
-        o.redundant < 0 ? std::string("epn") : std::to_string(o.redundant), o.drift);
+        o.redundant < 0 ? std::string("epn") : std::to_string(o.redundant), o.drift, o.eplb_sync);
     fmt::print(
         "{:>4} {:>7} {:>8} {:>7} {:>6} {:>7} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>6} "
         "{:>6}\n",
@@ -273,6 +276,11 @@ void register_simulate(CLI::App& app) {
     cmd->add_option("--redundant", opt->redundant, "EPLB redundant slots per rank (-1: epn, EvenEP's bound)")
         ->capture_default_str();
     cmd->add_option("--drift", opt->drift, "per-step std of each expert's log-popularity (EPLB's staleness)")
+        ->capture_default_str();
+    cmd->add_option("--eplb-sync", opt->eplb_sync,
+                    "how a training step keeps EPLB's replicas in sync: star (gradients to the first replica, "
+                    "weights back, as EvenEP's copies), ring (all-reduce), none (token traffic only)")
+        ->check(CLI::IsMember({"star", "ring", "none"}))
         ->capture_default_str();
     cmd->add_option("--seed", opt->seed, "routing seed")->capture_default_str();
     add_real(*cmd, "--slack", opt->slack, "EvenEP's imbalance budget eps (0 = exact balance; docs/slack.md)", 0, 1)
