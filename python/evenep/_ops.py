@@ -223,16 +223,17 @@ def _gemm_backward(ctx, grad):
     dy = _bf16(grad)
     grad_x = grad_w = grad_slots = None
     if ctx.needs_input_grad[0]:
-        grad_x = ops.grouped_gemm_dgrad(dy, weight, slots, plan, ctx.buffer, _gemm_dtype(x.dtype)).to(x.dtype)
+        grad_x = _dgrad(x, dy, weight, slots, plan, ctx.buffer)
     if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
         gw, gs = ops.grouped_gemm_wgrad(x, dy, plan, ctx.buffer)
         grad_w, grad_slots = gw.to(weight.dtype), gs.to(slots.dtype)
     return grad_x, grad_w, grad_slots, None, None, None
 
 
-def _gemm_dtype(dtype):
-    """The grouped GEMM's output dtype for a wanted dtype: bf16 straight from the epilogue, else fp32."""
-    return torch.bfloat16 if dtype == torch.bfloat16 else None
+def _dgrad(x, dy, weight, slots, plan, buffer):
+    """The grouped GEMM's input gradient in x's dtype: bf16 straight from the epilogue, else fp32 cast to it."""
+    out_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else None
+    return ops.grouped_gemm_dgrad(dy, weight, slots, plan, buffer, out_dtype).to(x.dtype)
 
 
 torch.library.register_autograd("evenep::grouped_gemm", _gemm_backward, setup_context=_gemm_setup)
@@ -290,7 +291,7 @@ class ExpertLinear(torch.autograd.Function):
         dy = _bf16(grad)
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            grad_x = ops.grouped_gemm_dgrad(dy, wb, slots, plan, ctx.buffer, _gemm_dtype(x.dtype)).to(x.dtype)
+            grad_x = _dgrad(x, dy, wb, slots, plan, ctx.buffer)
         if ctx.needs_input_grad[1]:
             gw, gs = ops.grouped_gemm_wgrad(x, dy, plan, ctx.buffer)
             ops.reduce_grad_add_(gw, gs, plan, ctx.buffer)
