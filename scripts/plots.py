@@ -13,6 +13,7 @@ evenep.layer_step/1 (written by the GPU layer benchmark):
    "points": [{"shape": "moonep" | "k3" | any name, "R": 8, "E": 384, "K": 8, "S": 8192, "H": 7168,
                "ffn_hidden": 2048,
                "system": "evenep" | "conventional" | "eplb",
+               "replica_sync": "ring" | "star" | "none",   # eplb only: one line per model in the run
                "maxvio": 10.0,                  # target maxvio of the routing
                "step_ms_overlapped": 3.1,       # step estimate, prefetch || dispatch, shared expert || comm
                "step_ms_no_overlap": 4.0,       # every phase back to back
@@ -187,12 +188,35 @@ def rows_per_rank(plt, points, out, want_R, want_mv):
     plt.close(fig)
 
 
+EPLB_SYNC_COLORS = {"ring": "tab:orange", "star": "tab:brown", "none": "goldenrod"}
+
+
+def layer_series(points):
+    """(system, replica_sync, label, color) of every line of the step-time plot: conventional EP, one EPLB line per
+    replica synchronisation model in the run (older runs have one, without the key), EvenEP."""
+    series = []
+    for key, label, color in SYSTEMS:
+        if key != "eplb":
+            series.append((key, None, label, color))
+            continue
+        syncs = []
+        for p in points:
+            if p["system"] == "eplb" and p.get("replica_sync") not in syncs:
+                syncs.append(p.get("replica_sync"))
+        for sync in syncs:
+            series.append((key, sync, label if sync is None else f"{label} ({sync} sync)",
+                           EPLB_SYNC_COLORS.get(sync, color)))
+    return series
+
+
 def step_time(plt, points, out):
     shapes = sorted({p["shape"] for p in points})
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    series = layer_series(points)
     for ax, shape in zip(axes[0], shapes):
-        for key, label, color in SYSTEMS:
-            pts = sorted((p for p in points if p["shape"] == shape and p["system"] == key), key=lambda p: p["maxvio"])
+        for key, sync, label, color in series:
+            pts = sorted((p for p in points if p["shape"] == shape and p["system"] == key and
+                          (sync is None or p.get("replica_sync") == sync)), key=lambda p: p["maxvio"])
             if not pts:
                 continue
             x = [p["maxvio"] for p in pts]

@@ -46,16 +46,8 @@ PhaseMs modelled(const TrafficReport& t, double link_gbps) {
     return m;
 }
 
-// Times `ranks` of a system (group_rows[i]: the groups of ranks[i]) and fills its compute figures and step estimates.
-void time_system(SystemStep& s, RankComputeTimer& timer, const std::vector<std::vector<int64_t>>& group_rows,
-                 const std::vector<int>& ranks, const LayerBenchConfig& cfg) {
-    for (size_t i = 0; i < ranks.size(); ++i) {
-        const RankComputeTime t = timer.time(group_rows[i], cfg.warmup, cfg.iters);
-        s.timed_ranks.push_back(ranks[i]);
-        s.forward_ms.push_back(t.forward_ms);
-        s.backward_ms.push_back(t.backward_ms);
-        s.compute_ms.push_back(t.total_ms());
-    }
+// A system's compute figures and step estimates from its per-rank times.
+void finish_system(SystemStep& s) {
     s.compute_max_ms = s.compute_ms.empty() ? 0 : *std::max_element(s.compute_ms.begin(), s.compute_ms.end());
     s.compute_mean_ms = s.compute_ms.empty() ? 0
                                              : std::accumulate(s.compute_ms.begin(), s.compute_ms.end(), 0.0) /
@@ -63,6 +55,32 @@ void time_system(SystemStep& s, RankComputeTimer& timer, const std::vector<std::
     s.imbalance = imbalance(s.rows);
     s.step_no_overlap_ms = s.compute_max_ms + s.comm.communication();
     s.step_overlapped_ms = s.step_no_overlap_ms - std::min(s.comm.dispatch, s.comm.prefetch);
+}
+
+// Times every system's ranks interleaved (the i-th timed rank of each system, then the next), so that a drift of
+// the GPU's clocks during the point is shared by the systems; systems with compute_as >= 0 copy that system's times.
+void time_systems(LayerPointWork& w, RankComputeTimer& timer, const LayerBenchConfig& cfg) {
+    size_t most = 0;
+    for (const auto& r : w.timed_ranks) most = std::max(most, r.size());
+    for (size_t i = 0; i < most; ++i)
+        for (size_t s = 0; s < w.systems.size(); ++s) {
+            if (w.compute_as[s] >= 0 || i >= w.timed_ranks[s].size()) continue;
+            const RankComputeTime t = timer.time(w.groups[s][i], cfg.warmup, cfg.iters);
+            SystemStep& st = w.systems[s];
+            st.timed_ranks.push_back(w.timed_ranks[s][i]);
+            st.forward_ms.push_back(t.forward_ms);
+            st.backward_ms.push_back(t.backward_ms);
+            st.compute_ms.push_back(t.total_ms());
+        }
+    for (size_t s = 0; s < w.systems.size(); ++s) {
+        SystemStep& st = w.systems[s];
+        if (w.compute_as[s] >= 0) {
+            const SystemStep& from = w.systems[static_cast<size_t>(w.compute_as[s])];
+            st.timed_ranks = from.timed_ranks;
+            st.forward_ms = from.forward_ms, st.backward_ms = from.backward_ms, st.compute_ms = from.compute_ms;
+        }
+        finish_system(st);
+    }
 }
 
 std::vector<int> all_ranks(int R) {
@@ -113,8 +131,8 @@ LayerPointEstimate estimate_layer_point(const LayerBenchConfig& c, double tflops
     // GEMM flops of one row, forward (3 projections) and backward (dgrad + wgrad of each): 18 H H'.
     const double row_flops = 18.0 * expert;
     const double rows = static_cast<double>(c.S) * c.K;  // per rank on average
-    const double timed_rows = (2.0 * c.R + 3.0) * rows;  // EvenEP and conventional all ranks, EPLB its busiest
-    e.seconds = timed_rows * row_flops * (c.warmup + c.iters) / (tflops * 1e12) +
+    const double timed_rows = 3.0 * c.R * rows;  // every rank of EvenEP, conventional EP and EPLB
+    e.seconds = timed_rows * row_flops * (c.warmup + c.iters) / (tflops * 1e12) + c.warm_seconds +
                 (c.measure_data_movement ? 5.0 : 0.0) + 2.0 + 2e-6 * c.R * rows;  // + routing, plan, baselines (host)
     return e;
 }
@@ -163,33 +181,45 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
     const int redundant = c.redundant < 0 ? cfg.num_slots() : c.redundant;
     const EplbPlacement placement =
         eplb_place(EplbConfig{.num_ranks = R, .num_experts = c.E, .slots_per_rank = epn + redundant}, prev_load);
-    const TrafficReport ep_traffic = eplb_traffic(placement, routing, c.H, c.ffn_hidden, /*training=*/true, c.eplb_sync);
     const std::vector<int64_t> ep_rows = eplb_rows(placement, load);
     const int spr = placement.slots_per_rank;
-    const int ep_busiest = static_cast<int>(std::max_element(ep_rows.begin(), ep_rows.end()) - ep_rows.begin());
-    std::vector<int64_t> ep_groups(spr, 0);  // the busiest rank's slots
+    std::vector<std::vector<int64_t>> ep_groups(R, std::vector<int64_t>(spr, 0));  // every rank's slots
     {
         const std::vector<std::vector<int32_t>> slots = eplb_slot_routing(placement, routing);
         for (const auto& rank_slots : slots)
             for (int32_t slot : rank_slots)
-                if (slot >= 0 && slot / spr == ep_busiest) ++ep_groups[slot % spr];
-        for (int64_t& x : ep_groups) x = padded(x, c.tp);
+                if (slot >= 0) ++ep_groups[slot / spr][slot % spr];
+        for (auto& rank : ep_groups)
+            for (int64_t& x : rank) x = padded(x, c.tp);
     }
 
-    SystemStep ev, cv, ep;
-    ev.system = "evenep", cv.system = "conventional", ep.system = "eplb";
+    EVENEP_CHECK(!c.eplb_syncs.empty(), "bench layer: give at least one EPLB replica sync model");
+    SystemStep ev, cv;
+    ev.system = "evenep", cv.system = "conventional";
     ev.rows.assign(plan.q.begin(), plan.q.end());
     cv.rows = conventional_rows(cfg, load);
-    ep.rows = ep_rows;
     ev.comm = modelled(ev_traffic, c.link_gbps);
     cv.comm = modelled(cv_traffic, c.link_gbps);
-    ep.comm = modelled(ep_traffic, c.link_gbps);
     ev.max_rank_link_bytes = ev_traffic.total().max_rank_bytes();
     cv.max_rank_link_bytes = cv_traffic.total().max_rank_bytes();
-    ep.max_rank_link_bytes = ep_traffic.total().max_rank_bytes();
-    w.systems = {std::move(ev), std::move(cv), std::move(ep)};
-    w.timed_ranks = {all_ranks(R), all_ranks(R), {ep_busiest}};
-    w.groups = {std::move(ev_groups), std::move(cv_groups), {std::move(ep_groups)}};
+    w.systems = {std::move(ev), std::move(cv)};
+    w.timed_ranks = {all_ranks(R), all_ranks(R)};
+    w.groups = {std::move(ev_groups), std::move(cv_groups)};
+    w.compute_as = {-1, -1};
+    for (size_t i = 0; i < c.eplb_syncs.size(); ++i) {
+        const TrafficReport ep_traffic =
+            eplb_traffic(placement, routing, c.H, c.ffn_hidden, /*training=*/true, c.eplb_syncs[i]);
+        SystemStep ep;
+        ep.system = "eplb";
+        ep.replica_sync = to_string(c.eplb_syncs[i]);
+        ep.rows = ep_rows;
+        ep.comm = modelled(ep_traffic, c.link_gbps);
+        ep.max_rank_link_bytes = ep_traffic.total().max_rank_bytes();
+        w.systems.push_back(std::move(ep));
+        w.timed_ranks.push_back(i == 0 ? all_ranks(R) : std::vector<int>{});
+        w.groups.push_back(i == 0 ? ep_groups : std::vector<std::vector<int64_t>>{});
+        w.compute_as.push_back(i == 0 ? -1 : 2);
+    }
     w.max_groups = std::max(G, spr);
     w.max_rows = cfg.recv_rows();
     for (int r = 0; r < R; ++r) w.max_rows = std::max<int64_t>(w.max_rows, plan.rows_used(r));
@@ -209,7 +239,8 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
     {
         RankComputeTimer timer(c.H, c.ffn_hidden, w.max_groups, w.max_rows, c.seed);
         if (c.check) out.gemm_check_error = timer.check_forward(w.groups[0][0]);
-        for (size_t s = 0; s < w.systems.size(); ++s) time_system(w.systems[s], timer, w.groups[s], w.timed_ranks[s], c);
+        out.warm_up_ms = timer.warm_up(w.groups[0][0], c.warm_seconds);
+        time_systems(w, timer, c);
     }
     out.systems = std::move(w.systems);
     out.seconds = seconds_since(t0);

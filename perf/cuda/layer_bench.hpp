@@ -5,18 +5,22 @@
 // Method:
 //   expert compute  measured: each rank's groups (rows from the plan, padding included) run alone on the whole
 //                   GPU by RankComputeTimer (perf/cuda/rank_compute.hpp); a system's step compute is the max over
-//                   ranks (mean reported too). EvenEP: every rank; conventional EP: every rank (its home experts,
-//                   all their rows, padded to tp like EvenEP's groups); EPLB: the busiest rank by rows (the
-//                   replicas in its slots, each with its share of the expert's rows, perf/baselines.hpp).
+//                   ranks (mean reported too). Every rank of every system is timed: EvenEP (its plan's groups),
+//                   conventional EP (its home experts, all their rows, padded to tp like EvenEP's groups) and EPLB
+//                   (the replicas in its slots, each with its share of the expert's rows, perf/baselines.hpp). The
+//                   GPU first runs EvenEP's rank 0 for `warm_seconds` (clocks out of the idle state the host-side
+//                   preparation leaves), then the ranks are timed interleaved (rank r of every system, then r + 1),
+//                   so that a drift of the clocks during the point lands on every system alike.
 //   data movement   modelled: per phase, the busiest rank's link bytes max(send, receive) of the traffic model
 //                   (evenep/buffer.hpp: evenep_traffic, conventional_traffic; perf::eplb_traffic) over a link
 //                   bandwidth per direction. Measured too (EvenEP only), as the library runs it on one GPU: all R
 //                   virtual ranks in one launch (cuda::bench_point) — reported beside the model, never mixed into
 //                   the step estimate (one GPU's HBM carries every rank's traffic there).
+//   EPLB replicas   one EPLB system per replica synchronisation model in `eplb_syncs` (star, ring, none:
+//                   perf/baselines.hpp): the same placement and compute, only the sync phases differ.
 //   step estimate   no overlap: every phase back to back; overlapped: prefetch ‖ dispatch (EvenEP; the baselines
 //                   have no prefetch, so both estimates agree). The layer has no shared expert, so "shared expert ‖
-//                   communication" adds nothing here. EPLB's replica weight/gradient synchronisation is not counted
-//                   (perf/baselines.hpp), in its favour.
+//                   communication" adds nothing here.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +40,11 @@ struct LayerBenchConfig {
     uint64_t seed = 1;
     double drift = 0.1;     // EPLB: log-popularity random-walk step between the planning step and this one
     int redundant = -1;     // EPLB redundant slots per rank; -1: EvenEP's prefetch slots B = epn
-    EplbSync eplb_sync = EplbSync::kStar;  // how a training step keeps EPLB's replicas in sync (perf/baselines.hpp)
+    // How a training step keeps EPLB's replicas in sync (perf/baselines.hpp): one EPLB system per entry.
+    std::vector<EplbSync> eplb_syncs = {EplbSync::kRing, EplbSync::kStar};
     double link_gbps = 367;  // per direction, GB/s (1e9), for the modelled data movement
     int warmup = 1, iters = 3;
+    double warm_seconds = 1;  // GPU warm-up before the point's first timed rank (RankComputeTimer::warm_up)
     bool measure_data_movement = true;  // also time plan/dispatch/combine/prefetch/reduce on one GPU (bench_point)
     double copy_gbps = 1;               // copy anchor for bench_point's rows
     bool check = false;  // bench_point --check and a sampled check of the timed GEMMs (rank 0 of EvenEP)
@@ -55,6 +61,7 @@ struct PhaseMs {
 
 struct SystemStep {
     std::string system;  // "evenep", "conventional", "eplb"
+    std::string replica_sync;  // EPLB: the replica synchronisation model (to_string(EplbSync)); empty otherwise
     std::vector<int64_t> rows;              // [R] rows each rank computes (unpadded entries)
     std::vector<int> timed_ranks;           // ranks whose compute was timed
     std::vector<double> compute_ms;         // forward + backward of each timed rank
@@ -78,7 +85,8 @@ struct LayerPointResult {
     LayerBenchConfig cfg;
     double maxvio = 0;          // achieved by the routing
     double eplb_prev_maxvio = 0;  // the step EPLB was planned on
-    std::vector<SystemStep> systems;  // evenep, conventional, eplb
+    std::vector<SystemStep> systems;  // evenep, conventional, then one eplb per cfg.eplb_syncs entry
+    std::vector<double> warm_up_ms;    // the warm-up runs (EvenEP's rank 0, forward + backward), in order
     std::vector<MeasuredOp> measured;  // EvenEP data movement on one GPU (empty when not measured)
     std::string measured_note;         // why not measured, or what was measured
     double gemm_check_error = -1;      // --check: RankComputeTimer::check_forward on EvenEP's rank 0 (-1: not run)
@@ -88,12 +96,14 @@ struct LayerPointResult {
 
 // The host part of a point (no GPU): every system's rows, modelled phases (EvenEP's plan phase without the GPU
 // planner) and link bytes, and the groups of the ranks to time: groups[system][i] are the padded rows of each group of
-// rank timed_ranks[system][i]. Systems in order evenep, conventional, eplb.
+// rank timed_ranks[system][i]. Systems in order evenep, conventional, then one eplb per cfg.eplb_syncs entry; every
+// eplb system after the first has compute_as = the first's index (same ranks, same groups: timed once).
 struct LayerPointWork {
     double maxvio = 0, eplb_prev_maxvio = 0;
     std::vector<SystemStep> systems;
     std::vector<std::vector<int>> timed_ranks;
     std::vector<std::vector<std::vector<int64_t>>> groups;
+    std::vector<int> compute_as;  // [system] -1: timed itself; else the system whose compute it shares
     int max_groups = 0;       // groups per rank at most (2 epn)
     int64_t max_rows = 0;     // the receive buffer's rows NvS (ranks with more are timed in several launches)
 };
@@ -101,7 +111,7 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& cfg, const Routing& r
 
 // Device bytes and seconds a point is expected to take (for refusing a point before it runs): the per-rank timer's
 // allocation, the data-movement benchmark's (R virtual ranks' buffers), and the GEMM time at `tflops` for every
-// timed rank and iteration (EvenEP and conventional all ranks, EPLB one).
+// timed rank and iteration (all ranks of EvenEP, conventional EP and EPLB) and the warm-up.
 struct LayerPointEstimate {
     double compute_bytes = 0, movement_bytes = 0, seconds = 0;
 };

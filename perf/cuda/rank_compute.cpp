@@ -12,6 +12,7 @@
 #include "evenep/cuda/check.hpp"
 #include "evenep/detail/bf16.hpp"
 #include "evenep/error.hpp"
+#include "perf/cuda/timing.hpp"
 
 namespace evenep::perf::cuda {
 
@@ -267,6 +268,26 @@ RankComputeTime RankComputeTimer::time(std::span<const int64_t> group_rows, int 
     t.forward_ms = fwd[fwd.size() / 2];
     t.backward_ms = bwd[bwd.size() / 2];
     return t;
+}
+
+std::vector<double> RankComputeTimer::warm_up(std::span<const int64_t> group_rows, double min_seconds) {
+    std::vector<Launch> ls = split(group_rows);
+    std::vector<double> ms;
+    if (ls.empty()) return ms;
+    try {
+        ms = warm_gpu(
+            [&] {
+                for (const Launch& l : ls) forward(l);
+                for (const Launch& l : ls) backward(l);
+            },
+            stream_, min_seconds);
+    } catch (...) {
+        free_launches(ls);
+        throw;
+    }
+    free_launches(ls);
+    for (double& v : ms) v *= 1e-3;
+    return ms;
 }
 
 double RankComputeTimer::check_forward(std::span<const int64_t> group_rows) {

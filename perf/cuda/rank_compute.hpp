@@ -50,6 +50,11 @@ class RankComputeTimer {
     // (0: an empty group; at most max_groups entries). CUDA events on the timer's stream; synchronises.
     RankComputeTime time(std::span<const int64_t> group_rows, int warmup, int iters);
 
+    // Runs the forward and backward of `group_rows` back to back until `min_seconds` of GPU time have passed (at
+    // least once) and returns each run's milliseconds: brings the GPU's clocks from an idle state to the sustained
+    // state every timed rank should see (the first ~0.3 s after host-side work run ~10% slower on an H200).
+    std::vector<double> warm_up(std::span<const int64_t> group_rows, double min_seconds);
+
     // Runs the forward of `group_rows` once and compares sampled elements of the gate projection (x·Wg, every
     // launch, first and last row of every non-empty group) with host fp64 sums of the same bf16 inputs; returns the
     // largest error relative to the sum of magnitudes (bf16 output rounding: < 2^-8 expected).

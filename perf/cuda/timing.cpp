@@ -75,6 +75,70 @@ Stats time_op(const std::function<void()>& op, cudaStream_t stream, int warmup, 
     return time_op(op, stream, o);
 }
 
+std::vector<Stats> time_interleaved(const std::vector<std::function<void()>>& ops, cudaStream_t stream, int warmup,
+                                    int iters) {
+    EVENEP_CHECK(iters >= 1 && warmup >= 0 && !ops.empty(), "timing: iters = ", iters, ", warmup = ", warmup,
+                 ", ops = ", ops.size());
+    for (int i = 0; i < warmup; ++i)
+        for (const auto& op : ops) op();
+    EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    auto destroy = [&ev] {
+        for (cudaEvent_t& e : ev)
+            if (e) cudaEventDestroy(e);
+    };
+    std::vector<std::vector<double>> us(ops.size());
+    try {
+        for (cudaEvent_t& e : ev) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
+        for (int i = 0; i < iters; ++i)
+            for (size_t k = 0; k < ops.size(); ++k) {
+                EVENEP_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+                ops[k]();
+                EVENEP_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+                EVENEP_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+                float ms = 0;
+                EVENEP_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+                us[k].push_back(1000.0 * ms);
+            }
+    } catch (...) {
+        destroy();
+        throw;
+    }
+    destroy();
+    std::vector<Stats> out;
+    for (auto& v : us) out.push_back(stats_of(std::move(v)));
+    return out;
+}
+
+std::vector<double> warm_gpu(const std::function<void()>& op, cudaStream_t stream, double seconds) {
+    EVENEP_CHECK(seconds >= 0 && seconds <= 600, "timing: warm-up of ", seconds, " s must be in [0, 600]");
+    cudaEvent_t ev[2] = {nullptr, nullptr};
+    auto destroy = [&ev] {
+        for (cudaEvent_t& e : ev)
+            if (e) cudaEventDestroy(e);
+    };
+    std::vector<double> us;
+    try {
+        for (cudaEvent_t& e : ev) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
+        double total = 0;
+        do {
+            EVENEP_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+            op();
+            EVENEP_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+            EVENEP_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+            float ms = 0;
+            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+            us.push_back(1000.0 * ms);
+            total += 1000.0 * ms;
+        } while (total < 1e6 * seconds);
+    } catch (...) {
+        destroy();
+        throw;
+    }
+    destroy();
+    return us;
+}
+
 Stats time_graph(const std::function<void()>& op, cudaStream_t stream, int warmup, int iters) {
     EVENEP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     try {

@@ -41,17 +41,28 @@ Stats per_call(Stats s, double k);
 Stats time_op(const std::function<void()>& op, cudaStream_t stream, const TimingOptions& options);
 Stats time_op(const std::function<void()>& op, cudaStream_t stream, int warmup, int iters);
 
+// Times several ops interleaved: `warmup` untimed rounds, then `iters` rounds, each round one call of every op in
+// order, each call in its own event pair and waited for. A slow drift of the GPU (clocks, power capping) then lands
+// on every op alike instead of on whichever was timed last. One Stats per op.
+std::vector<Stats> time_interleaved(const std::vector<std::function<void()>>& ops, cudaStream_t stream, int warmup,
+                                    int iters);
+
+// Calls `op` back to back (each waited for) until `seconds` of GPU time have passed, at least once: clocks out of
+// the idle state before anything is timed. Returns each call's µs.
+std::vector<double> warm_gpu(const std::function<void()>& op, cudaStream_t stream, double seconds);
+
 // Captures `op` (launches on `stream`, no synchronisation) into a CUDA graph once and times its replays like
 // time_op: one event pair around each cudaGraphLaunch.
 Stats time_graph(const std::function<void()>& op, cudaStream_t stream, int warmup, int iters);
 
 // Collective over the NCCL team: every call preceded by a device-side team barrier (all ranks start together),
 // the team's check after the timed calls; returns the slowest rank's median and mean and min/max over ranks.
-Stats time_team(cuda::NcclTeam& team, const std::function<void()>& op, cudaStream_t stream, int warmup, int iters);
+Stats time_team(::evenep::cuda::NcclTeam& team, const std::function<void()>& op, cudaStream_t stream, int warmup,
+                int iters);
 
 // Cross-rank reductions through the team's host all-gather (collective): the maximum of v (truncated to an
 // integer, as the row byte counts are) and the sum.
-double team_max(cuda::NcclTeam& team, double v);
-int64_t team_sum(cuda::NcclTeam& team, int64_t v);
+double team_max(::evenep::cuda::NcclTeam& team, double v);
+int64_t team_sum(::evenep::cuda::NcclTeam& team, int64_t v);
 
 }  // namespace evenep::perf

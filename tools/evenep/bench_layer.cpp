@@ -38,9 +38,10 @@ struct LayerOptions {
     uint64_t seed = 1;
     double drift = 0.1;
     int redundant = -1;
-    std::string eplb_sync = "star";
+    std::vector<std::string> eplb_syncs{"ring", "star"};
     double link_gbps = 367;
     int warmup = 1, iters = 3;
+    double warm_seconds = 1;
     double max_seconds = 1800;
     bool quick = false, check = false, no_measure = false;
     std::string json_file;
@@ -79,6 +80,11 @@ void validate(const LayerOptions& o) {
         EVENEP_CHECK(p == "moonep" || p == "k3", "bench layer: --points entry '", p, "' must be moonep or k3");
     EVENEP_CHECK(!o.maxvios.empty(), "bench layer: --maxvio: give at least one value");
     EVENEP_CHECK(!o.k3_ranks.empty(), "bench layer: --k3-R: give at least one group size");
+    EVENEP_CHECK(!o.eplb_syncs.empty(), "bench layer: --eplb-sync: give at least one of ring, star, none");
+    for (size_t i = 0; i < o.eplb_syncs.size(); ++i)
+        for (size_t j = 0; j < i; ++j)
+            EVENEP_CHECK(o.eplb_syncs[i] != o.eplb_syncs[j], "bench layer: --eplb-sync: '", o.eplb_syncs[i],
+                         "' is given twice");
     for (int R : o.k3_ranks)
         EVENEP_CHECK(R >= 1 && R <= 896 && 896 % R == 0, "bench layer: --k3-R = ", R,
                      " must divide E = 896 (e.g. 8, 16, 32, 56, 64, 112, 128, 224)");
@@ -106,9 +112,11 @@ LayerBenchConfig config_of(const LayerOptions& o, const Point& p) {
     c.seed = o.seed;
     c.drift = o.drift;
     c.redundant = o.redundant;
-    c.eplb_sync = perf::parse_eplb_sync(o.eplb_sync);
+    c.eplb_syncs.clear();
+    for (const std::string& m : o.eplb_syncs) c.eplb_syncs.push_back(perf::parse_eplb_sync(m));
     c.link_gbps = o.link_gbps;
     c.warmup = o.warmup, c.iters = o.iters;
+    c.warm_seconds = o.warm_seconds;
     c.measure_data_movement = !o.no_measure;
     c.check = o.check;
     return c;
@@ -120,12 +128,17 @@ void print_header() {
                "s");
 }
 
+// "eplb/ring" for an EPLB system, the system's name otherwise.
+std::string label_of(const SystemStep& s) {
+    return s.replica_sync.empty() ? s.system : s.system + "/" + s.replica_sync;
+}
+
 void print_point(const LayerPointResult& r) {
     const SystemStep& ev = r.systems.front();
     for (const SystemStep& s : r.systems)
         fmt::print("{:<7} {:>3} {:>6g} {:>6.2f} {:<13} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.3f} {:>8.2f} {:>8.2f} {:>7.2f}x "
                    "{:>7.1f}\n",
-                   r.cfg.shape, r.cfg.R, r.cfg.target_maxvio, r.maxvio, s.system, s.compute_max_ms,
+                   r.cfg.shape, r.cfg.R, r.cfg.target_maxvio, r.maxvio, label_of(s), s.compute_max_ms,
                    s.compute_mean_ms, s.comm.communication(), s.imbalance, s.step_no_overlap_ms,
                    s.step_overlapped_ms, s.step_overlapped_ms / ev.step_overlapped_ms, r.seconds);
     if (!r.measured.empty()) {
@@ -186,9 +199,9 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
                          {"speedup_evenep_overlapped", s.step_overlapped_ms / ev.step_overlapped_ms},
                          {"seed", r.cfg.seed}};
         if (s.system == "eplb")
-            j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio,
-            j["replica_sync"] = perf::to_string(r.cfg.eplb_sync);
+            j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio, j["replica_sync"] = s.replica_sync;
         if (s.system == "evenep") {
+            j["warm_up_ms"] = r.warm_up_ms;
             j["measured_data_movement"] = measured;
             j["measured_note"] = r.measured_note;
             if (r.gemm_check_error >= 0) j["gemm_check_error"] = r.gemm_check_error;
@@ -242,13 +255,15 @@ void run(const LayerOptions& o) {
     print_header();
     int64_t wrong = 0;
     double worst_gemm = 0;
+    std::vector<LayerPointResult> results;
     for (const auto& [p, measure] : plan) {
         LayerBenchConfig c = config_of(o, p);
         c.measure_data_movement = measure;
         c.copy_gbps = copy_gbps;
         const RoutingSpec spec{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .seed = o.seed};
         const Routing routing = routing_near_maxvio(spec, p.maxvio, &c.sigma);
-        const LayerPointResult r = perf::cuda::run_layer_point(c, routing);
+        results.push_back(perf::cuda::run_layer_point(c, routing));
+        const LayerPointResult& r = results.back();
         print_point(r);
         add_json(doc["points"], r);
         wrong += r.wrong;
@@ -259,14 +274,15 @@ void run(const LayerOptions& o) {
             out.close();
         }
     }
-    // Ratios of the overlapped estimates, per point.
-    fmt::print("\nstep (overlapped) ratios: conventional / EvenEP, EPLB / EvenEP\n");
-    const auto& pts = doc["points"];
-    for (size_t i = 0; i + 2 < pts.size(); i += 3)
-        fmt::print("  {:<6} R={:<3} maxvio {:>4g}: {:.2f}x  {:.2f}x\n", pts[i]["shape"].get<std::string>(),
-                   pts[i]["R"].get<int>(), pts[i]["maxvio"].get<double>(),
-                   pts[i + 1]["speedup_evenep_overlapped"].get<double>(),
-                   pts[i + 2]["speedup_evenep_overlapped"].get<double>());
+    // Ratios of the overlapped estimates, per point: every other system over EvenEP.
+    fmt::print("\nstep (overlapped) ratios, each system's step over EvenEP's:\n");
+    for (const LayerPointResult& r : results) {
+        fmt::print("  {:<6} R={:<3} maxvio {:>4g}:", r.cfg.shape, r.cfg.R, r.cfg.target_maxvio);
+        for (size_t s = 1; s < r.systems.size(); ++s)
+            fmt::print("  {} {:.2f}x", label_of(r.systems[s]),
+                       r.systems[s].step_overlapped_ms / r.systems.front().step_overlapped_ms);
+        fmt::print("\n");
+    }
     if (o.check) {
         fmt::print("check: data movement {} wrong, GEMM sampled error {:.1e}\n", wrong, worst_gemm);
         EVENEP_CHECK_KIND(ErrorKind::kRuntime, wrong == 0 && worst_gemm < 1e-2, "bench layer: --check failed: ",
@@ -294,14 +310,18 @@ void register_bench_layer(CLI::App& bench) {
     add_real(*cmd, "--drift", o->drift, "EPLB: per-step log-popularity drift (random walk)", 0, 100)
         ->capture_default_str();
     add_int(*cmd, "--redundant", o->redundant, "EPLB redundant slots per rank (-1: EvenEP's B = epn)", -1, 1 << 20);
-    add_string(*cmd, "--eplb-sync", o->eplb_sync,
-               "how a training step keeps EPLB's replicas in sync: star (as EvenEP's copies), ring (all-reduce), none")
+    cmd->add_option("--eplb-sync", o->eplb_syncs,
+                    "how a training step keeps EPLB's replicas in sync, one EPLB row per model given (same compute): "
+                    "ring (all-reduce), star (as EvenEP's copies), none (token traffic only)")
         ->check(CLI::IsMember({"star", "ring", "none"}))
         ->capture_default_str();
     add_real(*cmd, "--link-gbps", o->link_gbps, "modelled link bandwidth per direction, GB/s", 1e-3, 1e6)
         ->capture_default_str();
     add_int(*cmd, "--warmup", o->warmup, "untimed runs per rank", 0, 1000);
     add_int(*cmd, "--iters", o->iters, "timed runs per rank (median)", 1, 1000);
+    add_real(*cmd, "--warm-seconds", o->warm_seconds,
+             "GPU warm-up before each point's first timed rank (EvenEP rank 0 run back to back)", 0, 600)
+        ->capture_default_str();
     add_real(*cmd, "--max-seconds", o->max_seconds, "refuse points whose estimated time would pass this", 1, 1e6)
         ->capture_default_str();
     cmd->add_flag("--quick", o->quick, "the MoonEP point at maxvio 1 and 20 only");
