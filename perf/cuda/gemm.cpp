@@ -258,6 +258,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !variants.empty(), "bench gemm: no kernel to run on this device");
     if (on_start) on_start(info);
     std::vector<GemmBenchRow> rows_out;
+    bool warmed = false;  // the GPU is warmed once, before the first timed call
     for (const GemmDistribution& d : dists) {
         EVENEP_CUDA_CHECK(cudaMemcpy(dcu.get(), d.cu.data(), sizeof(int32_t) * G, cudaMemcpyHostToDevice));
         const int64_t rows = d.cu.back();
@@ -270,56 +271,79 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                 const cuda::GemmOp op = op_name == "dgrad" ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
                 const int kdim = op == cuda::GemmOp::kForward ? p.in : p.out;
                 const int ndim = op == cuda::GemmOp::kForward ? p.out : p.in;
-                for (const Variant& var : variants) {
-                    const cuda::GemmSchedule sch = var.schedule;
-                    // fixed writes y, load_aware y2 (compared bitwise); the mma.sync kernel writes y (sampled only).
-                    const bool into_y2 =
-                        sch == cuda::GemmSchedule::kLoadAware && var.kernel != cuda::GemmKernel::kMmaSync;
+                // Every variant's arguments and its --check first (in variant order), then the variants timed
+                // interleaved (perf/cuda/timing.hpp) after one warm-up of the GPU before the first timed row.
+                struct Call {
                     cuda::GroupedGemmArgs a;
-                    a.x = x.get(), a.cu_seqlens = dcu.get(), a.weights = dtable.get();
-                    a.y = into_y2 ? y2.get() : y.get();
-                    a.num_groups = G, a.in_dim = p.in, a.out_dim = p.out, a.op = op, a.schedule = sch;
-                    a.kernel = var.kernel;
-                    a.workspace = ws.get();
                     cuda::GroupedWgradArgs wa;
-                    wa.x = x.get(), wa.dy = dyw.get(), wa.cu_seqlens = dcu.get(), wa.grads = dgtable.get();
-                    wa.num_groups = G, wa.in_dim = p.in, wa.out_dim = p.out, wa.schedule = sch;
-                    wa.workspace = ws.get();
-                    wa.kernel = var.kernel;
-                    wa.accumulate = op_name != "wgrad_set";
-                    const bool wgrad = op_name.rfind("wgrad", 0) == 0;
+                    bool into_y2 = false;
                     double wgrad_err = -1;
-                    if (wgrad && o.check) wgrad_err = check_wgrad(wa, d.cu, p.in, p.out, grads.get(), o.seed);
-                    auto call = [&] {
+                    double check_err = -1;  // forward/dgrad --check
+                    std::string check;
+                };
+                const bool wgrad = op_name.rfind("wgrad", 0) == 0;
+                std::vector<Call> calls(variants.size());
+                std::vector<std::function<void()>> timed;
+                for (size_t v = 0; v < variants.size(); ++v) {
+                    const Variant& var = variants[v];
+                    const cuda::GemmSchedule sch = var.schedule;
+                    Call& c = calls[v];
+                    // fixed writes y, load_aware y2 (compared bitwise); the mma.sync kernel writes y (sampled only).
+                    c.into_y2 = sch == cuda::GemmSchedule::kLoadAware && var.kernel != cuda::GemmKernel::kMmaSync;
+                    c.a.x = x.get(), c.a.cu_seqlens = dcu.get(), c.a.weights = dtable.get();
+                    c.a.y = c.into_y2 ? y2.get() : y.get();
+                    c.a.num_groups = G, c.a.in_dim = p.in, c.a.out_dim = p.out, c.a.op = op, c.a.schedule = sch;
+                    c.a.kernel = var.kernel;
+                    c.a.workspace = ws.get();
+                    c.wa.x = x.get(), c.wa.dy = dyw.get(), c.wa.cu_seqlens = dcu.get(), c.wa.grads = dgtable.get();
+                    c.wa.num_groups = G, c.wa.in_dim = p.in, c.wa.out_dim = p.out, c.wa.schedule = sch;
+                    c.wa.workspace = ws.get();
+                    c.wa.kernel = var.kernel;
+                    c.wa.accumulate = op_name != "wgrad_set";
+                    if (wgrad && o.check) c.wgrad_err = check_wgrad(c.wa, d.cu, p.in, p.out, grads.get(), o.seed);
+                    if (o.check && !wgrad) {
+                        // One call, then its output: the Hopper kernel's schedules share tiles and the order inside
+                        // a tile, so load_aware's y2 must equal fixed's y (written just before) bitwise.
+                        cuda::grouped_gemm(c.a, nullptr);
+                        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+                        const std::vector<uint16_t> h1 = download(y.get(), static_cast<size_t>(rows) * ndim);
+                        const std::vector<uint16_t> h2 =
+                            c.into_y2 ? download(y2.get(), static_cast<size_t>(rows) * ndim) : h1;
+                        const bool same = !c.into_y2 || !have_fixed || h1 == h2;
+                        c.check_err = sample_error(h2, d.cu, x.get(), table, op, p.out, kdim, ndim, o.seed);
+                        c.check = (c.into_y2 && have_fixed ? (same ? "=" : "DIFF ") : "") + format_e1(c.check_err);
+                        EVENEP_CHECK_KIND(ErrorKind::kRuntime, same && c.check_err < 1e-2, "bench gemm: ", d.name,
+                                          " ", p.name, " ", op_name, " ", var.name,
+                                          ": schedules differ or sampled error ", c.check_err);
+                    }
+                    timed.push_back([&c, wgrad] {
                         if (wgrad)
-                            cuda::grouped_gemm_wgrad(wa, nullptr);
+                            cuda::grouped_gemm_wgrad(c.wa, nullptr);
                         else
-                            cuda::grouped_gemm(a, nullptr);
-                    };
+                            cuda::grouped_gemm(c.a, nullptr);
+                    });
+                }
+                if (!warmed) {
+                    warm_gpu(timed.front(), nullptr, o.warm_seconds);
+                    warmed = true;
+                }
+                const std::vector<Stats> stats = time_interleaved(timed, nullptr, o.warmup, std::max(o.iters, 1));
+                for (size_t v = 0; v < variants.size(); ++v) {
+                    const Variant& var = variants[v];
+                    const Call& c = calls[v];
                     GemmBenchRow row;
                     row.dist = d.name, row.proj = p.name, row.op = op_name, row.schedule = var.name;
                     row.kernel = var.kernel == cuda::GemmKernel::kMmaSync ? "mma" : "wgmma";
                     row.rows = rows, row.in = p.in, row.out = p.out;
-                    row.median_us = median_call_us(call, o.warmup, o.iters);
+                    row.median_us = stats[v].p50_us;
                     row.tflops = 2.0 * rows * p.in * p.out / (row.median_us * 1e-6) / 1e12;
-                    if (wgrad_err >= 0) {
-                        row.check = format_e1(wgrad_err);
-                        row.max_rel_err = wgrad_err;
-                        EVENEP_CHECK_KIND(ErrorKind::kRuntime, wgrad_err < 1e-3, "bench gemm: ", d.name, " ", p.name,
-                                          " wgrad ", var.name, ": sampled error ", wgrad_err);
+                    if (c.wgrad_err >= 0) {
+                        row.check = format_e1(c.wgrad_err);
+                        row.max_rel_err = c.wgrad_err;
+                        EVENEP_CHECK_KIND(ErrorKind::kRuntime, c.wgrad_err < 1e-3, "bench gemm: ", d.name, " ", p.name,
+                                          " wgrad ", var.name, ": sampled error ", c.wgrad_err);
                     }
-                    if (o.check && !wgrad) {
-                        // The Hopper kernel's schedules share tiles and the order inside a tile: bitwise equal.
-                        const std::vector<uint16_t> h1 = download(y.get(), static_cast<size_t>(rows) * ndim);
-                        const std::vector<uint16_t> h2 =
-                            into_y2 ? download(y2.get(), static_cast<size_t>(rows) * ndim) : h1;
-                        const bool same = !into_y2 || !have_fixed || h1 == h2;
-                        row.max_rel_err = sample_error(h2, d.cu, x.get(), table, op, p.out, kdim, ndim, o.seed);
-                        row.check = (into_y2 && have_fixed ? (same ? "=" : "DIFF ") : "") + format_e1(row.max_rel_err);
-                        EVENEP_CHECK_KIND(ErrorKind::kRuntime, same && row.max_rel_err < 1e-2, "bench gemm: ", d.name,
-                                          " ", p.name, " ", op_name, ": schedules differ or sampled error ",
-                                          row.max_rel_err);
-                    }
+                    if (c.check_err >= 0) row.max_rel_err = c.check_err, row.check = c.check;
                     row.model_us = predict_us(d.cu, p.in, p.out, op_name, info.sms);
                     if (on_row) on_row(row);
                     rows_out.push_back(std::move(row));

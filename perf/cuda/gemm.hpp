@@ -4,9 +4,9 @@
 // The GPU grouped GEMM (evenep/cuda/grouped_gemm.hpp) on one rank's receive buffer. Row distributions: the
 // planner's cu_seqlens of rank 0 at each maxvio (lognormal routing bisected to that maxvio, optimized planner) and a
 // Zipf split of S*K rows over the G = 2*epn groups (each padded to tp). For each distribution, projection (gate/up:
-// H -> H', down: H' -> H), op (fwd, dgrad, wgrad, wgrad_set) and kernel/schedule it times the call with
-// perf/cuda/timing.hpp (each call waited for) and reports the median and TFLOP/s = 2 * rows * in * out / t (rows =
-// padded rows computed). calibrate_gemm fits the scheduler's cost model (src/cuda/kernels/gemm_cost_model.inc).
+// H -> H', down: H' -> H), op (fwd, dgrad, wgrad, wgrad_set) it times the kernels/schedules interleaved with
+// perf/cuda/timing.hpp (time_interleaved: one call of each per round, each waited for; the GPU warmed for
+// warm_seconds first) and reports the median and TFLOP/s = 2 * rows * in * out / t (rows = padded rows computed). calibrate_gemm fits the scheduler's cost model (src/cuda/kernels/gemm_cost_model.inc).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,7 @@ struct GemmBenchConfig {
     double zipf = 1.0;  // exponent; <= 0 skips the Zipf split
     uint64_t seed = 1;
     int warmup = 3, iters = 10;
+    double warm_seconds = 1;  // GPU warm-up before the first timed row (perf::warm_gpu)
     bool check = false;  // schedules compared bitwise, 16 sampled elements (wgrad: 8) against a host dot product
     std::vector<std::string> ops{"fwd", "dgrad", "wgrad", "wgrad_set"};
     std::vector<std::string> kernels{"wgmma", "mma"};

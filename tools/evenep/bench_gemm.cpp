@@ -92,9 +92,6 @@ std::string cost_model_include(const perf::GemmCalibration& c) {
            fmt::format("constexpr float kCostKBlockWgradUs = {:.5f}f;\n", c.wgrad_c_kblock) +
            fmt::format("constexpr float kCostTileUs = {:.4f}f;\n", std::max(c.fwd_c_tile, 0.0)) +
            fmt::format("constexpr float kCostTileWgradUs = {:.4f}f;\n", std::max(c.wgrad_c_tile, 0.0)) +
-           "// A wgrad unit may cost at most this fraction of one SM's share of the whole GEMM before its group is "
-           "split.\n" +
-           fmt::format("constexpr float kSplitFraction = {:.3f}f;\n", c.split_fraction) +
            fmt::format(
                "constexpr const char* kCostModelSource = \"calibrated on {} by evenep bench gemm "
                "--calibrate\";\n",
@@ -157,6 +154,10 @@ void register_bench_gemm(CLI::App& bench) {
         ->capture_default_str();
     add_int(*cmd, "--warmup", o->bench.warmup, "untimed runs", 0, 1000000);
     add_int(*cmd, "--iters", o->bench.iters, "timed runs (median reported)", 1, 1000000);
+    add_real(*cmd, "--warm-seconds", o->bench.warm_seconds,
+             "GPU warm-up before the first timed row (clocks out of idle; the schedules are then timed interleaved)",
+             0, 600)
+        ->capture_default_str();
     cmd->add_flag("--check", o->bench.check, "compare schedules bitwise and sample 16 elements against the host");
     add_output_file(*cmd, "--json", o->json_file, "write all rows as JSON");
     add_output_file(*cmd, "--offsets-json", o->offsets_file,

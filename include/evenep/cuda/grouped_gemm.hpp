@@ -85,10 +85,12 @@ void grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream);
 // Weight gradient: grads[g][i, o] += sum over the rows r of group g of x[r, i] * dy[r, o] (fp32, into the
 // gradient; a slot group's pointer is its row of the reduce buffer; 16-byte aligned). Groups with 0 rows or a null
 // gradient pointer are skipped (their gradient is untouched). Hopper kernel: a tile per 128 x 256 block of
-// [in, out] and row chunk, added into the gradient by fp32 bulk reductions in the memory system; with kLoadAware a
-// long group is split into row chunks whose partial sums are added in an unspecified order (results may differ in
-// the last bits from run to run); kFixed never splits and is deterministic. mma.sync kernel: one tile per
-// 128 x 128 block over all the group's rows, deterministic. Same workspace as grouped_gemm.
+// [in, out] and row chunk, added into the gradient by fp32 bulk reductions in the memory system, tiles handed out
+// longest group first with either schedule. kFixed never splits a group and is deterministic; kLoadAware splits a
+// group into row chunks when its tiles are too few to keep the SMs busy (a unit above a quarter of an SM's share),
+// and the chunks' partial sums are then added in an unspecified order (results may differ in the last bits from
+// run to run). mma.sync kernel: one tile per 128 x 128 block over all the group's rows, deterministic. Same
+// workspace as grouped_gemm.
 struct GroupedWgradArgs {
     const uint16_t* x = nullptr;          // [rows, in] bf16: the forward input
     const uint16_t* dy = nullptr;         // [rows, out] bf16: the output gradient

@@ -18,7 +18,8 @@
 // rows past the group's end load as zeros, so a partial last k-block of a wgrad chunk needs no masking and a
 // forward tile never reads another group's rows into a stored row.
 //
-// Scheduling: the prepare kernel (grouped_gemm_sm90_schedule.cuh) orders the work units by the cost model.
+// Scheduling: the prepare kernel (grouped_gemm_sm90_schedule.cuh) orders the work units (by the cost model where
+// the schedule or the op asks for it); blocks take them statically (u mod grid) or from an atomic counter.
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -153,18 +154,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const GemmParams p) {
                     int u;
                     if (!p.dynamic) {
                         u = static_cast<int>(blockIdx.x) + i * static_cast<int>(gridDim.x);
-                    } else if (kMode != kModeWgr) {
-                        u = static_cast<int>(atomicAdd(counter, 1ull) & 0xFFFFFFFFull);
                     } else {
-                        // wgrad: alternately the costliest remaining unit (front of the cost-ordered list: long
-                        // groups, mostly tensor-core time) and the cheapest (back: short groups, mostly the fp32
-                        // reduction's memory traffic), so that both kinds run side by side instead of one phase
-                        // after the other. One 64-bit counter holds both ends; a claim is valid while
-                        // front + back < total, which hands every unit out exactly once.
-                        const bool back = (i & 1) != 0;
-                        const unsigned long long old = atomicAdd(counter, back ? (1ull << 32) : 1ull);
-                        const int f = static_cast<int>(old & 0xFFFFFFFFull), b = static_cast<int>(old >> 32);
-                        u = f + b >= total ? total : back ? total - 1 - b : f;
+                        u = static_cast<int>(atomicAdd(counter, 1ull));
+                        u = u < total ? u : total;
                     }
                     mbar_wait(&unit_empty[slot], uphase ^ 1);
                     s_unit[slot] = u;
@@ -417,7 +409,10 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
     pp.ptrs = a.ptrs;
     pp.G = a.G;
     pp.mode = kMode;
-    pp.load_aware = a.load_aware ? 1 : 0;
+    // Wgrad is handed out longest first with either schedule (kFixed: never split); forward / dgrad kFixed statically.
+    const bool by_cost = a.load_aware || kMode == kModeWgr;
+    pp.order_by_cost = by_cost ? 1 : 0;
+    pp.split = a.load_aware ? 1 : 0;
     pp.grid = grid;
     pp.error_word = gemm_error_word(a.workspace, a.G);
     pp.accumulate = a.accumulate ? 1 : 0;
@@ -455,7 +450,7 @@ void run(const LaunchArgs& a, cudaStream_t stream) {
     gp.K = a.K;
     gp.N = a.N;
     gp.M = a.M;
-    gp.dynamic = a.load_aware ? 1 : 0;
+    gp.dynamic = by_cost ? 1 : 0;
     gp.accumulate = a.accumulate ? 1 : 0;
     gemm_kernel<kMode, kOutF32><<<grid, kThreads, smem_bytes(kMode, kOutF32), stream>>>(gp);
     EVENEP_CUDA_CHECK(cudaGetLastError());

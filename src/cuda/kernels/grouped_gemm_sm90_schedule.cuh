@@ -3,13 +3,15 @@
 // side). Split from that file to keep each under the size limit; nothing here is used elsewhere.
 //
 // Scheduling (prepare kernel, one block, before the GEMM on the same stream): units are laid out segment by
-// segment (a segment = a group, or in wgrad one chunk of a group's rows). kFixed: groups in index order, wgrad
-// unsplit, unit u to block u mod grid. kLoadAware: the cost model (gemm_cost_model.inc, calibrated by `evenep bench
-// gemm --calibrate`) prices a unit as c_tile + c_kblock * k-blocks; in wgrad a group whose unit would cost more
-// than kSplitFraction of the per-SM share of the total is split into chunks of whole k-blocks; segments are ordered
-// by decreasing unit cost and handed out by an atomic counter: forward/dgrad from the front (longest first, short
-// ones fill the tail); wgrad alternately from both ends, so that compute-bound tiles (long groups) and
-// memory-bound ones (short groups, whose cost is mostly the fp32 reduction) run side by side.
+// segment (a segment = a group, or in wgrad one chunk of a group's rows). Forward / dgrad, kFixed: groups in index
+// order, unit u to block u mod grid. Wgrad, kFixed: never split (deterministic), segments by decreasing unit cost,
+// handed out by an atomic counter (longest first: the short groups fill the tail, so a skewed split of the rows
+// no longer leaves the SMs that drew a hot group's tiles working alone at the end). kLoadAware: the cost model
+// (gemm_cost_model.inc, calibrated by `evenep bench gemm --calibrate`) prices a unit as c_tile + c_kblock *
+// k-blocks; in wgrad a group whose unit would cost more than kSplitFraction of the per-SM share of the total is split
+// into chunks of whole k-blocks (only when its tiles are too few to occupy the SMs: the partial sums then meet in
+// the gradient in an unspecified order); segments are ordered by decreasing unit cost and handed out by an atomic
+// counter from the front (longest first, short ones fill the tail).
 #pragma once
 
 #include <cuda.h>
@@ -25,6 +27,12 @@ namespace evenep::cuda::sm90 {
 namespace {
 
 #include "cuda/kernels/gemm_cost_model.inc"
+
+// Wgrad, kLoadAware: a unit may cost at most this fraction of one SM's share of the whole GEMM before its group is
+// split into row chunks. A policy, not calibrated: 0.25 splits only a group whose tiles are too few to keep the SMs
+// busy (measured on the H200, `evenep bench gemm --ops wgrad`: equal to the unsplit hand-out on the planner's rows,
+// where the 0.02 of the first release split every long group and paid a reduction per chunk).
+constexpr float kSplitFraction = 0.25f;
 
 constexpr int kBm = detail::kGemmTileRows, kBn = detail::kGemmTileCols, kBk = detail::kGemmKBlock;
 constexpr int kThreads = 384;
@@ -54,7 +62,7 @@ constexpr size_t smem_bytes(int mode, bool out_f32) {
 
 // Workspace: [0, 256 G) tensor maps (A_g at 2g, B_g at 2g+1, 128 B each); then the header and segments.
 struct Header {
-    unsigned long long counter;  // dynamic hand-out: units taken from the front (low 32 bits) and the back (high)
+    unsigned long long counter;  // dynamic hand-out: units claimed so far
     int32_t total;               // units
     int32_t nseg;                // segments
 };
@@ -86,7 +94,8 @@ struct PrepareParams {
     int n_tiles;   // output column tiles (of kBn)
     int m_tiles;   // wgrad: gradient row tiles (of kBm)
     int k_blocks;  // fwd/dgrad: k-blocks per unit
-    int load_aware;
+    int order_by_cost;  // segments by decreasing unit cost (else index order)
+    int split;          // wgrad: split long groups into row chunks (kSplitFraction)
     int grid;
     int32_t* error_word;  // see gemm_error_word
     int accumulate;       // wgrad: 0 = overwrite (never split)
@@ -149,7 +158,7 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
         const float target = kSplitFraction * s_total / static_cast<float>(p.grid);
         auto chunks_of = [&](int g) {
             const int kb = kblocks_of(g);
-            if (p.mode != kModeWgr || !p.load_aware || !p.accumulate || kb <= 1) return 1;
+            if (p.mode != kModeWgr || !p.split || !p.accumulate || kb <= 1) return 1;
             const float budget = fmaxf(target - c_tile, c_kb * 4.f);
             int c = static_cast<int>(ceilf(c_kb * kb / budget));
             c = c < 1 ? 1 : c;
@@ -172,7 +181,7 @@ __global__ void __launch_bounds__(1024) prepare_kernel(const __grid_constant__ C
         int32_t* prefix = reinterpret_cast<int32_t*>(segs + max_segments(G));
         for (int g = threadIdx.x; g < G; g += blockDim.x) {
             int pos = g;
-            if (p.load_aware) {
+            if (p.order_by_cost) {
                 const float cg = unit_cost(g);
                 pos = 0;
                 for (int h = 0; h < G; ++h) {
