@@ -220,6 +220,8 @@ def step_time(plt, points, out):
             if not pts:
                 continue
             x = [p["maxvio"] for p in pts]
+            if key == "eplb" and "redundant_slots" in pts[0]:
+                label = f"{label}, {pts[0]['redundant_slots']} redundant/rank"
             ax.plot(x, [p["step_ms_overlapped"] for p in pts], "o-", color=color, label=f"{label}, overlapped")
             ax.plot(x, [p["step_ms_no_overlap"] for p in pts], "o--", color=color, alpha=0.6,
                     label=f"{label}, no overlap")

@@ -179,6 +179,7 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
         prev_load = expert_loads(cfg, prev.tpe());
     }
     const int redundant = c.redundant < 0 ? cfg.num_slots() : c.redundant;
+    w.eplb_redundant = redundant;
     const EplbPlacement placement =
         eplb_place(EplbConfig{.num_ranks = R, .num_experts = c.E, .slots_per_rank = epn + redundant}, prev_load);
     const std::vector<int64_t> ep_rows = eplb_rows(placement, load);
@@ -233,6 +234,7 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
     out.cfg = c;
     out.maxvio = w.maxvio;
     out.eplb_prev_maxvio = w.eplb_prev_maxvio;
+    out.eplb_redundant = w.eplb_redundant;
     if (c.measure_data_movement) measure_movement(c, out);
     for (const MeasuredOp& m : out.measured)
         if (m.op == "plan_rank") w.systems[0].comm.plan += m.median_us * 1e-3;  // the GPU planner of one rank

@@ -85,6 +85,7 @@ struct LayerPointResult {
     LayerBenchConfig cfg;
     double maxvio = 0;          // achieved by the routing
     double eplb_prev_maxvio = 0;  // the step EPLB was planned on
+    int eplb_redundant = 0;       // EPLB's redundant slots per rank (cfg.redundant, -1 resolved to epn)
     std::vector<SystemStep> systems;  // evenep, conventional, then one eplb per cfg.eplb_syncs entry
     std::vector<double> warm_up_ms;    // the warm-up runs (EvenEP's rank 0, forward + backward), in order
     std::vector<MeasuredOp> measured;  // EvenEP data movement on one GPU (empty when not measured)
@@ -100,6 +101,7 @@ struct LayerPointResult {
 // eplb system after the first has compute_as = the first's index (same ranks, same groups: timed once).
 struct LayerPointWork {
     double maxvio = 0, eplb_prev_maxvio = 0;
+    int eplb_redundant = 0;
     std::vector<SystemStep> systems;
     std::vector<std::vector<int>> timed_ranks;
     std::vector<std::vector<std::vector<int64_t>>> groups;

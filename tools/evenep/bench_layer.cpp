@@ -199,7 +199,8 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
                          {"speedup_evenep_overlapped", s.step_overlapped_ms / ev.step_overlapped_ms},
                          {"seed", r.cfg.seed}};
         if (s.system == "eplb")
-            j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio, j["replica_sync"] = s.replica_sync;
+            j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio, j["replica_sync"] = s.replica_sync,
+            j["redundant_slots"] = r.eplb_redundant;
         if (s.system == "evenep") {
             j["warm_up_ms"] = r.warm_up_ms;
             j["measured_data_movement"] = measured;
