@@ -192,20 +192,28 @@ EPLB_SYNC_COLORS = {"ring": "tab:orange", "star": "tab:brown", "none": "goldenro
 
 
 def layer_series(points):
-    """(system, replica_sync, label, color) of every line of the step-time plot: conventional EP, one EPLB line per
-    replica synchronisation model in the run (older runs have one, without the key), EvenEP."""
+    """(system, (replica_sync, redundant_slots), label, color) of every line of the step-time plot: conventional EP,
+    one EPLB line per (replica synchronisation model, redundant slots) in the run (older runs have one, without the
+    keys), EvenEP."""
     series = []
     for key, label, color in SYSTEMS:
         if key != "eplb":
             series.append((key, None, label, color))
             continue
-        syncs = []
+        variants = []
         for p in points:
-            if p["system"] == "eplb" and p.get("replica_sync") not in syncs:
-                syncs.append(p.get("replica_sync"))
-        for sync in syncs:
-            series.append((key, sync, label if sync is None else f"{label} ({sync} sync)",
-                           EPLB_SYNC_COLORS.get(sync, color)))
+            v = (p.get("replica_sync"), p.get("redundant_slots"))
+            if p["system"] == "eplb" and v not in variants:
+                variants.append(v)
+        one_count = len({slots for _, slots in variants}) == 1
+        palette = ["tab:orange", "tab:brown", "goldenrod", "tab:purple", "tab:pink", "tab:olive", "tab:cyan"]
+        for i, (sync, slots) in enumerate(variants):
+            parts = [f"{sync} sync"] if sync is not None else []
+            if slots is not None and not one_count:
+                parts.append(f"{slots} redundant/rank")
+            name = f"{label} ({', '.join(parts)})" if parts else label
+            c = EPLB_SYNC_COLORS.get(sync, color) if one_count else palette[i % len(palette)]
+            series.append((key, (sync, slots), name, c))
     return series
 
 
@@ -214,13 +222,14 @@ def step_time(plt, points, out):
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     series = layer_series(points)
     for ax, shape in zip(axes[0], shapes):
-        for key, sync, label, color in series:
+        for key, variant, label, color in series:
             pts = sorted((p for p in points if p["shape"] == shape and p["system"] == key and
-                          (sync is None or p.get("replica_sync") == sync)), key=lambda p: p["maxvio"])
+                          (variant is None or (p.get("replica_sync"), p.get("redundant_slots")) == variant)),
+                         key=lambda p: p["maxvio"])
             if not pts:
                 continue
             x = [p["maxvio"] for p in pts]
-            if key == "eplb" and "redundant_slots" in pts[0]:
+            if key == "eplb" and "redundant_slots" in pts[0] and "redundant/rank" not in label:
                 label = f"{label}, {pts[0]['redundant_slots']} redundant/rank"
             ax.plot(x, [p["step_ms_overlapped"] for p in pts], "o-", color=color, label=f"{label}, overlapped")
             ax.plot(x, [p["step_ms_no_overlap"] for p in pts], "o--", color=color, alpha=0.6,

@@ -131,7 +131,8 @@ LayerPointEstimate estimate_layer_point(const LayerBenchConfig& c, double tflops
     // GEMM flops of one row, forward (3 projections) and backward (dgrad + wgrad of each): 18 H H'.
     const double row_flops = 18.0 * expert;
     const double rows = static_cast<double>(c.S) * c.K;  // per rank on average
-    const double timed_rows = 3.0 * c.R * rows;  // every rank of EvenEP, conventional EP and EPLB
+    // every rank of EvenEP, conventional EP and each EPLB placement
+    const double timed_rows = (2.0 + static_cast<double>(c.redundant.size())) * c.R * rows;
     e.seconds = timed_rows * row_flops * (c.warmup + c.iters) / (tflops * 1e12) + c.warm_seconds +
                 (c.measure_data_movement ? 5.0 : 0.0) + 2.0 + 2e-6 * c.R * rows;  // + routing, plan, baselines (host)
     return e;
@@ -178,23 +179,8 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
         w.eplb_prev_maxvio = prev.maxvio();
         prev_load = expert_loads(cfg, prev.tpe());
     }
-    const int redundant = c.redundant < 0 ? cfg.num_slots() : c.redundant;
-    w.eplb_redundant = redundant;
-    const EplbPlacement placement =
-        eplb_place(EplbConfig{.num_ranks = R, .num_experts = c.E, .slots_per_rank = epn + redundant}, prev_load);
-    const std::vector<int64_t> ep_rows = eplb_rows(placement, load);
-    const int spr = placement.slots_per_rank;
-    std::vector<std::vector<int64_t>> ep_groups(R, std::vector<int64_t>(spr, 0));  // every rank's slots
-    {
-        const std::vector<std::vector<int32_t>> slots = eplb_slot_routing(placement, routing);
-        for (const auto& rank_slots : slots)
-            for (int32_t slot : rank_slots)
-                if (slot >= 0) ++ep_groups[slot / spr][slot % spr];
-        for (auto& rank : ep_groups)
-            for (int64_t& x : rank) x = padded(x, c.tp);
-    }
-
     EVENEP_CHECK(!c.eplb_syncs.empty(), "bench layer: give at least one EPLB replica sync model");
+    EVENEP_CHECK(!c.redundant.empty(), "bench layer: give at least one EPLB redundant slot count");
     SystemStep ev, cv;
     ev.system = "evenep", cv.system = "conventional";
     ev.rows.assign(plan.q.begin(), plan.q.end());
@@ -207,21 +193,41 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
     w.timed_ranks = {all_ranks(R), all_ranks(R)};
     w.groups = {std::move(ev_groups), std::move(cv_groups)};
     w.compute_as = {-1, -1};
-    for (size_t i = 0; i < c.eplb_syncs.size(); ++i) {
-        const TrafficReport ep_traffic =
-            eplb_traffic(placement, routing, c.H, c.ffn_hidden, /*training=*/true, c.eplb_syncs[i]);
-        SystemStep ep;
-        ep.system = "eplb";
-        ep.replica_sync = to_string(c.eplb_syncs[i]);
-        ep.rows = ep_rows;
-        ep.comm = modelled(ep_traffic, c.link_gbps);
-        ep.max_rank_link_bytes = ep_traffic.total().max_rank_bytes();
-        w.systems.push_back(std::move(ep));
-        w.timed_ranks.push_back(i == 0 ? all_ranks(R) : std::vector<int>{});
-        w.groups.push_back(i == 0 ? ep_groups : std::vector<std::vector<int64_t>>{});
-        w.compute_as.push_back(i == 0 ? -1 : 2);
+    int most_slots = 0;
+    for (const int requested : c.redundant) {
+        const int redundant = requested < 0 ? cfg.num_slots() : requested;
+        const EplbPlacement placement =
+            eplb_place(EplbConfig{.num_ranks = R, .num_experts = c.E, .slots_per_rank = epn + redundant}, prev_load);
+        const std::vector<int64_t> ep_rows = eplb_rows(placement, load);
+        const int spr = placement.slots_per_rank;
+        most_slots = std::max(most_slots, spr);
+        std::vector<std::vector<int64_t>> ep_groups(R, std::vector<int64_t>(spr, 0));  // every rank's slots
+        {
+            const std::vector<std::vector<int32_t>> slots = eplb_slot_routing(placement, routing);
+            for (const auto& rank_slots : slots)
+                for (int32_t slot : rank_slots)
+                    if (slot >= 0) ++ep_groups[slot / spr][slot % spr];
+            for (auto& rank : ep_groups)
+                for (int64_t& x : rank) x = padded(x, c.tp);
+        }
+        const int timed = static_cast<int>(w.systems.size());  // this placement's first system
+        for (size_t i = 0; i < c.eplb_syncs.size(); ++i) {
+            const TrafficReport ep_traffic =
+                eplb_traffic(placement, routing, c.H, c.ffn_hidden, /*training=*/true, c.eplb_syncs[i]);
+            SystemStep ep;
+            ep.system = "eplb";
+            ep.replica_sync = to_string(c.eplb_syncs[i]);
+            ep.redundant_slots = redundant;
+            ep.rows = ep_rows;
+            ep.comm = modelled(ep_traffic, c.link_gbps);
+            ep.max_rank_link_bytes = ep_traffic.total().max_rank_bytes();
+            w.systems.push_back(std::move(ep));
+            w.timed_ranks.push_back(i == 0 ? all_ranks(R) : std::vector<int>{});
+            w.groups.push_back(i == 0 ? ep_groups : std::vector<std::vector<int64_t>>{});
+            w.compute_as.push_back(i == 0 ? -1 : timed);
+        }
     }
-    w.max_groups = std::max(G, spr);
+    w.max_groups = std::max(G, most_slots);
     w.max_rows = cfg.recv_rows();
     for (int r = 0; r < R; ++r) w.max_rows = std::max<int64_t>(w.max_rows, plan.rows_used(r));
     return w;
@@ -234,7 +240,6 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
     out.cfg = c;
     out.maxvio = w.maxvio;
     out.eplb_prev_maxvio = w.eplb_prev_maxvio;
-    out.eplb_redundant = w.eplb_redundant;
     if (c.measure_data_movement) measure_movement(c, out);
     for (const MeasuredOp& m : out.measured)
         if (m.op == "plan_rank") w.systems[0].comm.plan += m.median_us * 1e-3;  // the GPU planner of one rank

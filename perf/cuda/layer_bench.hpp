@@ -16,8 +16,9 @@
 //                   bandwidth per direction. Measured too (EvenEP only), as the library runs it on one GPU: all R
 //                   virtual ranks in one launch (cuda::bench_point) — reported beside the model, never mixed into
 //                   the step estimate (one GPU's HBM carries every rank's traffic there).
-//   EPLB replicas   one EPLB system per replica synchronisation model in `eplb_syncs` (star, ring, none:
-//                   perf/baselines.hpp): the same placement and compute, only the sync phases differ.
+//   EPLB replicas   one EPLB placement per entry of `redundant` (slots per rank), and for each one EPLB system per
+//                   replica synchronisation model in `eplb_syncs` (star, ring, none: perf/baselines.hpp): the same
+//                   placement and compute, only the sync phases differ (the compute is timed once per placement).
 //   step estimate   no overlap: every phase back to back; overlapped: prefetch ‖ dispatch (EvenEP; the baselines
 //                   have no prefetch, so both estimates agree). The layer has no shared expert, so "shared expert ‖
 //                   communication" adds nothing here.
@@ -39,7 +40,9 @@ struct LayerBenchConfig {
     double sigma = 0;          // lognormal sigma of that routing (step 0 of the drift, perf/drift.hpp)
     uint64_t seed = 1;
     double drift = 0.1;     // EPLB: log-popularity random-walk step between the planning step and this one
-    int redundant = -1;     // EPLB redundant slots per rank; -1: EvenEP's prefetch slots B = epn
+    // EPLB redundant slots per rank, one EPLB placement (and its rows for every sync model) per entry; -1: EvenEP's
+    // prefetch slots B = epn (the issue's baseline).
+    std::vector<int> redundant = {-1};
     // How a training step keeps EPLB's replicas in sync (perf/baselines.hpp): one EPLB system per entry.
     std::vector<EplbSync> eplb_syncs = {EplbSync::kRing, EplbSync::kStar};
     double link_gbps = 367;  // per direction, GB/s (1e9), for the modelled data movement
@@ -62,6 +65,7 @@ struct PhaseMs {
 struct SystemStep {
     std::string system;  // "evenep", "conventional", "eplb"
     std::string replica_sync;  // EPLB: the replica synchronisation model (to_string(EplbSync)); empty otherwise
+    int redundant_slots = 0;   // EPLB: redundant slots per rank of its placement (-1 resolved to epn)
     std::vector<int64_t> rows;              // [R] rows each rank computes (unpadded entries)
     std::vector<int> timed_ranks;           // ranks whose compute was timed
     std::vector<double> compute_ms;         // forward + backward of each timed rank
@@ -85,8 +89,7 @@ struct LayerPointResult {
     LayerBenchConfig cfg;
     double maxvio = 0;          // achieved by the routing
     double eplb_prev_maxvio = 0;  // the step EPLB was planned on
-    int eplb_redundant = 0;       // EPLB's redundant slots per rank (cfg.redundant, -1 resolved to epn)
-    std::vector<SystemStep> systems;  // evenep, conventional, then one eplb per cfg.eplb_syncs entry
+    std::vector<SystemStep> systems;  // evenep, conventional, then the eplb systems (see LayerPointWork)
     std::vector<double> warm_up_ms;    // the warm-up runs (EvenEP's rank 0, forward + backward), in order
     std::vector<MeasuredOp> measured;  // EvenEP data movement on one GPU (empty when not measured)
     std::string measured_note;         // why not measured, or what was measured
@@ -97,11 +100,11 @@ struct LayerPointResult {
 
 // The host part of a point (no GPU): every system's rows, modelled phases (EvenEP's plan phase without the GPU
 // planner) and link bytes, and the groups of the ranks to time: groups[system][i] are the padded rows of each group of
-// rank timed_ranks[system][i]. Systems in order evenep, conventional, then one eplb per cfg.eplb_syncs entry; every
-// eplb system after the first has compute_as = the first's index (same ranks, same groups: timed once).
+// rank timed_ranks[system][i]. Systems in order evenep, conventional, then for each cfg.redundant entry one eplb per
+// cfg.eplb_syncs entry; of each placement's eplb systems only the first is timed, the others have compute_as = its
+// index (same ranks, same groups).
 struct LayerPointWork {
     double maxvio = 0, eplb_prev_maxvio = 0;
-    int eplb_redundant = 0;
     std::vector<SystemStep> systems;
     std::vector<std::vector<int>> timed_ranks;
     std::vector<std::vector<std::vector<int64_t>>> groups;

@@ -4,7 +4,7 @@
 // Cases (BenchLayerRefuses/Flag.OneLineExitTwo/<case>):
 //   maxvio_negative, maxvio_nan, k3_R_not_divisor, k3_R_zero, points_unknown, iters_zero, warmup_negative,
 //   link_gbps_zero, ffn_hidden_not_multiple_of_8, drift_negative, redundant_below, json_is_dir, eplb_sync_unknown,
-//   eplb_sync_twice, warm_seconds_negative
+//   eplb_sync_twice, warm_seconds_negative, redundant_twice
 //   all_refused   --quick --max-seconds 1: no GPU ("no CUDA device is usable" / "needs a CUDA build") or, on a GPU
 //                 machine, every point refused by its time estimate — exit 2 either way, in seconds.
 #include <gtest/gtest.h>
@@ -40,6 +40,7 @@ std::vector<Case> cases() {
         {"eplb_sync_unknown", "--eplb-sync mesh", {"--eplb-sync", "mesh"}},
         {"eplb_sync_twice", "--eplb-sync ring ring", {"--eplb-sync", "'ring'", "twice"}},
         {"warm_seconds_negative", "--warm-seconds -1", {"--warm-seconds"}},
+        {"redundant_twice", "--redundant 2 2", {"--redundant", "2", "twice"}},
         {"all_refused", "--quick --max-seconds 1", {"bench layer"}},
     };
 }

@@ -37,7 +37,7 @@ struct LayerOptions {
     int k3_ffn_hidden = 2048;
     uint64_t seed = 1;
     double drift = 0.1;
-    int redundant = -1;
+    std::vector<int> redundant{-1};
     std::vector<std::string> eplb_syncs{"ring", "star"};
     double link_gbps = 367;
     int warmup = 1, iters = 3;
@@ -90,8 +90,14 @@ void validate(const LayerOptions& o) {
                      " must divide E = 896 (e.g. 8, 16, 32, 56, 64, 112, 128, 224)");
     EVENEP_CHECK(o.k3_ffn_hidden % 8 == 0, "bench layer: --k3-ffn-hidden = ", o.k3_ffn_hidden,
                  " must be a multiple of 8");
-    EVENEP_CHECK(o.redundant >= -1 && o.redundant <= 896, "bench layer: --redundant = ", o.redundant,
-                 " must be -1 (= epn) or in [0, 896]");
+    EVENEP_CHECK(!o.redundant.empty(), "bench layer: --redundant: give at least one slot count");
+    for (size_t i = 0; i < o.redundant.size(); ++i) {
+        EVENEP_CHECK(o.redundant[i] >= -1 && o.redundant[i] <= 896, "bench layer: --redundant = ", o.redundant[i],
+                     " must be -1 (= epn) or in [0, 896]");
+        for (size_t j = 0; j < i; ++j)
+            EVENEP_CHECK(o.redundant[i] != o.redundant[j], "bench layer: --redundant: ", o.redundant[i],
+                         " is given twice");
+    }
     for (const Point& p : make_points(o)) {
         const Config cfg{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .B = -1, .tp = 128};
         cfg.validate();
@@ -128,9 +134,10 @@ void print_header() {
                "s");
 }
 
-// "eplb/ring" for an EPLB system, the system's name otherwise.
+// "eplb/ring/14" for an EPLB system (sync model, redundant slots per rank), the system's name otherwise.
 std::string label_of(const SystemStep& s) {
-    return s.replica_sync.empty() ? s.system : s.system + "/" + s.replica_sync;
+    return s.replica_sync.empty() ? s.system
+                                  : fmt::format("{}/{}/{}", s.system, s.replica_sync, s.redundant_slots);
 }
 
 void print_point(const LayerPointResult& r) {
@@ -200,7 +207,7 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
                          {"seed", r.cfg.seed}};
         if (s.system == "eplb")
             j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio, j["replica_sync"] = s.replica_sync,
-            j["redundant_slots"] = r.eplb_redundant;
+            j["redundant_slots"] = s.redundant_slots;
         if (s.system == "evenep") {
             j["warm_up_ms"] = r.warm_up_ms;
             j["measured_data_movement"] = measured;
@@ -310,7 +317,9 @@ void register_bench_layer(CLI::App& bench) {
     add_u64(*cmd, "--seed", o->seed, "routing and data seed");
     add_real(*cmd, "--drift", o->drift, "EPLB: per-step log-popularity drift (random walk)", 0, 100)
         ->capture_default_str();
-    add_int(*cmd, "--redundant", o->redundant, "EPLB redundant slots per rank (-1: EvenEP's B = epn)", -1, 1 << 20);
+    cmd->add_option("--redundant", o->redundant,
+                    "EPLB redundant slots per rank, one EPLB placement per value given (-1: EvenEP's B = epn)")
+        ->capture_default_str();
     cmd->add_option("--eplb-sync", o->eplb_syncs,
                     "how a training step keeps EPLB's replicas in sync, one EPLB row per model given (same compute): "
                     "ring (all-reduce), star (as EvenEP's copies), none (token traffic only)")

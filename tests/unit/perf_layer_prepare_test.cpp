@@ -1,0 +1,123 @@
+// The host part of one `evenep bench layer` point (perf::cuda::prepare_layer_point): which systems exist, which ranks
+// are timed with which groups, and which systems share a timed compute. No GPU is touched (CUDA builds only: the
+// function lives in the CUDA part of evenep::perf).
+//
+// Cases:
+//   LayerPrepare.SystemsAndGroups     evenep, conventional, then one eplb per (redundant count, sync model): every
+//                                     rank of every timed system has groups whose rows cover its rows (padded to
+//                                     tp), untimed EPLB variants share their placement's first system, the slot
+//                                     counts and sync names are as asked
+//   LayerPrepare.RedundantMinusOneIsEpn  -1 resolves to epn: the same groups and rows as asking for epn
+//   LayerPrepare.EmptyListsThrow      no sync model or no redundant count: evenep::Error
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "evenep/error.hpp"
+#include "evenep/routing.hpp"
+
+#if defined(EVENEP_HAVE_CUDA)
+#include "perf/cuda/layer_bench.hpp"
+
+namespace evenep::perf::cuda {
+namespace {
+
+LayerBenchConfig small_config() {
+    LayerBenchConfig c;
+    c.shape = "test";
+    c.R = 4, c.E = 16, c.K = 2, c.S = 256, c.H = 64, c.ffn_hidden = 32, c.tp = 8;
+    c.sigma = 1.0;
+    c.seed = 3;
+    return c;
+}
+
+Routing routing_of(const LayerBenchConfig& c) {
+    return make_lognormal(RoutingSpec{.R = c.R, .E = c.E, .K = c.K, .S = c.S, .seed = c.seed}, c.sigma);
+}
+
+int64_t padded(int64_t rows, int tp) { return (rows + tp - 1) / tp * tp; }
+
+TEST(LayerPrepare, SystemsAndGroups) {
+    LayerBenchConfig c = small_config();
+    c.redundant = {1, 2};
+    c.eplb_syncs = {EplbSync::kRing, EplbSync::kStar, EplbSync::kNone};
+    const Routing routing = routing_of(c);
+    const LayerPointWork w = prepare_layer_point(c, routing);
+    ASSERT_EQ(w.systems.size(), 2u + 2u * 3u);
+    ASSERT_EQ(w.timed_ranks.size(), w.systems.size());
+    ASSERT_EQ(w.groups.size(), w.systems.size());
+    ASSERT_EQ(w.compute_as.size(), w.systems.size());
+    EXPECT_EQ(w.systems[0].system, "evenep");
+    EXPECT_EQ(w.systems[1].system, "conventional");
+    const char* syncs[] = {"ring", "star", "none"};
+    for (size_t s = 2; s < w.systems.size(); ++s) {
+        const size_t placement = (s - 2) / 3, variant = (s - 2) % 3;
+        EXPECT_EQ(w.systems[s].system, "eplb");
+        EXPECT_EQ(w.systems[s].replica_sync, syncs[variant]);
+        EXPECT_EQ(w.systems[s].redundant_slots, c.redundant[placement]);
+        EXPECT_EQ(w.compute_as[s], variant == 0 ? -1 : static_cast<int>(2 + 3 * placement)) << s;
+        if (variant != 0) {
+            EXPECT_TRUE(w.timed_ranks[s].empty()) << s;
+        }
+        EXPECT_EQ(w.systems[s].rows, w.systems[2 + 3 * placement].rows) << s;
+    }
+    EXPECT_EQ(w.compute_as[0], -1);
+    EXPECT_EQ(w.compute_as[1], -1);
+    // Every timed system times every rank; the groups of a rank cover its rows, each group padded to tp.
+    const int64_t entries = static_cast<int64_t>(c.R) * c.S * c.K;
+    for (size_t s = 0; s < w.systems.size(); ++s) {
+        if (w.compute_as[s] >= 0) continue;
+        const SystemStep& st = w.systems[s];
+        ASSERT_EQ(w.timed_ranks[s].size(), static_cast<size_t>(c.R)) << s;
+        ASSERT_EQ(st.rows.size(), static_cast<size_t>(c.R)) << s;
+        EXPECT_EQ(std::accumulate(st.rows.begin(), st.rows.end(), int64_t{0}), entries) << s;
+        for (int r = 0; r < c.R; ++r) {
+            EXPECT_EQ(w.timed_ranks[s][r], r);
+            const auto& g = w.groups[s][r];
+            const int64_t sum = std::accumulate(g.begin(), g.end(), int64_t{0});
+            EXPECT_GE(sum, st.rows[r]) << "system " << s << " rank " << r;
+            EXPECT_LE(sum, st.rows[r] + static_cast<int64_t>(g.size()) * (c.tp - 1)) << "system " << s << " rank " << r;
+            for (int64_t x : g) EXPECT_EQ(x, padded(x, c.tp)) << "system " << s << " rank " << r;
+            if (st.system == "eplb") {
+                EXPECT_EQ(g.size(), static_cast<size_t>(c.E / c.R + st.redundant_slots));
+            }
+        }
+    }
+    EXPECT_GE(w.max_groups, c.E / c.R + 2);
+}
+
+TEST(LayerPrepare, RedundantMinusOneIsEpn) {
+    LayerBenchConfig c = small_config();
+    c.eplb_syncs = {EplbSync::kRing};
+    const Routing routing = routing_of(c);
+    c.redundant = {-1};
+    const LayerPointWork a = prepare_layer_point(c, routing);
+    c.redundant = {c.E / c.R};
+    const LayerPointWork b = prepare_layer_point(c, routing);
+    ASSERT_EQ(a.systems.size(), 3u);
+    ASSERT_EQ(b.systems.size(), 3u);
+    EXPECT_EQ(a.systems[2].redundant_slots, c.E / c.R);
+    EXPECT_EQ(a.systems[2].rows, b.systems[2].rows);
+    EXPECT_EQ(a.groups[2], b.groups[2]);
+}
+
+TEST(LayerPrepare, EmptyListsThrow) {
+    LayerBenchConfig c = small_config();
+    const Routing routing = routing_of(c);
+    c.eplb_syncs.clear();
+    EXPECT_THROW(prepare_layer_point(c, routing), Error);
+    c = small_config();
+    c.redundant.clear();
+    EXPECT_THROW(prepare_layer_point(c, routing), Error);
+}
+
+}  // namespace
+}  // namespace evenep::perf::cuda
+
+#else
+
+TEST(LayerPrepare, NeedsCudaBuild) { GTEST_SKIP() << "prepare_layer_point is in the CUDA part of evenep::perf"; }
+
+#endif
