@@ -75,6 +75,45 @@ Stats time_op(const std::function<void()>& op, cudaStream_t stream, int warmup, 
     return time_op(op, stream, o);
 }
 
+namespace {
+
+// One event pair that times one call at a time, each waited for (time_interleaved, warm_gpu); destroyed with it.
+class CallTimer {
+  public:
+    CallTimer() {
+        for (cudaEvent_t& e : ev_) {
+            const cudaError_t rc = cudaEventCreate(&e);
+            if (rc != cudaSuccess) {
+                destroy();
+                EVENEP_CUDA_CHECK(rc);
+            }
+        }
+    }
+    ~CallTimer() { destroy(); }
+    CallTimer(const CallTimer&) = delete;
+    CallTimer& operator=(const CallTimer&) = delete;
+
+    // µs of one call of `op` on `stream`, waited for.
+    double us(const std::function<void()>& op, cudaStream_t stream) {
+        EVENEP_CUDA_CHECK(cudaEventRecord(ev_[0], stream));
+        op();
+        EVENEP_CUDA_CHECK(cudaEventRecord(ev_[1], stream));
+        EVENEP_CUDA_CHECK(cudaEventSynchronize(ev_[1]));
+        float ms = 0;
+        EVENEP_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_[0], ev_[1]));
+        return 1000.0 * ms;
+    }
+
+  private:
+    void destroy() {
+        for (cudaEvent_t& e : ev_)
+            if (e) cudaEventDestroy(e), e = nullptr;
+    }
+    cudaEvent_t ev_[2] = {nullptr, nullptr};
+};
+
+}  // namespace
+
 std::vector<Stats> time_interleaved(const std::vector<std::function<void()>>& ops, cudaStream_t stream, int warmup,
                                     int iters) {
     EVENEP_CHECK(iters >= 1 && warmup >= 0 && !ops.empty(), "timing: iters = ", iters, ", warmup = ", warmup,
@@ -82,29 +121,10 @@ std::vector<Stats> time_interleaved(const std::vector<std::function<void()>>& op
     for (int i = 0; i < warmup; ++i)
         for (const auto& op : ops) op();
     EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
-    cudaEvent_t ev[2] = {nullptr, nullptr};
-    auto destroy = [&ev] {
-        for (cudaEvent_t& e : ev)
-            if (e) cudaEventDestroy(e);
-    };
+    CallTimer timer;
     std::vector<std::vector<double>> us(ops.size());
-    try {
-        for (cudaEvent_t& e : ev) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
-        for (int i = 0; i < iters; ++i)
-            for (size_t k = 0; k < ops.size(); ++k) {
-                EVENEP_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-                ops[k]();
-                EVENEP_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-                EVENEP_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-                float ms = 0;
-                EVENEP_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-                us[k].push_back(1000.0 * ms);
-            }
-    } catch (...) {
-        destroy();
-        throw;
-    }
-    destroy();
+    for (int i = 0; i < iters; ++i)
+        for (size_t k = 0; k < ops.size(); ++k) us[k].push_back(timer.us(ops[k], stream));
     std::vector<Stats> out;
     for (auto& v : us) out.push_back(stats_of(std::move(v)));
     return out;
@@ -112,30 +132,13 @@ std::vector<Stats> time_interleaved(const std::vector<std::function<void()>>& op
 
 std::vector<double> warm_gpu(const std::function<void()>& op, cudaStream_t stream, double seconds) {
     EVENEP_CHECK(seconds >= 0 && seconds <= 600, "timing: warm-up of ", seconds, " s must be in [0, 600]");
-    cudaEvent_t ev[2] = {nullptr, nullptr};
-    auto destroy = [&ev] {
-        for (cudaEvent_t& e : ev)
-            if (e) cudaEventDestroy(e);
-    };
+    CallTimer timer;
     std::vector<double> us;
-    try {
-        for (cudaEvent_t& e : ev) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
-        double total = 0;
-        do {
-            EVENEP_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-            op();
-            EVENEP_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-            EVENEP_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-            float ms = 0;
-            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-            us.push_back(1000.0 * ms);
-            total += 1000.0 * ms;
-        } while (total < 1e6 * seconds);
-    } catch (...) {
-        destroy();
-        throw;
-    }
-    destroy();
+    double total = 0;
+    do {
+        us.push_back(timer.us(op, stream));
+        total += us.back();
+    } while (total < 1e6 * seconds);
     return us;
 }
 
