@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <string>
 
 #include "evenep/cuda/detail/ep_hooks.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
@@ -14,7 +15,25 @@ namespace evenep::perf {
 namespace {
 
 std::vector<int64_t> plan_stamps(cuda::DeviceEp& ep) {
-    return download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 24);
+    return download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 32);
+}
+
+// The block planner's stamps (plan_block.cuh): %globaltimer ns at the phase boundaries [0..9) and when phase 2's
+// roles finished [23..32); the SM clock from clock64 [12..13] over %globaltimer [14..15].
+double plan_stamp_us(const std::vector<int64_t>& ts, int a, int b) { return static_cast<double>(ts[b] - ts[a]) / 1e3; }
+std::string plan_phase_text(const std::vector<int64_t>& ts) {
+    auto us = [&](int a, int b) { return ts[b] > 0 ? plan_stamp_us(ts, a, b) : 0.0; };
+    const double ns = static_cast<double>(ts[15] - ts[14]);
+    std::ostringstream os;
+    os.precision(3);
+    os << "phases us: loads " << us(0, 1) << ", init " << us(1, 2) << ", transfers+fills+paths+split+home rows "
+       << us(2, 3) << ", lists " << us(3, 4) << ", costs " << us(4, 5) << ", moved rows " << us(5, 6) << ", layout "
+       << us(6, 7) << ", copies+costs " << us(7, 8) << "; total " << us(0, 8) << "; fill iterations " << ts[9] << "/"
+       << ts[10] << ", split pieces (max donor) " << ts[11] << "; phase 2 roles done at +us: transfers " << us(2, 24)
+       << ", split " << us(2, 25) << ", home rows " << us(2, 26) << ", fills " << us(2, 27) << "/" << us(2, 28) << "/"
+       << us(2, 29) << "/" << us(2, 30) << ", paths " << us(2, 31) << "; SM clock "
+       << (ns > 0 ? static_cast<double>(ts[13] - ts[12]) / ns : 0.0) << " GHz";
+    return os.str();
 }
 
 }  // namespace
@@ -71,15 +90,9 @@ void bench_plan(Point& p) {
                                    stream, bc.warmup, bc.iters),
                                kBatch);
     const std::vector<int64_t> ts = plan_stamps(ep);
-    auto us = [&](int a, int b) { return (ts[b] - ts[a]) / 1e3; };
     std::ostringstream phases;
     phases << "one rank: gathered tpe -> plan, one block of 512 threads (mean of " << kBatch
-           << " back-to-back launches); phases us: loads " << us(0, 1) << ", init " << us(1, 2) << ", transfers+fills "
-           << us(2, 3) << ", split " << us(3, 4) << ", costs " << us(4, 5) << ", prefixes " << us(5, 6) << ", layout "
-           << us(6, 7) << ", copies+costs " << us(7, 8) << "; fill iterations " << ts[9] << "/" << ts[10]
-           << ", split pieces (max donor) " << ts[11] << ", paths done +" << us(2, 14) << "/+" << us(2, 15)
-           << " us after the fills start" << "; SM clock during the plan "
-           << static_cast<double>(ts[13] - ts[12]) / static_cast<double>(ts[8] - ts[0]) << " GHz";
+           << " back-to-back launches); " << plan_phase_text(ts);
     int64_t wrong_one = -1;
     if (bc.check) {
         const cuda::EpPlan one_rank = cuda::plan_from_tpe(ep, p.routing.tpe(), p.routing.s, stream, 0, 1);
@@ -94,14 +107,10 @@ void bench_plan(Point& p) {
                                stream, 2);
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
         const std::vector<int64_t> tw = plan_stamps(ep);
-        auto wus = [&](int a, int b) { return (tw[b] - tw[a]) / 1e3; };
         Stats warm;
-        warm.min_us = warm.median_us = warm.mean_us = warm.max_us = warm.p50_us = wus(0, 8);
+        warm.min_us = warm.median_us = warm.mean_us = warm.max_us = warm.p50_us = plan_stamp_us(tw, 0, 8);
         std::ostringstream wn;
-        wn << "second plan in one launch (warm caches), from its stamps; phases us: loads " << wus(0, 1) << ", init "
-           << wus(1, 2) << ", transfers+fills " << wus(2, 3) << ", split " << wus(3, 4) << ", costs " << wus(4, 5)
-           << ", prefixes " << wus(5, 6) << ", layout " << wus(6, 7) << ", copies+costs " << wus(7, 8) << "; SM clock "
-           << static_cast<double>(tw[13] - tw[12]) / static_cast<double>(tw[8] - tw[0]) << " GHz";
+        wn << "second plan in one launch (warm caches), from its stamps; " << plan_phase_text(tw);
         p.add("plan_rank_warm", warm, 0, 1, -1, wn.str());
     }
     if (static_cast<int64_t>(R) * bc.E <= 8 * 1024) {  // the sequential reference is slow on one GPU thread

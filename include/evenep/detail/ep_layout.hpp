@@ -40,7 +40,7 @@ struct PlanOffsets {
     size_t work64, work32;          // planner workspace (int64 / int32 words)
     size_t num_work64, num_work32;  // their sizes in words
     size_t scratch;                 // PlanScratchLayout bytes (the block planner's state when not in smem)
-    size_t timing;                  // [24] int64: phase timestamps and loop counts (benchmark breakdown)
+    size_t timing;                  // [32] int64: phase timestamps and loop counts (benchmark breakdown)
 };
 
 // int64 words of the device copy of PlanCost.
@@ -88,34 +88,55 @@ struct PlanWorkOffsets {
 inline constexpr int kPlanMaxWarps = 16;  // warps of the block planner (512 threads)
 
 struct PlanScratchLayout {
-    size_t balance, z, remaining, excess, deficit, avail, expert_load, path_load;               // int64
-    size_t tpe, alloc, cand, fill_remote, spread, order, path_q, cost_pushed, cost_remote, home, groups;  // int32
-    size_t total;
+    // int64
+    size_t balance, expert_load, path_load;
+    // int32 (every count and amount here is bounded by the group's entries N < 2^31)
+    size_t remaining, excess, deficit, avail, path_left, home, t_home, fill_remote, spread, order, path_q, cost_pushed,
+        cost_remote, cross, xfer, npieces, piece_at, piece_amount, held, head, next, warp_area, tpe;
+    size_t piece_cap;   // pieces per candidate (a bound, see make)
+    size_t held_words;  // words of one receiver's held bitset (ceil(E / 32))
+    size_t warp_words;  // int32 words of one warp's area
+    size_t core;        // bytes without the tpe copy
+    size_t total;       // bytes with it
     EVENEP_HOST_DEVICE static constexpr PlanScratchLayout make(int R, int E) {
         PlanScratchLayout l{};
-        const size_t r = static_cast<size_t>(R), e = static_cast<size_t>(E);
+        const size_t r = static_cast<size_t>(R), e = static_cast<size_t>(E), epn = e / r, G = 2 * epn;
+        // Pieces of one alloc matrix: the reference split makes one per exhausted expert or finished transfer
+        // (<= E + R); a fill one per exhausted expert, finished donor or filled receiver, receivers included that
+        // an overshoot creates (<= E + 3R); a path at most epn per receiver (<= E).
+        l.piece_cap = e + 3 * r;
+        l.held_words = (e + 31) / 32;
+        const size_t groups = 5 * G + 3 * epn;  // layout: 5 x [G] group arrays + the rank's remote pieces
+        l.warp_words = groups > 2 * r ? groups : 2 * r;  // the split: a donor's transfers (u, amount)
         size_t o = 0;
         l.balance = o, o += 8 * r;
-        l.z = o, o += 8 * r * r;
-        l.remaining = o, o += 8 * e;
-        // Optimized mode's six candidates (plan_core.hpp plan_alloc_mode): fills 0-3, paths 4-5.
-        l.excess = o, o += 8 * 4 * r;  // [4][R] per fill
-        l.deficit = o, o += 8 * 4 * r;
-        l.avail = o, o += 8 * 4 * e;
         l.expert_load = o, o += 8 * e;
         l.path_load = o, o += 8 * 2 * r;      // [2][R] the paths' copies of load_before
-        l.tpe = o, o += 4 * r * e;
-        l.alloc = o, o += 4 * r * e;
-        l.cand = o, o += 4 * 6 * r * e;       // [6][E*R]
+        l.remaining = o, o += 4 * e;          // the reference split's home column
+        l.excess = o, o += 4 * 4 * r;         // [4][R] per fill (candidates 0-3 of plan_alloc_mode)
+        l.deficit = o, o += 4 * 4 * r;
+        l.avail = o, o += 4 * 4 * e;          // [4][E] the fills' home columns
+        l.path_left = o, o += 4 * 2 * e;      // [2][E] the paths' home columns
+        l.home = o, o += 4 * e;               // [E] e / epn (no integer division in the hot loops)
+        l.t_home = o, o += 4 * e;             // [E] t[home(e)][e]
         l.fill_remote = o, o += 4 * 6 * r;    // [6][R] remote experts per receiver, per candidate
         l.spread = o, o += 4 * 2 * r;         // [2][R] pushes per donor of fills 2 and 3
         l.order = o, o += 4 * 2 * r;          // [2][R] the paths' rank order
         l.path_q = o, o += 4 * 2 * r;         // [2][R] the paths' copies of q
         l.cost_pushed = o, o += 4 * 7 * r;    // [7][R] reference + six candidates
         l.cost_remote = o, o += 4 * 7 * r;
-        l.home = o, o += 4 * e;               // [E] e / epn (no integer division in the hot loops)
-        l.groups = o, o += 4 * static_cast<size_t>(kPlanMaxWarps) * 5 * (2 * (e / r));  // per warp: 5 x [G]
-        l.total = detail::align_up(o, 16);
+        l.cross = o, o += 4 * r;              // [R] crossing rows per source rank
+        l.xfer = o, o += 4 * 3 * r + 4;       // the reference transfers: [3][R] (donor, receiver, amount) + count
+        l.npieces = o, o += 4 * 8;            // [7] pieces per alloc matrix
+        l.piece_at = o, o += 4 * 7 * l.piece_cap;      // [7][cap] e * R + u
+        l.piece_amount = o, o += 4 * 7 * l.piece_cap;  // [7][cap]
+        // The fills' held bitsets (phase 2) and the pieces' per-expert lists (phases 3-4) share one range.
+        const size_t held = 4 * 4 * r * l.held_words, lists = 4 * 7 * e + 4 * 7 * l.piece_cap;
+        l.held = o, l.head = o, l.next = o + 4 * 7 * e, o += held > lists ? held : lists;
+        l.warp_area = o, o += 4 * static_cast<size_t>(kPlanMaxWarps) * l.warp_words;
+        l.core = detail::align_up(o, 16);
+        l.tpe = l.core;
+        l.total = detail::align_up(l.core + 4 * r * e, 16);
         return l;
     }
 };
@@ -168,7 +189,7 @@ struct EpLayout {
         p.work64 = take(8 * p.num_work64);
         p.work32 = take(4 * p.num_work32);
         p.scratch = take(PlanScratchLayout::make(R, E).total);
-        p.timing = take(8 * 24);
+        p.timing = take(8 * 32);
         l.total_bytes = o;
         return l;
     }

@@ -27,23 +27,28 @@ namespace evenep::detail {
 // One step of the global fill: expert e's piece of `moved` entries goes from its home to receiver u. overshoot: the
 // piece (moved = the receiver's whole need) exceeds the home's excess, so the home turns receiver of the difference.
 // (Also lane 0's commit in the GPU planner's warp version, src/cuda/device/plan_warp.cuh.)
+// T: the state's integer type (int64 here, int32 in the GPU planner: every value is < N < 2^31). alloc may be null
+// (the GPU planner keeps the pieces instead of the matrix).
+template <typename T>
 EVENEP_HOST_DEVICE inline void plan_fill_take(const PlanDims& d, int e, int u, int64_t moved, bool overshoot,
-                                              int64_t* excess, int64_t* deficit, int64_t* avail, int32_t* remote,
+                                              T* excess, T* deficit, T* avail, int32_t* remote,
                                               int32_t* spread_pushed, int32_t* alloc) {
     const int h = e / d.epn;
-    avail[e] -= moved;
+    avail[e] -= static_cast<T>(moved);
     if (overshoot) {
-        deficit[h] += moved - excess[h];  // moved > excess[h], else a piece within the excess would have been taken
+        deficit[h] += static_cast<T>(moved - excess[h]);  // moved > excess[h], else a piece within the excess would have been taken
         excess[h] = 0;
         deficit[u] = 0;
     } else {
-        excess[h] -= moved;
-        deficit[u] -= moved;
+        excess[h] -= static_cast<T>(moved);
+        deficit[u] -= static_cast<T>(moved);
     }
     remote[u] += 1;
     if (spread_pushed) spread_pushed[h] += 1;
-    alloc[static_cast<int64_t>(e) * d.R + h] -= static_cast<int32_t>(moved);
-    alloc[static_cast<int64_t>(e) * d.R + u] += static_cast<int32_t>(moved);
+    if (alloc) {
+        alloc[static_cast<int64_t>(e) * d.R + h] -= static_cast<int32_t>(moved);
+        alloc[static_cast<int64_t>(e) * d.R + u] += static_cast<int32_t>(moved);
+    }
 }
 
 EVENEP_HOST_DEVICE inline bool plan_alloc_global_fill(const PlanDims& d, const PlanArrays& a, const int32_t* tpe,

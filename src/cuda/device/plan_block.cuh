@@ -48,32 +48,49 @@ __device__ inline void plan_block_serial(
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The parallel planner. kThreads >= 128 (warp 0: reference transfers, warps 1-2: the two global fills).
+// The parallel planner: 16 warps (kThreads = 512).
+// Every alloc matrix (the reference split, the six candidates) is kept in sparse form (evenep/detail/plan_sparse.hpp:
+// home column + pieces, a few hundred entries instead of E*R), so the whole state fits in shared memory up to
+// R = 128 at E = 896; only the histogram tpe[R][E] stays in global memory when it does not fit as well.
 // ---------------------------------------------------------------------------------------------------------
 // The block planner's state (PlanScratchLayout) carved from `base` (shared or global memory).
 struct PlanScratch {
-    int64_t *balance, *z, *remaining, *excess, *deficit, *avail, *expert_load, *path_load;
-    int32_t *tpe, *alloc, *cand, *fill_remote, *spread, *order, *path_q, *cost_pushed, *cost_remote, *home, *groups;
+    int64_t *balance, *expert_load, *path_load;
+    int32_t *remaining, *excess, *deficit, *avail, *path_left, *home, *t_home, *fill_remote, *spread, *order, *path_q,
+        *cost_pushed, *cost_remote, *cross, *xfer, *npieces, *piece_at, *piece_amount, *head, *next, *warp_area, *tpe;
+    uint32_t* held;
+    int piece_cap, held_words, warp_words;
 };
 
 __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
     const PlanScratchLayout l = PlanScratchLayout::make(R, E);
-    return PlanScratch{
-        reinterpret_cast<int64_t*>(base + l.balance),     reinterpret_cast<int64_t*>(base + l.z),
-        reinterpret_cast<int64_t*>(base + l.remaining),   reinterpret_cast<int64_t*>(base + l.excess),
-        reinterpret_cast<int64_t*>(base + l.deficit),     reinterpret_cast<int64_t*>(base + l.avail),
-        reinterpret_cast<int64_t*>(base + l.expert_load), reinterpret_cast<int64_t*>(base + l.path_load),
-        reinterpret_cast<int32_t*>(base + l.tpe),
-        reinterpret_cast<int32_t*>(base + l.alloc),       reinterpret_cast<int32_t*>(base + l.cand),
-        reinterpret_cast<int32_t*>(base + l.fill_remote), reinterpret_cast<int32_t*>(base + l.spread),
-        reinterpret_cast<int32_t*>(base + l.order),       reinterpret_cast<int32_t*>(base + l.path_q),
-        reinterpret_cast<int32_t*>(base + l.cost_pushed),
-        reinterpret_cast<int32_t*>(base + l.cost_remote), reinterpret_cast<int32_t*>(base + l.home),
-        reinterpret_cast<int32_t*>(base + l.groups)};
+    auto i64 = [&](size_t o) { return reinterpret_cast<int64_t*>(base + o); };
+    auto i32 = [&](size_t o) { return reinterpret_cast<int32_t*>(base + o); };
+    return PlanScratch{i64(l.balance),      i64(l.expert_load), i64(l.path_load),   i32(l.remaining),
+                       i32(l.excess),       i32(l.deficit),     i32(l.avail),       i32(l.path_left),
+                       i32(l.home),         i32(l.t_home),      i32(l.fill_remote), i32(l.spread),
+                       i32(l.order),        i32(l.path_q),      i32(l.cost_pushed), i32(l.cost_remote),
+                       i32(l.cross),        i32(l.xfer),        i32(l.npieces),     i32(l.piece_at),
+                       i32(l.piece_amount), i32(l.head),        i32(l.next),        i32(l.warp_area),
+                       i32(l.tpe),          reinterpret_cast<uint32_t*>(base + l.held),
+                       static_cast<int>(l.piece_cap), static_cast<int>(l.held_words), static_cast<int>(l.warp_words)};
 }
 
-// timing (optional, [24]): thread 0 stores %globaltimer at each phase boundary into [0..9) and loop counts into
-// [9..12) (fill iterations of both candidates, most split pieces of one donor).
+// Ranks per lane the transfers keep in registers (R <= 256; more: the shared-memory loop).
+inline constexpr int kMaxRanksPerLane = 8;
+
+// Named barrier of the warps that run the reference split (warp 0 and warps 7..): warp 0's transfers are done.
+__device__ __forceinline__ void split_group_sync(int threads) {
+    asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+}
+
+// timing (optional, [32]), all %globaltimer ns unless said: thread 0 stores the phase boundaries into [0..9), the fill
+// iterations of candidates 0 and 1 into [9], [10], the most split pieces of one donor into [11], clock64 at the start
+// and end into [12], [13] (the SM clock of the run) and %globaltimer there into [14], [15]; phase 2's roles store when
+// they finished: the latest fill or path [23], transfers [24], split [25], home rows [26], fills 0-3 [27..30], the
+// later path [31]. ([16..22] are the team kernel's.)
+// NOTE: clock64() readings of different warps are not comparable here (on the H200 a warp's reading after a block
+// barrier came out earlier than readings other warps took before it), so the stamps use %globaltimer.
 template <int kThreads>
 __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                                                     const int32_t* __restrict__ tpe_in,
@@ -83,66 +100,99 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                                                     const TeamView& team,
                                                     int rank,
                                                     int64_t* timing) {
-    static_assert(kThreads >= 256 && kThreads % kWarpSize == 0, "plan_block_parallel needs >= 8 whole warps");
+    static_assert(kThreads == 512, "plan_block_parallel: 16 warps (0 transfers, 1-4 fills, 5-6 paths, 7-15 split)");
     constexpr int kWarps = kThreads / kWarpSize;
+    static_assert(kWarps <= kPlanMaxWarps, "PlanScratchLayout::warp_area holds kPlanMaxWarps warps");
+    constexpr int kCand = detail::kNumOptimizedCandidates;  // 6; list 0 is the reference split, 1..6 the candidates
+    constexpr int kSplitWarps = kWarps - 6;                 // warp 0 and warps 7..15
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int R = d.R, E = d.E, epn = d.epn, G = d.G, B = d.B;
-    const size_t ER = static_cast<size_t>(E) * R;
-    const bool optimized = d.locality;
-    int64_t* balance = sc.balance;
-    int64_t* z = sc.z;
-    int64_t* remaining = sc.remaining;
-    int64_t* excess = sc.excess;            // [4][R]   fills (candidates 0-3 of plan_alloc_mode)
-    int64_t* deficit = sc.deficit;          // [4][R]
-    int64_t* avail = sc.avail;              // [4][E]
-    int32_t* cand = sc.cand;                // [6][E*R] fills 0-3, paths 4-5
-    int32_t* fill_remote = sc.fill_remote;  // [6][R]
-    int32_t* cost_pushed = sc.cost_pushed;  // [7][R]   reference, then the six candidates
-    int32_t* cost_remote = sc.cost_remote;  // [7][R]
-    int32_t* alloc = sc.alloc;              // the working alloc (copied to alloc at the end)
-    const int32_t* tpe = sc.tpe;
+    const bool optimized = d.locality, loc = d.locality;
+    const int cap = sc.piece_cap, W = sc.held_words;
+    int32_t* home = sc.home;
+    int32_t* t_home = sc.t_home;
     auto stamp = [&](int i) {
         if (timing != nullptr && tid == 0) timing[i] = static_cast<int64_t>(global_timer_ns());
     };
+    if (timing != nullptr && tid == 0) {
+        timing[14] = static_cast<int64_t>(global_timer_ns());
+        timing[12] = static_cast<int64_t>(clock64());
+        for (int i = 23; i < 32; ++i) timing[i] = 0;
+        timing[11] = 0;
+    }
     stamp(0);
-    if (timing != nullptr && tid == 0) timing[11] = 0, timing[12] = static_cast<int64_t>(clock64());
     if (sc.tpe != tpe_in)
         for (size_t i = tid; i < static_cast<size_t>(R) * E; i += kThreads) sc.tpe[i] = tpe_in[i];
+    const int32_t* tpe = sc.tpe;
+    // The sparse form of list c (0: reference split, 1-4: fills, 5-6: paths), with its per-expert lists.
+    auto list_of = [&](int c) {
+        int32_t* hr = c == 0 ? sc.remaining : c <= 4 ? sc.avail + (c - 1) * E : sc.path_left + (c - 5) * E;
+        return PieceList{hr, sc.piece_at + c * cap, sc.piece_amount + c * cap, sc.npieces + c};
+    };
+    auto sparse_of = [&](int c) {
+        const PieceList pl = list_of(c);
+        detail::SparseAlloc s{pl.home_rem, pl.at, pl.amount, *pl.n};
+        s.head = sc.head + c * E;
+        s.next = sc.next + c * cap;
+        s.home_t = t_home;
+        return s;
+    };
 
-    constexpr int kCand = detail::kNumOptimizedCandidates;  // 6
-    __shared__ unsigned s_acc[kCand + 1][3];  // per candidate: total_copies, crossing_rows, moved_entries (< N < 2^31)
-    __shared__ unsigned long long s_total;
+    __shared__ unsigned long long s_total, s_home_total;
+    __shared__ int s_corr[kCand + 1];        // per list: crossing rows minus the base (signed, |.| < N)
+    __shared__ unsigned s_moved[kCand + 1];  // per list: moved entries (< N)
     __shared__ int s_fill_ok[kCand];
     __shared__ int s_best;
 
-    // ---- Phase 1: loads and quotas (plan_loads_and_quotas). ----
-    if (tid == 0) s_total = 0;
-    if (tid < 3 * (kCand + 1)) s_acc[tid / 3][tid % 3] = 0;
+    // ---- Phase 1: loads and quotas (plan_loads_and_quotas), each expert's home and its home rank's entries. ----
+    if (tid == 0) s_total = s_home_total = 0;
+    if (tid <= kCand) s_corr[tid] = 0, s_moved[tid] = 0;
     __syncthreads();
     {
-        unsigned long long part = 0;
+        unsigned long long part = 0, part_home = 0;
         for (int e = tid; e < E; e += kThreads) {
+            int32_t tk[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // eight loads in flight (each sum < N < 2^31)
+            int r = 0;
+            for (; r + 7 < R; r += 8) {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) tk[k] += tpe[static_cast<int64_t>(r + k) * E + e];
+            }
+            for (; r < R; ++r) tk[0] += tpe[static_cast<int64_t>(r) * E + e];
             int64_t t = 0;
-            for (int r = 0; r < R; ++r) t += tpe[static_cast<int64_t>(r) * E + e];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) t += tk[k];
+            const int h = e / epn;
+            const int32_t th = tpe[static_cast<int64_t>(h) * E + e];
             a.expert_load[e] = t;
             sc.expert_load[e] = t;
-            sc.home[e] = e / epn;
+            home[e] = h;
+            t_home[e] = th;
             part += static_cast<unsigned long long>(t);
+            part_home += static_cast<unsigned long long>(th);
         }
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFullMask, part, off);
+        for (int off = 16; off > 0; off >>= 1) {
+            part += __shfl_xor_sync(kFullMask, part, off);
+            part_home += __shfl_xor_sync(kFullMask, part_home, off);
+        }
         if (lane == 0 && part) atomicAdd(&s_total, part);
+        if (lane == 0 && part_home) atomicAdd(&s_home_total, part_home);
     }
     __syncthreads();
     const int64_t total = static_cast<int64_t>(s_total);
-    for (int r = tid; r < R; r += kThreads) {
+    // Crossing rows of the home matrix: every entry not on its expert's home rank (plan_sparse.hpp).
+    const int64_t base_crossing = total - static_cast<int64_t>(s_home_total);
+    for (int r = warp; r < R; r += kWarps) {  // a warp per rank: its experts' loads summed over the lanes
         int64_t l = 0;
-        for (int g = 0; g < epn; ++g) l += sc.expert_load[r * epn + g];
-        const int32_t q = static_cast<int32_t>(total / R + (r < total % R ? 1 : 0));
-        a.load_before[r] = l;
-        a.q[r] = q;
-        sc.balance[r] = l - q;  // load_before - q: the rank's balance
-        a.crossing_out[r] = 0;
+        for (int g = lane; g < epn; g += kWarpSize) l += sc.expert_load[r * epn + g];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(kFullMask, l, off);
+        if (lane == 0) {
+            const int32_t q = static_cast<int32_t>(total / R + (r < total % R ? 1 : 0));
+            a.load_before[r] = l;
+            a.q[r] = q;
+            sc.balance[r] = l - q;  // load_before - q: the rank's balance
+        }
     }
     __syncthreads();
     // Imbalance budget (opt-in; d.slack_ppm is block-uniform): the targets of detail::plan_slack_targets replace the
@@ -155,133 +205,315 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     }
     stamp(1);
 
-    // ---- Phase 2a: initial state of the reference greedy and of both global fills. ----
-    {
-        // (e, r) of i = e*R + r advanced incrementally: no integer division per element.
-        const int step_e = kThreads / R, step_r = kThreads % R;
-        int e = tid / R, r = tid % R;
-        for (size_t i = tid; i < ER; i += kThreads) {
-            const int32_t home = r == sc.home[e] ? static_cast<int32_t>(sc.expert_load[e]) : 0;
-            alloc[i] = home;
-            if (optimized)
-                for (int v = 0; v < kCand; ++v) cand[v * ER + i] = home;
-            r += step_r, e += step_e;
-            if (r >= R) r -= R, ++e;
+    // ---- Phase 2a: initial state of the reference greedy, the four fills and the two paths. ----
+    for (int e = tid; e < E; e += kThreads) {
+        const int32_t t = static_cast<int32_t>(sc.expert_load[e]);
+        sc.remaining[e] = t;
+        if (optimized) {
+            for (int v = 0; v < 4; ++v) sc.avail[v * E + e] = t;
+            sc.path_left[e] = sc.path_left[E + e] = t;
         }
     }
-    for (int e = tid; e < E; e += kThreads) {
-        remaining[e] = sc.expert_load[e];
-        if (optimized)
-            for (int v = 0; v < 4; ++v) avail[v * E + e] = sc.expert_load[e];
-    }
-    for (int i = tid; i < R * R; i += kThreads) z[i] = 0;
     for (int r = tid; r < R; r += kThreads) {
-        const int64_t b = balance[r];  // written in phase 1
+        const int64_t b = sc.balance[r];
+        sc.cross[r] = 0;
         if (optimized) {
             for (int v = 0; v < 4; ++v) {
-                excess[v * R + r] = b > 0 ? b : 0;
-                deficit[v * R + r] = b < 0 ? -b : 0;
+                sc.excess[v * R + r] = static_cast<int32_t>(b > 0 ? b : 0);
+                sc.deficit[v * R + r] = static_cast<int32_t>(b < 0 ? -b : 0);
             }
-            for (int v = 0; v < kCand; ++v) fill_remote[v * R + r] = 0;
-            for (int c = 0; c <= kCand; ++c) cost_pushed[c * R + r] = cost_remote[c * R + r] = 0;
+            for (int v = 0; v < kCand; ++v) sc.fill_remote[v * R + r] = 0;
+            for (int c = 0; c <= kCand; ++c) sc.cost_pushed[c * R + r] = sc.cost_remote[c * R + r] = 0;
             sc.spread[r] = sc.spread[R + r] = 0;
             sc.path_load[r] = sc.path_load[R + r] = a.load_before[r];
             sc.path_q[r] = sc.path_q[R + r] = a.q[r];
         }
     }
+    if (optimized)
+        for (size_t i = tid; i < static_cast<size_t>(4) * R * W; i += kThreads) sc.held[i] = 0;
+    if (tid < 8) sc.npieces[tid] = 0;
+    if (tid < kCand) s_fill_ok[tid] = 0;  // a role that does not run (reference mode) leaves its list unused
     __syncthreads();
     stamp(2);
 
-    // ---- Phase 2b: warp 0 runs the rank-level transfers; warps 1-4 the four global fills (plan_alloc_candidate
-    // 0-3: largest piece, best fit, each with pushes spread; all with overshoot), warps 5-6 lane 0 the two paths
-    // (plan_alloc_path itself: R-level, short). ----
-    if (warp == 0) {
-        for (;;) {
-            const int h = warp_first_extreme<true>(balance, R, lane);
-            const int u = warp_first_extreme<false>(balance, R, lane);
-            if (balance[h] <= 0) break;
+    // ---- Phase 2b, warp-specialised: warp 0 the rank-level transfers, warps 1-4 the four global fills
+    // (plan_alloc_candidate 0-3: largest piece, best fit, each with pushes spread; all with overshoot), warps 5-6 the
+    // two paths; warps 0 and 7-15 then split the reference transfers over the donors' experts and write the plan's
+    // route rows for the home matrix (every expert that no piece leaves keeps them; phase 4 rewrites the others). ----
+    int32_t* xh = sc.xfer;
+    int32_t* xu = sc.xfer + R;
+    int32_t* xa = sc.xfer + 2 * R;
+    int32_t* nx = sc.xfer + 3 * R;
+    if (warp == 0 && R <= kWarpSize * kMaxRanksPerLane) {
+        // The balances in registers (lane owns r = lane + 32 k): each step is four warp reductions.
+        int64_t bal[kMaxRanksPerLane];
+#pragma unroll
+        for (int k = 0; k < kMaxRanksPerLane; ++k) bal[k] = lane + kWarpSize * k < R ? sc.balance[lane + kWarpSize * k] : 0;
+        int n = 0;
+        for (;; ++n) {
+            // First index of the maximum and of the minimum (ascending r, strict comparisons).
+            int64_t vmax = 0, vmin = 0;
+            int imax = -1, imin = -1;
+#pragma unroll
+            for (int k = 0; k < kMaxRanksPerLane; ++k) {
+                const int r = lane + kWarpSize * k;
+                if (r >= R) continue;
+                if (imax < 0 || bal[k] > vmax) vmax = bal[k], imax = r;
+                if (imin < 0 || bal[k] < vmin) vmin = bal[k], imin = r;
+            }
+            const unsigned kmax = __reduce_max_sync(kFullMask, imax >= 0 ? order_key(vmax) : 0u);
+            const unsigned kmin = __reduce_max_sync(kFullMask, imin >= 0 ? ~order_key(vmin) : 0u);
+            const int h = static_cast<int>(__reduce_min_sync(
+                kFullMask, imax >= 0 && order_key(vmax) == kmax ? static_cast<unsigned>(imax) : 0xffffffffu));
+            const int u = static_cast<int>(__reduce_min_sync(
+                kFullMask, imin >= 0 && ~order_key(vmin) == kmin ? static_cast<unsigned>(imin) : 0xffffffffu));
+            const int64_t bh = static_cast<int32_t>(kmax ^ 0x80000000u), bu = static_cast<int32_t>(~kmin ^ 0x80000000u);
+            if (bh <= 0) break;
+            const int64_t amount = -bu;
+#pragma unroll
+            for (int k = 0; k < kMaxRanksPerLane; ++k) {
+                if (lane + kWarpSize * k == h) bal[k] -= amount;
+                if (lane + kWarpSize * k == u) bal[k] = 0;
+            }
+            if (lane == 0) xh[n] = h, xu[n] = u, xa[n] = static_cast<int32_t>(amount);
+        }
+        if (lane == 0) *nx = n;
+        if (lane == 0 && timing != nullptr) timing[24] = static_cast<int64_t>(global_timer_ns());
+    } else if (warp == 0) {
+        int n = 0;
+        for (;; ++n) {
+            const int h = warp_first_extreme<true>(sc.balance, R, lane);
+            const int u = warp_first_extreme<false>(sc.balance, R, lane);
+            if (sc.balance[h] <= 0) break;
             __syncwarp();  // every lane has read balance before lane 0 changes it
             if (lane == 0) {
-                const int64_t amount = -balance[u];
-                z[h * R + u] += amount;
-                balance[h] -= amount;
-                balance[u] = 0;
+                const int64_t amount = -sc.balance[u];
+                xh[n] = h, xu[n] = u, xa[n] = static_cast<int32_t>(amount);
+                sc.balance[h] -= amount;
+                sc.balance[u] = 0;
             }
             __syncwarp();
         }
+        if (lane == 0) *nx = n;
+        if (lane == 0 && timing != nullptr) timing[24] = static_cast<int64_t>(global_timer_ns());
     } else if (optimized && warp >= 1 && warp <= 4) {
         const int v = warp - 1;
         int iterations = 0;
-        const bool ok = warp_global_fill(d, tpe, v % 2 == 1, /*overshoot=*/true, excess + v * R, deficit + v * R,
-                                         avail + v * E, fill_remote + v * R, v >= 2 ? sc.spread + (v - 2) * R : nullptr,
-                                         cand + v * ER, sc.home, lane, iterations);
+        const bool ok = warp_global_fill(d, tpe, v % 2 == 1, /*overshoot=*/true, sc.excess + v * R,
+                                         sc.deficit + v * R, sc.fill_remote + v * R,
+                                         v >= 2 ? sc.spread + (v - 2) * R : nullptr, list_of(1 + v),
+                                         sc.held + static_cast<size_t>(v) * R * W, W, home, lane, iterations);
         if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
-        if (lane == 0 && timing != nullptr && v < 2) timing[9 + v] = iterations;
+        if (lane == 0 && timing != nullptr) {
+            if (v < 2) timing[9 + v] = iterations;
+            timing[27 + v] = static_cast<int64_t>(global_timer_ns());
+            atomicMax(reinterpret_cast<unsigned long long*>(timing + 23), static_cast<unsigned long long>(global_timer_ns()));
+        }
     } else if (optimized && (warp == 5 || warp == 6)) {
-        const int v = warp - 1;  // 4: path sorted, 5: path alternating
+        const int p = warp - 5;  // candidate 4: path sorted, 5: path alternating
         // The path reads only load_before and q: from the block's copies (shared memory when the scratch is).
-        const bool ok = warp_alloc_path(d, sc.path_load + (v - 4) * R, sc.path_q + (v - 4) * R, v == 5,
-                                        sc.order + (v - 4) * R, fill_remote + v * R, cand + v * ER, lane);
-        if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
-        if (lane == 0 && timing != nullptr) timing[14 + (v - 4)] = static_cast<int64_t>(global_timer_ns());
+        const bool ok = warp_alloc_path(d, sc.path_load + p * R, sc.path_q + p * R, p == 1, sc.order + p * R,
+                                        sc.fill_remote + (4 + p) * R, list_of(5 + p), lane);
+        if (lane == 0) s_fill_ok[4 + p] = ok ? 1 : 0;
+        if (lane == 0 && timing != nullptr) {
+            atomicMax(reinterpret_cast<unsigned long long*>(timing + 23), static_cast<unsigned long long>(global_timer_ns()));
+            atomicMax(reinterpret_cast<unsigned long long*>(timing + 31), static_cast<unsigned long long>(global_timer_ns()));
+        }
+    }
+    if (warp == 0 || warp >= 7) {
+        const int sg = warp == 0 ? 0 : warp - 6;  // index in the split group
+        split_group_sync(kSplitWarps * kWarpSize);
+        // The reference split, one warp per donor (donors touch disjoint experts); the donor's transfers are
+        // gathered into the warp's area first.
+        int32_t* wu = sc.warp_area + static_cast<size_t>(warp) * sc.warp_words;
+        int32_t* wa = wu + R;
+        const int n_xfer = *nx;
+        for (int h = sg; h < R; h += kSplitWarps) {
+            int m = 0;
+            for (int i0 = 0; i0 < n_xfer; i0 += kWarpSize) {
+                const int i = i0 + lane;
+                const bool in = i < n_xfer && xh[i] == h;
+                const unsigned bits = __ballot_sync(kFullMask, in);
+                if (in) {
+                    const int k = m + __popc(bits & lanemask_lt());
+                    wu[k] = xu[i], wa[k] = xa[i];
+                }
+                m += __popc(bits);
+            }
+            __syncwarp();
+            if (m > 0) {
+                const int pieces = warp_split_donor(d, h, wu, wa, m, sc.remaining, sc.piece_at, sc.piece_amount,
+                                                    sc.npieces, lane);
+                if (lane == 0 && timing != nullptr)
+                    atomicMax(reinterpret_cast<unsigned long long*>(timing + 11), static_cast<unsigned long long>(pieces));
+            }
+            __syncwarp();
+        }
+        if (lane == 0 && timing != nullptr)
+            atomicMax(reinterpret_cast<unsigned long long*>(timing + 25), static_cast<unsigned long long>(global_timer_ns()));
+        // Route rows of the home matrix (plan_sparse.hpp with no pieces): per expert e with home h and t_h = t[h][e],
+        // keep = t_h at h (0 without locality), rest_prefix = P[e][r] - keep below r, cap_prefix = (T_e - keep) past
+        // h; alloc = T_e at h; seg_row = -1 (phase 4 fills in the groups); crossing rows of r += t[r][e] off the home.
+        // A warp takes 8 experts at a time, lanes over ranks (coalesced stores); the histogram's rows are read as
+        // two 16-byte vectors per lane when E % 8 == 0.
+        // Up to 32 ranks: a lane per expert walks the ranks instead (coalesced histogram reads and seg_row stores).
+        if (R <= kWarpSize) {
+            for (int e0 = sg * kWarpSize; e0 < E; e0 += kSplitWarps * kWarpSize) {  // warp-uniform
+                const int e = e0 + lane;
+                const bool in = e < E;
+                const int h = in ? home[e] : -1;
+                const int32_t T = in ? static_cast<int32_t>(sc.expert_load[e]) : 0;
+                const int32_t kh = in && loc ? t_home[e] : 0;
+                int32_t P = 0;
+#pragma unroll 4
+                for (int r = 0; r < R; ++r) {
+                    const int32_t t = in ? tpe[static_cast<int64_t>(r) * E + e] : 0;
+                    if (in) {
+                        a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + r] = P - (r > h ? kh : 0);
+                        a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + r] = r > h ? T - kh : 0;
+                        a.local_keep[static_cast<int64_t>(e) * R + r] = r == h ? kh : 0;
+                        a.alloc[static_cast<int64_t>(e) * R + r] = r == h ? T : 0;
+                        a.seg_row[static_cast<int64_t>(r) * E + e] = -1;
+                    }
+                    const unsigned cross = __reduce_add_sync(kFullMask, static_cast<unsigned>(r != h ? t : 0));
+                    if (lane == 0 && cross) atomicAdd(sc.cross + r, static_cast<int32_t>(cross));
+                    P += t;
+                }
+                if (in) {
+                    a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + R] = T - kh;
+                    a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + R] = T - kh;
+                }
+            }
+        }
+        const bool vec = E % 8 == 0;
+        const int groups8 = R <= kWarpSize ? 0 : (E + 7) / 8;
+        for (int g8 = sg; g8 < groups8; g8 += kSplitWarps) {
+            const int e0 = 8 * g8;
+            int32_t carry[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) carry[j] = 0;
+            for (int r0 = 0; r0 < R; r0 += kWarpSize) {
+                const int r = r0 + lane;
+                int32_t t[8];
+                if (r < R && vec) {
+                    const int4 x = *reinterpret_cast<const int4*>(tpe + static_cast<int64_t>(r) * E + e0);
+                    const int4 y = *reinterpret_cast<const int4*>(tpe + static_cast<int64_t>(r) * E + e0 + 4);
+                    t[0] = x.x, t[1] = x.y, t[2] = x.z, t[3] = x.w, t[4] = y.x, t[5] = y.y, t[6] = y.z, t[7] = y.w;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) t[j] = r < R && e0 + j < E ? tpe[static_cast<int64_t>(r) * E + e0 + j] : 0;
+                }
+                int32_t cross = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int e = e0 + j;
+                    if (e < E) {  // warp-uniform
+                        int32_t incl = t[j];
+#pragma unroll
+                        for (int off = 1; off < kWarpSize; off <<= 1) {
+                            const int32_t v = __shfl_up_sync(kFullMask, incl, off);
+                            if (lane >= off) incl += v;
+                        }
+                        const int32_t P = carry[j] + incl - t[j];
+                        carry[j] += __shfl_sync(kFullMask, incl, kWarpSize - 1);
+                        if (r < R) {
+                            const int h = home[e];
+                            const int32_t T = static_cast<int32_t>(sc.expert_load[e]);
+                            const int32_t kh = loc ? t_home[e] : 0;
+                            a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + r] = P - (r > h ? kh : 0);
+                            a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + r] = r > h ? T - kh : 0;
+                            a.local_keep[static_cast<int64_t>(e) * R + r] = r == h ? kh : 0;
+                            a.alloc[static_cast<int64_t>(e) * R + r] = r == h ? T : 0;
+                            if (r != h) cross += t[j];
+                        }
+                    }
+                }
+                if (r < R) {
+                    int32_t* seg = a.seg_row + static_cast<int64_t>(r) * E + e0;
+                    if (vec) {
+                        reinterpret_cast<int4*>(seg)[0] = make_int4(-1, -1, -1, -1);
+                        reinterpret_cast<int4*>(seg)[1] = make_int4(-1, -1, -1, -1);
+                    } else {
+                        for (int j = 0; j < 8 && e0 + j < E; ++j) seg[j] = -1;
+                    }
+                    if (cross) atomicAdd(sc.cross + r, cross);
+                }
+            }
+            if (lane < 8 && e0 + lane < E) {  // r = R: the prefixes' totals
+                const int e = e0 + lane;
+                const int32_t v = static_cast<int32_t>(sc.expert_load[e]) - (loc ? t_home[e] : 0);
+                a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + R] = v;
+                a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + R] = v;
+            }
+        }
+        if (lane == 0 && timing != nullptr) {
+            atomicMax(reinterpret_cast<unsigned long long*>(timing + 26), static_cast<unsigned long long>(global_timer_ns()));
+        }
     }
     __syncthreads();
     stamp(3);
 
-    // ---- Phase 2c: expert split of the reference plan, one warp per donor (donors touch disjoint state). ----
-    for (int h = warp; h < R; h += kWarps) {
-        int64_t* zh = z + h * R;
-        int pieces = 0;
-        for (;; ++pieces) {
-            const int dst = warp_first_max(zh, R, lane);
-            if (zh[dst] <= 0) break;
-            const int e = h * epn + warp_first_max(remaining + h * epn, epn, lane);
-            const int64_t moved = detail::imin64(remaining[e], zh[dst]);
-            if (moved <= 0) break;
-            __syncwarp();  // every lane has read remaining and zh before lane 0 changes them
-            if (lane == 0) {
-                remaining[e] -= moved;
-                zh[dst] -= moved;
-                alloc[static_cast<int64_t>(e) * R + h] -= static_cast<int32_t>(moved);
-                alloc[static_cast<int64_t>(e) * R + dst] += static_cast<int32_t>(moved);
-            }
-            __syncwarp();
-        }
-        if (lane == 0 && timing != nullptr) atomicMax(reinterpret_cast<unsigned long long*>(timing + 11), pieces);
+
+    // ---- Phase 3a: per-expert lists of every alloc matrix's pieces (the held bitsets' range is free again). ----
+    const int num_lists = optimized ? kCand + 1 : 1;
+    for (int i = tid; i < num_lists * E; i += kThreads) sc.head[i] = -1;
+    __syncthreads();
+    for (int c = 0; c < num_lists; ++c) {
+        const PieceList pl = list_of(c);
+        const int n = *pl.n;
+        for (int i = tid; i < n; i += kThreads)
+            sc.next[c * cap + i] = atomicExch(sc.head + c * E + pl.at[i] / R, i);
     }
     __syncthreads();
     stamp(4);
+    // P[e][r], the histogram's column prefix, from the home matrix's rest_prefix row written in phase 2b.
+    auto colprefix = [&](int e, int r) {
+        return a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + r] + (loc && r > home[e] ? t_home[e] : 0);
+    };
 
-    // ---- Phase 2d (optimized): costs of the reference and the six candidates (plan_cost_of), then the choice of planner.cpp. ----
+    // ---- Phase 3b (optimized): costs of the reference and the six candidates (plan_sparse_cost's terms, a thread
+    // per piece), then the choice of plan_alloc_mode. ----
     if (optimized) {
-        // Work items (candidate, chunk of 32 experts) spread over all warps.
-        const int chunks = (E + kWarpSize - 1) / kWarpSize;
-        for (int item = warp; item < (kCand + 1) * chunks; item += kWarps) {
-            const int c = item / chunks;
-            if (c > 0 && !s_fill_ok[c - 1]) continue;
-            warp_cost_chunk(d, tpe, c == 0 ? alloc : cand + (c - 1) * ER, sc.home, (item - c * chunks) * kWarpSize + lane,
-                            lane,
-                            cost_remote + c * R, cost_pushed + c * R, s_acc[c]);
+        // One thread per piece of every list (the lists' pieces numbered one after the other).
+        int first[kCand + 2];
+        first[0] = 0;
+#pragma unroll
+        for (int c = 0; c <= kCand; ++c) first[c + 1] = first[c] + (c == 0 || s_fill_ok[c - 1] ? sc.npieces[c] : 0);
+        for (int t = tid; t < first[kCand + 1]; t += kThreads) {
+            int c = 0;
+#pragma unroll
+            for (int k = 1; k <= kCand; ++k) c += t >= first[k];
+            const int i = t - first[c];
+            const detail::SparseAlloc s = sparse_of(c);
+            const int e = s.piece_at[i] / R, u = s.piece_at[i] - e * R, h = home[e];
+            const int32_t amount = s.piece_amount[i];
+            // The three histogram-side reads first (independent, in flight together).
+            const int32_t t_u = tpe[static_cast<int64_t>(u) * E + e], P_u = colprefix(e, u), P_h = colprefix(e, h);
+            atomicAdd(sc.cost_remote + c * R + u, 1);
+            if (detail::plan_piece_prefetched(d, s, i)) atomicAdd(sc.cost_pushed + c * R + h, 1);
+            int corr = -detail::plan_holder_stay(d, tpe, s, e, u, amount, t_u, P_u);
+            if (detail::plan_piece_first_of_expert(s, R, i))
+                corr += t_home[e] - detail::plan_holder_stay(d, tpe, s, e, h, s.home_rem[e], t_home[e], P_h);
+            if (corr) atomicAdd(s_corr + c, corr);
+            atomicAdd(s_moved + c, static_cast<unsigned>(amount));
         }
         __syncthreads();
         if (tid == 0) {
             PlanCostValues cv[kCand + 1];
             bool ok[kCand + 1];
             for (int c = 0; c <= kCand; ++c) {
-                ok[c] = true;
+                ok[c] = c == 0 || s_fill_ok[c - 1];
                 int64_t traffic = 0;
                 for (int r = 0; r < R; ++r) {
-                    const int32_t rem = cost_remote[c * R + r];
+                    const int32_t rem = sc.cost_remote[c * R + r];
                     if (rem > epn) ok[c] = false;
-                    traffic = detail::imax64(traffic, (rem < B ? rem : B) + cost_pushed[c * R + r]);
+                    traffic = detail::imax64(traffic, (rem < B ? rem : B) + sc.cost_pushed[c * R + r]);
                 }
-                cv[c] =
-                    PlanCostValues{traffic, static_cast<int64_t>(s_acc[c][0]), static_cast<int64_t>(s_acc[c][1]), 0};
+                cv[c] = PlanCostValues{traffic, sc.npieces[c], base_crossing + s_corr[c], s_moved[c]};
             }
             int best = 0;
-            for (int v = 0; v < kCand; ++v) {
-                const int c = v + 1;
-                if (!s_fill_ok[v] || !ok[c]) continue;
+            for (int c = 1; c <= kCand; ++c) {
+                if (!ok[c]) continue;
                 if (cv[c].max_rank_copy_traffic > cv[0].max_rank_copy_traffic ||
                     cv[c].total_copies > cv[0].total_copies)
                     continue;
@@ -289,152 +521,98 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             }
             s_best = best;
         }
-        __syncthreads();
-        if (s_best != 0) {
-            const int32_t* src = cand + (s_best - 1) * ER;
-            for (size_t i = tid; i < ER; i += kThreads) alloc[i] = src[i];
-        }
-        __syncthreads();
-        if (tid < 3) s_acc[0][tid] = 0;  // reused below for the final costs
-        __syncthreads();
+    } else if (tid == 0) {
+        s_best = 0;
     }
-
+    __syncthreads();
     stamp(5);
+    const int w = s_best;
+    const detail::SparseAlloc sw = sparse_of(w);
 
-    // ---- Phase 3a: locality keep, prefixes, crossing rows and moved entries (plan_finalize). Up to 32 ranks: a
-    // thread per expert walks the ranks (short loop, registers). More: a warp per expert, lanes over ranks in
-    // chunks of 32 with a warp scan, so the [E][R] and [E][R+1] rows are stored coalesced; crossing rows per rank
-    // collect in shared memory. ----
-    constexpr int kCrossSmem = 256;
-    __shared__ unsigned s_cross[kCrossSmem];  // < entries of rank r < 2^31
-    const bool cross_smem = R <= kCrossSmem;
-    for (int r = tid; r < kCrossSmem; r += kThreads) s_cross[r] = 0;
-    __syncthreads();
-    if (R > kWarpSize && cross_smem) {
-        unsigned moved = 0;  // this lane's moved entries (< N < 2^31 in all)
-        for (int e = warp; e < E; e += kWarps) {
-            const int h = sc.home[e];
-            int32_t* rp = a.rest_prefix + static_cast<int64_t>(e) * (R + 1);
-            int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
-            int32_t rest_carry = 0, cap_carry = 0;
-            for (int r0 = 0; r0 <= R; r0 += kWarpSize) {
-                const int r = r0 + lane;
-                int32_t t_re = 0, a_er = 0, keep = 0;
-                if (r < R) {
-                    t_re = tpe[static_cast<int64_t>(r) * E + e];
-                    a_er = alloc[static_cast<int64_t>(e) * R + r];
-                    keep = d.locality ? (t_re < a_er ? t_re : a_er) : 0;  // plan_local_keep
-                    a.local_keep[static_cast<int64_t>(e) * R + r] = keep;
-                    if (r != h) moved += static_cast<unsigned>(a_er);
-                }
-                const int32_t rest = t_re - keep, cap = a_er - keep;
-                int32_t ri = rest, ci = cap;  // inclusive scans
-#pragma unroll
-                for (int off = 1; off < kWarpSize; off <<= 1) {
-                    const int32_t nr = __shfl_up_sync(kFullMask, ri, off), nc = __shfl_up_sync(kFullMask, ci, off);
-                    if (lane >= off) ri += nr, ci += nc;
-                }
-                const int32_t rest_lo = rest_carry + ri - rest, cap_lo = cap_carry + ci - cap;
-                if (r <= R) rp[r] = rest_lo, cp[r] = cap_lo;
-                if (r < R) {
-                    const int32_t lo = rest_lo > cap_lo ? rest_lo : cap_lo;
-                    const int32_t hi = rest_lo + rest < cap_lo + cap ? rest_lo + rest : cap_lo + cap;
-                    const int32_t cross = t_re - (keep + (hi > lo ? hi - lo : 0));
-                    if (cross) atomicAdd(&s_cross[r], static_cast<unsigned>(cross));
-                }
-                rest_carry += __shfl_sync(kFullMask, ri, kWarpSize - 1);
-                cap_carry += __shfl_sync(kFullMask, ci, kWarpSize - 1);
-            }
-        }
-        const unsigned wm = __reduce_add_sync(kFullMask, moved);
-        if (lane == 0 && wm) atomicAdd(&s_acc[0][2], wm);
-    } else {
-        for (int e0 = warp * kWarpSize; e0 < E; e0 += kThreads) {  // warp-uniform: per-warp sums before atomics
-            const int e = e0 + lane;
-            const bool valid = e < E;
-            int32_t rest = 0, cap = 0;
-            int32_t* rp = a.rest_prefix + static_cast<int64_t>(e) * (R + 1);
-            int32_t* cp = a.cap_prefix + static_cast<int64_t>(e) * (R + 1);
-            int64_t moved = 0;
-            const int h = valid ? sc.home[e] : -1;
-            for (int r = 0; r < R; ++r) {
-                int64_t cross = 0;
-                if (valid) {
-                    const int32_t keep = static_cast<int32_t>(detail::plan_local_keep(d, tpe, alloc, e, r));
-                    const int32_t t_re = tpe[static_cast<int64_t>(r) * E + e];
-                    const int32_t a_er = alloc[static_cast<int64_t>(e) * R + r];
-                    a.local_keep[static_cast<int64_t>(e) * R + r] = keep;
-                    rp[r] = rest;
-                    cp[r] = cap;
-                    const int32_t rest_lo = rest, cap_lo = cap;
-                    rest += t_re - keep;
-                    cap += a_er - keep;
-                    const int64_t lo = detail::imax64(rest_lo, cap_lo), hi = detail::imin64(rest, cap);
-                    cross = t_re - (keep + (hi > lo ? hi - lo : 0));
-                    if (r != h) moved += a_er;
-                }
-                const unsigned wsum = __reduce_add_sync(kFullMask, static_cast<unsigned>(cross));  // < entries of r
-                if (lane == 0 && wsum) {
-                    if (cross_smem)
-                        atomicAdd(&s_cross[r], wsum);
-                    else
-                        atomicAdd(reinterpret_cast<unsigned long long*>(a.crossing_out + r),
-                                  static_cast<unsigned long long>(wsum));
+    // ---- Phase 4a: the route rows of every expert the winner moves (plan_route_entry; a warp per expert, lanes
+    // over ranks), and the crossing rows they change. ----
+    __shared__ unsigned s_moved_final;
+    if (tid == 0) s_moved_final = 0;
+    int32_t* pushed = sc.cost_pushed;  // [R] copies pushed per home rank (the costs' arrays are free again)
+    int32_t* remote_n = sc.cost_remote;  // [R] remote experts, then [R] copies received, per rank
+    for (int r = tid; r < R; r += kThreads) pushed[r] = 0;
+    for (int i = warp; i < sw.n; i += kWarps) {
+        if (!detail::plan_piece_first_of_expert(sw, R, i)) continue;  // warp-uniform
+        const int e = sw.piece_at[i] / R, h = home[e];
+        const int32_t th = t_home[e];
+        for (int r = lane; r <= R; r += kWarpSize) {
+            int32_t a_er = r == h ? sw.home_rem[e] : 0;
+            if (r != h && r < R)
+                detail::plan_for_each_piece_of(sw, R, e, [&](int j) {
+                    if (sw.piece_at[j] - e * R == r) a_er = sw.piece_amount[j];
+                });
+            const int64_t pr = static_cast<int64_t>(e) * (R + 1) + r;
+            const detail::PlanRouteEntry x = detail::plan_route_entry(d, tpe, sw, e, r, a_er, colprefix(e, r));
+            a.rest_prefix[pr] = x.rest_prefix;
+            a.cap_prefix[pr] = x.cap_prefix;
+            if (r < R) {
+                a.local_keep[static_cast<int64_t>(e) * R + r] = x.keep;
+                a.alloc[static_cast<int64_t>(e) * R + r] = a_er;
+                if (r == h || a_er > 0) {
+                    const int32_t t = r == h ? th : tpe[static_cast<int64_t>(r) * E + e];
+                    const int32_t stay = detail::plan_stay_of(t, a_er, x.keep, x.rest_prefix, x.cap_prefix);
+                    const int32_t corr = (r == h ? th : 0) - stay;  // the home matrix counted t[h][e] as staying
+                    if (corr) atomicAdd(sc.cross + r, corr);
                 }
             }
-            if (valid) {
-                rp[R] = rest;
-                cp[R] = cap;
-            }
-            const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
-            if (lane == 0 && wm) atomicAdd(&s_acc[0][2], wm);
         }
     }
     __syncthreads();
-    if (cross_smem)
-        for (int r = tid; r < R; r += kThreads) a.crossing_out[r] = static_cast<int64_t>(s_cross[r]);
+    for (int r = tid; r < R; r += kThreads) a.crossing_out[r] = static_cast<int64_t>(sc.cross[r]);
     stamp(6);
 
-    // ---- Phase 3b: segment layout, weight sources, slots, cu_seqlens, seg_row; one warp per rank. ----
-    // The group arrays are built in the warp's part of sc.groups (shared memory when the scratch is), then copied
-    // out: their read-after-write steps stay out of global memory.
-    static_assert(kWarps <= kPlanMaxWarps, "PlanScratchLayout::groups holds kPlanMaxWarps warps");
+    // ---- Phase 4b: segment layout, weight sources, slots, cu_seqlens, seg_row; one warp per rank. ----
+    // The group arrays are built in the warp's area (shared memory when the scratch is), then copied out.
     for (int r = warp; r < R; r += kWarps) {
-        int32_t* tw = sc.groups + static_cast<int64_t>(warp) * 5 * G;
-        int32_t* ge = tw;
-        int32_t* gc = tw + G;
-        int32_t* gs = tw + 2 * G;
-        int32_t* gsl = tw + 3 * G;
-        int32_t* cu = tw + 4 * G;
+        int32_t* ge = sc.warp_area + static_cast<size_t>(warp) * sc.warp_words;
+        int32_t* gc = ge + G;
+        int32_t* gs = ge + 2 * G;
+        int32_t* gsl = ge + 3 * G;
+        int32_t* cu = ge + 4 * G;
+        int32_t* pe = ge + 5 * G;  // the rank's remote pieces: expert, amount, index (up to epn of them)
+        int32_t* pa = pe + epn;
+        int32_t* pi = pa + epn;
         int32_t* seg = a.seg_row + static_cast<int64_t>(r) * E;
         int32_t* cs = a.copies + static_cast<int64_t>(r) * B;
-        for (int g = lane; g < G; g += kWarpSize) {
-            ge[g] = -1, gc[g] = 0, gs[g] = detail::kSourceEmpty, gsl[g] = -1;
-        }
+        for (int g = lane; g < G; g += kWarpSize) ge[g] = -1, gc[g] = 0, gs[g] = detail::kSourceEmpty, gsl[g] = -1;
         for (int b = lane; b < B; b += kWarpSize) cs[b] = -1;
-        for (int e = lane; e < E; e += kWarpSize) seg[e] = -1;
         __syncwarp();
         for (int g = lane; g < epn; g += kWarpSize) {
             const int e = r * epn + g;
-            const int32_t cnt = alloc[static_cast<int64_t>(e) * R + r];
+            const int32_t cnt = sw.home_rem[e];
             if (cnt > 0) ge[g] = e, gc[g] = cnt, gs[g] = detail::kSourceLocal;
         }
-        // Remote experts in ascending id: a stable warp compaction.
-        int next = epn;
-        for (int e0 = 0; e0 < E; e0 += kWarpSize) {
-            const int e = e0 + lane;
-            int32_t cnt = 0;
-            if (e < E && sc.home[e] != r) cnt = alloc[static_cast<int64_t>(e) * R + r];
-            const unsigned m = __ballot_sync(kFullMask, cnt > 0);
-            if (cnt > 0) {
-                const int g = next + __popc(m & lanemask_lt());
-                if (g < G) {
-                    ge[g] = e, gc[g] = cnt;
-                    gs[g] = detail::plan_is_prefetched(d, alloc, r, e) ? detail::kSourceSlot : detail::kSourcePeer;
-                }
+        // The rank's pieces (any order in the list), then ascending expert id: each one's place is the number of
+        // the rank's pieces with a lower id.
+        int m = 0;
+        unsigned moved = 0;
+        for (int i0 = 0; i0 < sw.n; i0 += kWarpSize) {
+            const int i = i0 + lane;
+            const bool in = i < sw.n && sw.piece_at[i] % R == r;
+            const unsigned bits = __ballot_sync(kFullMask, in);
+            if (in) {
+                const int k = m + __popc(bits & lanemask_lt());
+                if (k < epn) pe[k] = sw.piece_at[i] / R, pa[k] = sw.piece_amount[i], pi[k] = i;
+                moved += static_cast<unsigned>(sw.piece_amount[i]);
             }
-            next += __popc(m);
+            m += __popc(bits);
         }
+        __syncwarp();
+        const int mm = m < epn ? m : epn;  // more than epn: a broken plan, reported below
+        for (int k = lane; k < mm; k += kWarpSize) {
+            int place = 0;
+            for (int k2 = 0; k2 < mm; ++k2) place += pe[k2] < pe[k];
+            const int g = epn + place;
+            ge[g] = pe[k], gc[g] = pa[k];
+            gs[g] = detail::plan_piece_prefetched(d, sw, pi[k]) ? detail::kSourceSlot : detail::kSourcePeer;
+        }
+        const unsigned wm = __reduce_add_sync(kFullMask, moved);
+        if (lane == 0 && wm) atomicAdd(&s_moved_final, wm);
         __syncwarp();
         // Slots in ascending group (= expert) order among the prefetched groups.
         int slot = 0, peer = 0;
@@ -447,6 +625,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                 const int s = slot + __popc(ms & lanemask_lt());
                 cs[s] = ge[g];
                 gsl[g] = s;
+                atomicAdd(pushed + home[ge[g]], 1);
             }
             slot += __popc(ms);
             peer += __popc(mp);
@@ -476,41 +655,43 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         }
         __syncwarp();  // the temporaries are rebuilt for the warp's next rank
         if (lane == 0) {
-            a.remote_experts[r] = next - epn;
+            a.remote_experts[r] = m;
             a.copies_received[r] = slot;
             a.peer_reads[r] = peer;
-            a.copies_pushed[r] = 0;
+            remote_n[r] = m;
+            remote_n[R + r] = slot;
         }
     }
     __syncthreads();
     stamp(7);
-    if (alloc != a.alloc)
-        for (size_t i = tid; i < ER; i += kThreads) a.alloc[i] = alloc[i];
 
-    // ---- Phase 3c: copies pushed per home rank, then the costs. ----
-    for (int i = tid; i < R * B; i += kThreads) {
-        const int32_t e = a.copies[i];
-        if (e >= 0) atomicAdd(a.copies_pushed + sc.home[e], 1);
-    }
-    __syncthreads();
-    if (tid == 0) {
-        int64_t traffic = 0, copies = 0, crossing = 0;
-        for (int r = 0; r < R; ++r) {
-            traffic = detail::imax64(traffic, a.copies_received[r] + a.copies_pushed[r]);
-            copies += a.remote_experts[r];
-            crossing += a.crossing_out[r];
-            if (a.remote_experts[r] > epn)
-                record_error(team, DeviceErrorKind::kInternal, rank, -1, Phase::kPlanReady, -1, -1, a.remote_experts[r],
-                             epn, 0);
+    // ---- Phase 4c: copies pushed per home rank, then the costs (warp 0, from the block's copies). ----
+    if (warp == 0) {
+        int traffic = 0, copies = 0, crossing = 0;  // each < N < 2^31
+        for (int r = lane; r < R; r += kWarpSize) {
+            a.copies_pushed[r] = pushed[r];
+            traffic = max(traffic, remote_n[R + r] + pushed[r]);
+            copies += remote_n[r];
+            crossing += sc.cross[r];
+            if (remote_n[r] > epn)
+                record_error(team, DeviceErrorKind::kInternal, rank, -1, Phase::kPlanReady, -1, -1, remote_n[r], epn, 0);
         }
-        cost_out[0] = traffic;
-        cost_out[1] = copies;
-        cost_out[2] = crossing;
-        cost_out[3] = static_cast<int64_t>(s_acc[0][2]);
+        traffic = static_cast<int>(__reduce_max_sync(kFullMask, static_cast<unsigned>(traffic)));
+        copies = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(copies)));
+        crossing = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(crossing)));
+        if (lane == 0) {
+            cost_out[0] = traffic;
+            cost_out[1] = copies;
+            cost_out[2] = crossing;
+            cost_out[3] = static_cast<int64_t>(s_moved_final);
+        }
     }
     __syncthreads();
     stamp(8);
-    if (timing != nullptr && tid == 0) timing[13] = static_cast<int64_t>(clock64());  // SM cycles of the plan
+    if (timing != nullptr && tid == 0) {
+        timing[13] = static_cast<int64_t>(clock64());
+        timing[15] = static_cast<int64_t>(global_timer_ns());
+    }
 }
 
 }  // namespace evenep::cuda::device

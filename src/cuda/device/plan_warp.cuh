@@ -1,6 +1,7 @@
 // Warp-level pieces of the block planner (plan_block.cuh): reductions with the sequential code's tie rule and
-// one-warp versions of plan_candidates.hpp's greedy loops (global fill in every variant, path) and of plan_cost_of's
-// per-expert sums. Each returns exactly what its plan_candidates.hpp counterpart computes (see plan_block.cuh for why).
+// one-warp versions of plan_candidates.hpp's greedy loops (global fill in every variant, path, the reference expert
+// split) that keep their alloc matrix in sparse form (evenep/detail/plan_sparse.hpp: the home column and a list of
+// pieces). Each builds exactly the matrix its plan_candidates.hpp counterpart builds (see plan_block.cuh for why).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
 #include "evenep/detail/plan_candidates.hpp"
+#include "evenep/detail/plan_sparse.hpp"
 
 namespace evenep::cuda::device {
 
@@ -27,12 +29,12 @@ __device__ __forceinline__ unsigned order_key(int64_t v) {
 }
 
 // First index of the maximum (kMax) or minimum of x[0..n) (the sequential "if (x[r] > x[best]) best = r").
-template <bool kMax>
-__device__ __forceinline__ int warp_first_extreme(const int64_t* x, int n, int lane) {
-    int64_t v = 0;
+template <bool kMax, typename T>
+__device__ __forceinline__ int warp_first_extreme(const T* x, int n, int lane) {
+    T v = 0;
     int i = -1;
     for (int r = lane; r < n; r += kWarpSize) {
-        const int64_t xr = x[r];
+        const T xr = x[r];
         if (i < 0 || (kMax ? xr > v : xr < v)) v = xr, i = r;
     }
     const unsigned key = i < 0 ? 0u : (kMax ? order_key(v) : ~order_key(v));
@@ -41,9 +43,18 @@ __device__ __forceinline__ int warp_first_extreme(const int64_t* x, int n, int l
         __reduce_min_sync(kFullMask, i >= 0 && key == best ? static_cast<unsigned>(i) : 0xffffffffu));
 }
 
-__device__ __forceinline__ int warp_first_max(const int64_t* x, int n, int lane) {
+template <typename T>
+__device__ __forceinline__ int warp_first_max(const T* x, int n, int lane) {
     return warp_first_extreme<true>(x, n, lane);
 }
+
+// One alloc matrix in sparse form as the warps build it: the home column and the pieces (count in *n).
+struct PieceList {
+    int32_t* home_rem;  // [E]
+    int32_t* at;        // [cap] e * R + u
+    int32_t* amount;    // [cap]
+    int32_t* n;
+};
 
 // plan_alloc_global_fill's order of candidates as (primary, local) keys, larger is better, lower expert id on
 // ties: best_fit: pieces that fill the receiver first, the smallest of those, else the largest piece;
@@ -54,63 +65,107 @@ __device__ __forceinline__ unsigned fill_primary(int64_t piece, bool fills, bool
 }
 
 // plan_alloc_global_fill on one warp, every variant of it: best_fit, overshoot, spread (spread_pushed != nullptr).
-// excess/deficit/remote/avail/alloc (and spread_pushed) initialised by the caller (excess/deficit from balance,
-// remote and spread 0, avail = T_e, alloc = home). Returns the same bool.
+// State initialised by the caller (excess/deficit from balance, remote and spread 0, the list's home column T_e and
+// no pieces, held all clear). held: [R][W] bitsets, bit e of receiver u set once u holds a piece of e (the dense
+// code's alloc[e][u] > 0; a receiver never holds its own experts here: their donor has no excess once it is a
+// receiver). The receiver's own entries (the last tie-break key, a read of the histogram) are read only for the
+// experts tied on the first two keys. Returns the same bool.
 __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
-                                        const int32_t* tpe,
-                                        bool best_fit,
-                                        bool overshoot,
-                                        int64_t* excess,
-                                        int64_t* deficit,
-                                        int64_t* avail,
-                                        int32_t* remote,
-                                        int32_t* spread_pushed,
-                                        int32_t* alloc,
-                                        const int32_t* home,
-                                        int lane,
-                                        int& iterations) {
-    const int R = d.R, E = d.E;
+                                                 const int32_t* tpe,
+                                                 bool best_fit,
+                                                 bool overshoot,
+                                                 int32_t* excess,
+                                                 int32_t* deficit,
+                                                 int32_t* remote,
+                                                 int32_t* spread_pushed,
+                                                 const PieceList& pl,
+                                                 uint32_t* held,
+                                                 int W,
+                                                 const int32_t* home,
+                                                 int lane,
+                                                 int& iterations) {
+    const int R = d.R, E = d.E, J = (E + kWarpSize - 1) / kWarpSize;
+    int32_t* avail = pl.home_rem;
+    int n = 0;  // pieces so far (lane 0 writes them)
+    bool result = true;
     for (;; ++iterations) {
         const int u = warp_first_max(deficit, R, lane);
-        const int64_t need = deficit[u];
-        if (need <= 0) return true;
+        const int32_t need = deficit[u];
+        if (need <= 0) break;
         const bool must_fill = remote[u] + 1 >= d.epn;
-        // This lane's best (spread, primary, local); ascending e keeps the lowest id on ties. spread: fewer pushes
-        // of the donor so far is better (the sequential code compares it first), 0 when not spreading.
-        unsigned bs = 0, bp = 0, bl = 0;
-        int be = -1;
-        for (int e = lane; e < E; e += kWarpSize) {
-            const int h = home[e];
-            const int64_t ex = excess[h], av = avail[e];
-            if (ex <= 0 || av <= 0) continue;
-            if (alloc[static_cast<int64_t>(e) * R + u] > 0) continue;
-            const int64_t piece = detail::imin64(av, ex);
+        const uint32_t* hu = held + static_cast<int64_t>(u) * W;
+        // Pass 1: this lane's best (spread, primary) key and which of its experts (j: e = lane + 32 j) reach it.
+        // spread: fewer pushes of the donor so far is better (compared first), 0 when not spreading.
+        unsigned long long bk = 0, mask = 0;
+        bool any = false, beyond = false;  // beyond: a tied expert with j >= 64 (rescanned in pass 2)
+        // Branch-free body, unrolled: the loads of several experts are in flight together.
+#pragma unroll 4
+        for (int j = 0; j < J; ++j) {
+            const int e = lane + kWarpSize * j;
+            const bool in = e < E;
+            const int h = in ? home[e] : 0;
+            const int32_t ex = in ? excess[h] : 0, av = in ? avail[e] : 0;
+            const bool held_e = in && ((hu[j] >> lane) & 1u);
+            const int32_t piece = av < ex ? av : ex;
             const bool fills = piece >= need;
-            if (must_fill && !fills) continue;
-            const unsigned cs = spread_pushed ? 0x7fffffffu - static_cast<unsigned>(spread_pushed[h]) : 0u;
-            const unsigned cp = fill_primary(piece, fills, best_fit);
-            const unsigned cl = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
-            if (be < 0 || cs > bs || (cs == bs && (cp > bp || (cp == bp && cl > bl)))) bs = cs, bp = cp, bl = cl, be = e;
+            const bool valid = ex > 0 && av > 0 && !held_e && (!must_fill || fills);
+            const unsigned cs = spread_pushed && in ? 0x7fffffffu - static_cast<unsigned>(spread_pushed[h]) : 0u;
+            const unsigned long long key =
+                valid ? (static_cast<unsigned long long>(cs) << 32) | fill_primary(piece, fills, best_fit) : 0ull;
+            if (key > bk) bk = key, mask = 0, beyond = false;
+            if (key != 0 && key == bk) {
+                if (j < 64)
+                    mask |= 1ull << j;
+                else
+                    beyond = true;
+            }
         }
+        any = bk != 0;
         int best = -1;
-        if (__any_sync(kFullMask, be >= 0)) {
-            const unsigned smax = __reduce_max_sync(kFullMask, be >= 0 ? bs : 0u);
-            const bool s_ok = be >= 0 && bs == smax;
-            const unsigned pmax = __reduce_max_sync(kFullMask, s_ok ? bp : 0u);
-            const bool p_ok = s_ok && bp == pmax;
-            const unsigned lmax = __reduce_max_sync(kFullMask, p_ok ? bl : 0u);
+        if (__any_sync(kFullMask, any)) {
+            const unsigned hi = __reduce_max_sync(kFullMask, any ? static_cast<unsigned>(bk >> 32) : 0u);
+            const unsigned lo = __reduce_max_sync(
+                kFullMask, any && static_cast<unsigned>(bk >> 32) == hi ? static_cast<unsigned>(bk) : 0u);
+            const unsigned long long kmax = (static_cast<unsigned long long>(hi) << 32) | lo;
+            // Pass 2: among the tied experts, the most of the receiver's own entries, then the lowest id.
+            unsigned bl = 0;
+            int be = -1;
+            if (any && bk == kmax) {
+                for (unsigned long long m = mask; m; m &= m - 1) {
+                    const int e = lane + kWarpSize * (__ffsll(static_cast<long long>(m)) - 1);
+                    const unsigned l = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
+                    if (be < 0 || l > bl) bl = l, be = e;
+                }
+                if (beyond)
+                    for (int j = 64, e = lane + 64 * kWarpSize; e < E; ++j, e += kWarpSize) {
+                        const int h = home[e];
+                        const int32_t ex = excess[h], av = avail[e];
+                        if (ex <= 0 || av <= 0 || ((hu[j] >> lane) & 1u)) continue;
+                        const int32_t piece = av < ex ? av : ex;
+                        const bool fills = piece >= need;
+                        if (must_fill && !fills) continue;
+                        const unsigned cs = spread_pushed ? 0x7fffffffu - static_cast<unsigned>(spread_pushed[h]) : 0u;
+                        if (((static_cast<unsigned long long>(cs) << 32) | fill_primary(piece, fills, best_fit)) != kmax)
+                            continue;
+                        const unsigned l = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
+                        if (be < 0 || l > bl) bl = l, be = e;
+                    }
+            }
+            const unsigned lmax = __reduce_max_sync(kFullMask, be >= 0 ? bl : 0u);
             best = static_cast<int>(
-                __reduce_min_sync(kFullMask, p_ok && bl == lmax ? static_cast<unsigned>(be) : 0xffffffffu));
+                __reduce_min_sync(kFullMask, be >= 0 && bl == lmax ? static_cast<unsigned>(be) : 0xffffffffu));
         }
+        bool over = false;
+        int64_t moved = 0;
         if (best < 0 && overshoot) {
             // Overshoot (plan_alloc_global_fill's second pass): the smallest expert whose avail covers the need
-            // (ties: more of the receiver's own tokens, then lower id); its donor becomes a receiver.
+            // (ties: more of the receiver's own entries, then lower id); its donor becomes a receiver.
             unsigned ba = 0, bl2 = 0;
             int be2 = -1;
-            for (int e = lane; e < E; e += kWarpSize) {
+            for (int j = 0, e = lane; e < E; ++j, e += kWarpSize) {
                 const int h = home[e];
                 if (excess[h] <= 0 || avail[e] < need) continue;
-                if (alloc[static_cast<int64_t>(e) * R + u] > 0) continue;
+                if ((hu[j] >> lane) & 1u) continue;
                 const unsigned ka = 0x7fffffffu - static_cast<unsigned>(avail[e]);  // smaller avail is better
                 const unsigned kl = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
                 if (be2 < 0 || ka > ba || (ka == ba && kl > bl2)) ba = ka, bl2 = kl, be2 = e;
@@ -119,70 +174,45 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
                 const unsigned amax = __reduce_max_sync(kFullMask, be2 >= 0 ? ba : 0u);
                 const bool a_ok = be2 >= 0 && ba == amax;
                 const unsigned lmax = __reduce_max_sync(kFullMask, a_ok ? bl2 : 0u);
-                const int over = static_cast<int>(
+                best = static_cast<int>(
                     __reduce_min_sync(kFullMask, a_ok && bl2 == lmax ? static_cast<unsigned>(be2) : 0xffffffffu));
-                if (lane == 0)
-                    detail::plan_fill_take(d, over, u, need, /*overshoot=*/true, excess, deficit, avail, remote,
-                                           spread_pushed, alloc);
-                __syncwarp();
-                continue;
+                over = true;
+                moved = need;
             }
         }
-        if (best < 0) return false;
-        if (lane == 0)
-            detail::plan_fill_take(d, best, u, detail::imin64(detail::imin64(avail[best], excess[home[best]]), need),
-                                   /*overshoot=*/false, excess, deficit, avail, remote, spread_pushed, alloc);
+        if (best < 0) {
+            result = false;
+            break;
+        }
+        if (!over) {
+            const int32_t av = avail[best], ex = excess[home[best]];
+            moved = detail::imin64(av < ex ? av : ex, need);
+        }
+        __syncwarp();  // every lane has read the state before lane 0 changes it
+        if (lane == 0) {
+            detail::plan_fill_take<int32_t>(d, best, u, moved, over, excess, deficit, avail, remote, spread_pushed,
+                                            nullptr);
+            held[static_cast<int64_t>(u) * W + best / kWarpSize] |= 1u << (best % kWarpSize);
+            pl.at[n] = best * R + u;
+            pl.amount[n] = static_cast<int32_t>(moved);
+        }
+        ++n;
         __syncwarp();  // orders lane 0's updates before the next iteration's reads
     }
+    if (lane == 0) *pl.n = n;
+    return result;
 }
 
-// plan_cost_of's sums for the 32 experts e = e0 + lane of an alloc matrix X: remote experts per rank into
-// remote[R], pushes per home rank into pushed[R] (shared atomics), total copies / crossing rows / moved entries
-// into acc[3]. 32-bit: every count and prefix here is bounded by the group's entries N < 2^31.
-__device__ __forceinline__ void warp_cost_chunk(const PlanDims& d, const int32_t* tpe, const int32_t* X,
-                                                const int32_t* home, int e, int lane,
-                                       int32_t* remote_out, int32_t* pushed_out, unsigned* acc) {
-    const int R = d.R, E = d.E;
-    const bool valid = e < E;
-    const int h = valid ? home[e] : -1;
-    int32_t crossing = 0, copies = 0, moved = 0, rest_lo = 0, cap_lo = 0, pushed = 0;
-    for (int r = 0; r < R; ++r) {  // per lane: no warp-wide step in the loop
-        bool remote = false;
-        if (valid) {
-            const int32_t a_er = X[static_cast<int64_t>(e) * R + r];
-            const int32_t t_re = tpe[static_cast<int64_t>(r) * E + e];
-            const int32_t keep = d.locality ? min(t_re, a_er) : 0;  // plan_local_keep
-            const int32_t rest = t_re - keep, cap = a_er - keep;
-            const int32_t lo = max(rest_lo, cap_lo), hi = min(rest_lo + rest, cap_lo + cap);
-            crossing += t_re - (keep + (hi > lo ? hi - lo : 0));
-            rest_lo += rest;
-            cap_lo += cap;
-            if (r != h && a_er > 0) {
-                remote = true;
-                copies += 1;
-                moved += a_er;
-                if (d.B >= d.epn || detail::plan_is_prefetched(d, X, r, e)) pushed += 1;
-            }
-        }
-        if (remote) atomicAdd(remote_out + r, 1);  // rare: remote entries are copies (<= E in all)
-    }
-    if (pushed) atomicAdd(pushed_out + h, pushed);
-    const unsigned wc = __reduce_add_sync(kFullMask, static_cast<unsigned>(copies));
-    const unsigned wx = __reduce_add_sync(kFullMask, static_cast<unsigned>(crossing));
-    const unsigned wm = __reduce_add_sync(kFullMask, static_cast<unsigned>(moved));
-    if (lane == 0) {
-        if (wc) atomicAdd(acc + 0, wc);
-        if (wx) atomicAdd(acc + 1, wx);
-        if (wm) atomicAdd(acc + 2, wm);
-    }
-}
-
-// plan_alloc_path on one warp (same result bit for bit): the selection sort's pick and each piece's expert are
+// plan_alloc_path on one warp (same matrix bit for bit): the selection sort's pick and each piece's expert are
 // warp reductions (first index wins ties, as in the sequential loops); lane 0 commits. lb/q: load_before and q.
-// alloc already holds the home matrix (plan_alloc_path's init = false).
+// pl.home_rem holds T_e on entry (the home matrix).
+// NOTE: plan_alloc_path also requires alloc[f][taker] == 0 of the giver's expert f; that always holds, so this
+// version does not keep the matrix to test it: a taker receives from a giver only on their one shared edge, and there
+// f leaves the candidates once taken (either the whole rest of f moved, left = 0, or the edge's flow is done).
 __device__ __forceinline__ bool warp_alloc_path(const PlanDims& d, const int64_t* lb, const int32_t* q, bool alternate,
-                                       int32_t* order, int32_t* remote, int32_t* alloc, int lane) {
+                                                int32_t* order, int32_t* remote, const PieceList& pl, int lane) {
     const int R = d.R, epn = d.epn;
+    int32_t* left = pl.home_rem;
     int n = 0;
     for (int r0 = 0; r0 < R; r0 += kWarpSize) {  // order = the ranks with a non-zero balance, ascending
         const int r = r0 + lane;
@@ -224,40 +254,122 @@ __device__ __forceinline__ bool warp_alloc_path(const PlanDims& d, const int64_t
         __syncwarp();
         running += lb[order[i]] - q[order[i]];
     }
+    int np = 0;
+    bool result = true;
     int64_t flow = 0;
-    for (int i = 0; i + 1 < n; ++i) {
+    for (int i = 0; i + 1 < n && result; ++i) {
         const int oi = order[i], on = order[i + 1];
         flow += lb[oi] - q[oi];
         if (flow == 0) continue;
         const int giver = flow > 0 ? oi : on;
         const int taker = flow > 0 ? on : oi;
         int64_t give = flow > 0 ? flow : -flow;
+        if (epn <= 2 * kWarpSize) {
+            // The giver's entries left in registers (lane owns g = lane and lane + 32); only this warp changes them.
+            const int f0 = giver * epn + lane, f1 = f0 + kWarpSize;
+            int32_t l0 = lane < epn ? left[f0] : 0, l1 = lane + kWarpSize < epn ? left[f1] : 0;
+            int32_t rem = remote[taker];
+            while (give > 0) {
+                // The giver's expert with the most entries left (first on ties).
+                unsigned most = 0;
+                int g = -1;
+                if (l0 > 0) most = static_cast<unsigned>(l0), g = lane;
+                if (l1 > 0 && static_cast<unsigned>(l1) > most) most = static_cast<unsigned>(l1), g = lane + kWarpSize;
+                const unsigned mmax = __reduce_max_sync(kFullMask, most);
+                if (mmax == 0 || rem >= epn) {
+                    result = false;
+                    break;
+                }
+                const int gbest = static_cast<int>(
+                    __reduce_min_sync(kFullMask, g >= 0 && most == mmax ? static_cast<unsigned>(g) : 0xffffffffu));
+                const int64_t moved = detail::imin64(static_cast<int64_t>(mmax), give);
+                if (gbest == lane) l0 -= static_cast<int32_t>(moved);
+                if (gbest == lane + kWarpSize) l1 -= static_cast<int32_t>(moved);
+                rem += 1;
+                if (lane == 0) {
+                    pl.at[np] = (giver * epn + gbest) * R + taker;
+                    pl.amount[np] = static_cast<int32_t>(moved);
+                }
+                ++np;
+                give -= moved;
+            }
+            if (lane < epn) left[f0] = l0;
+            if (lane + kWarpSize < epn) left[f1] = l1;
+            if (lane == 0) remote[taker] = rem;
+            __syncwarp();
+            continue;
+        }
         while (give > 0) {
-            // The giver's expert with the most entries left that the taker does not hold (first on ties).
+            // The giver's expert with the most entries left (first on ties).
             unsigned most = 0;
             int e = -1;
             for (int g = lane; g < epn; g += kWarpSize) {
                 const int f = giver * epn + g;
-                const int32_t left = alloc[static_cast<int64_t>(f) * R + giver];
-                if (left > 0 && static_cast<unsigned>(left) > most && alloc[static_cast<int64_t>(f) * R + taker] == 0)
-                    most = static_cast<unsigned>(left), e = f;
+                const int32_t l = left[f];
+                if (l > 0 && static_cast<unsigned>(l) > most) most = static_cast<unsigned>(l), e = f;
             }
             const unsigned mmax = __reduce_max_sync(kFullMask, most);
-            if (mmax == 0 || remote[taker] >= epn) return false;
+            if (mmax == 0 || remote[taker] >= epn) {
+                result = false;
+                break;
+            }
             const int best = static_cast<int>(
                 __reduce_min_sync(kFullMask, e >= 0 && most == mmax ? static_cast<unsigned>(e) : 0xffffffffu));
             const int64_t moved = detail::imin64(static_cast<int64_t>(mmax), give);
-            __syncwarp();  // every lane has read alloc and remote before lane 0 changes them
+            __syncwarp();  // every lane has read left and remote before lane 0 changes them
             if (lane == 0) {
-                alloc[static_cast<int64_t>(best) * R + giver] -= static_cast<int32_t>(moved);
-                alloc[static_cast<int64_t>(best) * R + taker] += static_cast<int32_t>(moved);
+                left[best] -= static_cast<int32_t>(moved);
                 remote[taker] += 1;
+                pl.at[np] = best * R + taker;
+                pl.amount[np] = static_cast<int32_t>(moved);
             }
+            ++np;
             __syncwarp();
             give -= moved;
         }
     }
-    return true;
+    if (lane == 0) *pl.n = np;
+    return result;
+}
+
+// The reference expert split (plan_alloc_reference's second loop) of donor h on one warp: its transfers (receiver,
+// amount) in xu/xa[0..m) (any order), remaining[] the home column. Repeatedly the receiver with the largest transfer
+// left (lowest rank on ties: the dense loop's first index) takes min(its transfer, the donor's expert with the most
+// entries left). Pieces are appended to the shared list through an atomic counter (several warps split at once;
+// consumers of the list do not depend on its order). Returns the pieces made.
+__device__ __forceinline__ int warp_split_donor(const PlanDims& d, int h, int32_t* xu, int32_t* xa, int m,
+                                                int32_t* remaining, int32_t* piece_at, int32_t* piece_amount,
+                                                int32_t* npieces, int lane) {
+    const int R = d.R, epn = d.epn;
+    int pieces = 0;
+    for (;; ++pieces) {
+        unsigned bk = 0, bu = 0xffffffffu;
+        int bi = -1;
+        for (int i = lane; i < m; i += kWarpSize) {
+            const int32_t a = xa[i];
+            const unsigned u = static_cast<unsigned>(xu[i]);
+            if (a > 0 && (bi < 0 || static_cast<unsigned>(a) > bk || (static_cast<unsigned>(a) == bk && u < bu)))
+                bk = static_cast<unsigned>(a), bu = u, bi = i;
+        }
+        const unsigned kmax = __reduce_max_sync(kFullMask, bi >= 0 ? bk : 0u);
+        if (kmax == 0) break;
+        const unsigned umin = __reduce_min_sync(kFullMask, bi >= 0 && bk == kmax ? bu : 0xffffffffu);
+        const int slot = static_cast<int>(
+            __reduce_min_sync(kFullMask, bi >= 0 && bk == kmax && bu == umin ? static_cast<unsigned>(bi) : 0xffffffffu));
+        const int e = h * epn + warp_first_max(remaining + h * epn, epn, lane);
+        const int32_t moved = remaining[e] < static_cast<int32_t>(kmax) ? remaining[e] : static_cast<int32_t>(kmax);
+        if (moved <= 0) break;  // see plan_alloc_reference: unreachable with consistent quotas
+        __syncwarp();           // every lane has read remaining and xa before lane 0 changes them
+        if (lane == 0) {
+            remaining[e] -= moved;
+            xa[slot] -= moved;
+            const int i = atomicAdd(npieces, 1);
+            piece_at[i] = e * R + static_cast<int>(umin);
+            piece_amount[i] = moved;
+        }
+        __syncwarp();
+    }
+    return pieces;
 }
 
 }  // namespace evenep::cuda::device

@@ -42,6 +42,7 @@ struct PlanParams {
     int rank_begin;       // plan_only: first planning rank
     int32_t s_total;      // group total when the ranks' s differ, else -1 (stored in the gather rows)
     int scratch_in_smem;  // the block planner's state lives in dynamic shared memory (else the global workspace)
+    int tpe_in_smem;      // ... and so does its copy of the histogram tpe (else it is read from global memory)
     int route_in_smem;    // phase 4 reads the route tables from shared memory
     int repeat;           // plan_only: plans per launch (1; more only to measure warm-cache phase times)
     int relay;            // plan the relayed copy tree (detail/plan_relay.hpp), else direct pushes
@@ -70,7 +71,8 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
         // may be either (a select) stays generic, and generic accesses to shared memory are far slower on sm_90
         // (they resolve through the cluster shared window).
         if (p.scratch_in_smem) {
-            const device::PlanScratch sc = device::carve_scratch(reinterpret_cast<char*>(plan_smem), L.R, L.E);
+            device::PlanScratch sc = device::carve_scratch(reinterpret_cast<char*>(plan_smem), L.R, L.E);
+            if (!p.tpe_in_smem) sc.tpe = const_cast<int32_t*>(tpe);  // read in place (global memory)
             device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
         } else {
             device::PlanScratch sc = device::carve_scratch(base + L.plan.scratch, L.R, L.E);
@@ -318,8 +320,14 @@ int max_dynamic_smem() {
     return optin;
 }
 
-bool scratch_fits_smem(const EpLayout& L) {
-    return PlanScratchLayout::make(L.R, L.E).total + 2048 <= static_cast<size_t>(max_dynamic_smem());
+// Dynamic shared memory of the block planner: its state and, when that fits too, its copy of the histogram
+// (0: neither fits, the state lives in the rank's global workspace). Static shared memory needs the last 4 KiB.
+size_t planner_smem(const EpLayout& L, int& scratch_in_smem, int& tpe_in_smem) {
+    const PlanScratchLayout l = PlanScratchLayout::make(L.R, L.E);
+    const size_t limit = static_cast<size_t>(max_dynamic_smem()) - 4096;
+    scratch_in_smem = l.core <= limit ? 1 : 0;
+    tpe_in_smem = l.total <= limit ? 1 : 0;
+    return tpe_in_smem ? l.total : scratch_in_smem ? l.core : 0;
 }
 
 template <bool kParallel>
@@ -330,8 +338,7 @@ int launch_plan_impl(PlanParams p, int sm_budget, cudaStream_t stream) {
     const size_t route = sizeof(int32_t) * E * (4 * R + 2);
     p.route_in_smem = smem + route + 2048 <= static_cast<size_t>(max_dynamic_smem()) ? 1 : 0;
     if (p.route_in_smem) smem += route;
-    p.scratch_in_smem = kParallel && scratch_fits_smem(p.lay) ? 1 : 0;
-    if (p.scratch_in_smem) smem = std::max(smem, PlanScratchLayout::make(p.lay.R, p.lay.E).total);
+    if (kParallel) smem = std::max(smem, planner_smem(p.lay, p.scratch_in_smem, p.tpe_in_smem));
     const int nb = clamp_co_resident(kernel, kPlanThreads, smem, p.team.launch_ranks, sm_budget, p.lay.max_blocks);
     p.blocks_per_rank = nb;
     launch_cooperative(kernel, p.team.launch_ranks * nb, kPlanThreads, smem, stream, p);
@@ -374,8 +381,7 @@ void launch_plan_only(const TeamView& team,
                  ", ", rank_begin + num_ranks, ") outside [0, R = ", layout.R, ")");
     p.rank_begin = rank_begin;
     if (kernel == PlannerKernel::kParallel) {
-        p.scratch_in_smem = scratch_fits_smem(layout) ? 1 : 0;
-        const size_t smem = p.scratch_in_smem ? PlanScratchLayout::make(layout.R, layout.E).total : 0;
+        const size_t smem = planner_smem(layout, p.scratch_in_smem, p.tpe_in_smem);
         auto k = plan_only_kernel<kPlanThreads, true>;
         allow_dynamic_smem(k, smem);
         k<<<num_ranks, kPlanThreads, smem, stream>>>(p);
