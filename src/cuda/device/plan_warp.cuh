@@ -87,6 +87,16 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
     const int R = d.R, E = d.E, J = (E + kWarpSize - 1) / kWarpSize;
     int32_t* avail = pl.home_rem;
     int n = 0;  // pieces so far (lane 0 writes them)
+    // lean (E <= 2048): bit j of `live` is set while expert lane + 32 j has entries left and its donor has excess.
+    // Both only ever decrease (a donor's excess drops to 0 for good: plan_fill_take never raises it), so the experts
+    // outside the mask are never candidates again, and each scan skips them.
+    const bool lean = J <= 64;
+    unsigned long long live = 0;
+    if (lean)
+        for (int j = 0; j < J; ++j) {
+            const int e = lane + kWarpSize * j;
+            if (e < E && avail[e] > 0 && excess[home[e]] > 0) live |= 1ull << j;
+        }
     bool result = true;
     for (;; ++iterations) {
         const int u = warp_first_max(deficit, R, lane);
@@ -98,26 +108,35 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
         // spread: fewer pushes of the donor so far is better (compared first), 0 when not spreading.
         unsigned long long bk = 0, mask = 0;
         bool any = false, beyond = false;  // beyond: a tied expert with j >= 64 (rescanned in pass 2)
-        // Branch-free body, unrolled: the loads of several experts are in flight together.
-#pragma unroll 4
-        for (int j = 0; j < J; ++j) {
-            const int e = lane + kWarpSize * j;
-            const bool in = e < E;
-            const int h = in ? home[e] : 0;
-            const int32_t ex = in ? excess[h] : 0, av = in ? avail[e] : 0;
-            const bool held_e = in && ((hu[j] >> lane) & 1u);
+        // One expert's (spread, primary) key; 0: not a candidate.
+        auto key_of = [&](int j, int e) -> unsigned long long {
+            const int h = home[e];
+            const int32_t ex = excess[h], av = avail[e];
             const int32_t piece = av < ex ? av : ex;
             const bool fills = piece >= need;
-            const bool valid = ex > 0 && av > 0 && !held_e && (!must_fill || fills);
-            const unsigned cs = spread_pushed && in ? 0x7fffffffu - static_cast<unsigned>(spread_pushed[h]) : 0u;
-            const unsigned long long key =
-                valid ? (static_cast<unsigned long long>(cs) << 32) | fill_primary(piece, fills, best_fit) : 0ull;
+            const bool valid = ex > 0 && av > 0 && !((hu[j] >> lane) & 1u) && (!must_fill || fills);
+            const unsigned cs = spread_pushed ? 0x7fffffffu - static_cast<unsigned>(spread_pushed[h]) : 0u;
+            return valid ? (static_cast<unsigned long long>(cs) << 32) | fill_primary(piece, fills, best_fit) : 0ull;
+        };
+        auto consider = [&](int j, unsigned long long key) {
             if (key > bk) bk = key, mask = 0, beyond = false;
             if (key != 0 && key == bk) {
                 if (j < 64)
                     mask |= 1ull << j;
                 else
                     beyond = true;
+            }
+        };
+        if (lean) {
+            for (unsigned long long m = live; m; m &= m - 1) {  // only experts with entries left and a donor with excess
+                const int j = __ffsll(static_cast<long long>(m)) - 1;
+                consider(j, key_of(j, lane + kWarpSize * j));
+            }
+        } else {
+#pragma unroll 4
+            for (int j = 0; j < J; ++j) {
+                const int e = lane + kWarpSize * j;
+                if (e < E) consider(j, key_of(j, e));
             }
         }
         any = bk != 0;
@@ -163,6 +182,7 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
             unsigned ba = 0, bl2 = 0;
             int be2 = -1;
             for (int j = 0, e = lane; e < E; ++j, e += kWarpSize) {
+                if (lean && !((live >> j) & 1ull)) continue;
                 const int h = home[e];
                 if (excess[h] <= 0 || avail[e] < need) continue;
                 if ((hu[j] >> lane) & 1u) continue;
@@ -198,6 +218,19 @@ __device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
         }
         ++n;
         __syncwarp();  // orders lane 0's updates before the next iteration's reads
+        if (lean) {
+            const int hb = best / d.epn;
+            if (excess[hb] <= 0) {  // the donor is done: drop its experts [hb*epn, (hb+1)*epn) from this lane's mask
+                const int lo = hb * d.epn, hi = lo + d.epn - 1;
+                const int j0 = lo > lane ? (lo - lane + kWarpSize - 1) / kWarpSize : 0;
+                const int j1 = hi >= lane ? (hi - lane) / kWarpSize : -1;
+                if (j1 >= j0) {
+                    const int width = j1 - j0 + 1;
+                    live &= ~((width >= 64 ? ~0ull : ((1ull << width) - 1)) << j0);
+                }
+            }
+            if (avail[best] <= 0 && best % kWarpSize == lane) live &= ~(1ull << (best / kWarpSize));
+        }
     }
     if (lane == 0) *pl.n = n;
     return result;
