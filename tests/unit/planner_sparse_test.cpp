@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "evenep/detail/ep_layout.hpp"
 #include "evenep/detail/plan_candidates.hpp"
 #include "evenep/detail/plan_sparse.hpp"
 #include "evenep/plan.hpp"
@@ -55,6 +56,8 @@ struct ColPrefix {
 
 void expect_same_cost(const d::PlanDims& dims, const std::vector<int32_t>& tpe, const int32_t* alloc,
                       int64_t base_crossing, const std::string& what) {
+    // The GPU planner sizes every piece list by PlanScratchLayout::piece_cap (E + 3R).
+    EXPECT_LE(to_sparse(dims, alloc).at.size(), evenep::cuda::PlanScratchLayout::make(dims.R, dims.E).piece_cap) << what;
     std::vector<int32_t> w1(dims.R), w2(dims.R), w3(dims.R);
     d::PlanCostValues dense{}, sparse{};
     const bool ok_dense = d::plan_cost_of(dims, tpe.data(), alloc, w1.data(), w2.data(), w3.data(), dense);
@@ -142,6 +145,17 @@ TEST_P(SparseAllocForm, CostsAndRouteRowsMatchTheDenseCode) {
                               (std::ostringstream() << evenep::to_string(a) << " seed " << seed << " B " << B).str());
         }
     }
+}
+
+// The block planner keeps its state in shared memory when PlanScratchLayout::core fits the opt-in limit less 4 KiB
+// (227 KiB on sm_90: plan.cu planner_smem). The shapes issue 13 reports must fit: MoonEP with the histogram copy
+// too, E = 896 from R = 16 up to R = 128 without it. (R = 8 at E = 896 does not: its 16 per-warp group areas of
+// 5G + 3 epn words take 91 KiB; it plans from global memory.)
+TEST(SparseAllocForm, PlannerStateFitsSharedMemoryAtTheReportedShapes) {
+    constexpr size_t kLimit = 227 * 1024 - 4096;
+    using evenep::cuda::PlanScratchLayout;
+    EXPECT_LE(PlanScratchLayout::make(8, 384).total, kLimit);
+    for (int R : {16, 32, 56, 64, 112, 128}) EXPECT_LE(PlanScratchLayout::make(R, 896).core, kLimit) << "R = " << R;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SparseAllocForm,
