@@ -4,8 +4,10 @@
 // Why it is bit-exact: every quantity is an integer; sums, counts and maxima are order-independent; every argmax
 // of the sequential code ("first index wins ties", or the lexicographic key of plan_alloc_global_fill) is a warp
 // reduction that keeps the lowest index among equal keys; every step whose result depends on its predecessor (the
-// greedy loops) stays sequential, executed by one warp with lane 0 committing the update (plan_warp.cuh). Helpers
-// that are cheap per element (plan_local_keep, plan_is_prefetched) are called from plan_core.hpp itself.
+// greedy loops) stays sequential, executed by one warp with lane 0 committing the update (plan_warp.cuh). Every
+// allocation is kept in sparse form (evenep/detail/plan_sparse.hpp: home column + pieces); its costs, stays,
+// prefetched test and route rows are plan_sparse.hpp's own functions, checked against plan_core.hpp's dense code on
+// the CPU (tests/unit/planner_sparse_test.cpp).
 //
 // Optimized mode runs all six candidates of plan_candidates.hpp plan_alloc_mode (the default candidate set).
 //
