@@ -72,6 +72,10 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
         // (they resolve through the cluster shared window).
         if (p.scratch_in_smem) {
             device::PlanScratch sc = device::carve_scratch(reinterpret_cast<char*>(plan_smem), L.R, L.E);
+            // NOTE: this makes sc.tpe the select the note above warns of: the compiler cannot tell which memory it
+            // points to, so the histogram reads in this call site are generic at every shape, also where the copy is
+            // in shared memory (MoonEP). A third call site (histogram in global memory) would make both kinds
+            // explicit; not done, as it could not be measured in the session that added the sparse planner.
             if (!p.tpe_in_smem) sc.tpe = const_cast<int32_t*>(tpe);  // read in place (global memory)
             device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
         } else {
