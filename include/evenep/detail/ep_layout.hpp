@@ -94,8 +94,10 @@ struct PlanScratchLayout {
     size_t remaining, excess, deficit, avail, path_left, home, t_home, fill_remote, spread, order, path_q, cost_pushed,
         cost_remote, cross, xfer, npieces, piece_at, piece_amount, held, head, next, warp_area, tpe;
     size_t piece_cap;   // pieces per candidate (a bound, see make)
-    size_t held_words;  // words of one receiver's held bitset (ceil(E / 32))
-    size_t warp_words;  // int32 words of one warp's area
+    size_t held_words;  // words of one receiver's held bitset (max(32, ceil(E / 32)): a word per lane up to E = 1024)
+    size_t split_words;   // int32 words of one warp's split area (phase 2: a donor's transfers, 2R)
+    size_t group_words;   // int32 words of one layout warp's area (phase 4: 5 x [G] group arrays + 3 x [epn])
+    size_t layout_warps;  // warps that build the segment layout (their areas share warp_area with the split's)
     size_t core;        // bytes without the tpe copy
     size_t total;       // bytes with it
     EVENEP_HOST_DEVICE static constexpr PlanScratchLayout make(int R, int E) {
@@ -105,9 +107,13 @@ struct PlanScratchLayout {
         // (<= E + R); a fill one per exhausted expert, finished donor or filled receiver, receivers included that
         // an overshoot creates (<= E + 3R); a path at most epn per receiver (<= E).
         l.piece_cap = e + 3 * r;
-        l.held_words = (e + 31) / 32;
-        const size_t groups = 5 * G + 3 * epn;  // layout: 5 x [G] group arrays + the rank's remote pieces
-        l.warp_words = groups > 2 * r ? groups : 2 * r;  // the split: a donor's transfers (u, amount)
+        l.held_words = (e + 31) / 32 > 32 ? (e + 31) / 32 : 32;
+        l.split_words = 2 * r;
+        l.group_words = 5 * G + 3 * epn;  // layout: 5 x [G] group arrays + the rank's remote pieces
+        // At most 48 KiB of layout areas: large G (few ranks, many experts: R = 8, E = 896 has G = 224) gets fewer
+        // layout warps instead of a state that no longer fits in shared memory.
+        const size_t fit = (48 * 1024 / 4) / l.group_words;
+        l.layout_warps = fit >= static_cast<size_t>(kPlanMaxWarps) ? kPlanMaxWarps : fit < 1 ? 1 : fit;
         size_t o = 0;
         l.balance = o, o += 8 * r;
         l.expert_load = o, o += 8 * e;
@@ -133,7 +139,9 @@ struct PlanScratchLayout {
         // The fills' held bitsets (phase 2) and the pieces' per-expert lists (phases 3-4) share one range.
         const size_t held = 4 * 4 * r * l.held_words, lists = 4 * 7 * e + 4 * 7 * l.piece_cap;
         l.held = o, l.head = o, l.next = o + 4 * 7 * e, o += held > lists ? held : lists;
-        l.warp_area = o, o += 4 * static_cast<size_t>(kPlanMaxWarps) * l.warp_words;
+        const size_t split_area = static_cast<size_t>(kPlanMaxWarps) * l.split_words;
+        const size_t layout_area = l.layout_warps * l.group_words;
+        l.warp_area = o, o += 4 * (split_area > layout_area ? split_area : layout_area);
         l.core = detail::align_up(o, 16);
         l.tpe = l.core;
         l.total = detail::align_up(l.core + 4 * r * e, 16);

@@ -19,7 +19,7 @@ struct PlanScratch {
     int32_t *remaining, *excess, *deficit, *avail, *path_left, *home, *t_home, *fill_remote, *spread, *order, *path_q,
         *cost_pushed, *cost_remote, *cross, *xfer, *npieces, *piece_at, *piece_amount, *head, *next, *warp_area, *tpe;
     uint32_t* held;
-    int piece_cap, held_words, warp_words;
+    int piece_cap, held_words, split_words, group_words, layout_warps;
 };
 
 __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
@@ -33,7 +33,8 @@ __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
                        i32(l.cross),        i32(l.xfer),        i32(l.npieces),     i32(l.piece_at),
                        i32(l.piece_amount), i32(l.head),        i32(l.next),        i32(l.warp_area),
                        i32(l.tpe),          reinterpret_cast<uint32_t*>(base + l.held),
-                       static_cast<int>(l.piece_cap), static_cast<int>(l.held_words), static_cast<int>(l.warp_words)};
+                       static_cast<int>(l.piece_cap), static_cast<int>(l.held_words), static_cast<int>(l.split_words),
+                       static_cast<int>(l.group_words), static_cast<int>(l.layout_warps)};
 }
 
 // P[e][r], the histogram's column prefix, from the home matrix's rest_prefix row (phase 2 writes it for every
@@ -95,8 +96,9 @@ __device__ __forceinline__ void plan_block_finish(const PlanDims& d, const int32
 
     // ---- Phase 4b: segment layout, weight sources, slots, cu_seqlens, seg_row; one warp per rank. ----
     // The group arrays are built in the warp's area (shared memory when the scratch is), then copied out.
-    for (int r = warp; r < R; r += kWarps) {
-        int32_t* ge = sc.warp_area + static_cast<size_t>(warp) * sc.warp_words;
+    const int layout_warps = sc.layout_warps;  // PlanScratchLayout: fewer when the group arrays are large
+    for (int r = warp; r < R && warp < layout_warps; r += layout_warps) {
+        int32_t* ge = sc.warp_area + static_cast<size_t>(warp) * sc.group_words;
         int32_t* gc = ge + G;
         int32_t* gs = ge + 2 * G;
         int32_t* gsl = ge + 3 * G;
