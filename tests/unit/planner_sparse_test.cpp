@@ -149,13 +149,21 @@ TEST_P(SparseAllocForm, CostsAndRouteRowsMatchTheDenseCode) {
 
 // The block planner keeps its state in shared memory when PlanScratchLayout::core fits the opt-in limit less 4 KiB
 // (227 KiB on sm_90: plan.cu planner_smem). The shapes issue 13 reports must fit: MoonEP with the histogram copy
-// too, E = 896 from R = 16 up to R = 128 without it. (R = 8 at E = 896 does not: its 16 per-warp group areas of
-// 5G + 3 epn words take 91 KiB; it plans from global memory.)
+// too, E = 896 up to R = 128 without it (R = 8 at E = 896 through fewer layout warps: G = 224).
 TEST(SparseAllocForm, PlannerStateFitsSharedMemoryAtTheReportedShapes) {
     constexpr size_t kLimit = 227 * 1024 - 4096;
     using evenep::cuda::PlanScratchLayout;
     EXPECT_LE(PlanScratchLayout::make(8, 384).total, kLimit);
-    for (int R : {16, 32, 56, 64, 112, 128}) EXPECT_LE(PlanScratchLayout::make(R, 896).core, kLimit) << "R = " << R;
+    for (int R : {8, 16, 32, 56, 64, 112, 128}) EXPECT_LE(PlanScratchLayout::make(R, 896).core, kLimit) << "R = " << R;
+}
+
+// The GPU fill's expert -> home rank as a multiply (plan_core.hpp home_by_magic) is exact wherever it is used
+// (E <= 1024, so e < 1024 and epn <= 1024).
+TEST(SparseAllocForm, HomeByMagicIsExactUpToE1024) {
+    for (int epn = 1; epn <= 1024; ++epn) {
+        const uint32_t m = evenep::detail::home_magic(epn);
+        for (int e = 0; e < 1024; ++e) ASSERT_EQ(evenep::detail::home_by_magic(e, m), e / epn) << e << " / " << epn;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, SparseAllocForm,

@@ -68,6 +68,17 @@ inline constexpr int8_t kSourcePeer = 3;
 EVENEP_HOST_DEVICE inline int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
 EVENEP_HOST_DEVICE inline int64_t imax64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// e / epn as one multiply (the GPU fill's expert -> home rank in its scan): (2e + 1) * m >> 32 with
+// m = ceil(2^32 / (2 epn)). Exact for e < 1024 and 1 <= epn <= 1024: (2e + 1) / (2 epn) is never within 1 / (2 epn) of
+// the next integer and the rounding of m adds less than (2e + 1) * 2 epn / 2^32 < 1 / (2 epn) (checked for every such
+// pair by planner_sparse_test).
+EVENEP_HOST_DEVICE constexpr uint32_t home_magic(int epn) {
+    return 0xffffffffu / (2u * static_cast<uint32_t>(epn)) + 1u;
+}
+EVENEP_HOST_DEVICE constexpr int home_by_magic(int e, uint32_t magic) {
+    return static_cast<int>((static_cast<uint64_t>(2u * static_cast<uint32_t>(e) + 1u) * magic) >> 32);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Phase 1b: the imbalance budget (SPEC §3.6 slack, opt-in). On entry q[R] holds the even quotas q_r of
 // invariant 1, on exit the targets t_r (entries rank r computes), which every later phase reads in place of
