@@ -66,18 +66,21 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
     int32_t* w32 = EpLayout::at<int32_t>(base, L.plan.work32);
     if constexpr (kParallel) {
         int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
-        // NOTE: two call sites on purpose. In the first, every scratch pointer derives from plan_smem alone, so once
-        // the planner is inlined the compiler knows they address shared memory and emits LDS/STS; a pointer that
-        // may be either (a select) stays generic, and generic accesses to shared memory are far slower on sm_90
+        // NOTE: separate call sites on purpose. In the first two every scratch pointer derives from plan_smem alone,
+        // so once the planner is inlined the compiler knows they address shared memory and emits LDS/STS; a pointer
+        // that may be either (a select) stays generic, and generic accesses to shared memory are far slower on sm_90
         // (they resolve through the cluster shared window).
         if (p.scratch_in_smem) {
             device::PlanScratch sc = device::carve_scratch(reinterpret_cast<char*>(plan_smem), L.R, L.E);
-            // NOTE: this makes sc.tpe the select the note above warns of: the compiler cannot tell which memory it
-            // points to, so the histogram reads in this call site are generic at every shape, also where the copy is
-            // in shared memory (MoonEP). A third call site (histogram in global memory) would make both kinds
-            // explicit; not done, as it could not be measured in the session that added the sparse planner.
-            if (!p.tpe_in_smem) sc.tpe = const_cast<int32_t*>(tpe);  // read in place (global memory)
-            device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
+            // NOTE: a third call site, not a select of sc.tpe: with the histogram's copy in shared memory every read
+            // of it is LDS; with the histogram read in place (global memory) they are plain global loads. A select
+            // would make every histogram read generic (resolved through the shared window) at every shape.
+            if (p.tpe_in_smem) {
+                device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
+            } else {
+                sc.tpe = const_cast<int32_t*>(tpe);  // read in place (global memory)
+                device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
+            }
         } else {
             device::PlanScratch sc = device::carve_scratch(base + L.plan.scratch, L.R, L.E);
             sc.tpe = const_cast<int32_t*>(tpe);  // already in place: no copy
