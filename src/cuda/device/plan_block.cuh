@@ -23,6 +23,7 @@
 
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
+#include "cuda/device/plan_fill.cuh"
 #include "cuda/device/plan_finish.cuh"
 #include "cuda/device/plan_warp.cuh"
 #include "evenep/detail/ep_layout.hpp"
@@ -56,9 +57,6 @@ __device__ inline void plan_block_serial(
 // home column + pieces, a few hundred entries instead of E*R), so the whole state (plan_finish.cuh PlanScratch) fits
 // in shared memory up to R = 128 at E = 896; only the histogram tpe[R][E] stays in global memory when it does not fit.
 // ---------------------------------------------------------------------------------------------------------
-// Ranks per lane the transfers keep in registers (every team has R <= kMaxVirtualRanks).
-inline constexpr int kMaxRanksPerLane = kMaxVirtualRanks / kWarpSize;
-
 // Named barrier of the warps that run the reference split (warp 0 and warps 7..): warp 0's transfers are done.
 __device__ __forceinline__ void split_group_sync(int threads) {
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
@@ -68,7 +66,8 @@ __device__ __forceinline__ void split_group_sync(int threads) {
 // iterations of candidates 0 and 1 into [9], [10], the most split pieces of one donor into [11], clock64 at the start
 // and end into [12], [13] (the SM clock of the run) and %globaltimer there into [14], [15]; phase 2's roles store when
 // they finished: the latest fill or path [23], transfers [24], split [25], home rows [26], fills 0-3 [27..30], the
-// later path [31]. ([16..22] are the team kernel's.)
+// later path [31].
+// ([16..22] are the team kernel's.)
 // NOTE: clock64() readings of different warps are not comparable here (on the H200 a warp's reading after a block
 // barrier came out earlier than readings other warps took before it), so the stamps use %globaltimer.
 template <int kThreads>
@@ -122,6 +121,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     __shared__ int s_corr[kCand + 1];        // per list: crossing rows minus the base (signed, |.| < N)
     __shared__ unsigned s_moved[kCand + 1];  // per list: moved entries (< N)
     __shared__ int s_fill_ok[kCand];
+    __shared__ unsigned s_traffic[kCand + 1];  // per list: the busiest rank's copy traffic
+    __shared__ int s_ok[kCand + 1];
     __shared__ int s_best;
 
     // ---- Phase 1: loads and quotas (plan_loads_and_quotas), each expert's home and its home rank's entries. ----
@@ -262,10 +263,9 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     } else if (optimized && warp >= 1 && warp <= 4) {
         const int v = warp - 1;
         int iterations = 0;
-        const bool ok = warp_global_fill(d, tpe, v % 2 == 1, /*overshoot=*/true, sc.excess + v * R,
-                                         sc.deficit + v * R, sc.fill_remote + v * R,
-                                         v >= 2 ? sc.spread + (v - 2) * R : nullptr, list_of(1 + v),
-                                         sc.held + static_cast<size_t>(v) * R * W, W, home, lane, iterations);
+        const FillState st{sc.excess + v * R, sc.deficit + v * R, sc.fill_remote + v * R,
+                           v >= 2 ? sc.spread + (v - 2) * R : nullptr, sc.held + static_cast<size_t>(v) * R * W, W};
+        const bool ok = warp_global_fill(d, st, list_of(1 + v), tpe, home, /*best_fit=*/v % 2 == 1, lane, iterations);
         if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
         if (lane == 0 && timing != nullptr) {
             if (v < 2) timing[9 + v] = iterations;
@@ -288,7 +288,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         split_group_sync(kSplitWarps * kWarpSize);
         // The reference split, one warp per donor (donors touch disjoint experts); the donor's transfers are
         // gathered into the warp's area first.
-        int32_t* wu = sc.warp_area + static_cast<size_t>(warp) * sc.warp_words;
+        int32_t* wu = sc.warp_area + static_cast<size_t>(warp) * sc.split_words;
         int32_t* wa = wu + R;
         const int n_xfer = *nx;
         for (int h = sg; h < R; h += kSplitWarps) {
@@ -319,8 +319,11 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         // h; alloc = T_e at h; seg_row = -1 (phase 4 fills in the groups); crossing rows of r += t[r][e] off the home.
         // A warp takes 8 experts at a time, lanes over ranks (coalesced stores); the histogram's rows are read as
         // two 16-byte vectors per lane when E % 8 == 0.
-        // Up to 32 ranks: a lane per expert walks the ranks instead (coalesced histogram reads and seg_row stores).
-        if (R <= kWarpSize) {
+        // Up to 16 ranks: a lane per expert walks the ranks instead (coalesced histogram reads and seg_row stores; its
+        // route-row stores are R + 1 words apart, so past 16 ranks each lane's store is a separate line and the
+        // lanes-over-ranks form below is faster: R = 32, E = 896 took 107 us this way).
+        const bool lane_per_expert = R <= kWarpSize / 2;
+        if (lane_per_expert) {
             for (int e0 = sg * kWarpSize; e0 < E; e0 += kSplitWarps * kWarpSize) {  // warp-uniform
                 const int e = e0 + lane;
                 const bool in = e < E;
@@ -349,7 +352,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             }
         }
         const bool vec = E % 8 == 0;
-        const int groups8 = R <= kWarpSize ? 0 : (E + 7) / 8;
+        const int groups8 = lane_per_expert ? 0 : (E + 7) / 8;
         for (int g8 = sg; g8 < groups8; g8 += kSplitWarps) {
             const int e0 = 8 * g8;
             int32_t carry[8];
@@ -458,18 +461,28 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             atomicAdd(s_moved + c, static_cast<unsigned>(amount));
         }
         __syncthreads();
+        // A warp per list: its busiest rank's copy traffic and whether some rank holds more than epn remote experts.
+        if (warp <= kCand) {
+            const int c = warp;
+            bool ok = c == 0 || s_fill_ok[c - 1];
+            unsigned traffic = 0;  // < N
+            for (int r = lane; r < R; r += kWarpSize) {
+                const int32_t rem = sc.cost_remote[c * R + r];
+                if (rem > epn) ok = false;
+                const unsigned t = static_cast<unsigned>((rem < B ? rem : B) + sc.cost_pushed[c * R + r]);
+                traffic = t > traffic ? t : traffic;
+            }
+            ok = __all_sync(kFullMask, ok);
+            traffic = __reduce_max_sync(kFullMask, traffic);
+            if (lane == 0) s_traffic[c] = traffic, s_ok[c] = ok ? 1 : 0;
+        }
+        __syncthreads();
         if (tid == 0) {
             PlanCostValues cv[kCand + 1];
             bool ok[kCand + 1];
             for (int c = 0; c <= kCand; ++c) {
-                ok[c] = c == 0 || s_fill_ok[c - 1];
-                int64_t traffic = 0;
-                for (int r = 0; r < R; ++r) {
-                    const int32_t rem = sc.cost_remote[c * R + r];
-                    if (rem > epn) ok[c] = false;
-                    traffic = detail::imax64(traffic, (rem < B ? rem : B) + sc.cost_pushed[c * R + r]);
-                }
-                cv[c] = PlanCostValues{traffic, sc.npieces[c], base_crossing + s_corr[c], s_moved[c]};
+                ok[c] = s_ok[c] != 0;
+                cv[c] = PlanCostValues{s_traffic[c], sc.npieces[c], base_crossing + s_corr[c], s_moved[c]};
             }
             int best = 0;
             for (int c = 1; c <= kCand; ++c) {

@@ -1,7 +1,7 @@
 // Warp-level pieces of the block planner (plan_block.cuh): reductions with the sequential code's tie rule and
-// one-warp versions of plan_candidates.hpp's greedy loops (global fill in every variant, path, the reference expert
-// split) that keep their alloc matrix in sparse form (evenep/detail/plan_sparse.hpp: the home column and a list of
-// pieces). Each builds exactly the matrix its plan_candidates.hpp counterpart builds (see plan_block.cuh for why).
+// one-warp versions of plan_candidates.hpp's greedy loops (path, the reference expert split; the global fill is in
+// plan_fill.cuh) that keep their alloc matrix in sparse form (evenep/detail/plan_sparse.hpp: the home column and a
+// list of pieces). Each builds exactly the matrix its plan_candidates.hpp counterpart builds (see plan_block.cuh).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,8 @@ using detail::PlanCostValues;
 using detail::PlanDims;
 
 inline constexpr unsigned kFullMask = 0xffffffffu;
+// Ranks per lane when a warp keeps per-rank values in registers (every team has R <= kMaxVirtualRanks).
+inline constexpr int kMaxRanksPerLane = kMaxVirtualRanks / kWarpSize;
 
 // ---------------------------------------------------------------------------------------------------------
 // Warp reductions with the sequential code's tie rule (lowest index wins among equal keys), on redux.sync.
@@ -55,186 +57,6 @@ struct PieceList {
     int32_t* amount;    // [cap]
     int32_t* n;
 };
-
-// plan_alloc_global_fill's order of candidates as (primary, local) keys, larger is better, lower expert id on
-// ties: best_fit: pieces that fill the receiver first, the smallest of those, else the largest piece;
-// otherwise the largest piece; then the receiver's own entries of the expert. primary 0 means no candidate.
-__device__ __forceinline__ unsigned fill_primary(int64_t piece, bool fills, bool best_fit) {
-    const unsigned p = static_cast<unsigned>(piece);  // 1 <= piece < 2^31
-    return best_fit && fills ? 0x80000000u | (0x7fffffffu - p) : p;
-}
-
-// plan_alloc_global_fill on one warp, every variant of it: best_fit, overshoot, spread (spread_pushed != nullptr).
-// State initialised by the caller (excess/deficit from balance, remote and spread 0, the list's home column T_e and
-// no pieces, held all clear). held: [R][W] bitsets, bit e of receiver u set once u holds a piece of e (the dense
-// code's alloc[e][u] > 0; a receiver never holds its own experts here: their donor has no excess once it is a
-// receiver). The receiver's own entries (the last tie-break key, a read of the histogram) are read only for the
-// experts tied on the first two keys. Returns the same bool.
-__device__ __forceinline__ bool warp_global_fill(const PlanDims& d,
-                                                 const int32_t* tpe,
-                                                 bool best_fit,
-                                                 bool overshoot,
-                                                 int32_t* excess,
-                                                 int32_t* deficit,
-                                                 int32_t* remote,
-                                                 int32_t* spread_pushed,
-                                                 const PieceList& pl,
-                                                 uint32_t* held,
-                                                 int W,
-                                                 const int32_t* home,
-                                                 int lane,
-                                                 int& iterations) {
-    const int R = d.R, E = d.E, J = (E + kWarpSize - 1) / kWarpSize;
-    int32_t* avail = pl.home_rem;
-    int n = 0;  // pieces so far (lane 0 writes them)
-    // lean (E <= 2048): bit j of `live` is set while expert lane + 32 j has entries left and its donor has excess.
-    // Both only ever decrease (a donor's excess drops to 0 for good: plan_fill_take never raises it), so the experts
-    // outside the mask are never candidates again, and each scan skips them.
-    const bool lean = J <= 64;
-    unsigned long long live = 0;
-    if (lean)
-        for (int j = 0; j < J; ++j) {
-            const int e = lane + kWarpSize * j;
-            if (e < E && avail[e] > 0 && excess[home[e]] > 0) live |= 1ull << j;
-        }
-    bool result = true;
-    for (;; ++iterations) {
-        const int u = warp_first_max(deficit, R, lane);
-        const int32_t need = deficit[u];
-        if (need <= 0) break;
-        const bool must_fill = remote[u] + 1 >= d.epn;
-        const uint32_t* hu = held + static_cast<int64_t>(u) * W;
-        // Pass 1: this lane's best (spread, primary) key and which of its experts (j: e = lane + 32 j) reach it.
-        // spread: fewer pushes of the donor so far is better (compared first), 0 when not spreading.
-        unsigned long long bk = 0, mask = 0;
-        bool any = false, beyond = false;  // beyond: a tied expert with j >= 64 (rescanned in pass 2)
-        // One expert's (spread, primary) key; 0: not a candidate.
-        auto key_of = [&](int j, int e) -> unsigned long long {
-            const int h = home[e];
-            const int32_t ex = excess[h], av = avail[e];
-            const int32_t piece = av < ex ? av : ex;
-            const bool fills = piece >= need;
-            const bool valid = ex > 0 && av > 0 && !((hu[j] >> lane) & 1u) && (!must_fill || fills);
-            const unsigned cs = spread_pushed ? 0x7fffffffu - static_cast<unsigned>(spread_pushed[h]) : 0u;
-            return valid ? (static_cast<unsigned long long>(cs) << 32) | fill_primary(piece, fills, best_fit) : 0ull;
-        };
-        auto consider = [&](int j, unsigned long long key) {
-            if (key > bk) bk = key, mask = 0, beyond = false;
-            if (key != 0 && key == bk) {
-                if (j < 64)
-                    mask |= 1ull << j;
-                else
-                    beyond = true;
-            }
-        };
-        if (lean) {
-            for (unsigned long long m = live; m; m &= m - 1) {  // only experts with entries left and a donor with excess
-                const int j = __ffsll(static_cast<long long>(m)) - 1;
-                consider(j, key_of(j, lane + kWarpSize * j));
-            }
-        } else {
-#pragma unroll 4
-            for (int j = 0; j < J; ++j) {
-                const int e = lane + kWarpSize * j;
-                if (e < E) consider(j, key_of(j, e));
-            }
-        }
-        any = bk != 0;
-        int best = -1;
-        if (__any_sync(kFullMask, any)) {
-            const unsigned hi = __reduce_max_sync(kFullMask, any ? static_cast<unsigned>(bk >> 32) : 0u);
-            const unsigned lo = __reduce_max_sync(
-                kFullMask, any && static_cast<unsigned>(bk >> 32) == hi ? static_cast<unsigned>(bk) : 0u);
-            const unsigned long long kmax = (static_cast<unsigned long long>(hi) << 32) | lo;
-            // Pass 2: among the tied experts, the most of the receiver's own entries, then the lowest id.
-            unsigned bl = 0;
-            int be = -1;
-            if (any && bk == kmax) {
-                for (unsigned long long m = mask; m; m &= m - 1) {
-                    const int e = lane + kWarpSize * (__ffsll(static_cast<long long>(m)) - 1);
-                    const unsigned l = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
-                    if (be < 0 || l > bl) bl = l, be = e;
-                }
-                if (beyond)
-                    for (int j = 64, e = lane + 64 * kWarpSize; e < E; ++j, e += kWarpSize) {
-                        const int h = home[e];
-                        const int32_t ex = excess[h], av = avail[e];
-                        if (ex <= 0 || av <= 0 || ((hu[j] >> lane) & 1u)) continue;
-                        const int32_t piece = av < ex ? av : ex;
-                        const bool fills = piece >= need;
-                        if (must_fill && !fills) continue;
-                        const unsigned cs = spread_pushed ? 0x7fffffffu - static_cast<unsigned>(spread_pushed[h]) : 0u;
-                        if (((static_cast<unsigned long long>(cs) << 32) | fill_primary(piece, fills, best_fit)) != kmax)
-                            continue;
-                        const unsigned l = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
-                        if (be < 0 || l > bl) bl = l, be = e;
-                    }
-            }
-            const unsigned lmax = __reduce_max_sync(kFullMask, be >= 0 ? bl : 0u);
-            best = static_cast<int>(
-                __reduce_min_sync(kFullMask, be >= 0 && bl == lmax ? static_cast<unsigned>(be) : 0xffffffffu));
-        }
-        bool over = false;
-        int64_t moved = 0;
-        if (best < 0 && overshoot) {
-            // Overshoot (plan_alloc_global_fill's second pass): the smallest expert whose avail covers the need
-            // (ties: more of the receiver's own entries, then lower id); its donor becomes a receiver.
-            unsigned ba = 0, bl2 = 0;
-            int be2 = -1;
-            for (int j = 0, e = lane; e < E; ++j, e += kWarpSize) {
-                if (lean && !((live >> j) & 1ull)) continue;
-                const int h = home[e];
-                if (excess[h] <= 0 || avail[e] < need) continue;
-                if ((hu[j] >> lane) & 1u) continue;
-                const unsigned ka = 0x7fffffffu - static_cast<unsigned>(avail[e]);  // smaller avail is better
-                const unsigned kl = static_cast<unsigned>(tpe[static_cast<int64_t>(u) * E + e]);
-                if (be2 < 0 || ka > ba || (ka == ba && kl > bl2)) ba = ka, bl2 = kl, be2 = e;
-            }
-            if (__any_sync(kFullMask, be2 >= 0)) {
-                const unsigned amax = __reduce_max_sync(kFullMask, be2 >= 0 ? ba : 0u);
-                const bool a_ok = be2 >= 0 && ba == amax;
-                const unsigned lmax = __reduce_max_sync(kFullMask, a_ok ? bl2 : 0u);
-                best = static_cast<int>(
-                    __reduce_min_sync(kFullMask, a_ok && bl2 == lmax ? static_cast<unsigned>(be2) : 0xffffffffu));
-                over = true;
-                moved = need;
-            }
-        }
-        if (best < 0) {
-            result = false;
-            break;
-        }
-        if (!over) {
-            const int32_t av = avail[best], ex = excess[home[best]];
-            moved = detail::imin64(av < ex ? av : ex, need);
-        }
-        __syncwarp();  // every lane has read the state before lane 0 changes it
-        if (lane == 0) {
-            detail::plan_fill_take<int32_t>(d, best, u, moved, over, excess, deficit, avail, remote, spread_pushed,
-                                            nullptr);
-            held[static_cast<int64_t>(u) * W + best / kWarpSize] |= 1u << (best % kWarpSize);
-            pl.at[n] = best * R + u;
-            pl.amount[n] = static_cast<int32_t>(moved);
-        }
-        ++n;
-        __syncwarp();  // orders lane 0's updates before the next iteration's reads
-        if (lean) {
-            const int hb = best / d.epn;
-            if (excess[hb] <= 0) {  // the donor is done: drop its experts [hb*epn, (hb+1)*epn) from this lane's mask
-                const int lo = hb * d.epn, hi = lo + d.epn - 1;
-                const int j0 = lo > lane ? (lo - lane + kWarpSize - 1) / kWarpSize : 0;
-                const int j1 = hi >= lane ? (hi - lane) / kWarpSize : -1;
-                if (j1 >= j0) {
-                    const int width = j1 - j0 + 1;
-                    live &= ~((width >= 64 ? ~0ull : ((1ull << width) - 1)) << j0);
-                }
-            }
-            if (avail[best] <= 0 && best % kWarpSize == lane) live &= ~(1ull << (best / kWarpSize));
-        }
-    }
-    if (lane == 0) *pl.n = n;
-    return result;
-}
 
 // plan_alloc_path on one warp (same matrix bit for bit): the selection sort's pick and each piece's expert are
 // warp reductions (first index wins ties, as in the sequential loops); lane 0 commits. lb/q: load_before and q.
