@@ -66,8 +66,7 @@ __device__ __forceinline__ void split_group_sync(int threads) {
 // iterations of candidates 0 and 1 into [9], [10], the most split pieces of one donor into [11], clock64 at the start
 // and end into [12], [13] (the SM clock of the run) and %globaltimer there into [14], [15]; phase 2's roles store when
 // they finished: the latest fill or path [23], transfers [24], split [25], home rows [26], fills 0-3 [27..30], the
-// later path [31].
-// ([16..22] are the team kernel's.)
+// later path [31]. ([16..22] are the team kernel's.)
 // NOTE: clock64() readings of different warps are not comparable here (on the H200 a warp's reading after a block
 // barrier came out earlier than readings other warps took before it), so the stamps use %globaltimer.
 template <int kThreads>
