@@ -21,6 +21,17 @@ __device__ __forceinline__ unsigned fill_primary(int64_t piece, bool fills, bool
 // bit lane of held[u * W + j] the same expert in the wide version (larger E). W = PlanScratchLayout::held_words.
 inline constexpr int kFillJ = 32;  // experts per lane of warp_global_fill_narrow (E <= 1024: one held word per lane)
 
+// Bits j of a lane's live mask (expert lane + 32 j) that fall in the expert range [lo, hi] (a donor's experts).
+template <typename Mask>
+__device__ __forceinline__ Mask lane_bits_in_range(int lo, int hi, int lane) {
+    constexpr int kBits = 8 * sizeof(Mask);
+    const int j0 = lo > lane ? (lo - lane + kWarpSize - 1) / kWarpSize : 0;
+    const int j1 = hi >= lane ? (hi - lane) / kWarpSize : -1;
+    if (j1 < j0) return 0;
+    const int width = j1 - j0 + 1;
+    return (width >= kBits ? ~Mask{0} : ((Mask{1} << width) - 1)) << j0;
+}
+
 // One fill's state (plan_block.cuh carves it per candidate): rank arrays excess, deficit, remote (remote experts per
 // receiver), spread_pushed (pushes per donor; nullptr: pushes not spread), and the receivers' held bitsets (W words
 // each, PlanScratchLayout::held_words).
@@ -148,7 +159,6 @@ __device__ __forceinline__ bool warp_global_fill_narrow(const PlanDims& d,
             if (!__any_sync(kFullMask, m != 0)) break;
             load_batch(m, b);
         }
-        if (bk == 0) tm = 0;
         // Among the tied experts (bit j of t on the lanes with `tied`): most of u's own entries, then the lowest id.
         auto pick_tied = [&](bool tied, uint32_t t) {
             const unsigned count = __reduce_add_sync(kFullMask, tied ? static_cast<unsigned>(__popc(t)) : 0u);
@@ -199,7 +209,6 @@ __device__ __forceinline__ bool warp_global_fill_narrow(const PlanDims& d,
                 tm2 = key > bk2 ? 1u << j : key == bk2 ? tm2 | (1u << j) : tm2;
                 bk2 = key > bk2 ? key : bk2;
             }
-            if (bk2 == 0) tm2 = 0;
             const unsigned kmax2 = __reduce_max_sync(kFullMask, bk2);
             if (kmax2 != 0) {
                 best = pick_tied(bk2 == kmax2, tm2);
@@ -231,15 +240,8 @@ __device__ __forceinline__ bool warp_global_fill_narrow(const PlanDims& d,
             held[static_cast<int64_t>(u) * W + lane] = hm | (1u << jb);
             if (av_b - moved <= 0) live &= ~(1u << jb);
         }
-        if (ex_new <= 0) {  // the donor is done: its experts [lo_e, lo_e + epn) leave this lane's live set
-            const int hi_e = lo_e + epn - 1;
-            const int j0 = lo_e > lane ? (lo_e - lane + kWarpSize - 1) / kWarpSize : 0;
-            const int j1 = hi_e >= lane ? (hi_e - lane) / kWarpSize : -1;
-            if (j1 >= j0) {
-                const int width = j1 - j0 + 1;
-                live &= ~((width >= 32 ? ~0u : ((1u << width) - 1)) << j0);
-            }
-        }
+        // The donor is done: its experts [lo_e, lo_e + epn) leave this lane's live set.
+        if (ex_new <= 0) live &= ~lane_bits_in_range<uint32_t>(lo_e, lo_e + epn - 1, lane);
         // Deficits: u's drops by the piece (to 0 on an overshoot); an overshot donor's becomes moved - its excess (it
         // had none: a rank with excess never had a deficit).
         const int32_t du = over ? 0 : need - moved, dh = moved - ex_hb;
@@ -426,15 +428,9 @@ __device__ __forceinline__ bool warp_global_fill_wide(const PlanDims& d,
         __syncwarp();  // orders lane 0's updates before the next iteration's reads
         if (lean) {
             const int hb = best / d.epn;
-            if (excess[hb] <= 0) {  // the donor is done: drop its experts [hb*epn, (hb+1)*epn) from this lane's mask
-                const int lo = hb * d.epn, hi = lo + d.epn - 1;
-                const int j0 = lo > lane ? (lo - lane + kWarpSize - 1) / kWarpSize : 0;
-                const int j1 = hi >= lane ? (hi - lane) / kWarpSize : -1;
-                if (j1 >= j0) {
-                    const int width = j1 - j0 + 1;
-                    live &= ~((width >= 64 ? ~0ull : ((1ull << width) - 1)) << j0);
-                }
-            }
+            // The donor is done: drop its experts [hb*epn, (hb+1)*epn) from this lane's mask.
+            if (excess[hb] <= 0)
+                live &= ~lane_bits_in_range<unsigned long long>(hb * d.epn, hb * d.epn + d.epn - 1, lane);
             if (avail[best] <= 0 && best % kWarpSize == lane) live &= ~(1ull << (best / kWarpSize));
         }
     }
