@@ -89,6 +89,13 @@ void bench_plan(Point& p) {
                                    },
                                    stream, bc.warmup, bc.iters),
                                kBatch);
+    // The same kBatch launches replayed as one CUDA graph: the host's launch cost (a 4 KiB parameter block per
+    // launch) stays out, what remains is the kernel plus the GPU's gap between two kernels (about 1 us).
+    const std::optional<Stats> one_graph = p.graph_stats([&] {
+        for (int i = 0; i < kBatch; ++i)
+            cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0,
+                                   1, stream);
+    });
     const std::vector<int64_t> ts = plan_stamps(ep);
     std::ostringstream phases;
     phases << "one rank: gathered tpe -> plan, one block of 512 threads (mean of " << kBatch
@@ -101,6 +108,9 @@ void bench_plan(Point& p) {
                     (gp.rest_prefix != plan.rest_prefix) + (gp.cap_prefix != plan.cap_prefix);
     }
     p.add("plan_rank", one, 0, 1, wrong_one, phases.str());
+    if (one_graph)
+        p.add_graph("plan_rank", per_call(*one_graph, kBatch), 0, 1, -1,
+                    "one rank: gathered tpe -> plan, " + std::to_string(kBatch) + " launches per replay");
     {
         // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
         cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0, 1,
