@@ -368,29 +368,37 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
 #pragma unroll
                     for (int j = 0; j < 8; ++j) t[j] = r < R && e0 + j < E ? tpe[static_cast<int64_t>(r) * E + e0 + j] : 0;
                 }
+                // Inclusive scans over the lanes, the eight experts' shuffles side by side (independent: one
+                // shuffle latency per level, not eight).
+                int32_t incl[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) incl[j] = t[j];
+#pragma unroll
+                for (int off = 1; off < kWarpSize; off <<= 1) {
+                    int32_t v[8];
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) v[j] = __shfl_up_sync(kFullMask, incl[j], off);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) incl[j] += lane >= off ? v[j] : 0;
+                }
+                int32_t last[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) last[j] = __shfl_sync(kFullMask, incl[j], kWarpSize - 1);
                 int32_t cross = 0;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) {
                     const int e = e0 + j;
-                    if (e < E) {  // warp-uniform
-                        int32_t incl = t[j];
-#pragma unroll
-                        for (int off = 1; off < kWarpSize; off <<= 1) {
-                            const int32_t v = __shfl_up_sync(kFullMask, incl, off);
-                            if (lane >= off) incl += v;
-                        }
-                        const int32_t P = carry[j] + incl - t[j];
-                        carry[j] += __shfl_sync(kFullMask, incl, kWarpSize - 1);
-                        if (r < R) {
-                            const int h = home[e];
-                            const int32_t T = static_cast<int32_t>(sc.expert_load[e]);
-                            const int32_t kh = loc ? t_home[e] : 0;
-                            a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + r] = P - (r > h ? kh : 0);
-                            a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + r] = r > h ? T - kh : 0;
-                            a.local_keep[static_cast<int64_t>(e) * R + r] = r == h ? kh : 0;
-                            a.alloc[static_cast<int64_t>(e) * R + r] = r == h ? T : 0;
-                            if (r != h) cross += t[j];
-                        }
+                    const int32_t P = carry[j] + incl[j] - t[j];
+                    carry[j] += last[j];
+                    if (e < E && r < R) {
+                        const int h = home[e];
+                        const int32_t T = static_cast<int32_t>(sc.expert_load[e]);
+                        const int32_t kh = loc ? t_home[e] : 0;
+                        a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + r] = P - (r > h ? kh : 0);
+                        a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + r] = r > h ? T - kh : 0;
+                        a.local_keep[static_cast<int64_t>(e) * R + r] = r == h ? kh : 0;
+                        a.alloc[static_cast<int64_t>(e) * R + r] = r == h ? T : 0;
+                        if (r != h) cross += t[j];
                     }
                 }
                 if (r < R) {

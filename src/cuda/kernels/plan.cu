@@ -130,7 +130,7 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
 }
 
 template <int kThreads, bool kParallel>
-__global__ void __launch_bounds__(kThreads) plan_only_kernel(const PlanParams p) {
+__global__ void __launch_bounds__(kThreads) plan_only_kernel(const __grid_constant__ PlanParams p) {
     // repeat > 1 (benchmark only): plan again in the same launch; the timing stamps then show warm caches.
     for (int i = 0; i < p.repeat; ++i) {
         plan_rank<kThreads, kParallel>(p, p.rank_begin + static_cast<int>(blockIdx.x));
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) plan_only_kernel(const PlanParams p)
 // Dynamic shared memory: hist[E] + per-warp hist[kWarps][E] (int32) in phases 1 and 4; block 0's planner state
 // (PlanScratchLayout) in phase 3 when it fits.
 template <int kThreads, bool kParallel>
-__global__ void __launch_bounds__(kThreads) plan_team_kernel(const PlanParams p) {
+__global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_constant__ PlanParams p) {
     constexpr int kWarps = kThreads / kWarpSize;
     int32_t* smem = reinterpret_cast<int32_t*>(plan_smem);
     const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
