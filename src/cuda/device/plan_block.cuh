@@ -67,8 +67,9 @@ __device__ __forceinline__ void split_group_sync(int threads) {
 // and end into [12], [13] (the SM clock of the run) and %globaltimer there into [14], [15]; phase 2's roles store when
 // they finished: the latest fill or path [23], transfers [24], split [25], home rows [26], fills 0-3 [27..30], the
 // later path [31]. ([16..22] are the team kernel's.)
-// NOTE: clock64() readings of different warps are not comparable here (on the H200 a warp's reading after a block
-// barrier came out earlier than readings other warps took before it), so the stamps use %globaltimer.
+// NOTE: a reading right after a block barrier is taken when the warp arrives there, not when the barrier releases,
+// unless a memory access comes first (see stamp below); that, not clock skew, is why an earlier clock64 reading after
+// a barrier came out before readings other warps took ahead of it. The stamps use %globaltimer (one clock per GPU).
 template <int kThreads>
 __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                                                     const int32_t* __restrict__ tpe_in,
