@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "evenep/cuda/detail/ep_hooks.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/error.hpp"
 #include "evenep/io.hpp"
@@ -101,8 +102,14 @@ Point::Point(const BenchConfig& config, double copy_anchor_gbps) : bc(config), c
         io[r] = cuda::RankIo{x[r]->get(), idx[r]->get(), w[r]->get(), out[r]->get(), nullptr};
     }
     EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    ep_plan = ep->plan(io, routing.s, stream);
-    ep->check(stream);
+    const cuda::EpOptions& o = ep->options();
+    fused = cuda::plan_fits_co_resident(ep->view(o.channel), ep->layout(), o.planner_kernel);
+    if (fused) {
+        ep_plan = ep->plan(io, routing.s, stream);
+        ep->check(stream);
+    } else {
+        ep_plan = cuda::plan_from_tpe(*ep, routing.tpe(), routing.s, stream, 0, R);
+    }
 
     plan = make_plan(cfg, bc.mode, routing.tpe(), routing.s);
     dst.resize(R);
@@ -161,6 +168,9 @@ std::vector<cpu::RankTokens> Point::oracle_tokens(const std::vector<int>& cols) 
 std::vector<BenchRow> bench_point(const BenchConfig& bc, const std::vector<std::string>& ops, double copy_gbps) {
     auto want = [&](const char* op) { return std::find(ops.begin(), ops.end(), op) != ops.end(); };
     Point p(bc, copy_gbps);
+    EVENEP_CHECK(p.fused || !(want("dispatch") || want("combine") || want("prefetch") || want("reduce")), "bench: R = ",
+                 bc.R, " virtual ranks need ", bc.R, " co-resident blocks of the fused plan kernel, more than this ",
+                 "device holds; at this R only the planner's one-rank rows run (bench gpu-plan)");
     if (want("plan")) bench_plan(p);
     if (want("dispatch") || want("combine")) bench_data_path(p, want("dispatch"), want("combine"));
     if (want("prefetch") || want("reduce")) bench_experts(p, want("prefetch"), want("reduce"));

@@ -48,6 +48,10 @@ struct Point {
     std::vector<cuda::RankIo> io;
     cudaStream_t stream = nullptr;
     cuda::EpPlan ep_plan;
+    // Whether the fused plan kernel runs here (cuda::plan_fits_co_resident: R virtual ranks need R co-resident
+    // blocks). Without it ep_plan holds every rank's plan from the planner alone (no destinations): only the
+    // planner's one-rank rows are measured.
+    bool fused = true;
 
     Plan plan;                              // the CPU planner's plan of the routing
     std::vector<std::vector<int32_t>> dst;  // [R][s*K] its encoded destinations

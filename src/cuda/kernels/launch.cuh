@@ -14,9 +14,6 @@
 
 namespace evenep::cuda {
 
-// Blocks per virtual rank for an SM budget of `sm_budget` SMs per rank: sm_budget * (blocks of `kernel` one SM
-// holds), clamped to max_blocks and so that num_ranks * blocks blocks fit on the current device at once
-// (co-residency). With R virtual ranks on one GPU the clamp usually wins: the ranks share the GPU's SMs.
 // Allows `kernel` at least `smem` bytes of dynamic shared memory on the current device. The limit only ever grows: a
 // launch with less after one with more (two layouts in one process) must not lower it under the larger launch.
 template <typename Kernel>
@@ -33,10 +30,10 @@ void allow_dynamic_smem(Kernel kernel, size_t smem) {
     limit = smem;
 }
 
-// The occupancy query runs once per (device, kernel, threads, smem); later calls (graph capture) only read the cache.
+// Blocks of `kernel` the current device holds at once, as (blocks per SM, SMs). The occupancy query runs once per
+// (device, kernel, threads, smem); later calls (graph capture) only read the cache.
 template <typename Kernel>
-int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, int sm_budget, int max_blocks = 1 << 30) {
-    EVENEP_CHECK(sm_budget >= 1, "launch: SM budget = ", sm_budget, " must be >= 1");
+std::pair<int, int> co_resident_capacity(Kernel kernel, int threads, size_t smem) {
     struct Key {
         int device;
         const void* kernel;
@@ -52,18 +49,24 @@ int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, in
     EVENEP_CUDA_CHECK(cudaGetDevice(&device));
     const Key key{device, reinterpret_cast<const void*>(kernel), threads, smem};
     allow_dynamic_smem(kernel, smem);
-    std::pair<int, int> occ;
-    {
-        std::lock_guard<std::mutex> lock(mutex);
-        auto it = cache.find(key);
-        if (it == cache.end()) {
-            int num_sms = 0, per_sm = 0;
-            EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-            EVENEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-            it = cache.emplace(key, std::make_pair(per_sm, num_sms)).first;
-        }
-        occ = it->second;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+        int num_sms = 0, per_sm = 0;
+        EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+        EVENEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+        it = cache.emplace(key, std::make_pair(per_sm, num_sms)).first;
     }
+    return it->second;
+}
+
+// Blocks per virtual rank for an SM budget of `sm_budget` SMs per rank: sm_budget * (blocks of `kernel` one SM
+// holds), clamped to max_blocks and so that num_ranks * blocks blocks fit on the current device at once
+// (co-residency). With R virtual ranks on one GPU the clamp usually wins: the ranks share the GPU's SMs.
+template <typename Kernel>
+int clamp_co_resident(Kernel kernel, int threads, size_t smem, int num_ranks, int sm_budget, int max_blocks = 1 << 30) {
+    EVENEP_CHECK(sm_budget >= 1, "launch: SM budget = ", sm_budget, " must be >= 1");
+    const std::pair<int, int> occ = co_resident_capacity(kernel, threads, smem);
     const int capacity = occ.first * occ.second;
     EVENEP_CHECK(capacity >= num_ranks, "launch: ", num_ranks, " virtual ranks need ", num_ranks,
                  " co-resident blocks but the device holds only ", capacity, " (", occ.first, " per SM x ", occ.second,

@@ -347,15 +347,22 @@ size_t planner_smem(const EpLayout& L, int& scratch_in_smem, int& tpe_in_smem) {
     return tpe_in_smem ? l.total : scratch_in_smem ? l.core : 0;
 }
 
+// Dynamic shared memory of plan_team_kernel; sets where phase 4's route tables and the planner's state live.
 template <bool kParallel>
-int launch_plan_impl(PlanParams p, int sm_budget, cudaStream_t stream) {
-    auto kernel = plan_team_kernel<kPlanThreads, kParallel>;
+size_t team_kernel_smem(PlanParams& p) {
     const size_t E = p.lay.E, R = p.lay.R;
     size_t smem = sizeof(int32_t) * E * (1 + kPlanThreads / kWarpSize);
     const size_t route = sizeof(int32_t) * E * (4 * R + 2);
     p.route_in_smem = smem + route + 2048 <= static_cast<size_t>(max_dynamic_smem()) ? 1 : 0;
     if (p.route_in_smem) smem += route;
     if (kParallel) smem = std::max(smem, planner_smem(p.lay, p.scratch_in_smem, p.tpe_in_smem));
+    return smem;
+}
+
+template <bool kParallel>
+int launch_plan_impl(PlanParams p, int sm_budget, cudaStream_t stream) {
+    auto kernel = plan_team_kernel<kPlanThreads, kParallel>;
+    const size_t smem = team_kernel_smem<kParallel>(p);
     const int nb = clamp_co_resident(kernel, kPlanThreads, smem, p.team.launch_ranks, sm_budget, p.lay.max_blocks);
     p.blocks_per_rank = nb;
     launch_cooperative(kernel, p.team.launch_ranks * nb, kPlanThreads, smem, stream, p);
@@ -378,6 +385,20 @@ int launch_plan(const TeamView& team,
     p.relay = relay ? 1 : 0;
     return kernel == PlannerKernel::kParallel ? launch_plan_impl<true>(p, sm_budget, stream)
                                               : launch_plan_impl<false>(p, sm_budget, stream);
+}
+
+bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, PlannerKernel kernel) {
+    PlanParams p{};
+    p.team = team;
+    p.lay = layout;
+    auto blocks = [&](auto k, size_t smem) {
+        const std::pair<int, int> occ = co_resident_capacity(k, kPlanThreads, smem);
+        return static_cast<long long>(occ.first) * occ.second;
+    };
+    const long long capacity = kernel == PlannerKernel::kParallel
+                                   ? blocks(plan_team_kernel<kPlanThreads, true>, team_kernel_smem<true>(p))
+                                   : blocks(plan_team_kernel<kPlanThreads, false>, team_kernel_smem<false>(p));
+    return capacity >= team.launch_ranks;
 }
 
 void launch_plan_only(const TeamView& team,

@@ -37,6 +37,10 @@ int launch_plan(const TeamView& team,
                 cudaStream_t stream,
                 bool relay = false);
 
+// Whether launch_plan can run `team` on this device: its cooperative launch needs one block per launching rank at
+// once (R virtual ranks on one GPU need R co-resident blocks; R = 224 at E = 896 does not fit an H200).
+bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, PlannerKernel kernel);
+
 // Planning only, from the histograms already in each rank's contiguous tpe array (EpLayout::tpe): one block per
 // planning rank (ranks [rank_begin, rank_begin + num_ranks)). For tests and the planner benchmark; `repeat` > 1
 // plans again inside the launch (the phase stamps in EpLayout::plan.timing then show warm caches).
