@@ -46,36 +46,15 @@ struct PlanOffsets {
 // int64 words of the device copy of PlanCost.
 inline constexpr int kPlanCostWords = 6;
 
-// Planner workspace, carved from work64/work32 (see plan_block.cuh for how each part is used).
-struct PlanWorkOffsets {
-    // int64 words
-    size_t balance, z, remaining, excess, deficit, avail, cost_acc, total;
-    // int32 words
-    size_t cand, fill_remote, cost_pushed, cost_remote, misc;
-    EVENEP_HOST_DEVICE static constexpr PlanWorkOffsets make(int R, int E) {
-        PlanWorkOffsets w{};
-        size_t o = 0;
-        w.balance = o, o += R;
-        w.z = o, o += static_cast<size_t>(R) * R;
-        w.remaining = o, o += E;
-        w.excess = o, o += 2 * static_cast<size_t>(R);
-        w.deficit = o, o += 2 * static_cast<size_t>(R);
-        w.avail = o, o += 2 * static_cast<size_t>(E);
-        w.cost_acc = o, o += 3 * 4;
-        w.total = o, o += 2;
-        size_t p = 0;
-        w.cand = p, p += 2 * static_cast<size_t>(E) * R;
-        w.fill_remote = p, p += 2 * static_cast<size_t>(R);
-        w.cost_pushed = p, p += 3 * static_cast<size_t>(R);
-        w.cost_remote = p, p += 3 * static_cast<size_t>(R);
-        w.misc = p, p += 16;
-        return w;
-    }
+// Planner workspace sizes (words of work64 / work32): the serial planner kernel's PlanWork (plan_candidates.hpp
+// plan_work64_size / plan_work32_size, within these) and the copy tree post-pass (plan_relay.hpp, in work32). The block
+// planner keeps its state in PlanScratchLayout instead.
+struct PlanWorkSize {
     EVENEP_HOST_DEVICE static constexpr size_t num_words64(int R, int E) {
         return static_cast<size_t>(R) * R + 5 * static_cast<size_t>(R) + 3 * static_cast<size_t>(E) + 14;
     }
     EVENEP_HOST_DEVICE static constexpr size_t num_words32(int R, int E) {
-        // The serial planner kernel (plan_core's PlanWork: plan_work32_size = 6*E*R + 3*R); the block planner less;
+        // The serial planner kernel (plan_candidates.hpp PlanWork: plan_work32_size = 6*E*R + 3*R);
         // the copy tree post-pass (plan_relay.hpp) at most 2*R*R*B + 2*E + 3*R <= 2*E*R + 2*E + 3*R (B <= epn).
         const size_t planner = 6 * static_cast<size_t>(E) * R + 8 * static_cast<size_t>(R) + 16;
         const size_t relay = static_cast<size_t>(detail::plan_relay_work_size(R, E, E / R));
@@ -192,8 +171,8 @@ struct EpLayout {
             off.at = take(sizeof(typename std::decay_t<decltype(off)>::value_type) * (n > 0 ? n : 1));
         });
         l.tpe = p.tpe;
-        p.num_work64 = PlanWorkOffsets::num_words64(R, E);
-        p.num_work32 = PlanWorkOffsets::num_words32(R, E);
+        p.num_work64 = PlanWorkSize::num_words64(R, E);
+        p.num_work32 = PlanWorkSize::num_words32(R, E);
         p.work64 = take(8 * p.num_work64);
         p.work32 = take(4 * p.num_work32);
         p.scratch = take(PlanScratchLayout::make(R, E).total);
