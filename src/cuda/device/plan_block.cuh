@@ -108,17 +108,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         timing[11] = 0;
     }
     stamp(0);
-    if (sc.tpe != tpe_in) {  // the histogram into shared memory, eight loads per thread in flight
-        const size_t n = static_cast<size_t>(R) * E;
-        for (size_t i0 = tid; i0 < n; i0 += 8 * kThreads) {
-            int32_t v[8];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) v[k] = i0 + k * kThreads < n ? tpe_in[i0 + k * kThreads] : 0;
-#pragma unroll
-            for (int k = 0; k < 8; ++k)
-                if (i0 + k * kThreads < n) sc.tpe[i0 + k * kThreads] = v[k];
-        }
-    }
+    if (sc.tpe != tpe_in)  // the histogram into shared memory
+        block_copy_batched<kThreads>(sc.tpe, static_cast<int64_t>(R) * E, [&](int64_t i) { return tpe_in[i]; });
     const int32_t* tpe = sc.tpe;
     // The sparse form of list c (0: reference split, 1-4: fills, 5-6: paths), with its per-expert lists.
     auto list_of = [&](int c) {

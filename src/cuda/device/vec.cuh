@@ -60,4 +60,18 @@ __device__ __forceinline__ unsigned lanemask_lt() {
     return m;
 }
 
+// dst[i] = load(i) for i < n over the block's kThreads threads, each with eight loads in flight before its stores
+// (a plain strided loop waits one memory latency per element).
+template <int kThreads, typename T, typename Load>
+__device__ __forceinline__ void block_copy_batched(T* dst, int64_t n, const Load& load) {
+    for (int64_t i0 = threadIdx.x; i0 < n; i0 += 8 * kThreads) {
+        T v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = i0 + k * kThreads < n ? load(i0 + k * kThreads) : T{};
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (i0 + k * kThreads < n) dst[i0 + k * kThreads] = v[k];
+    }
+}
+
 }  // namespace evenep::cuda::device

@@ -211,17 +211,8 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
     if (c.block == 0) {
         const int32_t* gathered = EpLayout::at<const int32_t>(base, L.gather());
         int32_t* tpe = EpLayout::at<int32_t>(base, L.tpe);
-        for (int i0 = tid; i0 < R * E; i0 += 8 * kThreads) {  // eight loads per thread in flight
-            int32_t v[8];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const int i = i0 + k * kThreads;
-                v[k] = i < R * E ? gathered[(i / E) * row_ints + 2 + i % E] : 0;
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k)
-                if (i0 + k * kThreads < R * E) tpe[i0 + k * kThreads] = v[k];
-        }
+        device::block_copy_batched<kThreads>(tpe, static_cast<int64_t>(R) * E,
+                                             [&](int64_t i) { return gathered[(i / E) * row_ints + 2 + i % E]; });
         __syncthreads();
         plan_rank<kThreads, kParallel>(p, c.rank);
     }
