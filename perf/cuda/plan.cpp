@@ -85,41 +85,40 @@ void bench_plan(Point& p) {
     const bool locality = bc.mode == PlannerMode::kOptimized;
     // kBatch back-to-back launches per timed iteration (divided by kBatch): launch latency stays out.
     constexpr int kBatch = 10;
-    const Stats one = per_call(time_op(
-                                   [&] {
-                                       for (int i = 0; i < kBatch; ++i)
-                                           cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality,
-                                                                  cuda::PlannerKernel::kParallel, 0, 1, stream);
-                                   },
-                                   stream, bc.warmup, bc.iters),
-                               kBatch);
-    // The same kBatch launches replayed as one CUDA graph: the host's launch cost (a 4 KiB parameter block per
-    // launch) stays out, what remains is the kernel plus the GPU's gap between two kernels (about 1 us).
-    const std::optional<Stats> one_graph = p.graph_stats([&] {
-        for (int i = 0; i < kBatch; ++i)
-            cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0,
-                                   1, stream);
-    });
-    const std::vector<int64_t> ts = plan_stamps(ep);
-    std::ostringstream phases;
-    phases << "one rank: gathered tpe -> plan, one block of 512 threads (mean of " << kBatch
-           << " back-to-back launches); " << plan_phase_text(ts);
-    int64_t wrong_one = -1;
-    if (bc.check) {
-        const cuda::EpPlan one_rank = cuda::plan_from_tpe(ep, p.routing.tpe(), p.routing.s, stream, 0, 1);
-        const Plan gp = ep.download_plan(one_rank, 0);
-        wrong_one = (gp.alloc != plan.alloc) + (gp.cu_seqlens != plan.cu_seqlens) + (gp.copies != plan.copies) +
-                    (gp.rest_prefix != plan.rest_prefix) + (gp.cap_prefix != plan.cap_prefix);
-    }
-    if (!p.fused) {
-        phases << "; the fused plan did not run (" << R << " co-resident blocks do not fit): every rank planned "
-               << "alone, " << wrong << " of " << R << " plans wrong";
-        if (wrong_one >= 0 && wrong >= 0) wrong_one += wrong;
-    }
-    p.add("plan_rank", one, 0, 1, wrong_one, phases.str());
-    if (one_graph)
-        p.add_graph("plan_rank", per_call(*one_graph, kBatch), 0, 1, -1,
-                    "one rank: gathered tpe -> plan, " + std::to_string(kBatch) + " launches per replay");
+    // One rank's plan with `kernel`: the plan_rank row (and its graph replay), checked against the CPU plan.
+    auto rank_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what) {
+        auto launches = [&] {
+            for (int i = 0; i < kBatch; ++i)
+                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, kernel, 0, 1, stream);
+        };
+        const Stats one = per_call(time_op(launches, stream, bc.warmup, bc.iters), kBatch);
+        // The same kBatch launches replayed as one CUDA graph: the host's launch cost (a 4 KiB parameter block per
+        // launch) stays out, what remains is the kernel plus the GPU's gap between two kernels (about 1 us).
+        const std::optional<Stats> one_graph = p.graph_stats(launches);
+        const std::vector<int64_t> ts = plan_stamps(ep);
+        std::ostringstream phases;
+        phases << "one rank: gathered tpe -> plan, " << what << " (mean of " << kBatch
+               << " back-to-back launches); " << plan_phase_text(ts);
+        int64_t wrong_one = -1;
+        if (bc.check) {
+            const cuda::EpPlan one_rank = cuda::plan_from_tpe(ep, p.routing.tpe(), p.routing.s, stream, 0, 1, kernel);
+            const Plan gp = ep.download_plan(one_rank, 0);
+            wrong_one = (gp.alloc != plan.alloc) + (gp.cu_seqlens != plan.cu_seqlens) + (gp.copies != plan.copies) +
+                        (gp.rest_prefix != plan.rest_prefix) + (gp.cap_prefix != plan.cap_prefix);
+        }
+        if (!p.fused && kernel == cuda::PlannerKernel::kParallel) {
+            phases << "; the fused plan did not run (" << R << " co-resident blocks do not fit): every rank planned "
+                   << "alone, " << wrong << " of " << R << " plans wrong";
+            if (wrong_one >= 0 && wrong >= 0) wrong_one += wrong;
+        }
+        p.add(name, one, 0, 1, wrong_one, phases.str());
+        if (one_graph)
+            p.add_graph(name, per_call(*one_graph, kBatch), 0, 1, -1,
+                        "one rank: gathered tpe -> plan, " + std::to_string(kBatch) + " launches per replay");
+    };
+    rank_row(cuda::PlannerKernel::kParallel, "plan_rank", "one block of 512 threads");
+    rank_row(cuda::PlannerKernel::kCluster, "plan_rank_cluster",
+             "a cluster of 8 blocks (fills and home rows on blocks of their own)");
     {
         // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
         cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0, 1,

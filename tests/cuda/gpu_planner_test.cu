@@ -116,12 +116,16 @@ void expect_tpe_plan_equal(const Config& cfg,
     for (int r = 0; r < cfg.R; ++r) ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "") << what << ": rank " << r;
 }
 
+const char* kernel_name(PlannerKernel k) {
+    return k == PlannerKernel::kParallel ? "parallel" : k == PlannerKernel::kSerial ? "serial" : "cluster";
+}
+
 class GpuPlannerTest : public ::testing::TestWithParam<std::tuple<PlannerKernel, PlannerMode>> {};
 
 TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     const auto [kernel, mode] = GetParam();
-    const int num_instances = kernel == PlannerKernel::kParallel ? 160 : 40;
+    const int num_instances = kernel != PlannerKernel::kSerial ? 160 : 40;
     testing::TestRng rng(20251129);
     std::printf("seed 20251129, %d instances\n", num_instances);
     const int ranks[] = {1, 2, 3, 4, 5, 8, 8, 16};
@@ -145,12 +149,12 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels,
                          GpuPlannerTest,
-                         ::testing::Combine(::testing::Values(PlannerKernel::kParallel, PlannerKernel::kSerial),
+                         ::testing::Combine(::testing::Values(PlannerKernel::kParallel, PlannerKernel::kSerial,
+                                                              PlannerKernel::kCluster),
                                             ::testing::Values(PlannerMode::kOptimized, PlannerMode::kReference)),
                          [](const auto& info) {
-                             return testing_cat(
-                                 std::get<0>(info.param) == PlannerKernel::kParallel ? "parallel" : "serial", "_",
-                                 to_string(std::get<1>(info.param)));
+                             return testing_cat(kernel_name(std::get<0>(info.param)), "_",
+                                                to_string(std::get<1>(info.param)));
                          });
 
 class FusedPlanTest : public ::testing::TestWithParam<int> {};
@@ -226,6 +230,28 @@ TEST(GpuPlannerRoutingTest, BenchmarkPointsMatchCpu) {
         expect_fused_equal(k3_64, routing64, mode, "k3 R=64");
 }
 
+// The cluster planner at the benchmark shapes: the fill blocks' three histogram sources (int32 copy at R = 8 and 32,
+// uint16 copy at R = 64, global memory at R = 128) and both modes, against the CPU planner.
+TEST(GpuPlannerClusterTest, BenchmarkShapesMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    struct Shape {
+        int R, E, K, S;
+        double maxvio;
+    };
+    const Shape shapes[] = {{8, 384, 8, 8192, 0.2}, {8, 384, 8, 8192, 1.0}, {8, 384, 8, 8192, 20.0},
+                            {8, 896, 16, 2048, 5.0}, {32, 896, 16, 512, 1.0},  {64, 896, 16, 256, 1.0},
+                            {64, 896, 16, 256, 20.0}, {128, 896, 16, 128, 1.0}};
+    for (const Shape& sh : shapes) {
+        const Config cfg = make_cfg(sh.R, sh.E, sh.K, sh.S, 128);
+        const Routing routing = make_target_maxvio(RoutingSpec{sh.R, sh.E, sh.K, sh.S, 5}, sh.maxvio);
+        for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference}) {
+            expect_tpe_plan_equal(cfg, routing.tpe(), routing.s, mode, PlannerKernel::kCluster,
+                                  testing_cat(cfg.to_string(), " maxvio ", sh.maxvio, " ", to_string(mode)));
+            if (HasFatalFailure()) return;
+        }
+    }
+}
+
 TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     testing::TestRng rng(20261201);
@@ -242,11 +268,10 @@ TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
         std::vector<int32_t> s(R);
         for (int r = 0; r < R; ++r) s[r] = rng.chance(0.5) ? S : rng.between(1, S);
         const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), rng.uniform() * 3.0);
-        for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kSerial})
+        for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kSerial, PlannerKernel::kCluster})
             for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference}) {
                 expect_tpe_plan_equal(cfg, tpe, s, mode, kernel,
-                                      testing_cat("instance ", it, " ", cfg.to_string(), " ",
-                                                  kernel == PlannerKernel::kParallel ? "parallel " : "serial ",
+                                      testing_cat("instance ", it, " ", cfg.to_string(), " ", kernel_name(kernel), " ",
                                                   to_string(mode)));
                 if (HasFatalFailure()) return;
             }

@@ -71,7 +71,7 @@ struct PlanScratchLayout {
     size_t balance, expert_load, path_load;
     // int32 (every count and amount here is bounded by the group's entries N < 2^31)
     size_t remaining, excess, deficit, avail, path_left, home, t_home, fill_remote, spread, order, path_q, cost_pushed,
-        cost_remote, cross, xfer, npieces, piece_at, piece_amount, held, head, next, warp_area, tpe;
+        cost_remote, cross, xfer, npieces, fill_flags, piece_at, piece_amount, held, head, next, warp_area, tpe;
     size_t piece_cap;   // pieces per candidate (a bound, see make)
     size_t held_words;  // words of one receiver's held bitset (max(32, ceil(E / 32)): a word per lane up to E = 1024)
     size_t split_words;   // int32 words of one warp's split area (phase 2: a donor's transfers, 2R)
@@ -113,6 +113,7 @@ struct PlanScratchLayout {
         l.cross = o, o += 4 * r;              // [R] crossing rows per source rank
         l.xfer = o, o += 4 * 3 * r + 4;       // the reference transfers: [3][R] (donor, receiver, amount) + count
         l.npieces = o, o += 4 * 8;            // [7] pieces per alloc matrix
+        l.fill_flags = o, o += 4 * 8;         // [4] whether fill v succeeded (written by the cluster's fill blocks)
         l.piece_at = o, o += 4 * 7 * l.piece_cap;      // [7][cap] e * R + u
         l.piece_amount = o, o += 4 * 7 * l.piece_cap;  // [7][cap]
         // The fills' held bitsets (phase 2) and the pieces' per-expert lists (phases 3-4) share one range.
@@ -124,6 +125,38 @@ struct PlanScratchLayout {
         l.core = detail::align_up(o, 16);
         l.tpe = l.core;
         l.total = detail::align_up(l.core + 4 * r * e, 16);
+        return l;
+    }
+};
+
+// The planner as a thread-block cluster (plan_cluster.cuh): block 0 runs plan_block_parallel without its global
+// fills and home route rows; blocks 1-4 run one global fill each (plan_fill_block.cuh) and blocks 5-7 write the home
+// route rows. Byte offsets of a fill block's dynamic shared memory: its per-thread held bitsets, its pieces, and
+// optionally its copy of the histogram (int32, or uint16 when every entry is < 2^16, else read from global memory).
+inline constexpr int kPlanClusterBlocks = 8;
+inline constexpr int kPlanClusterFills = 4;  // blocks 1..4
+inline constexpr int kPlanFillMaxJ = 2;      // experts per thread of a fill block (E <= 512 * 2)
+inline constexpr int kPlanFillRanksPerLane = 4;  // ranks a lane keeps in registers (R <= 128)
+struct PlanFillBlockLayout {
+    size_t held, at, amount, tpe;
+    size_t per_thread;  // experts per thread (J)
+    size_t held_words;  // ceil(R / 32): words of one expert's receiver bitset
+    size_t core;        // bytes without the histogram copy
+    size_t with_tpe32, with_tpe16;
+    EVENEP_HOST_DEVICE static constexpr PlanFillBlockLayout make(int R, int E, int threads) {
+        PlanFillBlockLayout l{};
+        const size_t r = static_cast<size_t>(R), e = static_cast<size_t>(E), t = static_cast<size_t>(threads);
+        l.per_thread = (e + t - 1) / t;
+        l.held_words = (r + 31) / 32;
+        const size_t cap = e + 3 * r;  // as PlanScratchLayout::piece_cap
+        size_t o = 0;
+        l.held = o, o += 4 * l.per_thread * l.held_words * t;
+        l.at = o, o += 4 * cap;
+        l.amount = o, o += 4 * cap;
+        l.core = detail::align_up(o, 16);
+        l.tpe = l.core;
+        l.with_tpe32 = detail::align_up(l.core + 4 * r * e, 16);
+        l.with_tpe16 = detail::align_up(l.core + 2 * r * e, 16);
         return l;
     }
 };

@@ -14,6 +14,8 @@
 // Two entry points:
 //   plan_block_serial   thread 0 runs planner.cpp's sequence of plan_core calls (reference for tests; slow);
 //   plan_block_parallel all threads, warp-specialised (see the phase headers below).
+// plan_block_parallel with `cluster` is block 0 of the planner's thread-block cluster (plan_cluster.cuh): blocks 1-4 run
+// the four global fills and blocks 5-7 the home route rows, and this block waits for them before phase 3.
 // Both write the plan arrays `a` and cost[4] = {max_rank_copy_traffic, total_copies, crossing_rows,
 // moved_entries}; both record DeviceErrorKind::kInternal if a rank ends with more than epn remote experts.
 #pragma once
@@ -21,10 +23,12 @@
 #include <climits>
 #include <cstdint>
 
+#include "cuda/device/cluster.cuh"
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
 #include "cuda/device/plan_fill.cuh"
 #include "cuda/device/plan_finish.cuh"
+#include "cuda/device/plan_home.cuh"
 #include "cuda/device/plan_warp.cuh"
 #include "evenep/detail/ep_layout.hpp"
 #include "evenep/detail/plan_candidates.hpp"
@@ -78,7 +82,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                                                     const PlanScratch& sc,
                                                     const TeamView& team,
                                                     int rank,
-                                                    int64_t* timing) {
+                                                    int64_t* timing,
+                                                    bool cluster) {
     static_assert(kThreads == 512, "plan_block_parallel: 16 warps (0 transfers, 1-4 fills, 5-6 paths, 7-15 split)");
     constexpr int kWarps = kThreads / kWarpSize;
     static_assert(kWarps <= kPlanMaxWarps, "PlanScratchLayout::warp_area holds kPlanMaxWarps warps");
@@ -136,6 +141,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     // ---- Phase 1: loads and quotas (plan_loads_and_quotas), each expert's home and its home rank's entries. ----
     if (tid == 0) s_total = s_home_total = 0;
     if (tid <= kCand) s_corr[tid] = 0, s_moved[tid] = 0;
+    for (int r = tid; r < R; r += kThreads) sc.cross[r] = 0;  // before the cluster's home-row blocks add to it
     __syncthreads();
     {
         unsigned long long part = 0, part_home = 0;
@@ -193,19 +199,21 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         __syncthreads();
     }
     stamp(1);
+    // The cluster's other blocks (plan_cluster.cuh) read expert_load and balance once this arrival is seen.
+    if (cluster) cluster_arrive();
 
     // ---- Phase 2a: initial state of the reference greedy, the four fills and the two paths. ----
     for (int e = tid; e < E; e += kThreads) {
         const int32_t t = static_cast<int32_t>(sc.expert_load[e]);
         sc.remaining[e] = t;
         if (optimized) {
-            for (int v = 0; v < 4; ++v) sc.avail[v * E + e] = t;
+            if (!cluster)  // the fill blocks own the fills' state
+                for (int v = 0; v < 4; ++v) sc.avail[v * E + e] = t;
             sc.path_left[e] = sc.path_left[E + e] = t;
         }
     }
     for (int r = tid; r < R; r += kThreads) {
         const int64_t b = sc.balance[r];
-        sc.cross[r] = 0;
         if (optimized) {
             for (int v = 0; v < 4; ++v) {
                 sc.excess[v * R + r] = static_cast<int32_t>(b > 0 ? b : 0);
@@ -218,9 +226,9 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             sc.path_q[r] = sc.path_q[R + r] = a.q[r];
         }
     }
-    if (optimized)
+    if (optimized && !cluster)
         for (size_t i = tid; i < static_cast<size_t>(4) * R * W; i += kThreads) sc.held[i] = 0;
-    if (tid < 8) sc.npieces[tid] = 0;
+    if (tid < 8 && !(cluster && tid >= 1 && tid <= 4)) sc.npieces[tid] = 0;
     if (tid < kCand) s_fill_ok[tid] = 0;  // a role that does not run (reference mode) leaves its list unused
     __syncthreads();
     stamp(2);
@@ -268,7 +276,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         }
         if (lane == 0) *nx = n;
         if (lane == 0 && timing != nullptr) timing[24] = static_cast<int64_t>(global_timer_ns());
-    } else if (optimized && warp >= 1 && warp <= 4) {
+    } else if (optimized && !cluster && warp >= 1 && warp <= 4) {
         const int v = warp - 1;
         int iterations = 0;
         const FillState st{sc.excess + v * R, sc.deficit + v * R, sc.fill_remote + v * R,
@@ -322,117 +330,21 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         }
         if (lane == 0 && timing != nullptr)
             atomicMax(reinterpret_cast<unsigned long long*>(timing + 25), static_cast<unsigned long long>(global_timer_ns()));
-        // Route rows of the home matrix (plan_sparse.hpp with no pieces): per expert e with home h and t_h = t[h][e],
-        // keep = t_h at h (0 without locality), rest_prefix = P[e][r] - keep below r, cap_prefix = (T_e - keep) past
-        // h; alloc = T_e at h; seg_row = -1 (phase 4 fills in the groups); crossing rows of r += t[r][e] off the home.
-        // A warp takes 8 experts at a time, lanes over ranks (coalesced stores); the histogram's rows are read as
-        // two 16-byte vectors per lane when E % 8 == 0.
-        // Up to 16 ranks: a lane per expert walks the ranks instead (coalesced histogram reads and seg_row stores; its
-        // route-row stores are R + 1 words apart, so past 16 ranks each lane's store is a separate line and the
-        // lanes-over-ranks form below is faster: R = 32, E = 896 took 107 us this way).
-        const bool lane_per_expert = R <= kWarpSize / 2;
-        if (lane_per_expert) {
-            for (int e0 = sg * kWarpSize; e0 < E; e0 += kSplitWarps * kWarpSize) {  // warp-uniform
-                const int e = e0 + lane;
-                const bool in = e < E;
-                const int h = in ? home[e] : -1;
-                const int32_t T = in ? static_cast<int32_t>(sc.expert_load[e]) : 0;
-                const int32_t kh = in && loc ? t_home[e] : 0;
-                int32_t P = 0;
-#pragma unroll 4
-                for (int r = 0; r < R; ++r) {
-                    const int32_t t = in ? tpe[static_cast<int64_t>(r) * E + e] : 0;
-                    if (in) {
-                        a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + r] = P - (r > h ? kh : 0);
-                        a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + r] = r > h ? T - kh : 0;
-                        a.local_keep[static_cast<int64_t>(e) * R + r] = r == h ? kh : 0;
-                        a.alloc[static_cast<int64_t>(e) * R + r] = r == h ? T : 0;
-                        a.seg_row[static_cast<int64_t>(r) * E + e] = -1;
-                    }
-                    const unsigned cross = __reduce_add_sync(kFullMask, static_cast<unsigned>(r != h ? t : 0));
-                    if (lane == 0 && cross) atomicAdd(sc.cross + r, static_cast<int32_t>(cross));
-                    P += t;
-                }
-                if (in) {
-                    a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + R] = T - kh;
-                    a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + R] = T - kh;
-                }
-            }
-        }
-        const bool vec = E % 8 == 0;
-        const int groups8 = lane_per_expert ? 0 : (E + 7) / 8;
-        for (int g8 = sg; g8 < groups8; g8 += kSplitWarps) {
-            const int e0 = 8 * g8;
-            int32_t carry[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) carry[j] = 0;
-            for (int r0 = 0; r0 < R; r0 += kWarpSize) {
-                const int r = r0 + lane;
-                int32_t t[8];
-                if (r < R && vec) {
-                    const int4 x = *reinterpret_cast<const int4*>(tpe + static_cast<int64_t>(r) * E + e0);
-                    const int4 y = *reinterpret_cast<const int4*>(tpe + static_cast<int64_t>(r) * E + e0 + 4);
-                    t[0] = x.x, t[1] = x.y, t[2] = x.z, t[3] = x.w, t[4] = y.x, t[5] = y.y, t[6] = y.z, t[7] = y.w;
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) t[j] = r < R && e0 + j < E ? tpe[static_cast<int64_t>(r) * E + e0 + j] : 0;
-                }
-                // Inclusive scans over the lanes, the eight experts' shuffles side by side (independent: one
-                // shuffle latency per level, not eight).
-                int32_t incl[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) incl[j] = t[j];
-#pragma unroll
-                for (int off = 1; off < kWarpSize; off <<= 1) {
-                    int32_t v[8];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) v[j] = __shfl_up_sync(kFullMask, incl[j], off);
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) incl[j] += lane >= off ? v[j] : 0;
-                }
-                int32_t last[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) last[j] = __shfl_sync(kFullMask, incl[j], kWarpSize - 1);
-                int32_t cross = 0;
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const int e = e0 + j;
-                    const int32_t P = carry[j] + incl[j] - t[j];
-                    carry[j] += last[j];
-                    if (e < E && r < R) {
-                        const int h = home[e];
-                        const int32_t T = static_cast<int32_t>(sc.expert_load[e]);
-                        const int32_t kh = loc ? t_home[e] : 0;
-                        a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + r] = P - (r > h ? kh : 0);
-                        a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + r] = r > h ? T - kh : 0;
-                        a.local_keep[static_cast<int64_t>(e) * R + r] = r == h ? kh : 0;
-                        a.alloc[static_cast<int64_t>(e) * R + r] = r == h ? T : 0;
-                        if (r != h) cross += t[j];
-                    }
-                }
-                if (r < R) {
-                    int32_t* seg = a.seg_row + static_cast<int64_t>(r) * E + e0;
-                    if (vec) {
-                        reinterpret_cast<int4*>(seg)[0] = make_int4(-1, -1, -1, -1);
-                        reinterpret_cast<int4*>(seg)[1] = make_int4(-1, -1, -1, -1);
-                    } else {
-                        for (int j = 0; j < 8 && e0 + j < E; ++j) seg[j] = -1;
-                    }
-                    if (cross) atomicAdd(sc.cross + r, cross);
-                }
-            }
-            if (lane < 8 && e0 + lane < E) {  // r = R: the prefixes' totals
-                const int e = e0 + lane;
-                const int32_t v = static_cast<int32_t>(sc.expert_load[e]) - (loc ? t_home[e] : 0);
-                a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + R] = v;
-                a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + R] = v;
-            }
-        }
+        // Route rows of the home matrix (plan_home.cuh; the cluster's blocks 5-7 write them instead).
+        if (!cluster) warp_home_rows(d, tpe, a, sc.expert_load, home, t_home, sc.cross, sg, kSplitWarps, lane);
         if (lane == 0 && timing != nullptr) {
             atomicMax(reinterpret_cast<unsigned long long*>(timing + 26), static_cast<unsigned long long>(global_timer_ns()));
         }
     }
     __syncthreads();
+    if (cluster) {
+        // The fill blocks' lists 1-4 and flags, and the home rows, are complete once every block has arrived.
+        cluster_wait();
+        cluster_arrive();
+        cluster_wait();
+        if (tid < 4) s_fill_ok[tid] = optimized ? sc.fill_flags[tid] : 0;
+        __syncthreads();
+    }
     stamp(3);
 
 

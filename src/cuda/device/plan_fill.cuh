@@ -82,21 +82,7 @@ __device__ __forceinline__ bool warp_global_fill_narrow(const PlanDims& d,
     for (int k = 0; k < kMaxRanksPerLane; ++k)
         def[k] = k < RK && lane + kWarpSize * k < R ? deficit[lane + kWarpSize * k] : 0;
     // The first rank with the largest deficit, `skip` left out (-1: none); its deficit in `value` (INT_MIN: no rank).
-    auto first_max = [&](int skip, int32_t& value) {
-        unsigned dk = 0;
-        int di = -1;
-#pragma unroll
-        for (int k = 0; k < kMaxRanksPerLane; ++k) {
-            if (k >= RK) break;
-            const int r = lane + kWarpSize * k;
-            const unsigned key = order_key(def[k]);
-            if (r < R && r != skip && (di < 0 || key > dk)) dk = key, di = r;
-        }
-        const unsigned dmax = __reduce_max_sync(kFullMask, di >= 0 ? dk : 0u);
-        value = static_cast<int32_t>(dmax ^ 0x80000000u);
-        return static_cast<int>(
-            __reduce_min_sync(kFullMask, di >= 0 && dk == dmax ? static_cast<unsigned>(di) : 0xffffffffu));
-    };
+    auto first_max = [&](int skip, int32_t& value) { return regs_first_max(def, R, lane, skip, value); };
     // The next batch of this lane's live experts (taken from m): j (-1: none), entries left, donor excess, pushes.
     struct Batch {
         int j[kBatch];

@@ -50,6 +50,40 @@ __device__ __forceinline__ int warp_first_max(const T* x, int n, int lane) {
     return warp_first_extreme<true>(x, n, lane);
 }
 
+// Per-rank values kept in a warp's registers: lane holds rank lane + 32 k in v[k] (every warp of a block may hold the
+// same copy). regs_first_max: the first rank with the largest value, rank `skip` left out (-1: none), its value in
+// `value` (INT_MIN and -1 when no rank is left). regs_get: rank r's value on every lane (r warp-uniform).
+template <int kN>
+__device__ __forceinline__ int regs_first_max(const int32_t (&v)[kN], int R, int lane, int skip, int32_t& value) {
+    const int RK = (R + kWarpSize - 1) / kWarpSize;
+    unsigned dk = 0;
+    int di = -1;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+        if (k >= RK) break;
+        const int r = lane + kWarpSize * k;
+        const unsigned key = order_key(v[k]);
+        if (r < R && r != skip && (di < 0 || key > dk)) dk = key, di = r;
+    }
+    const unsigned dmax = __reduce_max_sync(kFullMask, di >= 0 ? dk : 0u);
+    value = static_cast<int32_t>(dmax ^ 0x80000000u);
+    return static_cast<int>(
+        __reduce_min_sync(kFullMask, di >= 0 && dk == dmax ? static_cast<unsigned>(di) : 0xffffffffu));
+}
+
+// NOTE: one shuffle per slot, not a select then one shuffle: the compiler turned that select into an indexed load
+// and moved the whole array to local memory.
+template <int kN>
+__device__ __forceinline__ int32_t regs_get(const int32_t (&v)[kN], int r) {
+    int32_t x = 0;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+        const int32_t y = __shfl_sync(kFullMask, v[k], r % kWarpSize);
+        x = k == r / kWarpSize ? y : x;
+    }
+    return x;
+}
+
 // One alloc matrix in sparse form as the warps build it: the home column and the pieces (count in *n).
 struct PieceList {
     int32_t* home_rem;  // [E]

@@ -96,6 +96,63 @@ void launch_cooperative(
 #endif
 }
 
+// A launch configuration in thread-block clusters of `cluster` blocks (attr: its one attribute, kept by the caller).
+inline cudaLaunchConfig_t cluster_config(
+    int grid, int cluster, int threads, size_t smem, cudaStream_t stream, cudaLaunchAttribute (&attr)[1]) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(grid));
+    cfg.blockDim = dim3(static_cast<unsigned>(threads));
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
+// A launch in thread-block clusters of `cluster` blocks (grid a multiple of it; every block of a cluster is resident at
+// once, on one GPC), then cudaGetLastError().
+template <typename... KernelArgs, typename... Args>
+void launch_clustered(
+    void (*kernel)(KernelArgs...), int grid, int cluster, int threads, size_t smem, cudaStream_t stream, Args&&... args) {
+    EVENEP_CHECK(cluster >= 1 && grid % cluster == 0, "launch: grid ", grid, " is not a multiple of the cluster ", cluster);
+    cudaLaunchAttribute attr[1];
+    const cudaLaunchConfig_t cfg = cluster_config(grid, cluster, threads, smem, stream, attr);
+    EVENEP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+#ifdef EVENEP_SYNC_CHECK
+    EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+#endif
+}
+
+// Clusters of `cluster` blocks of `kernel` the current device holds at once (0: such a cluster does not fit, e.g. its
+// shared memory per block exceeds an SM's). Cached per (device, kernel, cluster, threads, smem).
+template <typename Kernel>
+int max_active_clusters(Kernel kernel, int cluster, int threads, size_t smem) {
+    static std::mutex mutex;
+    static std::map<std::tuple<int, const void*, int, int, size_t>, int> cache;
+    int device = 0;
+    EVENEP_CUDA_CHECK(cudaGetDevice(&device));
+    allow_dynamic_smem(kernel, smem);
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), cluster, threads, smem);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+        cudaLaunchAttribute attr[1];
+        const cudaLaunchConfig_t cfg = cluster_config(cluster, cluster, threads, smem, nullptr, attr);
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();  // not launchable as such a cluster: report 0
+            n = 0;
+        }
+        it = cache.emplace(key, n).first;
+    }
+    return it->second;
+}
+
 inline void check_launch(cudaStream_t stream) {
     EVENEP_CUDA_CHECK(cudaGetLastError());
 #ifdef EVENEP_SYNC_CHECK

@@ -17,6 +17,7 @@
 #include <algorithm>
 
 #include "cuda/device/plan_block.cuh"
+#include "cuda/device/plan_cluster.cuh"
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
@@ -46,13 +47,15 @@ struct PlanParams {
     int route_in_smem;    // phase 4 reads the route tables from shared memory
     int repeat;           // plan_only: plans per launch (1; more only to measure warm-cache phase times)
     int relay;            // plan the relayed copy tree (detail/plan_relay.hpp), else direct pushes
+    int fill_tpe;         // plan_cluster_kernel: where its fill blocks read the histogram (device::FillTpe)
 };
 
 // Dynamic shared memory of both plan kernels (one declaration: the two kernels share this translation unit).
 extern __shared__ __align__(16) unsigned char plan_smem[];
 
+// cluster: this block is block 0 of plan_cluster_kernel's cluster (its other blocks run the fills and the home rows).
 template <int kThreads, bool kParallel>
-__device__ void plan_rank(const PlanParams& p, int rank) {
+__device__ void plan_rank(const PlanParams& p, int rank, bool cluster = false) {
     const EpLayout& L = p.lay;
     char* base = p.team.peers[rank];
     const detail::PlanDims d = L.dims(p.locality != 0);
@@ -76,15 +79,15 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
             // of it is LDS; with the histogram read in place (global memory) they are plain global loads. A select
             // would make every histogram read generic (resolved through the shared window) at every shape.
             if (p.tpe_in_smem) {
-                device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
+                device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing, cluster);
             } else {
                 sc.tpe = const_cast<int32_t*>(tpe);  // read in place (global memory)
-                device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
+                device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing, cluster);
             }
         } else {
             device::PlanScratch sc = device::carve_scratch(base + L.plan.scratch, L.R, L.E);
             sc.tpe = const_cast<int32_t*>(tpe);  // already in place: no copy
-            device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing);
+            device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing, false);
         }
         (void)w64;
     } else {
@@ -134,6 +137,34 @@ __global__ void __launch_bounds__(kThreads) plan_only_kernel(const __grid_consta
     // repeat > 1 (benchmark only): plan again in the same launch; the timing stamps then show warm caches.
     for (int i = 0; i < p.repeat; ++i) {
         plan_rank<kThreads, kParallel>(p, p.rank_begin + static_cast<int>(blockIdx.x));
+        __syncthreads();
+    }
+}
+
+// One rank's plan on a cluster of kPlanClusterBlocks blocks (plan_cluster.cuh): cluster c plans rank rank_begin + c.
+// Needs the planner's state in shared memory (p.scratch_in_smem).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) plan_cluster_kernel(const __grid_constant__ PlanParams p) {
+    const int role = device::cluster_block();
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.x) / kPlanClusterBlocks;
+    const EpLayout& L = p.lay;
+    char* base = p.team.peers[rank];
+    const detail::PlanDims d = L.dims(p.locality != 0);
+    const int32_t* tpe = EpLayout::at<int32_t>(base, L.tpe);
+    int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
+    char* smem = reinterpret_cast<char*>(plan_smem);
+    // Block 0's scratch as the other blocks see it (same dynamic shared memory offsets in every block).
+    char* base0 = device::cluster_map(smem, 0);
+    for (int i = 0; i < p.repeat; ++i) {
+        if (role == 0) {
+            plan_rank<kThreads, true>(p, rank, /*cluster=*/true);
+        } else if (role <= kPlanClusterFills) {
+            device::plan_cluster_fill<kThreads>(d, tpe, base0, smem, static_cast<device::FillTpe>(p.fill_tpe), role - 1,
+                                                timing);
+        } else {
+            device::plan_cluster_home<kThreads>(d, tpe, L.plan_arrays(base), base0, smem, role - 1 - kPlanClusterFills,
+                                                kPlanClusterBlocks - 1 - kPlanClusterFills, timing);
+        }
         __syncthreads();
     }
 }
@@ -338,6 +369,26 @@ size_t planner_smem(const EpLayout& L, int& scratch_in_smem, int& tpe_in_smem) {
     return tpe_in_smem ? l.total : scratch_in_smem ? l.core : 0;
 }
 
+// Dynamic shared memory of plan_cluster_kernel (the largest of its three roles' needs; sets where block 0's state and
+// the fill blocks' histogram copies live), or 0 when the shape does not fit it: block 0's state must fit in shared
+// memory, a fill block's thread owns at most kPlanFillMaxJ experts and a lane at most kPlanFillRanksPerLane ranks.
+size_t cluster_smem(PlanParams& p) {
+    const int R = p.lay.R, E = p.lay.E;
+    const size_t block0 = planner_smem(p.lay, p.scratch_in_smem, p.tpe_in_smem);
+    if (!p.scratch_in_smem || E > kPlanThreads * kPlanFillMaxJ || R > kWarpSize * kPlanFillRanksPerLane) return 0;
+    const size_t limit = static_cast<size_t>(max_dynamic_smem()) - 4096;
+    const PlanFillBlockLayout fl = PlanFillBlockLayout::make(R, E, kPlanThreads);
+    size_t fill = fl.core;
+    p.fill_tpe = static_cast<int>(device::FillTpe::kGlobal);
+    if (fl.with_tpe32 <= limit) {
+        fill = fl.with_tpe32, p.fill_tpe = static_cast<int>(device::FillTpe::kShared32);
+    } else if (fl.with_tpe16 <= limit) {
+        fill = fl.with_tpe16, p.fill_tpe = static_cast<int>(device::FillTpe::kShared16);
+    }
+    const size_t home = 16 * static_cast<size_t>(E);  // expert_load (int64), home, t_home
+    return std::max({block0, fill, home});
+}
+
 // Dynamic shared memory of plan_team_kernel; sets where phase 4's route tables and the planner's state live.
 template <bool kParallel>
 size_t team_kernel_smem(PlanParams& p) {
@@ -374,7 +425,8 @@ int launch_plan(const TeamView& team,
                 bool relay) {
     PlanParams p = make_params(team, layout, d_io, s, s_total, locality);
     p.relay = relay ? 1 : 0;
-    return kernel == PlannerKernel::kParallel ? launch_plan_impl<true>(p, sm_budget, stream)
+    // The fused kernel has no cluster form yet: kCluster runs the one-block planner there.
+    return kernel != PlannerKernel::kSerial ? launch_plan_impl<true>(p, sm_budget, stream)
                                               : launch_plan_impl<false>(p, sm_budget, stream);
 }
 
@@ -386,7 +438,7 @@ bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, Planner
         const std::pair<int, int> occ = co_resident_capacity(k, kPlanThreads, smem);
         return static_cast<long long>(occ.first) * occ.second;
     };
-    const long long capacity = kernel == PlannerKernel::kParallel
+    const long long capacity = kernel != PlannerKernel::kSerial
                                    ? blocks(plan_team_kernel<kPlanThreads, true>, team_kernel_smem<true>(p))
                                    : blocks(plan_team_kernel<kPlanThreads, false>, team_kernel_smem<false>(p));
     return capacity >= team.launch_ranks;
@@ -409,6 +461,15 @@ void launch_plan_only(const TeamView& team,
     EVENEP_CHECK(rank_begin >= 0 && num_ranks >= 1 && rank_begin + num_ranks <= layout.R, "plan: ranks [", rank_begin,
                  ", ", rank_begin + num_ranks, ") outside [0, R = ", layout.R, ")");
     p.rank_begin = rank_begin;
+    if (kernel == PlannerKernel::kCluster) {
+        const size_t smem = cluster_smem(p);
+        auto k = plan_cluster_kernel<kPlanThreads>;
+        if (smem > 0 && max_active_clusters(k, kPlanClusterBlocks, kPlanThreads, smem) >= 1) {
+            launch_clustered(k, num_ranks * kPlanClusterBlocks, kPlanClusterBlocks, kPlanThreads, smem, stream, p);
+            return;
+        }
+        kernel = PlannerKernel::kParallel;  // the shape does not fit the cluster: the one-block planner
+    }
     if (kernel == PlannerKernel::kParallel) {
         const size_t smem = planner_smem(layout, p.scratch_in_smem, p.tpe_in_smem);
         auto k = plan_only_kernel<kPlanThreads, true>;

@@ -9,8 +9,13 @@ namespace evenep::cuda {
 
 // The friend of Ep that the hooks go through.
 struct EpHooks {
-    static EpPlan plan_from_tpe(
-        Ep& ep, std::span<const int32_t> tpe, std::span<const int32_t> s, cudaStream_t stream, int first, int num) {
+    static EpPlan plan_from_tpe(Ep& ep,
+                                std::span<const int32_t> tpe,
+                                std::span<const int32_t> s,
+                                cudaStream_t stream,
+                                int first,
+                                int num,
+                                std::optional<PlannerKernel> kernel) {
         const Config& cfg = ep.config();
         const size_t RE = static_cast<size_t>(cfg.R) * cfg.E;
         EVENEP_CHECK(tpe.size() == RE, "plan: tpe has ", tpe.size(), " values, expected R*E = ", RE);
@@ -35,15 +40,21 @@ struct EpHooks {
         for (int r = first; r < first + num; ++r)
             EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(r) + ep.layout().tpe, tpe.data(), RE * 4, cudaMemcpyHostToDevice));
         const EpOptions& o = ep.options();
-        launch_plan_only(ep.view(o.channel), ep.layout(), s, o.mode == PlannerMode::kOptimized, o.planner_kernel, first,
+        launch_plan_only(ep.view(o.channel), ep.layout(), s, o.mode == PlannerMode::kOptimized,
+                         kernel.value_or(o.planner_kernel), first,
                          num, stream, 1, o.relay);
         return plan;
     }
 };
 
-EpPlan plan_from_tpe(
-    Ep& ep, std::span<const int32_t> tpe, std::span<const int32_t> s, cudaStream_t stream, int rank_begin, int num) {
-    return EpHooks::plan_from_tpe(ep, tpe, s, stream, rank_begin, num);
+EpPlan plan_from_tpe(Ep& ep,
+                     std::span<const int32_t> tpe,
+                     std::span<const int32_t> s,
+                     cudaStream_t stream,
+                     int rank_begin,
+                     int num,
+                     std::optional<PlannerKernel> kernel) {
+    return EpHooks::plan_from_tpe(ep, tpe, s, stream, rank_begin, num, kernel);
 }
 
 }  // namespace evenep::cuda
