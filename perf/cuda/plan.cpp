@@ -97,8 +97,8 @@ void bench_plan(Point& p) {
         const std::optional<Stats> one_graph = p.graph_stats(launches);
         const std::vector<int64_t> ts = plan_stamps(ep);
         std::ostringstream phases;
-        phases << "one rank: gathered tpe -> plan, " << what << " (mean of " << kBatch
-               << " back-to-back launches); " << plan_phase_text(ts);
+        phases << "one rank: gathered tpe -> plan, " << what << " (mean of " << kBatch << " back-to-back launches); "
+               << plan_phase_text(ts);
         int64_t wrong_one = -1;
         if (bc.check) {
             const cuda::EpPlan one_rank = cuda::plan_from_tpe(ep, p.routing.tpe(), p.routing.s, stream, 0, 1, kernel);

@@ -147,15 +147,14 @@ TEST_P(GpuPlannerTest, RandomHistogramsMatchCpu) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels,
-                         GpuPlannerTest,
-                         ::testing::Combine(::testing::Values(PlannerKernel::kParallel, PlannerKernel::kSerial,
-                                                              PlannerKernel::kCluster),
-                                            ::testing::Values(PlannerMode::kOptimized, PlannerMode::kReference)),
-                         [](const auto& info) {
-                             return testing_cat(kernel_name(std::get<0>(info.param)), "_",
-                                                to_string(std::get<1>(info.param)));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Kernels,
+    GpuPlannerTest,
+    ::testing::Combine(::testing::Values(PlannerKernel::kParallel, PlannerKernel::kSerial, PlannerKernel::kCluster),
+                       ::testing::Values(PlannerMode::kOptimized, PlannerMode::kReference)),
+    [](const auto& info) {
+        return testing_cat(kernel_name(std::get<0>(info.param)), "_", to_string(std::get<1>(info.param)));
+    });
 
 class FusedPlanTest : public ::testing::TestWithParam<int> {};
 
@@ -238,8 +237,8 @@ TEST(GpuPlannerClusterTest, BenchmarkShapesMatchCpu) {
         int R, E, K, S;
         double maxvio;
     };
-    const Shape shapes[] = {{8, 384, 8, 8192, 0.2}, {8, 384, 8, 8192, 1.0}, {8, 384, 8, 8192, 20.0},
-                            {8, 896, 16, 2048, 5.0}, {32, 896, 16, 512, 1.0},  {64, 896, 16, 256, 1.0},
+    const Shape shapes[] = {{8, 384, 8, 8192, 0.2},   {8, 384, 8, 8192, 1.0},  {8, 384, 8, 8192, 20.0},
+                            {8, 896, 16, 2048, 5.0},  {32, 896, 16, 512, 1.0}, {64, 896, 16, 256, 1.0},
                             {64, 896, 16, 256, 20.0}, {128, 896, 16, 128, 1.0}};
     for (const Shape& sh : shapes) {
         const Config cfg = make_cfg(sh.R, sh.E, sh.K, sh.S, 128);
@@ -270,9 +269,9 @@ TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
         const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), rng.uniform() * 3.0);
         for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kSerial, PlannerKernel::kCluster})
             for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference}) {
-                expect_tpe_plan_equal(cfg, tpe, s, mode, kernel,
-                                      testing_cat("instance ", it, " ", cfg.to_string(), " ", kernel_name(kernel), " ",
-                                                  to_string(mode)));
+                expect_tpe_plan_equal(
+                    cfg, tpe, s, mode, kernel,
+                    testing_cat("instance ", it, " ", cfg.to_string(), " ", kernel_name(kernel), " ", to_string(mode)));
                 if (HasFatalFailure()) return;
             }
     }

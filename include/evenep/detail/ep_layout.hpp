@@ -134,8 +134,8 @@ struct PlanScratchLayout {
 // route rows. Byte offsets of a fill block's dynamic shared memory: its per-thread held bitsets, its pieces, and
 // optionally its copy of the histogram (int32, or uint16 when every entry is < 2^16, else read from global memory).
 inline constexpr int kPlanClusterBlocks = 8;
-inline constexpr int kPlanClusterFills = 4;  // blocks 1..4
-inline constexpr int kPlanFillMaxJ = 2;      // experts per thread of a fill block (E <= 512 * 2)
+inline constexpr int kPlanClusterFills = 4;      // blocks 1..4
+inline constexpr int kPlanFillMaxJ = 2;          // experts per thread of a fill block (E <= 512 * 2)
 inline constexpr int kPlanFillRanksPerLane = 4;  // ranks a lane keeps in registers (R <= 128)
 struct PlanFillBlockLayout {
     size_t held, at, amount, tpe;

@@ -14,22 +14,22 @@
 // Two entry points:
 //   plan_block_serial   thread 0 runs planner.cpp's sequence of plan_core calls (reference for tests; slow);
 //   plan_block_parallel all threads, warp-specialised (see the phase headers below).
-// plan_block_parallel with `cluster` is block 0 of the planner's thread-block cluster (plan_cluster.cuh): blocks 1-4 run
-// the four global fills and blocks 5-7 the home route rows, and this block waits for them before phase 3.
-// Both write the plan arrays `a` and cost[4] = {max_rank_copy_traffic, total_copies, crossing_rows,
-// moved_entries}; both record DeviceErrorKind::kInternal if a rank ends with more than epn remote experts.
+// plan_block_parallel with `cluster` is block 0 of the planner's thread-block cluster (plan_cluster.cuh): blocks 1-4
+// run the four global fills and blocks 5-7 the home route rows, and this block waits for them before phase 3. Both
+// write the plan arrays `a` and cost[4] = {max_rank_copy_traffic, total_copies, crossing_rows, moved_entries}; both
+// record DeviceErrorKind::kInternal if a rank ends with more than epn remote experts.
 #pragma once
 
 #include <climits>
 #include <cstdint>
 
 #include "cuda/device/cluster.cuh"
-#include "cuda/device/team.cuh"
-#include "cuda/device/vec.cuh"
 #include "cuda/device/plan_fill.cuh"
 #include "cuda/device/plan_finish.cuh"
 #include "cuda/device/plan_home.cuh"
 #include "cuda/device/plan_warp.cuh"
+#include "cuda/device/team.cuh"
+#include "cuda/device/vec.cuh"
 #include "evenep/detail/ep_layout.hpp"
 #include "evenep/detail/plan_candidates.hpp"
 

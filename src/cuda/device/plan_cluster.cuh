@@ -56,12 +56,13 @@ struct FillKeyBits {
 
 // plan_alloc_global_fill with overshoot on one block of kThreads threads: the same pieces in the same order as
 // plan_fill.cuh's one-warp version. Thread t owns experts t + kThreads j (j < kJ) and keeps their entries left, their
-// donor's excess and pushes in registers; warp 0 keeps the ranks' deficits and remote counts in registers (lane r % 32,
-// slot r / 32; R <= 32 * kPlanFillRanksPerLane) and, while the keys are reduced, finds the runner-up receiver, which it
-// publishes with its key (info[2][3], alternating). Each step is one block-wide key maximum (one barrier; two with
-// 64-bit words) after which every thread applies the winner to its own copy of the state (warp 0 to the ranks'). held (shared memory,
-// per thread) has bit u of expert j's word set once receiver u holds a piece of it. The pieces go to at/amount
-// (thread 0), the final entries left to home_rem. Returns plan_alloc_global_fill's bool.
+// donor's excess and pushes in registers; the last warp (whose threads own the fewest experts) keeps the ranks'
+// deficits and remote counts in registers (lane r % 32, slot r / 32; R <= 32 * kPlanFillRanksPerLane) and, while the
+// keys are reduced, finds the runner-up receiver, which it publishes with its key (info[2][3], alternating). Each step
+// is one block-wide key maximum (one barrier; two with 64-bit words) after which every thread applies the winner to its
+// own copy of the state (the last warp to the ranks'). held (shared memory, per thread) has bit u of expert j's word
+// set once receiver u holds a piece of it. The pieces go to at/amount (thread 0), the final entries left to home_rem.
+// Returns plan_alloc_global_fill's bool.
 template <int kThreads, int kJ, typename W, typename TpeT>
 __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
                                                   const FillKeyBits& kb,
@@ -80,6 +81,7 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
                                                   int& iterations) {
     constexpr int kWarps = kThreads / kWarpSize;
     constexpr int kBits = 8 * sizeof(W);
+    constexpr int kRankWarp = kWarps - 1;  // keeps the ranks' state
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int R = d.R, E = d.E, epn = d.epn, HW = (R + kWarpSize - 1) / kWarpSize;
     const uint32_t magic = detail::home_magic(epn);  // e / epn, exact for E <= 1024 (kJ <= 2)
@@ -140,7 +142,7 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
             loc[j] = e < E ? static_cast<uint32_t>(tu[e]) : 0u;
         }
         int32_t* inf = info + 3 * (iterations & 1);
-        if (warp == 0) {  // the runner-up receiver (for the next one), published with this step's key
+        if (warp == kRankWarp) {  // the runner-up receiver (for the next one), published with this step's key
             int32_t need2;
             const int u2 = regs_first_max(def, R, lane, u, need2);
             const int32_t rem_u2 = u2 >= 0 ? regs_get(rem, u2) : 0;
@@ -156,8 +158,8 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
             const bool valid = e < E && av[j] > 0 && exd[j] > 0 && piece >= req && !(hw[j] & ub);
             const bool fb = kb.fbit && piece >= need;
             const W penc = fb ? piece_mask - static_cast<W>(piece) : static_cast<W>(piece);
-            const W hi = valid ? top | ((push_mask - static_cast<W>(spd[j])) << psh) | (static_cast<W>(fb) << fsh) | penc
-                               : W{0};
+            const W hi =
+                valid ? top | ((push_mask - static_cast<W>(spd[j])) << psh) | (static_cast<W>(fb) << fsh) | penc : W{0};
             const W lo = (static_cast<W>(loc[j]) << kb.id) | (id_mask - static_cast<W>(e));
             if (hi > bh || (hi == bh && lo > bl)) bh = hi, bl = lo;
         }
@@ -192,11 +194,11 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
                 over = true;
                 moved = need;
                 // The donor's excess (its new deficit below) from the thread that owns the expert, its remote count
-                // from warp 0.
+                // from the ranks' warp.
 #pragma unroll
                 for (int j = 0; j < kJ; ++j)
                     if (tid + kThreads * j == best) bcast[0] = exd[j];
-                if (warp == 0) {
+                if (warp == kRankWarp) {
                     const int32_t r_hb = regs_get(rem, detail::home_by_magic(best, magic));
                     if (lane == 0) bcast[1] = r_hb;
                 }
@@ -223,7 +225,7 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
                 held[(j * HW + uw) * kThreads + tid] = hw[j] | ub;
             }
         }
-        if (warp == 0) {
+        if (warp == kRankWarp) {
 #pragma unroll
             for (int k = 0; k < kPlanFillRanksPerLane; ++k) {
                 const int r = lane + kWarpSize * k;
@@ -256,13 +258,8 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
 // function), the fill's loop shared the kernel's 128 registers with values live across the roles and reloaded spilled
 // values every step, from L2 when the 220 KiB of shared memory leaves L1 small; on its own it needs 96, no spills.
 template <int kThreads>
-__device__ __noinline__ void plan_cluster_fill(const PlanDims d,
-                                                  const int32_t* tpe_g,
-                                                  char* base0,
-                                                  char* smem,
-                                                  FillTpe tpe_mode,
-                                                  int v,
-                                                  int64_t* timing) {
+__device__ __noinline__ void plan_cluster_fill(
+    const PlanDims d, const int32_t* tpe_g, char* base0, char* smem, FillTpe tpe_mode, int v, int64_t* timing) {
     constexpr int kWarps = kThreads / kWarpSize;
     const int tid = threadIdx.x, lane = tid % kWarpSize;
     const int R = d.R, E = d.E;
@@ -362,7 +359,8 @@ __device__ __noinline__ void plan_cluster_fill(const PlanDims d,
 }
 
 // Block 5 + i of the cluster (i < nh): its share of the home route rows (plan_home.cuh), the crossing rows added into
-// block 0's cross[R] (base0: block 0's scratch, as in plan_cluster_fill). smem: expert_load [E] int64, home [E], t_home [E] (this block's copies).
+// block 0's cross[R] (base0: block 0's scratch, as in plan_cluster_fill). smem: expert_load [E] int64, home [E], t_home
+// [E] (this block's copies).
 template <int kThreads>
 __device__ __forceinline__ void plan_cluster_home(const PlanDims& d,
                                                   const int32_t* tpe_g,
@@ -390,7 +388,8 @@ __device__ __forceinline__ void plan_cluster_home(const PlanDims& d,
     __syncthreads();
     warp_home_rows(d, tpe_g, a, load, home, t_home, sc0.cross, i * kWarps + warp, nh * kWarps, lane);
     if (lane == 0 && timing != nullptr)
-        atomicMax(reinterpret_cast<unsigned long long*>(timing + 26), static_cast<unsigned long long>(global_timer_ns()));
+        atomicMax(reinterpret_cast<unsigned long long*>(timing + 26),
+                  static_cast<unsigned long long>(global_timer_ns()));
     cluster_arrive();
     cluster_wait();  // B
 }

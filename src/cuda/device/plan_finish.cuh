@@ -17,7 +17,8 @@ namespace evenep::cuda::device {
 struct PlanScratch {
     int64_t *balance, *expert_load, *path_load;
     int32_t *remaining, *excess, *deficit, *avail, *path_left, *home, *t_home, *fill_remote, *spread, *order, *path_q,
-        *cost_pushed, *cost_remote, *cross, *xfer, *npieces, *fill_flags, *piece_at, *piece_amount, *head, *next, *warp_area, *tpe;
+        *cost_pushed, *cost_remote, *cross, *xfer, *npieces, *fill_flags, *piece_at, *piece_amount, *head, *next,
+        *warp_area, *tpe;
     uint32_t* held;
     int piece_cap, held_words, split_words, group_words, layout_warps;
 };
@@ -26,15 +27,38 @@ __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
     const PlanScratchLayout l = PlanScratchLayout::make(R, E);
     auto i64 = [&](size_t o) { return reinterpret_cast<int64_t*>(base + o); };
     auto i32 = [&](size_t o) { return reinterpret_cast<int32_t*>(base + o); };
-    return PlanScratch{i64(l.balance),      i64(l.expert_load), i64(l.path_load),   i32(l.remaining),
-                       i32(l.excess),       i32(l.deficit),     i32(l.avail),       i32(l.path_left),
-                       i32(l.home),         i32(l.t_home),      i32(l.fill_remote), i32(l.spread),
-                       i32(l.order),        i32(l.path_q),      i32(l.cost_pushed), i32(l.cost_remote),
-                       i32(l.cross),        i32(l.xfer),        i32(l.npieces),     i32(l.fill_flags),  i32(l.piece_at),
-                       i32(l.piece_amount), i32(l.head),        i32(l.next),        i32(l.warp_area),
-                       i32(l.tpe),          reinterpret_cast<uint32_t*>(base + l.held),
-                       static_cast<int>(l.piece_cap), static_cast<int>(l.held_words), static_cast<int>(l.split_words),
-                       static_cast<int>(l.group_words), static_cast<int>(l.layout_warps)};
+    return PlanScratch{i64(l.balance),
+                       i64(l.expert_load),
+                       i64(l.path_load),
+                       i32(l.remaining),
+                       i32(l.excess),
+                       i32(l.deficit),
+                       i32(l.avail),
+                       i32(l.path_left),
+                       i32(l.home),
+                       i32(l.t_home),
+                       i32(l.fill_remote),
+                       i32(l.spread),
+                       i32(l.order),
+                       i32(l.path_q),
+                       i32(l.cost_pushed),
+                       i32(l.cost_remote),
+                       i32(l.cross),
+                       i32(l.xfer),
+                       i32(l.npieces),
+                       i32(l.fill_flags),
+                       i32(l.piece_at),
+                       i32(l.piece_amount),
+                       i32(l.head),
+                       i32(l.next),
+                       i32(l.warp_area),
+                       i32(l.tpe),
+                       reinterpret_cast<uint32_t*>(base + l.held),
+                       static_cast<int>(l.piece_cap),
+                       static_cast<int>(l.held_words),
+                       static_cast<int>(l.split_words),
+                       static_cast<int>(l.group_words),
+                       static_cast<int>(l.layout_warps)};
 }
 
 // P[e][r], the histogram's column prefix, from the home matrix's rest_prefix row (phase 2 writes it for every

@@ -12,9 +12,16 @@ namespace evenep::cuda::device {
 // Warp gw of nw warps writes its share of the home matrix's route rows (a.rest_prefix, cap_prefix, local_keep, alloc,
 // seg_row = -1) and adds each rank's crossing rows into cross_out[R] (atomically: several warps add to one rank).
 // expert_load, home and t_home are the planner's per-expert arrays (plan_block.cuh phase 1).
-__device__ __forceinline__ void warp_home_rows(const PlanDims& d, const int32_t* tpe, const detail::PlanArrays& a,
-                                               const int64_t* expert_load, const int32_t* home, const int32_t* t_home,
-                                               int32_t* cross_out, int gw, int nw, int lane) {
+__device__ __forceinline__ void warp_home_rows(const PlanDims& d,
+                                               const int32_t* tpe,
+                                               const detail::PlanArrays& a,
+                                               const int64_t* expert_load,
+                                               const int32_t* home,
+                                               const int32_t* t_home,
+                                               int32_t* cross_out,
+                                               int gw,
+                                               int nw,
+                                               int lane) {
     const int R = d.R, E = d.E;
     const bool loc = d.locality;
     // Route rows of the home matrix (plan_sparse.hpp with no pieces): per expert e with home h and t_h = t[h][e],
@@ -33,10 +40,17 @@ __device__ __forceinline__ void warp_home_rows(const PlanDims& d, const int32_t*
             const int h = in ? home[e] : -1;
             const int32_t T = in ? static_cast<int32_t>(expert_load[e]) : 0;
             const int32_t kh = in && loc ? t_home[e] : 0;
+            // The expert's column first (every load in flight at once: the stores below may alias the histogram,
+            // so the compiler would not move a load above them).
+            constexpr int kMaxR = kWarpSize / 2;
+            int32_t col[kMaxR];
+#pragma unroll
+            for (int r = 0; r < kMaxR; ++r) col[r] = in && r < R ? tpe[static_cast<int64_t>(r) * E + e] : 0;
             int32_t P = 0;
-#pragma unroll 4
-            for (int r = 0; r < R; ++r) {
-                const int32_t t = in ? tpe[static_cast<int64_t>(r) * E + e] : 0;
+#pragma unroll
+            for (int r = 0; r < kMaxR; ++r) {
+                if (r >= R) break;
+                const int32_t t = col[r];
                 if (in) {
                     a.rest_prefix[static_cast<int64_t>(e) * (R + 1) + r] = P - (r > h ? kh : 0);
                     a.cap_prefix[static_cast<int64_t>(e) * (R + 1) + r] = r > h ? T - kh : 0;

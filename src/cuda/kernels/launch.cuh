@@ -116,9 +116,15 @@ inline cudaLaunchConfig_t cluster_config(
 // A launch in thread-block clusters of `cluster` blocks (grid a multiple of it; every block of a cluster is resident at
 // once, on one GPC), then cudaGetLastError().
 template <typename... KernelArgs, typename... Args>
-void launch_clustered(
-    void (*kernel)(KernelArgs...), int grid, int cluster, int threads, size_t smem, cudaStream_t stream, Args&&... args) {
-    EVENEP_CHECK(cluster >= 1 && grid % cluster == 0, "launch: grid ", grid, " is not a multiple of the cluster ", cluster);
+void launch_clustered(void (*kernel)(KernelArgs...),
+                      int grid,
+                      int cluster,
+                      int threads,
+                      size_t smem,
+                      cudaStream_t stream,
+                      Args&&... args) {
+    EVENEP_CHECK(cluster >= 1 && grid % cluster == 0, "launch: grid ", grid, " is not a multiple of the cluster ",
+                 cluster);
     cudaLaunchAttribute attr[1];
     const cudaLaunchConfig_t cfg = cluster_config(grid, cluster, threads, smem, stream, attr);
     EVENEP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

@@ -427,7 +427,7 @@ int launch_plan(const TeamView& team,
     p.relay = relay ? 1 : 0;
     // The fused kernel has no cluster form yet: kCluster runs the one-block planner there.
     return kernel != PlannerKernel::kSerial ? launch_plan_impl<true>(p, sm_budget, stream)
-                                              : launch_plan_impl<false>(p, sm_budget, stream);
+                                            : launch_plan_impl<false>(p, sm_budget, stream);
 }
 
 bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, PlannerKernel kernel) {

@@ -41,8 +41,7 @@ struct EpHooks {
             EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(r) + ep.layout().tpe, tpe.data(), RE * 4, cudaMemcpyHostToDevice));
         const EpOptions& o = ep.options();
         launch_plan_only(ep.view(o.channel), ep.layout(), s, o.mode == PlannerMode::kOptimized,
-                         kernel.value_or(o.planner_kernel), first,
-                         num, stream, 1, o.relay);
+                         kernel.value_or(o.planner_kernel), first, num, stream, 1, o.relay);
         return plan;
     }
 };
