@@ -331,8 +331,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         if (lane == 0 && timing != nullptr)
             atomicMax(reinterpret_cast<unsigned long long*>(timing + 25), static_cast<unsigned long long>(global_timer_ns()));
         // Route rows of the home matrix (plan_home.cuh; the cluster's blocks 5-7 write them instead).
-        if (!cluster) warp_home_rows(d, tpe, a, sc.expert_load, home, t_home, sc.cross, sg, kSplitWarps, lane);
-        if (lane == 0 && timing != nullptr) {
+        if (!cluster) warp_home_rows(d, tpe, a, sc.expert_load, home, t_home, sc.cross, sg, kSplitWarps, lane, true);
+        if (!cluster && lane == 0 && timing != nullptr) {
             atomicMax(reinterpret_cast<unsigned long long*>(timing + 26), static_cast<unsigned long long>(global_timer_ns()));
         }
     }

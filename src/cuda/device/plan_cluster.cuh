@@ -386,7 +386,7 @@ __device__ __forceinline__ void plan_cluster_home(const PlanDims& d,
     const PlanScratch sc0 = carve_scratch(base0, d.R, E);
     for (int e = tid; e < E; e += kThreads) load[e] = sc0.expert_load[e];
     __syncthreads();
-    warp_home_rows(d, tpe_g, a, load, home, t_home, sc0.cross, i * kWarps + warp, nh * kWarps, lane);
+    warp_home_rows(d, tpe_g, a, load, home, t_home, sc0.cross, i * kWarps + warp, nh * kWarps, lane, false);
     if (lane == 0 && timing != nullptr)
         atomicMax(reinterpret_cast<unsigned long long*>(timing + 26),
                   static_cast<unsigned long long>(global_timer_ns()));

@@ -11,7 +11,9 @@ namespace evenep::cuda::device {
 
 // Warp gw of nw warps writes its share of the home matrix's route rows (a.rest_prefix, cap_prefix, local_keep, alloc,
 // seg_row = -1) and adds each rank's crossing rows into cross_out[R] (atomically: several warps add to one rank).
-// expert_load, home and t_home are the planner's per-expert arrays (plan_block.cuh phase 1).
+// expert_load, home and t_home are the planner's per-expert arrays (plan_block.cuh phase 1). few_warps: the split
+// warps of one block (up to 16 ranks a lane then takes an expert, see below), not the cluster's three blocks (which
+// have enough warps for the coalesced lanes-over-ranks form at every R).
 __device__ __forceinline__ void warp_home_rows(const PlanDims& d,
                                                const int32_t* tpe,
                                                const detail::PlanArrays& a,
@@ -21,7 +23,8 @@ __device__ __forceinline__ void warp_home_rows(const PlanDims& d,
                                                int32_t* cross_out,
                                                int gw,
                                                int nw,
-                                               int lane) {
+                                               int lane,
+                                               bool few_warps) {
     const int R = d.R, E = d.E;
     const bool loc = d.locality;
     // Route rows of the home matrix (plan_sparse.hpp with no pieces): per expert e with home h and t_h = t[h][e],
@@ -32,7 +35,7 @@ __device__ __forceinline__ void warp_home_rows(const PlanDims& d,
     // Up to 16 ranks: a lane per expert walks the ranks instead (coalesced histogram reads and seg_row stores; its
     // route-row stores are R + 1 words apart, so past 16 ranks each lane's store is a separate line and the
     // lanes-over-ranks form below is faster: R = 32, E = 896 took 107 us this way).
-    const bool lane_per_expert = R <= kWarpSize / 2;
+    const bool lane_per_expert = few_warps && R <= kWarpSize / 2;
     if (lane_per_expert) {
         for (int e0 = gw * kWarpSize; e0 < E; e0 += nw * kWarpSize) {  // warp-uniform
             const int e = e0 + lane;
