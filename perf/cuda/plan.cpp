@@ -118,7 +118,10 @@ void bench_plan(Point& p) {
     };
     rank_row(cuda::PlannerKernel::kParallel, "plan_rank", "one block of 512 threads");
     rank_row(cuda::PlannerKernel::kCluster, "plan_rank_cluster",
-             "a cluster of 8 blocks (fills and home rows on blocks of their own)");
+             cuda::plan_cluster_fits(ep.layout())
+                 ? "a cluster of 8 blocks (fills and home rows on blocks of their own)"
+                 : "the one-block planner (this shape does not fit the cluster: block 0's state exceeds shared memory, "
+                   "E > 1024 or R > 128)");
     {
         // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
         cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0, 1,

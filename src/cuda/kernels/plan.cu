@@ -389,6 +389,11 @@ size_t cluster_smem(PlanParams& p) {
     return std::max({block0, fill, home});
 }
 
+// Whether plan_cluster_kernel runs with `smem` bytes (cluster_smem; 0: the shape does not fit) on this device.
+bool cluster_runs(size_t smem) {
+    return smem > 0 && max_active_clusters(plan_cluster_kernel<kPlanThreads>, kPlanClusterBlocks, kPlanThreads, smem) >= 1;
+}
+
 // Dynamic shared memory of plan_team_kernel; sets where phase 4's route tables and the planner's state live.
 template <bool kParallel>
 size_t team_kernel_smem(PlanParams& p) {
@@ -430,6 +435,12 @@ int launch_plan(const TeamView& team,
                                             : launch_plan_impl<false>(p, sm_budget, stream);
 }
 
+bool plan_cluster_fits(const EpLayout& layout) {
+    PlanParams p{};
+    p.lay = layout;
+    return cluster_runs(cluster_smem(p));
+}
+
 bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, PlannerKernel kernel) {
     PlanParams p{};
     p.team = team;
@@ -463,9 +474,9 @@ void launch_plan_only(const TeamView& team,
     p.rank_begin = rank_begin;
     if (kernel == PlannerKernel::kCluster) {
         const size_t smem = cluster_smem(p);
-        auto k = plan_cluster_kernel<kPlanThreads>;
-        if (smem > 0 && max_active_clusters(k, kPlanClusterBlocks, kPlanThreads, smem) >= 1) {
-            launch_clustered(k, num_ranks * kPlanClusterBlocks, kPlanClusterBlocks, kPlanThreads, smem, stream, p);
+        if (cluster_runs(smem)) {
+            launch_clustered(plan_cluster_kernel<kPlanThreads>, num_ranks * kPlanClusterBlocks, kPlanClusterBlocks,
+                             kPlanThreads, smem, stream, p);
             return;
         }
         kernel = PlannerKernel::kParallel;  // the shape does not fit the cluster: the one-block planner

@@ -42,8 +42,9 @@ int launch_plan(const TeamView& team,
 bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, PlannerKernel kernel);
 
 // Planning only, from the histograms already in each rank's contiguous tpe array (EpLayout::tpe): one block per
-// planning rank (ranks [rank_begin, rank_begin + num_ranks)). For tests and the planner benchmark; `repeat` > 1
-// plans again inside the launch (the phase stamps in EpLayout::plan.timing then show warm caches).
+// planning rank (ranks [rank_begin, rank_begin + num_ranks)), or a cluster of 8 with PlannerKernel::kCluster where
+// plan_cluster_fits. For tests and the planner benchmark; `repeat` > 1 plans again inside the launch (the phase
+// stamps in EpLayout::plan.timing then show warm caches).
 void launch_plan_only(const TeamView& team,
                       const EpLayout& layout,
                       std::span<const int32_t> s,
@@ -54,6 +55,10 @@ void launch_plan_only(const TeamView& team,
                       cudaStream_t stream,
                       int repeat = 1,
                       bool relay = false);
+
+// Whether launch_plan_only plans `layout`'s ranks on a cluster with PlannerKernel::kCluster on this device (block 0's
+// state fits shared memory, E <= 1024, R <= 128, and the device runs such a cluster); else it uses one block.
+bool plan_cluster_fits(const EpLayout& layout);
 
 int launch_dispatch(const TeamView& team,
                     const EpLayout& layout,
