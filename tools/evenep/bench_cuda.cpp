@@ -185,7 +185,9 @@ void register_bench_cuda(CLI::App& bench) {
                     false);
     add_gpu_command(bench, "prefetch", "GPU prefetch_weight vs the copy bandwidth", {"prefetch"}, false);
     add_gpu_command(bench, "reduce", "GPU reduce_grad vs the copy bandwidth", {"reduce"}, false);
-    add_gpu_command(bench, "gpu-plan", "GPU planner: one rank's plan from gathered histograms, and the fused plan",
+    add_gpu_command(bench, "gpu-plan",
+                    "GPU planner: one rank's plan from gathered histograms (one block: plan_rank; a cluster of 8 "
+                    "blocks: plan_rank_cluster), and the fused plan",
                     {"plan"}, true);
 
     auto opt = std::make_shared<GpuBenchOptions>();
