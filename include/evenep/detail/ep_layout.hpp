@@ -148,7 +148,7 @@ struct PlanFillBlockLayout {
         const size_t r = static_cast<size_t>(R), e = static_cast<size_t>(E), t = static_cast<size_t>(threads);
         l.per_thread = (e + t - 1) / t;
         l.held_words = (r + 31) / 32;
-        const size_t cap = e + 3 * r;  // as PlanScratchLayout::piece_cap
+        const size_t cap = PlanScratchLayout::make(R, E).piece_cap;  // pieces of one fill
         size_t o = 0;
         l.held = o, o += 4 * l.per_thread * l.held_words * t;
         l.at = o, o += 4 * cap;

@@ -299,11 +299,11 @@ __device__ __noinline__ void plan_cluster_fill(
     cluster_arrive();
     cluster_wait();  // A: block 0's expert_load and balance are complete
     if (d.locality) {
-        const int cap = E + 3 * R;
+        const PlanScratchLayout l0 = PlanScratchLayout::make(R, E);
+        const int cap = static_cast<int>(l0.piece_cap);
         uint32_t* held = reinterpret_cast<uint32_t*>(smem + fl.held);
         int32_t* at = reinterpret_cast<int32_t*>(smem + fl.at);
         int32_t* amount = reinterpret_cast<int32_t*>(smem + fl.amount);
-        const PlanScratchLayout l0 = PlanScratchLayout::make(R, E);
         int32_t* home_rem = reinterpret_cast<int32_t*>(base0 + l0.avail) + v * E;
         const int64_t* load0 = reinterpret_cast<const int64_t*>(base0 + l0.expert_load);
         const int64_t* balance0 = reinterpret_cast<const int64_t*>(base0 + l0.balance);
