@@ -251,6 +251,20 @@ TEST(GpuPlannerClusterTest, BenchmarkShapesMatchCpu) {
     }
 }
 
+// Entries so large that the spread fills' key fields exceed 32 bits (pushes 5 + fills 1 + piece 28 bits + valid): the
+// fill blocks take the 64-bit, two-round key path (plan_cluster.cuh FillKeyBits::fits32).
+TEST(GpuPlannerClusterTest, WideKeysMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Config cfg = make_cfg(4, 8, 8, 5000000, 128);
+    std::vector<int32_t> tpe(static_cast<size_t>(cfg.R) * cfg.E);
+    for (int r = 0; r < cfg.R; ++r)
+        for (int e = 0; e < cfg.E; ++e)
+            tpe[static_cast<size_t>(r) * cfg.E + e] = e == 0 ? 39990000 : 100 + 37 * r + 11 * e;
+    const std::vector<int32_t> s(cfg.R, cfg.S);
+    for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+        expect_tpe_plan_equal(cfg, tpe, s, mode, PlannerKernel::kCluster, testing_cat("wide keys ", to_string(mode)));
+}
+
 TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     testing::TestRng rng(20261201);
