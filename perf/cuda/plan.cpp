@@ -21,15 +21,18 @@ std::vector<int64_t> plan_stamps(cuda::DeviceEp& ep) {
 // The block planner's stamps (plan_block.cuh): %globaltimer ns at the phase boundaries [0..9) and when phase 2's
 // roles finished [23..32); the SM clock from clock64 [12..13] over %globaltimer [14..15].
 double plan_stamp_us(const std::vector<int64_t>& ts, int a, int b) { return static_cast<double>(ts[b] - ts[a]) / 1e3; }
-std::string plan_phase_text(const std::vector<int64_t>& ts) {
+// cluster: the stamps of plan_cluster_kernel's block 0, where 5-6 is the hand-off to the other blocks (cluster barrier
+// C) and 6-7 the moved experts' route rows and the layouts written by all eight blocks together.
+std::string plan_phase_text(const std::vector<int64_t>& ts, bool cluster = false) {
     auto us = [&](int a, int b) { return ts[b] > 0 ? plan_stamp_us(ts, a, b) : 0.0; };
     const double ns = static_cast<double>(ts[15] - ts[14]);
     std::ostringstream os;
     os.precision(3);
     os << "phases us: loads " << us(0, 1) << ", init " << us(1, 2) << ", transfers+fills+paths+split+home rows "
-       << us(2, 3) << ", lists " << us(3, 4) << ", costs " << us(4, 5) << ", moved rows " << us(5, 6) << ", layout "
-       << us(6, 7) << ", copies+costs " << us(7, 8) << "; total " << us(0, 8) << "; fill iterations " << ts[9] << "/"
-       << ts[10] << ", split pieces (max donor) " << ts[11] << "; phase 2 roles done at +us: transfers " << us(2, 24)
+       << us(2, 3) << ", lists " << us(3, 4) << ", costs " << us(4, 5) << (cluster ? ", hand-off " : ", moved rows ")
+       << us(5, 6) << (cluster ? ", moved rows+layout (8 blocks) " : ", layout ") << us(6, 7) << ", copies+costs "
+       << us(7, 8) << "; total " << us(0, 8) << "; fill iterations " << ts[9] << "/" << ts[10]
+       << ", split pieces (max donor) " << ts[11] << "; phase 2 roles done at +us: transfers " << us(2, 24)
        << ", split " << us(2, 25) << ", home rows " << us(2, 26) << ", fills " << us(2, 27) << "/" << us(2, 28) << "/"
        << us(2, 29) << "/" << us(2, 30) << ", paths " << us(2, 31) << "; SM clock "
        << (ns > 0 ? static_cast<double>(ts[13] - ts[12]) / ns : 0.0) << " GHz";
@@ -98,7 +101,8 @@ void bench_plan(Point& p) {
         const std::vector<int64_t> ts = plan_stamps(ep);
         std::ostringstream phases;
         phases << "one rank: gathered tpe -> plan, " << what << " (mean of " << kBatch << " back-to-back launches); "
-               << plan_phase_text(ts);
+               << plan_phase_text(ts, kernel == cuda::PlannerKernel::kCluster && cuda::plan_cluster_fits(ep.layout()) &&
+                                          R >= cuda::kPlanClusterFinishMinRanks);
         int64_t wrong_one = -1;
         if (bc.check) {
             const cuda::EpPlan one_rank = cuda::plan_from_tpe(ep, p.routing.tpe(), p.routing.s, stream, 0, 1, kernel);

@@ -71,7 +71,7 @@ struct PlanScratchLayout {
     size_t balance, expert_load, path_load;
     // int32 (every count and amount here is bounded by the group's entries N < 2^31)
     size_t remaining, excess, deficit, avail, path_left, home, t_home, fill_remote, spread, order, path_q, cost_pushed,
-        cost_remote, cross, xfer, npieces, fill_flags, piece_at, piece_amount, held, head, next, warp_area, tpe;
+        cost_remote, cross, xfer, npieces, fill_flags, finish, piece_at, piece_amount, held, head, next, warp_area, tpe;
     size_t piece_cap;   // pieces per candidate (a bound, see make)
     size_t held_words;  // words of one receiver's held bitset (max(32, ceil(E / 32)): a word per lane up to E = 1024)
     size_t split_words;   // int32 words of one warp's split area (phase 2: a donor's transfers, 2R)
@@ -114,6 +114,7 @@ struct PlanScratchLayout {
         l.xfer = o, o += 4 * 3 * r + 4;       // the reference transfers: [3][R] (donor, receiver, amount) + count
         l.npieces = o, o += 4 * 8;            // [7] pieces per alloc matrix
         l.fill_flags = o, o += 4 * 8;         // [4] whether fill v succeeded (written by the cluster's fill blocks)
+        l.finish = o, o += 4 * 8;             // phase 4: [0] the chosen list, [1] moved entries (plan_finish.cuh)
         l.piece_at = o, o += 4 * 7 * l.piece_cap;      // [7][cap] e * R + u
         l.piece_amount = o, o += 4 * 7 * l.piece_cap;  // [7][cap]
         // The fills' held bitsets (phase 2) and the pieces' per-expert lists (phases 3-4) share one range.
@@ -135,6 +136,11 @@ struct PlanScratchLayout {
 // optionally its copy of the histogram (int32, or uint16 when every entry is < 2^16, else read from global memory).
 inline constexpr int kPlanClusterBlocks = 8;
 inline constexpr int kPlanClusterFills = 4;      // blocks 1..4
+// Phase 4a and 4b (the winner's route rows and layouts) spread over the cluster's blocks from this many ranks on.
+// Measured (H200, E = 896): at R = 8 and 16 the layouts already have a warp per rank on block 0 and the hand-off (two
+// cluster barriers, the helpers' copies of the winner) costs more than the spread saves; from R = 32 on the spread
+// wins (R = 64: 25 -> 10 us).
+inline constexpr int kPlanClusterFinishMinRanks = 32;
 inline constexpr int kPlanFillMaxJ = 2;          // experts per thread of a fill block (E <= 512 * 2)
 inline constexpr int kPlanFillRanksPerLane = 4;  // ranks a lane keeps in registers (R <= 128)
 struct PlanFillBlockLayout {

@@ -89,6 +89,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     static_assert(kWarps <= kPlanMaxWarps, "PlanScratchLayout::warp_area holds kPlanMaxWarps warps");
     constexpr int kCand = detail::kNumOptimizedCandidates;  // 6; list 0 is the reference split, 1..6 the candidates
     constexpr int kSplitWarps = kWarps - 6;                 // warp 0 and warps 7..15
+    constexpr int kLoadsInFlight = 8;                       // phase 1: histogram rows per thread read together
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int R = d.R, E = d.E, epn = d.epn, B = d.B;
     const bool optimized = d.locality, loc = d.locality;
@@ -113,22 +114,15 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         timing[11] = 0;
     }
     stamp(0);
+    // Phase 1 reads the histogram in place as int4 rows of four experts (vec_sums) when it stays in global memory and
+    // its rows are 16-byte aligned. (Measured at R = 8: with the copy in shared memory, copying first and summing
+    // from the copy is faster.)
+    const bool vec_sums = sc.tpe == tpe_in && E % 4 == 0 && reinterpret_cast<uintptr_t>(tpe_in) % 16 == 0;
     if (sc.tpe != tpe_in)  // the histogram into shared memory
         block_copy_batched<kThreads>(sc.tpe, static_cast<int64_t>(R) * E, [&](int64_t i) { return tpe_in[i]; });
     const int32_t* tpe = sc.tpe;
-    // The sparse form of list c (0: reference split, 1-4: fills, 5-6: paths), with its per-expert lists.
-    auto list_of = [&](int c) {
-        int32_t* hr = c == 0 ? sc.remaining : c <= 4 ? sc.avail + (c - 1) * E : sc.path_left + (c - 5) * E;
-        return PieceList{hr, sc.piece_at + c * cap, sc.piece_amount + c * cap, sc.npieces + c};
-    };
-    auto sparse_of = [&](int c) {
-        const PieceList pl = list_of(c);
-        detail::SparseAlloc s{pl.home_rem, pl.at, pl.amount, *pl.n};
-        s.head = sc.head + c * E;
-        s.next = sc.next + c * cap;
-        s.home_t = t_home;
-        return s;
-    };
+    auto list_of = [&](int c) { return piece_list(sc, c, E); };
+    auto sparse_of = [&](int c) { return sparse_alloc(sc, c, E); };
 
     __shared__ unsigned long long s_total, s_home_total;
     __shared__ int s_corr[kCand + 1];        // per list: crossing rows minus the base (signed, |.| < N)
@@ -145,17 +139,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     __syncthreads();
     {
         unsigned long long part = 0, part_home = 0;
-        for (int e = tid; e < E; e += kThreads) {
-            int32_t tk[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // eight loads in flight (each sum < N < 2^31)
-            int r = 0;
-            for (; r + 7 < R; r += 8) {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) tk[k] += tpe[static_cast<int64_t>(r + k) * E + e];
-            }
-            for (; r < R; ++r) tk[0] += tpe[static_cast<int64_t>(r) * E + e];
-            int64_t t = 0;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) t += tk[k];
+        auto expert_done = [&](int e, int64_t t) {
             const int h = e / epn;
             const int32_t th = tpe[static_cast<int64_t>(h) * E + e];
             a.expert_load[e] = t;
@@ -164,6 +148,57 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             t_home[e] = th;
             part += static_cast<unsigned long long>(t);
             part_home += static_cast<unsigned long long>(th);
+        };
+        // The column sums are a chain of histogram reads (from global memory at large R) whose latency, not
+        // bandwidth, is the cost: each thread keeps kLoadsInFlight of them in flight. Each partial sum < N < 2^31.
+        if (vec_sums) {
+            // Items (quad q of four experts, part p): rows p, p + P, ...; the P partial sums per expert meet in the
+            // per-expert lists' range (free until phase 3: [P][E], P <= 7).
+            const int Q = E / 4, P = max(1, min(7, kThreads / Q));
+            int32_t* partial = sc.head;
+            const int4* src = reinterpret_cast<const int4*>(tpe_in);
+            for (int item = tid; item < Q * P; item += kThreads) {
+                const int q = item % Q, p = item / Q;
+                int4 acc = make_int4(0, 0, 0, 0);
+                for (int r0 = p; r0 < R; r0 += kLoadsInFlight * P) {
+                    // NOTE: every load unconditional (rows past R read row r0 again, dropped after): a guarded load
+                    // is a branch, and the in-order warp then waits for each load's sum before the next load issues.
+                    int4 x[kLoadsInFlight];
+#pragma unroll
+                    for (int k = 0; k < kLoadsInFlight; ++k) {
+                        const int r = r0 + k * P;
+                        x[k] = src[(r < R ? r : r0) * Q + q];
+                    }
+#pragma unroll
+                    for (int k = 0; k < kLoadsInFlight; ++k) {
+                        const int r = r0 + k * P;
+                        if (r >= R) continue;
+                        acc.x += x[k].x, acc.y += x[k].y, acc.z += x[k].z, acc.w += x[k].w;
+                    }
+                }
+                int32_t* o = partial + p * E + 4 * q;
+                o[0] = acc.x, o[1] = acc.y, o[2] = acc.z, o[3] = acc.w;
+            }
+            __syncthreads();
+            for (int e = tid; e < E; e += kThreads) {
+                int64_t t = 0;
+                for (int p = 0; p < P; ++p) t += partial[p * E + e];
+                expert_done(e, t);
+            }
+        } else {
+            for (int e = tid; e < E; e += kThreads) {
+                int32_t tk[kLoadsInFlight] = {};
+                int r = 0;
+                for (; r + kLoadsInFlight <= R; r += kLoadsInFlight) {
+#pragma unroll
+                    for (int k = 0; k < kLoadsInFlight; ++k) tk[k] += tpe[static_cast<int64_t>(r + k) * E + e];
+                }
+                for (; r < R; ++r) tk[0] += tpe[static_cast<int64_t>(r) * E + e];
+                int64_t t = 0;
+#pragma unroll
+                for (int k = 0; k < kLoadsInFlight; ++k) t += tk[k];
+                expert_done(e, t);
+            }
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
@@ -421,9 +456,11 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                 if (detail::plan_cost_less(cv[c], cv[best])) best = c;
             }
             s_best = best;
+            sc.finish[0] = best;
         }
     } else if (tid == 0) {
         s_best = 0;
+        sc.finish[0] = 0;
     }
     __syncthreads();
     stamp(5);
@@ -431,7 +468,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     const detail::SparseAlloc sw = sparse_of(w);
 
     // ---- Phase 4: the winner's plan arrays (plan_finish.cuh). ----
-    plan_block_finish<kThreads>(d, tpe, a, cost_out, sc, sw, team, rank, stamp);
+    plan_block_finish<kThreads>(d, tpe, a, cost_out, sc, sw, team, rank, stamp, cluster);
     stamp(8);
     if (timing != nullptr && tid == 0) {
         timing[13] = static_cast<int64_t>(clock64());

@@ -2,8 +2,10 @@
 //   block 0      plan_block_parallel (plan_block.cuh) without its global fills and home route rows;
 //   blocks 1-4   one global fill each (block_global_fill: plan_alloc_global_fill with overshoot on 512 threads);
 //   blocks 5-7   the home matrix's route rows (plan_home.cuh).
-// Two cluster barriers order them: A (block 0 has its phase 1: expert loads and balances) and B (every fill's list,
-// flag and home column, and the home rows, are in place; block 0 goes on with phase 3). The helpers read block 0's
+// Cluster barriers order them: A (block 0 has its phase 1: expert loads and balances) and B (every fill's list,
+// flag and home column, and the home rows, are in place; block 0 goes on with phase 3); then all eight blocks write
+// the winner's route rows and layouts (phase 4a and 4b, plan_finish.cuh) between C (block 0 has chosen) and D, from
+// kPlanClusterFinishMinRanks ranks on. The helpers read block 0's
 // phase-1 arrays and write their results through distributed shared memory (cluster.cuh cluster_map).
 #pragma once
 
@@ -392,6 +394,51 @@ __device__ __forceinline__ void plan_cluster_home(const PlanDims& d,
                   static_cast<unsigned long long>(global_timer_ns()));
     cluster_arrive();
     cluster_wait();  // B
+}
+
+// Blocks 1-7 of the cluster after barrier B: their share of phase 4a and 4b (plan_finish.cuh finish_warps) once
+// block 0 has chosen the winner (barrier C), the group arrays in this block's own dynamic shared memory (its fill or
+// home-row state is dead by then; the kernel's dynamic size holds block 0's layout areas). tpe_g: the histogram in
+// global memory.
+template <int kThreads>
+__device__ __forceinline__ void plan_cluster_finish(
+    const PlanDims& d, const int32_t* tpe_g, const detail::PlanArrays& a, char* base0, char* smem, int block) {
+    if (!finish_spread(d, true)) return;  // block 0 writes them alone
+    const int E = d.E;
+    cluster_arrive();
+    cluster_wait();  // C
+    const PlanScratch sc0 = carve_scratch(base0, d.R, E);
+    const detail::SparseAlloc s0 = sparse_alloc(sc0, sc0.finish[0], E);
+    // What 4a and 4b read, copied from block 0 (distributed shared memory, many loads in flight) into this block's
+    // shared memory after the layout areas: the winner's home column, pieces and per-expert lists, home and t_home.
+    // (Block 0's total holds the layout areas, 4 [E] and 3 [piece_cap] arrays, so the kernel's dynamic size does.)
+    int32_t* area = reinterpret_cast<int32_t*>(smem);
+    int32_t* home_rem = area + static_cast<size_t>(sc0.layout_warps) * sc0.group_words;
+    int32_t* head = home_rem + E;
+    int32_t* home = head + E;
+    int32_t* t_home = home + E;
+    int32_t* at = t_home + E;
+    int32_t* amount = at + s0.n;
+    int32_t* next = amount + s0.n;
+    for (int e = threadIdx.x; e < E; e += kThreads) {
+        const int32_t x0 = s0.home_rem[e], x1 = s0.head[e], x2 = sc0.home[e], x3 = sc0.t_home[e];
+        home_rem[e] = x0, head[e] = x1, home[e] = x2, t_home[e] = x3;
+    }
+    for (int i = threadIdx.x; i < s0.n; i += kThreads) {
+        const int32_t x0 = s0.piece_at[i], x1 = s0.piece_amount[i], x2 = s0.next[i];
+        at[i] = x0, amount[i] = x1, next[i] = x2;
+    }
+    __syncthreads();
+    PlanScratch sc = sc0;  // the counters (cross, cost_pushed, cost_remote, finish) stay block 0's
+    sc.home = home;
+    sc.t_home = t_home;
+    detail::SparseAlloc sw{home_rem, at, amount, s0.n};
+    sw.head = head;
+    sw.next = next;
+    sw.home_t = t_home;
+    finish_warps<kThreads>(d, tpe_g, a, sc, sw, area, block, kPlanClusterBlocks);
+    cluster_arrive();
+    cluster_wait();  // D
 }
 
 }  // namespace evenep::cuda::device

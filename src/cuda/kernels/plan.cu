@@ -165,6 +165,7 @@ __global__ void __launch_bounds__(kThreads) plan_cluster_kernel(const __grid_con
             device::plan_cluster_home<kThreads>(d, tpe, L.plan_arrays(base), base0, smem, role - 1 - kPlanClusterFills,
                                                 kPlanClusterBlocks - 1 - kPlanClusterFills, timing);
         }
+        if (role != 0) device::plan_cluster_finish<kThreads>(d, tpe, L.plan_arrays(base), base0, smem, role);
         __syncthreads();
     }
 }
