@@ -14,9 +14,10 @@
 // Two entry points:
 //   plan_block_serial   thread 0 runs planner.cpp's sequence of plan_core calls (reference for tests; slow);
 //   plan_block_parallel all threads, warp-specialised (see the phase headers below).
-// plan_block_parallel with `cluster` is block 0 of the planner's thread-block cluster (plan_cluster.cuh): blocks 1-4
-// run the four global fills and blocks 5-7 the home route rows, and this block waits for them before phase 3. Both
-// write the plan arrays `a` and cost[4] = {max_rank_copy_traffic, total_copies, crossing_rows, moved_entries}; both
+// plan_block_parallel<kThreads, kCluster = true> is block 0 of the planner's thread-block cluster (plan_cluster.cuh):
+// blocks 1-4 run the four global fills and blocks 5-7 the home route rows, and this block waits for them before phase
+// 3 (a template parameter: each kernel compiles only its own variant, the cluster's block 0 without the warp fills).
+// Both write the plan arrays `a` and cost[4] = {max_rank_copy_traffic, total_copies, crossing_rows, moved_entries}; both
 // record DeviceErrorKind::kInternal if a rank ends with more than epn remote experts.
 #pragma once
 
@@ -74,7 +75,7 @@ __device__ __forceinline__ void split_group_sync(int threads) {
 // NOTE: a reading right after a block barrier is taken when the warp arrives there, not when the barrier releases,
 // unless a memory access comes first (see stamp below); that, not clock skew, is why an earlier clock64 reading after
 // a barrier came out before readings other warps took ahead of it. The stamps use %globaltimer (one clock per GPU).
-template <int kThreads>
+template <int kThreads, bool kCluster>
 __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                                                     const int32_t* __restrict__ tpe_in,
                                                     const PlanArrays& a,
@@ -82,8 +83,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                                                     const PlanScratch& sc,
                                                     const TeamView& team,
                                                     int rank,
-                                                    int64_t* timing,
-                                                    bool cluster) {
+                                                    int64_t* timing) {
+    constexpr bool cluster = kCluster;
     static_assert(kThreads == 512, "plan_block_parallel: 16 warps (0 transfers, 1-4 fills, 5-6 paths, 7-15 split)");
     constexpr int kWarps = kThreads / kWarpSize;
     static_assert(kWarps <= kPlanMaxWarps, "PlanScratchLayout::warp_area holds kPlanMaxWarps warps");
@@ -468,7 +469,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     const detail::SparseAlloc sw = sparse_of(w);
 
     // ---- Phase 4: the winner's plan arrays (plan_finish.cuh). ----
-    plan_block_finish<kThreads>(d, tpe, a, cost_out, sc, sw, team, rank, stamp, cluster);
+    plan_block_finish<kThreads, kCluster>(d, tpe, a, cost_out, sc, sw, team, rank, stamp);
     stamp(8);
     if (timing != nullptr && tid == 0) {
         timing[13] = static_cast<int64_t>(clock64());

@@ -381,11 +381,11 @@ __device__ __forceinline__ void finish_warps(const PlanDims& d,
 }
 
 // Phase 4 on all kThreads threads, after the block has chosen the allocation sw (its lists linked; sc.finish[0] = its
-// index). stamp(i) stores the phase boundaries 6 and 7 (plan_block.cuh's timing words). With `cluster` (from
+// index). stamp(i) stores the phase boundaries 6 and 7 (plan_block.cuh's timing words). With kCluster (from
 // kPlanClusterFinishMinRanks ranks on) the cluster's other blocks (plan_cluster.cuh plan_cluster_finish) take their
 // share of 4a and 4b between two cluster barriers (C, D); stamp 6 is then when C releases (4a and 4b run together, 6 to
 // 7).
-template <int kThreads, typename Stamp>
+template <int kThreads, bool kCluster, typename Stamp>
 __device__ __forceinline__ void plan_block_finish(const PlanDims& d,
                                                   const int32_t* tpe,
                                                   const PlanArrays& a,
@@ -394,8 +394,7 @@ __device__ __forceinline__ void plan_block_finish(const PlanDims& d,
                                                   const detail::SparseAlloc& sw,
                                                   const TeamView& team,
                                                   int rank,
-                                                  const Stamp& stamp,
-                                                  bool cluster) {
+                                                  const Stamp& stamp) {
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int R = d.R, epn = d.epn;
     int32_t* pushed = sc.cost_pushed;    // [R] copies pushed per home rank (the costs' arrays are free again)
@@ -403,7 +402,7 @@ __device__ __forceinline__ void plan_block_finish(const PlanDims& d,
     for (int r = tid; r < R; r += kThreads) pushed[r] = 0;
     if (tid == 0) sc.finish[1] = 0;
     __syncthreads();
-    if (finish_spread(d, cluster)) {
+    if (finish_spread(d, kCluster)) {
         cluster_arrive();
         cluster_wait();  // C: the other blocks see the winner and the zeroed counters
         stamp(6);

@@ -53,9 +53,10 @@ struct PlanParams {
 // Dynamic shared memory of both plan kernels (one declaration: the two kernels share this translation unit).
 extern __shared__ __align__(16) unsigned char plan_smem[];
 
-// cluster: this block is block 0 of plan_cluster_kernel's cluster (its other blocks run the fills and the home rows).
-template <int kThreads, bool kParallel>
-__device__ void plan_rank(const PlanParams& p, int rank, bool cluster = false) {
+// kCluster: this block is block 0 of plan_cluster_kernel's cluster (its other blocks run the fills and the home rows);
+// a template parameter, so that each kernel holds only its own variant of the block planner.
+template <int kThreads, bool kParallel, bool kCluster = false>
+__device__ void plan_rank(const PlanParams& p, int rank) {
     const EpLayout& L = p.lay;
     char* base = p.team.peers[rank];
     const detail::PlanDims d = L.dims(p.locality != 0);
@@ -79,15 +80,15 @@ __device__ void plan_rank(const PlanParams& p, int rank, bool cluster = false) {
             // of it is LDS; with the histogram read in place (global memory) they are plain global loads. A select
             // would make every histogram read generic (resolved through the shared window) at every shape.
             if (p.tpe_in_smem) {
-                device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing, cluster);
+                device::plan_block_parallel<kThreads, kCluster>(d, tpe, a, cost, sc, p.team, rank, timing);
             } else {
                 sc.tpe = const_cast<int32_t*>(tpe);  // read in place (global memory)
-                device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing, cluster);
+                device::plan_block_parallel<kThreads, kCluster>(d, tpe, a, cost, sc, p.team, rank, timing);
             }
-        } else {
+        } else if constexpr (!kCluster) {  // (the cluster needs the state in shared memory: cluster_smem)
             device::PlanScratch sc = device::carve_scratch(base + L.plan.scratch, L.R, L.E);
             sc.tpe = const_cast<int32_t*>(tpe);  // already in place: no copy
-            device::plan_block_parallel<kThreads>(d, tpe, a, cost, sc, p.team, rank, timing, false);
+            device::plan_block_parallel<kThreads, false>(d, tpe, a, cost, sc, p.team, rank, timing);
         }
         (void)w64;
     } else {
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) plan_cluster_kernel(const __grid_con
     char* base0 = device::cluster_map(smem, 0);
     for (int i = 0; i < p.repeat; ++i) {
         if (role == 0) {
-            plan_rank<kThreads, true>(p, rank, /*cluster=*/true);
+            plan_rank<kThreads, true, true>(p, rank);
         } else if (role <= kPlanClusterFills) {
             device::plan_cluster_fill<kThreads>(d, tpe, base0, smem, static_cast<device::FillTpe>(p.fill_tpe), role - 1,
                                                 timing);
@@ -392,7 +393,8 @@ size_t cluster_smem(PlanParams& p) {
 
 // Whether plan_cluster_kernel runs with `smem` bytes (cluster_smem; 0: the shape does not fit) on this device.
 bool cluster_runs(size_t smem) {
-    return smem > 0 && max_active_clusters(plan_cluster_kernel<kPlanThreads>, kPlanClusterBlocks, kPlanThreads, smem) >= 1;
+    return smem > 0 &&
+           max_active_clusters(plan_cluster_kernel<kPlanThreads>, kPlanClusterBlocks, kPlanThreads, smem) >= 1;
 }
 
 // Dynamic shared memory of plan_team_kernel; sets where phase 4's route tables and the planner's state live.
