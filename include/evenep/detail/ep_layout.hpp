@@ -141,7 +141,8 @@ inline constexpr int kPlanClusterFills = 4;      // blocks 1..4
 // cluster barriers, the helpers' copies of the winner) costs more than the spread saves; from R = 32 on the spread
 // wins (R = 64: 25 -> 10 us).
 inline constexpr int kPlanClusterFinishMinRanks = 32;
-inline constexpr int kPlanFillMaxJ = 2;          // experts per thread of a fill block (E <= 512 * 2)
+inline constexpr int kPlanFillThreads = 512;     // threads of a fill block that run its fill (the rest wait)
+inline constexpr int kPlanFillMaxJ = 1024 / kPlanFillThreads;  // experts per fill thread (E <= 1024)
 inline constexpr int kPlanFillRanksPerLane = 4;  // ranks a lane keeps in registers (R <= 128)
 struct PlanFillBlockLayout {
     size_t held, at, amount, tpe;

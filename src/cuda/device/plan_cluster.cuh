@@ -26,10 +26,21 @@ enum class FillTpe : int { kGlobal = 0, kShared32 = 1, kShared16 = 2 };
 __device__ __forceinline__ int bit_width32(uint32_t x) { return 32 - __clz(static_cast<int>(x)); }
 __device__ __forceinline__ uint64_t low_mask(int bits) { return bits >= 64 ? ~0ull : (1ull << bits) - 1; }
 
-// The block-wide maximum of a 64-bit key (every thread passes one, every thread gets the maximum): warp maxima into
-// slots[parity][warp], one barrier, every warp reduces the slots. Two slot sets alternate (parity), so the next call's
-// stores cannot overwrite slots a slower warp still reads.
-template <int kWarps>
+// The barrier of a block's first kN threads (kN == kBlock: the whole block, __syncthreads).
+template <int kN, int kBlock>
+__device__ __forceinline__ void group_barrier() {
+    static_assert(kN % kWarpSize == 0 && kN <= kBlock, "group_barrier: whole warps of the block");
+    if constexpr (kN == kBlock) {
+        __syncthreads();
+    } else {
+        asm volatile("bar.sync 2, %0;" ::"r"(kN) : "memory");
+    }
+}
+
+// The maximum of a 64-bit key over the block's first kWarps warps (kBlock threads in the block; every thread of those
+// warps passes one and gets the maximum): warp maxima into slots[parity][warp], one barrier, every warp reduces the
+// slots. Two slot sets alternate (parity), so the next call's stores cannot overwrite slots a slower warp still reads.
+template <int kWarps, int kBlock>
 __device__ __forceinline__ uint64_t block_max_key(uint64_t k, uint64_t* slots, int& parity, int lane, int warp) {
     auto warp_max = [](uint64_t v) {
         const unsigned hi = __reduce_max_sync(kFullMask, static_cast<unsigned>(v >> 32));
@@ -40,7 +51,7 @@ __device__ __forceinline__ uint64_t block_max_key(uint64_t k, uint64_t* slots, i
     const uint64_t w = warp_max(k);
     uint64_t* s = slots + parity * kWarps;
     if (lane == 0) s[warp] = w;
-    __syncthreads();
+    group_barrier<kWarps * kWarpSize, kBlock>();
     parity ^= 1;
     return warp_max(lane < kWarps ? s[lane] : 0ull);
 }
@@ -56,16 +67,16 @@ struct FillKeyBits {
     __device__ bool fits32() const { return 1 + push + fbit + piece <= 32 && local + id <= 32; }
 };
 
-// plan_alloc_global_fill with overshoot on one block of kThreads threads: the same pieces in the same order as
-// plan_fill.cuh's one-warp version. Thread t owns experts t + kThreads j (j < kJ) and keeps their entries left, their
-// donor's excess and pushes in registers; the last warp (whose threads own the fewest experts) keeps the ranks'
-// deficits and remote counts in registers (lane r % 32, slot r / 32; R <= 32 * kPlanFillRanksPerLane) and, while the
-// keys are reduced, finds the runner-up receiver, which it publishes with its key (info[2][3], alternating). Each step
-// is one block-wide key maximum (one barrier; two with 64-bit words) after which every thread applies the winner to its
-// own copy of the state (the last warp to the ranks'). held (shared memory, per thread) has bit u of expert j's word
-// set once receiver u holds a piece of it. The pieces go to at/amount (thread 0), the final entries left to home_rem.
-// Returns plan_alloc_global_fill's bool.
-template <int kThreads, int kJ, typename W, typename TpeT>
+// plan_alloc_global_fill with overshoot on the first kThreads threads of a block of kBlock: the same pieces in the same
+// order as plan_fill.cuh's one-warp version. Thread t owns experts t + kThreads j (j < kJ) and keeps their entries
+// left, their donor's excess and pushes in registers; the last warp (whose threads own the fewest experts) keeps the
+// ranks' deficits and remote counts in registers (lane r % 32, slot r / 32; R <= 32 * kPlanFillRanksPerLane) and, while
+// the keys are reduced, finds the runner-up receiver, which it publishes with its key (info[2][3], alternating). Each
+// step is one block-wide key maximum (one barrier; two with 64-bit words) after which every thread applies the winner
+// to its own copy of the state (the last warp to the ranks'). held (shared memory, per thread) has bit u of expert j's
+// word set once receiver u holds a piece of it. The pieces go to at/amount (thread 0), the final entries left to
+// home_rem. Returns plan_alloc_global_fill's bool.
+template <int kThreads, int kJ, int kBlock, typename W, typename TpeT>
 __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
                                                   const FillKeyBits& kb,
                                                   bool spread,
@@ -117,12 +128,13 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
     // The block maximum of the threads' (hi, lo) pairs.
     auto block_best = [&](W hi, W lo, W& best_lo) -> W {
         if constexpr (sizeof(W) == 4) {
-            const uint64_t m = block_max_key<kWarps>((static_cast<uint64_t>(hi) << 32) | lo, slots, parity, lane, warp);
+            const uint64_t m =
+                block_max_key<kWarps, kBlock>((static_cast<uint64_t>(hi) << 32) | lo, slots, parity, lane, warp);
             best_lo = static_cast<W>(m);
             return static_cast<W>(m >> 32);
         } else {
-            const W mh = block_max_key<kWarps>(hi, slots, parity, lane, warp);
-            best_lo = mh != 0 ? block_max_key<kWarps>(hi == mh ? lo : W{0}, slots, parity, lane, warp) : W{0};
+            const W mh = block_max_key<kWarps, kBlock>(hi, slots, parity, lane, warp);
+            best_lo = mh != 0 ? block_max_key<kWarps, kBlock>(hi == mh ? lo : W{0}, slots, parity, lane, warp) : W{0};
             return mh;
         }
     };
@@ -204,7 +216,7 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
                     const int32_t r_hb = regs_get(rem, detail::home_by_magic(best, magic));
                     if (lane == 0) bcast[1] = r_hb;
                 }
-                __syncthreads();
+                group_barrier<kThreads, kBlock>();
                 ex_hb = bcast[0], rem_hb = bcast[1];
             }
         }
@@ -265,7 +277,7 @@ __device__ __noinline__ void plan_cluster_fill(
     constexpr int kWarps = kThreads / kWarpSize;
     const int tid = threadIdx.x, lane = tid % kWarpSize;
     const int R = d.R, E = d.E;
-    const PlanFillBlockLayout fl = PlanFillBlockLayout::make(R, E, kThreads);
+    const PlanFillBlockLayout fl = PlanFillBlockLayout::make(R, E, kPlanFillThreads);
     __shared__ unsigned s_local_max, s_load_max;
     __shared__ uint64_t s_slots[2 * kWarps];
     __shared__ int s_n;
@@ -325,10 +337,15 @@ __device__ __noinline__ void plan_cluster_fill(
         int iterations = 0, n = 0;
         auto run = [&](auto w_tag, const auto* tpe) {
             using W = decltype(w_tag);
-            return block_global_fill<kThreads, kPlanFillMaxJ, W>(d, kb, spread, load0, balance0, tpe, held, s_bcast,
-                                                                 s_info, s_slots, at, amount, home_rem, n, iterations);
+            return block_global_fill<kPlanFillThreads, kPlanFillMaxJ, kThreads, W>(d, kb, spread, load0, balance0, tpe,
+                                                                                   held, s_bcast, s_info, s_slots, at,
+                                                                                   amount, home_rem, n, iterations);
         };
-        auto run_w = [&](const auto* tpe) { return kb.fits32() ? run(uint32_t{}, tpe) : run(uint64_t{}, tpe); };
+        // The fill runs on the first kPlanFillThreads threads (ep_layout.hpp); the others go to its end.
+        auto run_w = [&](const auto* tpe) {
+            if (tid >= kPlanFillThreads) return true;
+            return kb.fits32() ? run(uint32_t{}, tpe) : run(uint64_t{}, tpe);
+        };
         bool ok;
         // NOTE: one call site per histogram source, so that a shared-memory copy is read with shared loads.
         if (tpe_mode == FillTpe::kShared32) {

@@ -377,9 +377,9 @@ size_t planner_smem(const EpLayout& L, int& scratch_in_smem, int& tpe_in_smem) {
 size_t cluster_smem(PlanParams& p) {
     const int R = p.lay.R, E = p.lay.E;
     const size_t block0 = planner_smem(p.lay, p.scratch_in_smem, p.tpe_in_smem);
-    if (!p.scratch_in_smem || E > kPlanThreads * kPlanFillMaxJ || R > kWarpSize * kPlanFillRanksPerLane) return 0;
+    if (!p.scratch_in_smem || E > kPlanFillThreads * kPlanFillMaxJ || R > kWarpSize * kPlanFillRanksPerLane) return 0;
     const size_t limit = static_cast<size_t>(max_dynamic_smem()) - 4096;
-    const PlanFillBlockLayout fl = PlanFillBlockLayout::make(R, E, kPlanThreads);
+    const PlanFillBlockLayout fl = PlanFillBlockLayout::make(R, E, kPlanFillThreads);
     size_t fill = fl.core;
     p.fill_tpe = static_cast<int>(device::FillTpe::kGlobal);
     if (fl.with_tpe32 <= limit) {
