@@ -88,6 +88,7 @@ void bench_plan(Point& p) {
     const bool locality = bc.mode == PlannerMode::kOptimized;
     // kBatch back-to-back launches per timed iteration (divided by kBatch): launch latency stays out.
     constexpr int kBatch = 10;
+    const bool on_cluster = cuda::plan_cluster_fits(ep.layout());  // kCluster plans on a cluster at this shape
     // One rank's plan with `kernel`: the plan_rank row (and its graph replay), checked against the CPU plan.
     auto rank_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what) {
         auto launches = [&] {
@@ -101,7 +102,7 @@ void bench_plan(Point& p) {
         const std::vector<int64_t> ts = plan_stamps(ep);
         std::ostringstream phases;
         phases << "one rank: gathered tpe -> plan, " << what << " (mean of " << kBatch << " back-to-back launches); "
-               << plan_phase_text(ts, kernel == cuda::PlannerKernel::kCluster && cuda::plan_cluster_fits(ep.layout()) &&
+               << plan_phase_text(ts, kernel == cuda::PlannerKernel::kCluster && on_cluster &&
                                           R >= cuda::kPlanClusterFinishMinRanks);
         int64_t wrong_one = -1;
         if (bc.check) {
@@ -122,7 +123,7 @@ void bench_plan(Point& p) {
     };
     rank_row(cuda::PlannerKernel::kParallel, "plan_rank", "one block of 512 threads");
     rank_row(cuda::PlannerKernel::kCluster, "plan_rank_cluster",
-             cuda::plan_cluster_fits(ep.layout())
+             on_cluster
                  ? "a cluster of 8 blocks (fills and home rows on blocks of their own)"
                  : "the one-block planner (this shape does not fit the cluster: block 0's state exceeds shared memory, "
                    "E > 1024 or R > 128)");

@@ -17,8 +17,8 @@
 // plan_block_parallel<kThreads, kCluster = true> is block 0 of the planner's thread-block cluster (plan_cluster.cuh):
 // blocks 1-4 run the four global fills and blocks 5-7 the home route rows, and this block waits for them before phase
 // 3 (a template parameter: each kernel compiles only its own variant, the cluster's block 0 without the warp fills).
-// Both write the plan arrays `a` and cost[4] = {max_rank_copy_traffic, total_copies, crossing_rows, moved_entries}; both
-// record DeviceErrorKind::kInternal if a rank ends with more than epn remote experts.
+// Both write the plan arrays `a` and cost[4] = {max_rank_copy_traffic, total_copies, crossing_rows, moved_entries};
+// both record DeviceErrorKind::kInternal if a rank ends with more than epn remote experts.
 #pragma once
 
 #include <climits>
@@ -251,13 +251,16 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     for (int r = tid; r < R; r += kThreads) {
         const int64_t b = sc.balance[r];
         if (optimized) {
-            for (int v = 0; v < 4; ++v) {
-                sc.excess[v * R + r] = static_cast<int32_t>(b > 0 ? b : 0);
-                sc.deficit[v * R + r] = static_cast<int32_t>(b < 0 ? -b : 0);
+            if constexpr (!kCluster) {  // the warp fills' state (the cluster's fill blocks keep their own)
+                for (int v = 0; v < 4; ++v) {
+                    sc.excess[v * R + r] = static_cast<int32_t>(b > 0 ? b : 0);
+                    sc.deficit[v * R + r] = static_cast<int32_t>(b < 0 ? -b : 0);
+                    sc.fill_remote[v * R + r] = 0;
+                }
+                sc.spread[r] = sc.spread[R + r] = 0;
             }
-            for (int v = 0; v < kCand; ++v) sc.fill_remote[v * R + r] = 0;
+            sc.fill_remote[4 * R + r] = sc.fill_remote[5 * R + r] = 0;  // the paths'
             for (int c = 0; c <= kCand; ++c) sc.cost_pushed[c * R + r] = sc.cost_remote[c * R + r] = 0;
-            sc.spread[r] = sc.spread[R + r] = 0;
             sc.path_load[r] = sc.path_load[R + r] = a.load_before[r];
             sc.path_q[r] = sc.path_q[R + r] = a.q[r];
         }

@@ -275,15 +275,13 @@ template <int kThreads>
 __device__ __noinline__ void plan_cluster_fill(
     const PlanDims d, const int32_t* tpe_g, char* base0, char* smem, FillTpe tpe_mode, int v, int64_t* timing) {
     constexpr int kWarps = kThreads / kWarpSize;
-    const int tid = threadIdx.x, lane = tid % kWarpSize;
+    const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int R = d.R, E = d.E;
     const PlanFillBlockLayout fl = PlanFillBlockLayout::make(R, E, kPlanFillThreads);
-    __shared__ unsigned s_local_max, s_load_max;
     __shared__ uint64_t s_slots[2 * kWarps];
     __shared__ int s_n;
     __shared__ int32_t s_bcast[2], s_info[6];
-    if (tid == 0) s_local_max = s_load_max = 0;
-    __syncthreads();
+    int parity = 0;  // block_max_key's slot set (two calls here: the fill starts on set 0 again)
     // The histogram's copy (while block 0 computes the loads) and its largest entry (the keys' field width).
     const int64_t RE = static_cast<int64_t>(R) * E;
     unsigned mx = 0;
@@ -304,10 +302,7 @@ __device__ __noinline__ void plan_cluster_fill(
     } else {
         for (int64_t i = tid; i < RE; i += kThreads) mx = max(mx, static_cast<unsigned>(tpe_g[i]));
     }
-    mx = __reduce_max_sync(kFullMask, mx);
-    if (lane == 0 && mx) atomicMax(&s_local_max, mx);
-    __syncthreads();
-    const unsigned local_max = s_local_max;
+    const unsigned local_max = static_cast<unsigned>(block_max_key<kWarps, kThreads>(mx, s_slots, parity, lane, warp));
     // An entry >= 2^16 does not fit the uint16 copy: read the histogram in place instead.
     if (tpe_mode == FillTpe::kShared16 && local_max > 0xffffu) tpe_mode = FillTpe::kGlobal;
     cluster_arrive();
@@ -325,13 +320,12 @@ __device__ __noinline__ void plan_cluster_fill(
         // The largest expert load (bounds every piece: the keys' piece field).
         unsigned lm = 0;
         for (int e = tid; e < E; e += kThreads) lm = max(lm, static_cast<unsigned>(load0[e]));
-        lm = __reduce_max_sync(kFullMask, lm);
-        if (lane == 0 && lm) atomicMax(&s_load_max, lm);
-        __syncthreads();
+        const unsigned load_max =
+            static_cast<unsigned>(block_max_key<kWarps, kThreads>(lm, s_slots, parity, lane, warp));
         FillKeyBits kb{};
         kb.id = max(1, bit_width32(static_cast<uint32_t>(E - 1)));
         kb.local = bit_width32(local_max);
-        kb.piece = max(1, bit_width32(s_load_max));
+        kb.piece = max(1, bit_width32(load_max));
         kb.push = spread ? bit_width32(static_cast<uint32_t>(cap)) : 0;  // pushes <= pieces <= cap
         kb.fbit = best_fit ? 1 : 0;
         int iterations = 0, n = 0;
