@@ -21,17 +21,28 @@ std::vector<int64_t> plan_stamps(cuda::DeviceEp& ep) {
 // The block planner's stamps (plan_block.cuh): %globaltimer ns at the phase boundaries [0..9) and when phase 2's
 // roles finished [23..32); the SM clock from clock64 [12..13] over %globaltimer [14..15].
 double plan_stamp_us(const std::vector<int64_t>& ts, int a, int b) { return static_cast<double>(ts[b] - ts[a]) / 1e3; }
-// cluster: the stamps of plan_cluster_kernel's block 0, where 5-6 is the hand-off to the other blocks (cluster barrier
-// C) and 6-7 the moved experts' route rows and the layouts written by all eight blocks together.
-std::string plan_phase_text(const std::vector<int64_t>& ts, bool cluster = false) {
+// How phase 4a (the moved experts' route rows) and 4b (the layouts) ran, for the labels of stamps 5-6 and 6-7.
+enum class FinishForm {
+    kInTurn,      // 4a then 4b on block 0's warps
+    kSideBySide,  // together on block 0 (cuda::plan_finish_route_warps): 5-6 is empty, 6-7 both
+    kCluster,     // on all eight blocks of the cluster: 5-6 is the hand-off (cluster barrier C), 6-7 both
+};
+FinishForm finish_form(const cuda::EpLayout& L, bool spread) {
+    if (spread) return FinishForm::kCluster;
+    const int lw = static_cast<int>(cuda::PlanScratchLayout::make(L.R, L.E).layout_warps);
+    return cuda::plan_finish_route_warps(L.R, lw) > 0 ? FinishForm::kSideBySide : FinishForm::kInTurn;
+}
+std::string plan_phase_text(const std::vector<int64_t>& ts, FinishForm form) {
+    static constexpr const char* k56[] = {", moved rows ", ", (4a beside 4b) ", ", hand-off "};
+    static constexpr const char* k67[] = {", layout ", ", moved rows+layout ", ", moved rows+layout (8 blocks) "};
+    const int f = static_cast<int>(form);
     auto us = [&](int a, int b) { return ts[b] > 0 ? plan_stamp_us(ts, a, b) : 0.0; };
     const double ns = static_cast<double>(ts[15] - ts[14]);
     std::ostringstream os;
     os.precision(3);
     os << "phases us: loads " << us(0, 1) << ", init " << us(1, 2) << ", transfers+fills+paths+split+home rows "
-       << us(2, 3) << ", lists " << us(3, 4) << ", costs " << us(4, 5) << (cluster ? ", hand-off " : ", moved rows ")
-       << us(5, 6) << (cluster ? ", moved rows+layout (8 blocks) " : ", layout ") << us(6, 7) << ", copies+costs "
-       << us(7, 8) << "; total " << us(0, 8) << "; fill iterations " << ts[9] << "/" << ts[10]
+       << us(2, 3) << ", lists " << us(3, 4) << ", costs " << us(4, 5) << k56[f] << us(5, 6) << k67[f] << us(6, 7)
+       << ", copies+costs " << us(7, 8) << "; total " << us(0, 8) << "; fill iterations " << ts[9] << "/" << ts[10]
        << ", split pieces (max donor) " << ts[11] << "; phase 2 roles done at +us: transfers " << us(2, 24)
        << ", split " << us(2, 25) << ", home rows " << us(2, 26) << ", fills " << us(2, 27) << "/" << us(2, 28) << "/"
        << us(2, 29) << "/" << us(2, 30) << ", paths " << us(2, 31) << "; SM clock "
@@ -102,8 +113,8 @@ void bench_plan(Point& p) {
         const std::vector<int64_t> ts = plan_stamps(ep);
         std::ostringstream phases;
         phases << "one rank: gathered tpe -> plan, " << what << " (mean of " << kBatch << " back-to-back launches); "
-               << plan_phase_text(ts, kernel == cuda::PlannerKernel::kCluster && on_cluster &&
-                                          R >= cuda::kPlanClusterFinishMinRanks);
+               << plan_phase_text(ts, finish_form(ep.layout(), kernel == cuda::PlannerKernel::kCluster && on_cluster &&
+                                                                   R >= cuda::kPlanClusterFinishMinRanks));
         int64_t wrong_one = -1;
         if (bc.check) {
             const cuda::EpPlan one_rank = cuda::plan_from_tpe(ep, p.routing.tpe(), p.routing.s, stream, 0, 1, kernel);
@@ -136,7 +147,8 @@ void bench_plan(Point& p) {
         Stats warm;
         warm.min_us = warm.median_us = warm.mean_us = warm.max_us = warm.p50_us = plan_stamp_us(tw, 0, 8);
         std::ostringstream wn;
-        wn << "second plan in one launch (warm caches), from its stamps; " << plan_phase_text(tw);
+        wn << "second plan in one launch (warm caches), from its stamps; "
+           << plan_phase_text(tw, finish_form(ep.layout(), false));
         p.add("plan_rank_warm", warm, 0, 1, -1, wn.str());
     }
     if (static_cast<int64_t>(R) * bc.E <= 8 * 1024) {  // the sequential reference is slow on one GPU thread

@@ -141,6 +141,13 @@ inline constexpr int kPlanClusterFills = 4;      // blocks 1..4
 // cluster barriers, the helpers' copies of the winner) costs more than the spread saves; from R = 32 on the spread
 // wins (R = 64: 25 -> 10 us).
 inline constexpr int kPlanClusterFinishMinRanks = 32;
+// Block 0 alone (below kPlanClusterFinishMinRanks, and the one-block planner): the warps that write the moved
+// experts' route rows while the layouts run beside them on the top min(layout_warps, R) warps; 0 = one after the
+// other on every warp (when the layouts would leave fewer than a quarter of the block's warps for the route rows).
+EVENEP_HOST_DEVICE constexpr int plan_finish_route_warps(int R, int layout_warps) {
+    const int lw = layout_warps < R ? layout_warps : R;
+    return kPlanMaxWarps - lw >= kPlanMaxWarps / 4 ? kPlanMaxWarps - lw : 0;
+}
 inline constexpr int kPlanFillThreads = 512;     // threads of a fill block that run its fill (the rest wait)
 inline constexpr int kPlanFillMaxJ = 1024 / kPlanFillThreads;  // experts per fill thread (E <= 1024)
 inline constexpr int kPlanFillRanksPerLane = 4;  // ranks a lane keeps in registers (R <= 128)

@@ -40,6 +40,8 @@ __device__ __forceinline__ void group_barrier() {
 // The maximum of a 64-bit key over the block's first kWarps warps (kBlock threads in the block; every thread of those
 // warps passes one and gets the maximum): warp maxima into slots[parity][warp], one barrier, every warp reduces the
 // slots. Two slot sets alternate (parity), so the next call's stores cannot overwrite slots a slower warp still reads.
+// NOTE: measured slower, a lot: every thread reading all kWarps slots and taking their maximum as a tree in registers
+// (R = 64: 82 -> 218 us: the 16 values live at once made the fill spill, the cluster kernel 529 -> 929 LDL/STL).
 template <int kWarps, int kBlock>
 __device__ __forceinline__ uint64_t block_max_key(uint64_t k, uint64_t* slots, int& parity, int lane, int warp) {
     auto warp_max = [](uint64_t v) {
@@ -140,6 +142,9 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
     };
     int32_t need;
     int u = regs_first_max(def, R, lane, -1, need);
+    // The runner-up in one reduction (regs_first_max_small) when the largest deficit is below 2^24: no deficit grows
+    // past it (a receiver's shrinks; an overshot donor's new one is below the need of the receiver it filled).
+    const bool small_def = need < (1 << 24);
     int32_t rem_u = 0;
     int n = 0;
     bool result = true;
@@ -158,7 +163,8 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
         int32_t* inf = info + 3 * (iterations & 1);
         if (warp == kRankWarp) {  // the runner-up receiver (for the next one), published with this step's key
             int32_t need2;
-            const int u2 = regs_first_max(def, R, lane, u, need2);
+            const int u2 =
+                small_def ? regs_first_max_small(def, R, lane, u, need2) : regs_first_max(def, R, lane, u, need2);
             const int32_t rem_u2 = u2 >= 0 ? regs_get(rem, u2) : 0;
             if (lane == 0) inf[0] = u2, inf[1] = need2, inf[2] = rem_u2;
         }
@@ -407,13 +413,24 @@ __device__ __forceinline__ void plan_cluster_home(const PlanDims& d,
     cluster_wait();  // B
 }
 
+// Where phase 4 writes the copy tree without relays (PlanScratch::relay_src, relay_round); null: not in phase 4.
+struct CopyTreeOut {
+    int32_t* src;
+    int32_t* round;
+};
+
 // Blocks 1-7 of the cluster after barrier B: their share of phase 4a and 4b (plan_finish.cuh finish_warps) once
 // block 0 has chosen the winner (barrier C), the group arrays in this block's own dynamic shared memory (its fill or
 // home-row state is dead by then; the kernel's dynamic size holds block 0's layout areas). tpe_g: the histogram in
-// global memory.
+// global memory; tree: block 0's PlanScratch::relay_src and relay_round.
 template <int kThreads>
-__device__ __forceinline__ void plan_cluster_finish(
-    const PlanDims& d, const int32_t* tpe_g, const detail::PlanArrays& a, char* base0, char* smem, int block) {
+__device__ __forceinline__ void plan_cluster_finish(const PlanDims& d,
+                                                    const int32_t* tpe_g,
+                                                    const detail::PlanArrays& a,
+                                                    char* base0,
+                                                    char* smem,
+                                                    int block,
+                                                    const CopyTreeOut& tree) {
     if (!finish_spread(d, true)) return;  // block 0 writes them alone
     const int E = d.E;
     cluster_arrive();
@@ -441,6 +458,8 @@ __device__ __forceinline__ void plan_cluster_finish(
     }
     __syncthreads();
     PlanScratch sc = sc0;  // the counters (cross, cost_pushed, cost_remote, finish) stay block 0's
+    sc.relay_src = tree.src;
+    sc.relay_round = tree.round;
     sc.home = home;
     sc.t_home = t_home;
     detail::SparseAlloc sw{home_rem, at, amount, s0.n};

@@ -22,6 +22,11 @@ struct PlanScratch {
         *next, *warp_area, *tpe;
     uint32_t* held;
     int piece_cap, held_words, split_words, group_words, layout_warps;
+    // The copy tree without relays (detail::plan_relays with relays off), written by phase 4 when set (global memory,
+    // [R*B] each): every slot's source is its expert's home, round 0; cost_out[4] = cost_out[5] = the critical path
+    // max_r max(pushed, received). Null: the caller writes the copy tree itself (relays on, or the serial planner).
+    int32_t* relay_src = nullptr;
+    int32_t* relay_round = nullptr;
 };
 
 __device__ inline PlanScratch carve_scratch(char* base, int R, int E) {
@@ -262,6 +267,9 @@ __device__ __forceinline__ void finish_layout(const PlanDims& d,
         int32_t* cs = a.copies + static_cast<int64_t>(r) * B;
         for (int g = lane; g < G; g += kWarpSize) ge[g] = -1, gc[g] = 0, gs[g] = detail::kSourceEmpty, gsl[g] = -1;
         for (int b = lane; b < B; b += kWarpSize) cs[b] = -1;
+        if (sc.relay_src != nullptr)
+            for (int b = lane; b < B; b += kWarpSize)
+                sc.relay_src[static_cast<int64_t>(r) * B + b] = -1, sc.relay_round[static_cast<int64_t>(r) * B + b] = 0;
         __syncwarp();
         for (int g = lane; g < epn; g += kWarpSize) {
             const int e = r * epn + g;
@@ -313,7 +321,9 @@ __device__ __forceinline__ void finish_layout(const PlanDims& d,
                 const int s = slot + __popc(ms & lanemask_lt());
                 cs[s] = ge[g];
                 gsl[g] = s;
-                atomicAdd(pushed + sc.home[ge[g]], 1);
+                const int h = sc.home[ge[g]];
+                atomicAdd(pushed + h, 1);
+                if (sc.relay_src != nullptr) sc.relay_src[static_cast<int64_t>(r) * B + s] = h;
             }
             slot += __popc(ms);
             peer += __popc(mp);
@@ -410,6 +420,17 @@ __device__ __forceinline__ void plan_block_finish(const PlanDims& d,
         __syncthreads();
         cluster_arrive();
         cluster_wait();  // D: every block's route rows and layouts are written
+    } else if (const int rw = plan_finish_route_warps(R, sc.layout_warps); rw > 0) {
+        // 4a and 4b side by side (they write disjoint arrays; the counters are atomics): the route rows on the low rw
+        // warps, one rank's layout on each warp above. Stamp 6 marks the start of both (5 to 6 is empty).
+        static_assert(kThreads / kWarpSize == kPlanMaxWarps, "plan_finish_route_warps counts kPlanMaxWarps warps");
+        stamp(6);
+        if (warp < rw)
+            finish_route_rows(d, tpe, a, sc, sw, warp, rw, lane, false);
+        else
+            finish_layout(d, a, sc, sw, sc.warp_area + static_cast<size_t>(warp - rw) * sc.group_words, warp - rw,
+                          kPlanMaxWarps - rw, lane);
+        __syncthreads();
     } else {
         // ---- Phase 4a: the route rows of every expert the winner moves, and the crossing rows they change. ----
         finish_route_rows(d, tpe, a, sc, sw, warp, kThreads / kWarpSize, lane, false);
@@ -426,10 +447,11 @@ __device__ __forceinline__ void plan_block_finish(const PlanDims& d,
 
     // ---- Phase 4c: copies pushed per home rank, then the costs (warp 0, from the block's copies). ----
     if (warp == 0) {
-        int traffic = 0, copies = 0, crossing = 0;  // each < N < 2^31
+        int traffic = 0, copies = 0, crossing = 0, delta = 0;  // each < N < 2^31
         for (int r = lane; r < R; r += kWarpSize) {
             a.copies_pushed[r] = pushed[r];
             traffic = max(traffic, remote_n[R + r] + pushed[r]);
+            delta = max(delta, max(remote_n[R + r], pushed[r]));
             copies += remote_n[r];
             crossing += sc.cross[r];
             if (remote_n[r] > epn)
@@ -439,7 +461,9 @@ __device__ __forceinline__ void plan_block_finish(const PlanDims& d,
         traffic = static_cast<int>(__reduce_max_sync(kFullMask, static_cast<unsigned>(traffic)));
         copies = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(copies)));
         crossing = static_cast<int>(__reduce_add_sync(kFullMask, static_cast<unsigned>(crossing)));
+        delta = static_cast<int>(__reduce_max_sync(kFullMask, static_cast<unsigned>(delta)));
         if (lane == 0) {
+            if (sc.relay_src != nullptr) cost_out[4] = cost_out[5] = delta;
             cost_out[0] = traffic;
             cost_out[1] = copies;
             cost_out[2] = crossing;

@@ -71,6 +71,23 @@ __device__ __forceinline__ int regs_first_max(const int32_t (&v)[kN], int R, int
         __reduce_min_sync(kFullMask, di >= 0 && dk == dmax ? static_cast<unsigned>(di) : 0xffffffffu));
 }
 
+// regs_first_max for values in [0, 2^25) on up to 128 ranks: one reduction of ((value + 1) << 7) | (127 - r) (the
+// larger value, then the lower rank); -1 (value -1) when no rank is left. Half the dependent reductions of the above.
+template <int kN>
+__device__ __forceinline__ int regs_first_max_small(const int32_t (&v)[kN], int R, int lane, int skip, int32_t& value) {
+    static_assert(kN * kWarpSize <= 128, "regs_first_max_small: 7 bits of rank");
+    unsigned key = 0;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) {
+        const int r = lane + kWarpSize * k;
+        if (r < R && r != skip)
+            key = max(key, ((static_cast<unsigned>(v[k]) + 1u) << 7) | static_cast<unsigned>(127 - r));
+    }
+    const unsigned m = __reduce_max_sync(kFullMask, key);
+    value = static_cast<int32_t>(m >> 7) - 1;
+    return m != 0 ? 127 - static_cast<int>(m & 127u) : -1;
+}
+
 // NOTE: one shuffle per slot, not a select then one shuffle: the compiler turned that select into an indexed load
 // and moved the whole array to local memory.
 template <int kN>

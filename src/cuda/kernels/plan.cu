@@ -68,14 +68,21 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
     int64_t* cost = EpLayout::at<int64_t>(base, L.plan.cost);
     int64_t* w64 = EpLayout::at<int64_t>(base, L.plan.work64);
     int32_t* w32 = EpLayout::at<int32_t>(base, L.plan.work32);
+    int32_t* relay_src = EpLayout::at<int32_t>(base, L.plan.relay_src);
+    int32_t* relay_round = EpLayout::at<int32_t>(base, L.plan.relay_round);
     if constexpr (kParallel) {
         int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
+        // Relays off (the default): phase 4 writes the copy tree as it writes the slots (PlanScratch::relay_src).
+        auto with_tree = [&](device::PlanScratch sc) {
+            if (!p.relay) sc.relay_src = relay_src, sc.relay_round = relay_round;
+            return sc;
+        };
         // NOTE: separate call sites on purpose. In the first two every scratch pointer derives from plan_smem alone,
         // so once the planner is inlined the compiler knows they address shared memory and emits LDS/STS; a pointer
         // that may be either (a select) stays generic, and generic accesses to shared memory are far slower on sm_90
         // (they resolve through the cluster shared window).
         if (p.scratch_in_smem) {
-            device::PlanScratch sc = device::carve_scratch(reinterpret_cast<char*>(plan_smem), L.R, L.E);
+            device::PlanScratch sc = with_tree(device::carve_scratch(reinterpret_cast<char*>(plan_smem), L.R, L.E));
             // NOTE: a third call site, not a select of sc.tpe: with the histogram's copy in shared memory every read
             // of it is LDS; with the histogram read in place (global memory) they are plain global loads. A select
             // would make every histogram read generic (resolved through the shared window) at every shape.
@@ -86,7 +93,7 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
                 device::plan_block_parallel<kThreads, kCluster>(d, tpe, a, cost, sc, p.team, rank, timing);
             }
         } else if constexpr (!kCluster) {  // (the cluster needs the state in shared memory: cluster_smem)
-            device::PlanScratch sc = device::carve_scratch(base + L.plan.scratch, L.R, L.E);
+            device::PlanScratch sc = with_tree(device::carve_scratch(base + L.plan.scratch, L.R, L.E));
             sc.tpe = const_cast<int32_t*>(tpe);  // already in place: no copy
             device::plan_block_parallel<kThreads, false>(d, tpe, a, cost, sc, p.team, rank, timing);
         }
@@ -103,10 +110,9 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
     // The copy tree: the same post-pass as the CPU planner's (detail::plan_relays), on the finished copies table.
     // Relays on: one thread (the planner workspace w32 is free again here). Off (the default): what plan_relays
     // writes then — direct sources, round 0, critical path Delta = max_r max(pushed, received), both counts already
-    // in the plan (copies_pushed, copies_received) — spread over the block.
-    __syncthreads();
-    int32_t* relay_src = EpLayout::at<int32_t>(base, L.plan.relay_src);
-    int32_t* relay_round = EpLayout::at<int32_t>(base, L.plan.relay_round);
+    // in the plan (copies_pushed, copies_received) — written by the parallel planner's phase 4 with the slots, and
+    // here, spread over the block, after the serial one.
+    if (p.relay || !kParallel) __syncthreads();
     if (p.relay) {
         if (threadIdx.x == 0) {
             const detail::RelayPaths paths = detail::plan_relays(detail::RelayDims{L.R, L.E, L.epn, L.B}, a.copies,
@@ -114,7 +120,7 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
             cost[4] = paths.critical_path;
             cost[5] = paths.direct_critical_path;
         }
-    } else {
+    } else if constexpr (!kParallel) {
         __shared__ int s_delta;
         if (threadIdx.x == 0) s_delta = 0;
         __syncthreads();
@@ -166,7 +172,12 @@ __global__ void __launch_bounds__(kThreads) plan_cluster_kernel(const __grid_con
             device::plan_cluster_home<kThreads>(d, tpe, L.plan_arrays(base), base0, smem, role - 1 - kPlanClusterFills,
                                                 kPlanClusterBlocks - 1 - kPlanClusterFills, timing);
         }
-        if (role != 0) device::plan_cluster_finish<kThreads>(d, tpe, L.plan_arrays(base), base0, smem, role);
+        if (role != 0) {
+            device::CopyTreeOut tree{};  // relays off: phase 4 writes the copy tree (PlanScratch::relay_src)
+            if (!p.relay)
+                tree = {EpLayout::at<int32_t>(base, L.plan.relay_src), EpLayout::at<int32_t>(base, L.plan.relay_round)};
+            device::plan_cluster_finish<kThreads>(d, tpe, L.plan_arrays(base), base0, smem, role, tree);
+        }
         __syncthreads();
     }
 }
