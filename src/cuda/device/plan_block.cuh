@@ -391,11 +391,18 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     const int num_lists = optimized ? kCand + 1 : 1;
     for (int i = tid; i < num_lists * E; i += kThreads) sc.head[i] = -1;
     __syncthreads();
-    for (int c = 0; c < num_lists; ++c) {
-        const PieceList pl = list_of(c);
-        const int n = *pl.n;
-        for (int i = tid; i < n; i += kThreads)
-            sc.next[c * cap + i] = atomicExch(sc.head + c * E + pl.at[i] / R, i);
+    {  // one thread per piece of every list (numbered one after the other), not a loop over the lists
+        int first[kCand + 2];
+        first[0] = 0;
+#pragma unroll
+        for (int c = 0; c <= kCand; ++c) first[c + 1] = first[c] + (c < num_lists ? sc.npieces[c] : 0);
+        for (int t = tid; t < first[kCand + 1]; t += kThreads) {
+            int c = 0;
+#pragma unroll
+            for (int k = 1; k <= kCand; ++k) c += t >= first[k];
+            const int i = t - first[c];
+            sc.next[c * cap + i] = atomicExch(sc.head + c * E + sc.piece_at[c * cap + i] / R, i);
+        }
     }
     __syncthreads();
     stamp(4);

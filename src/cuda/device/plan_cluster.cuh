@@ -41,7 +41,9 @@ __device__ __forceinline__ void group_barrier() {
 // warps passes one and gets the maximum): warp maxima into slots[parity][warp], one barrier, every warp reduces the
 // slots. Two slot sets alternate (parity), so the next call's stores cannot overwrite slots a slower warp still reads.
 // NOTE: measured slower, a lot: every thread reading all kWarps slots and taking their maximum as a tree in registers
-// (R = 64: 82 -> 218 us: the 16 values live at once made the fill spill, the cluster kernel 529 -> 929 LDL/STL).
+// (R = 64: 82 -> 218 us: the 16 values live at once made the fill spill, the cluster kernel 529 -> 929 LDL/STL); and
+// as one running maximum over the slots, without spills (R = 64 fills 50 -> 70 us: 15 dependent 64-bit compare-selects
+// on every thread of the 16 warps cost more issue slots than two warp reductions).
 template <int kWarps, int kBlock>
 __device__ __forceinline__ uint64_t block_max_key(uint64_t k, uint64_t* slots, int& parity, int lane, int warp) {
     auto warp_max = [](uint64_t v) {
@@ -148,6 +150,10 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
     int32_t rem_u = 0;
     int n = 0;
     bool result = true;
+    // NOTE: the next receiver's row is loaded here, after the step's commit. Measured slower (R = 64 82.0 -> 84.2 us,
+    // MoonEP the same): prefetching the runner-up's row right after the block maximum (carried rows, the commit's held
+    // bit patched into the prefetched word): the extra loads and selects on all 16 warps cost more than the one
+    // dependent load they take off the chain.
     for (;; ++iterations) {
         if (need <= 0) break;
         const int uw = u / kWarpSize;
