@@ -1,6 +1,7 @@
-// The planner benchmark rows (perf/cuda/bench.hpp): plan_fused (all ranks, one launch), plan_rank (one rank's
-// planner alone), plan_rank_warm (its second pass in one launch) and plan_rank_serial (the sequential reference).
-// The phase breakdown comes from the planner's %globaltimer stamps (EpLayout::plan.timing).
+// The planner benchmark rows (perf/cuda/bench.hpp): plan_fused (all ranks: Ep::plan with its default cluster planner)
+// and plan_fused_block (the same with the one-block planner, one launch), plan_rank (one rank's planner alone),
+// plan_rank_warm (its second pass in one launch) and plan_rank_serial (the sequential reference). The phase breakdown
+// comes from the planner's %globaltimer stamps (EpLayout::plan.timing).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -80,19 +81,42 @@ void bench_plan(Point& p) {
             for (size_t i = 0; i < gd.size(); ++i) wrong += gd[i] != p.dst[r][i];
         }
     }
-    if (p.fused) {
-        const Stats fused = time_op([&] { ep.plan(p.io, p.routing.s, stream); }, stream, bc.warmup, bc.iters);
-        const std::optional<Stats> fused_graph = p.graph_stats([&] { ep.plan(p.io, p.routing.s, stream); });
+    // The fused path (histogram, all-gather, plan and dst of every rank: Ep::plan) with the cluster planner (three
+    // launches, Ep's default) and with the one-block planner (one cooperative launch), side by side, each checked.
+    auto fused_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what) {
+        if (!cuda::plan_fits_co_resident(ep.view(ep.options().channel), ep.layout(), kernel)) return;
+        auto call = [&] { return cuda::plan_with_kernel(ep, p.io, p.routing.s, stream, kernel); };
+        int64_t wrong_fused = -1;
+        if (bc.check) {
+            const cuda::EpPlan checked = call();
+            ep.check(stream);
+            wrong_fused = 0;
+            for (int r = 0; r < R; ++r) {
+                const Plan gp = ep.download_plan(checked, r);
+                wrong_fused += gp.alloc != plan.alloc || gp.cu_seqlens != plan.cu_seqlens || gp.copies != plan.copies ||
+                               gp.seg_row != plan.seg_row;
+                const std::vector<int32_t> gd = ep.download_dst(checked, r);
+                for (size_t i = 0; i < gd.size(); ++i) wrong_fused += gd[i] != p.dst[r][i];
+            }
+        }
+        const Stats fused = time_op([&] { call(); }, stream, bc.warmup, bc.iters);
+        const std::optional<Stats> fused_graph = p.graph_stats([&] { call(); });
         const std::vector<int64_t> tf = plan_stamps(ep);
         std::ostringstream fused_note;
-        fused_note << "histogram + all-gather + plan + dst, all ranks, one launch; rank 0 block 0 us: histogram "
+        fused_note << "histogram + all-gather + plan + dst, all ranks, " << what << "; rank 0 block 0 us: histogram "
                    << (tf[17] - tf[16]) / 1e3 << ", gather " << (tf[18] - tf[17]) / 1e3 << ", plan "
                    << (tf[19] - tf[18]) / 1e3 << ", dst " << (tf[20] - tf[19]) / 1e3 << " (route staging "
                    << (tf[21] - tf[19]) / 1e3 << ", walk " << (tf[22] - tf[21]) / 1e3 << ", dedup "
                    << (tf[20] - tf[22]) / 1e3 << ")";
-        p.add("plan_fused", fused, 0, ep.last_blocks_per_rank(), wrong, fused_note.str());
-        p.add_graph("plan_fused", fused_graph, 0, ep.last_blocks_per_rank(), -1, "histogram + all-gather + plan + dst");
-    }
+        p.add(name, fused, 0, ep.last_blocks_per_rank(), wrong_fused, fused_note.str());
+        p.add_graph(name, fused_graph, 0, ep.last_blocks_per_rank(), -1, "histogram + all-gather + plan + dst");
+    };
+    fused_row(cuda::PlannerKernel::kCluster, "plan_fused",
+              cuda::plan_on_clusters(ep.view(ep.options().channel), ep.layout())
+                  ? "three launches (each rank's plan on a cluster of 8 blocks)"
+                  : "one launch (the one-block planner: this shape does not fit the cluster, or its ranks' clusters "
+                    "do not all fit the device at once)");
+    fused_row(cuda::PlannerKernel::kParallel, "plan_fused_block", "one launch (each rank's plan on one block)");
     // One rank's planner alone: gathered histogram -> its plan (rank 0's copy).
     const std::vector<int32_t> tpe = p.routing.tpe();
     EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(0) + ep.layout().tpe, tpe.data(), tpe.size() * 4, cudaMemcpyHostToDevice));
@@ -101,10 +125,13 @@ void bench_plan(Point& p) {
     constexpr int kBatch = 10;
     const bool on_cluster = cuda::plan_cluster_fits(ep.layout());  // kCluster plans on a cluster at this shape
     // One rank's plan with `kernel`: the plan_rank row (and its graph replay), checked against the CPU plan.
-    auto rank_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what) {
+    // early: the cluster launches are programmatic dependent launches (as in Ep::plan): each is scheduled while the
+    // previous one runs and waits for its end in its first instruction.
+    auto rank_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what, bool early) {
         auto launches = [&] {
             for (int i = 0; i < kBatch; ++i)
-                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, kernel, 0, 1, stream);
+                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, kernel, 0, 1, stream, 1, false,
+                                       early);
         };
         const Stats one = per_call(time_op(launches, stream, bc.warmup, bc.iters), kBatch);
         // The same kBatch launches replayed as one CUDA graph: the host's launch cost (a 4 KiB parameter block per
@@ -132,12 +159,17 @@ void bench_plan(Point& p) {
             p.add_graph(name, per_call(*one_graph, kBatch), 0, 1, -1,
                         "one rank: gathered tpe -> plan, " + std::to_string(kBatch) + " launches per replay");
     };
-    rank_row(cuda::PlannerKernel::kParallel, "plan_rank", "one block of 512 threads");
+    rank_row(cuda::PlannerKernel::kParallel, "plan_rank", "one block of 512 threads", false);
+    const std::string cluster_what =
+        on_cluster
+            ? "a cluster of 8 blocks (fills and home rows on blocks of their own)"
+            : "the one-block planner (this shape does not fit the cluster: block 0's state exceeds shared memory, "
+              "E > 1024 or R > 128)";
     rank_row(cuda::PlannerKernel::kCluster, "plan_rank_cluster",
-             on_cluster
-                 ? "a cluster of 8 blocks (fills and home rows on blocks of their own)"
-                 : "the one-block planner (this shape does not fit the cluster: block 0's state exceeds shared memory, "
-                   "E > 1024 or R > 128)");
+             cluster_what + (on_cluster ? ", early launches (each scheduled while the previous plan runs)" : ""), true);
+    if (on_cluster)
+        rank_row(cuda::PlannerKernel::kCluster, "plan_rank_cluster_serialized",
+                 cluster_what + ", each launch scheduled after the previous one ended", false);
     {
         // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
         cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0, 1,

@@ -165,7 +165,9 @@ TEST_P(FusedPlanTest, FusedPathMatchesCpu) {
     const int i = GetParam();
     if (i >= static_cast<int>(routings.size())) GTEST_SKIP() << "no routing " << i;
     for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
-        expect_fused_equal(cfg, routings[i].routing, mode, testing_cat(routings[i].name, "/", to_string(mode)));
+        for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kCluster})
+            expect_fused_equal(cfg, routings[i].routing, mode,
+                               testing_cat(routings[i].name, "/", to_string(mode), "/", kernel_name(kernel)), kernel);
     expect_fused_equal(cfg, routings[i].routing, PlannerMode::kOptimized, testing_cat(routings[i].name, "/serial"),
                        PlannerKernel::kSerial);
 }
@@ -191,8 +193,11 @@ TEST(GpuPlannerRoutingTest, RandomRoutingsMatchCpu) {
         if (rng.chance(0.3)) ro.num_hot = std::max(1, E / 3), ro.hot_first = rng.below(E - ro.num_hot + 1);
         const Routing routing = testing::random_routing(cfg, rng.next(), ro);
         const PlannerMode mode = rng.chance(0.5) ? PlannerMode::kOptimized : PlannerMode::kReference;
-        expect_fused_equal(cfg, routing, mode,
-                           testing_cat("instance ", it, " ", cfg.to_string(), " ", testing::describe(ro)));
+        const PlannerKernel kernel = it % 2 == 0 ? PlannerKernel::kParallel : PlannerKernel::kCluster;
+        expect_fused_equal(
+            cfg, routing, mode,
+            testing_cat("instance ", it, " ", cfg.to_string(), " ", testing::describe(ro), " ", kernel_name(kernel)),
+            kernel);
         if (HasFatalFailure()) return;
     }
 }
@@ -216,17 +221,22 @@ TEST(GpuPlannerRoutingTest, BenchmarkPointsMatchCpu) {
     for (double maxvio : {0.2, 1.0, 10.0, 20.0}) {
         const Routing routing = make_target_maxvio(RoutingSpec{8, 384, 8, 8192, 1}, maxvio);
         for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
-            expect_fused_equal(moon, routing, mode, testing_cat("moonep maxvio ", maxvio));
+            for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kCluster})
+                expect_fused_equal(moon, routing, mode, testing_cat("moonep maxvio ", maxvio, " ", kernel_name(kernel)),
+                                   kernel);
     }
     const Config k3 = make_cfg(8, 896, 16, 2048, 128);
     const Routing routing = make_target_maxvio(RoutingSpec{8, 896, 16, 2048, 3}, 5.0);
     for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
-        expect_fused_equal(k3, routing, mode, "k3 maxvio 5");
-    // R = 64: the planner state and the route tables no longer fit in shared memory (global-memory paths).
+        for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kCluster})
+            expect_fused_equal(k3, routing, mode, testing_cat("k3 maxvio 5 ", kernel_name(kernel)), kernel);
+    // R = 64: the planner state and the route tables no longer fit in shared memory (global-memory paths); the
+    // cluster form plans the 64 ranks in waves of clusters.
     const Config k3_64 = make_cfg(64, 896, 16, 256, 128);
     const Routing routing64 = make_lognormal(RoutingSpec{64, 896, 16, 256, 4}, 1.0);
     for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
-        expect_fused_equal(k3_64, routing64, mode, "k3 R=64");
+        for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kCluster})
+            expect_fused_equal(k3_64, routing64, mode, testing_cat("k3 R=64 ", kernel_name(kernel)), kernel);
 }
 
 // The cluster planner at the benchmark shapes: the fill blocks' three histogram sources (int32 copy at R = 8 and 32,
@@ -314,58 +324,72 @@ TEST(GpuPlannerSlackTest, FusedAndBenchmarkPointsMatchCpu) {
     }
 }
 
+// Both forms of Ep::plan: the fused launch (kParallel) and the three launches around the cluster planner (kCluster,
+// where an earlier launch's error must stop the later ones: the gate and the abort flag).
 TEST(GpuPlannerRoutingTest, BadExpertIdNamesRankTokenK) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     const Config cfg = make_cfg(2, 8, 4, 16, 4);
     Routing routing = make_round_robin(RoutingSpec{2, 8, 4, 16, 1});
-    DeviceEp ep(cfg, 8);
-    GroupIo io(cfg.R, cfg.S, cfg.K, 8);
-    std::vector<int32_t> bad = routing.topk_idx[1];
-    bad[3 * 4 + 2] = 99;
-    io.idx[0].upload(routing.topk_idx[0]);
-    io.idx[1].upload(bad);
-    const EpPlan plan = ep.plan(io.io, routing.s, nullptr);
-    try {
+    for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kCluster}) {
+        SCOPED_TRACE(kernel_name(kernel));
+        EpOptions opt;
+        opt.planner_kernel = kernel;
+        DeviceEp ep(cfg, 8, opt);
+        GroupIo io(cfg.R, cfg.S, cfg.K, 8);
+        std::vector<int32_t> bad = routing.topk_idx[1];
+        bad[3 * 4 + 2] = 99;
+        io.idx[0].upload(routing.topk_idx[0]);
+        io.idx[1].upload(bad);
+        const EpPlan plan = ep.plan(io.io, routing.s, nullptr);
+        try {
+            ep.check(nullptr);
+            FAIL() << "expected an invalid expert id error";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+            EXPECT_NE(std::string(e.what()).find("rank 1, token 3, k 2: expert id 99"), std::string::npos) << e.what();
+        }
+        ep.team().recover();  // check() leaves the error state (Team::check)
+        io.idx[1].upload(routing.topk_idx[1]);
+        const EpPlan again = ep.plan(io.io, routing.s, nullptr);
         ep.check(nullptr);
-        FAIL() << "expected an invalid expert id error";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
-        EXPECT_NE(std::string(e.what()).find("rank 1, token 3, k 2: expert id 99"), std::string::npos) << e.what();
+        const Plan cpu = make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s);
+        EXPECT_EQ(plan_diff(ep.download_plan(again, 1), cpu), "");
+        const auto cpu_dst = testing::all_dst(cpu, routing);
+        for (int r = 0; r < cfg.R; ++r) EXPECT_EQ(ep.download_dst(again, r), cpu_dst[r]) << "rank " << r;
     }
-    ep.team().recover();  // check() leaves the error state (Team::check)
-    io.idx[1].upload(routing.topk_idx[1]);
-    const EpPlan again = ep.plan(io.io, routing.s, nullptr);
-    ep.check(nullptr);
-    EXPECT_EQ(plan_diff(ep.download_plan(again, 1), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)),
-              "");
 }
 
 TEST(GpuPlannerRoutingTest, GatherTimeoutNamesMissingRank) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     const Config cfg = make_cfg(4, 16, 2, 32, 4);
     const Routing routing = make_lognormal(RoutingSpec{4, 16, 2, 32, 5}, 1.0);
-    EpOptions opt;
-    opt.team.timeout_ms = 100;
-    DeviceEp ep(cfg, 8, opt);
-    GroupIo io(cfg.R, cfg.S, cfg.K, 8);
-    for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
-    ep.team().inject_fault(3, Phase::kPlanGather);
-    const EpPlan plan = ep.plan(io.io, routing.s, nullptr);
-    try {
+    for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kCluster}) {
+        SCOPED_TRACE(kernel_name(kernel));
+        EpOptions opt;
+        opt.team.timeout_ms = 100;
+        opt.planner_kernel = kernel;
+        DeviceEp ep(cfg, 8, opt);
+        GroupIo io(cfg.R, cfg.S, cfg.K, 8);
+        for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
+        ep.team().inject_fault(3, Phase::kPlanGather);
+        const EpPlan plan = ep.plan(io.io, routing.s, nullptr);
+        try {
+            ep.check(nullptr);
+            FAIL() << "expected a barrier timeout";
+        } catch (const Error& e) {
+            EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+            const std::string msg = e.what();
+            EXPECT_NE(msg.find("missing rank 3"), std::string::npos) << msg;
+            EXPECT_NE(msg.find("plan/gather"), std::string::npos) << msg;
+        }
+        ep.team().inject_fault(-1, Phase::kNone);
+        ep.team().recover();  // check() leaves the error state (Team::check)
+        const EpPlan again = ep.plan(io.io, routing.s, nullptr);
         ep.check(nullptr);
-        FAIL() << "expected a barrier timeout";
-    } catch (const Error& e) {
-        EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
-        const std::string msg = e.what();
-        EXPECT_NE(msg.find("missing rank 3"), std::string::npos) << msg;
-        EXPECT_NE(msg.find("plan/gather"), std::string::npos) << msg;
+        EXPECT_EQ(
+            plan_diff(ep.download_plan(again, 2), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)),
+            "");
     }
-    ep.team().inject_fault(-1, Phase::kNone);
-    ep.team().recover();  // check() leaves the error state (Team::check)
-    const EpPlan again = ep.plan(io.io, routing.s, nullptr);
-    ep.check(nullptr);
-    EXPECT_EQ(plan_diff(ep.download_plan(again, 2), make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s)),
-              "");
 }
 
 }  // namespace

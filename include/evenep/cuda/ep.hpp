@@ -53,7 +53,7 @@ namespace evenep::cuda {
 
 struct EpOptions {
     PlannerMode mode = PlannerMode::kOptimized;
-    PlannerKernel planner_kernel = PlannerKernel::kParallel;
+    PlannerKernel planner_kernel = PlannerKernel::kCluster;  // (falls back to kParallel where the shape does not fit)
     int sm_budget = 32;        // SMs per virtual rank for the communication kernels (clamped to co-residency)
     int max_plan_blocks = 64;  // blocks per rank of the plan kernel (sizes the per-block histograms)
     int channel = 0;           // the team channel of the data-path kernels (Experts default to channel 1)

@@ -22,8 +22,10 @@ enum class PlannerKernel : int {
     kParallel = 0,  // the warp-specialised block planner (src/cuda/device/plan_block.cuh)
     kSerial = 1,    // plan_core.hpp's sequential functions on one thread (the bit-exactness reference; slow)
     kCluster = 2,   // the block planner on a cluster of 8 blocks (src/cuda/device/plan_cluster.cuh): its four global
-                    // fills and the home route rows on blocks of their own. Planning alone (plan_from_tpe, replans);
-                    // the fused plan kernel and shapes whose state does not fit shared memory use kParallel
+                    // fills and the home route rows on blocks of their own. Ep::plan then runs three launches
+                    // (histogram + all-gather, every served rank's plan on a cluster, destinations) instead of the
+                    // one fused launch; shapes whose state does not fit the cluster, or whose served ranks' clusters
+                    // do not all fit the device at once (64 virtual ranks), plan as kParallel does
 };
 
 enum class CombineMode : int {

@@ -41,6 +41,7 @@ struct PlanOffsets {
     size_t num_work64, num_work32;  // their sizes in words
     size_t scratch;                 // PlanScratchLayout bytes (the block planner's state when not in smem)
     size_t timing;                  // [32] int64: phase timestamps and loop counts (benchmark breakdown)
+    size_t gate;                    // [1] int32: 1 once the gather launch put the rank's gathered histogram in tpe
 };
 
 // int64 words of the device copy of PlanCost.
@@ -224,6 +225,7 @@ struct EpLayout {
         p.work32 = take(4 * p.num_work32);
         p.scratch = take(PlanScratchLayout::make(R, E).total);
         p.timing = take(8 * 32);
+        p.gate = take(4);
         l.total_bytes = o;
         return l;
     }

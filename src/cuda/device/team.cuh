@@ -21,6 +21,21 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
     return t;
 }
 
+// Programmatic dependent launch (launch.cuh launch_config `early`): wait_previous_kernel returns once the stream's
+// previous kernel has completed and its writes are visible (at once in a kernel launched without it);
+// allow_next_kernel lets the stream's next early kernel be scheduled (it still waits for this one to end).
+// (sm_90 and later; an older device has no early launch, and the launch attribute is then ignored.)
+__device__ __forceinline__ void wait_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Identity of the calling block inside a launch that covers every virtual rank.
 struct RankCtx {
     int rank;        // virtual rank this block acts for

@@ -96,25 +96,35 @@ void launch_cooperative(
 #endif
 }
 
-// A launch configuration in thread-block clusters of `cluster` blocks (attr: its one attribute, kept by the caller).
-inline cudaLaunchConfig_t cluster_config(
-    int grid, int cluster, int threads, size_t smem, cudaStream_t stream, cudaLaunchAttribute (&attr)[1]) {
+// A launch configuration: thread-block clusters of `cluster` blocks (1: no cluster) and, with `early`, programmatic
+// dependent launch — the kernel may be scheduled before the stream's previous kernel has ended, so it must call
+// device::wait_previous_kernel() (team.cuh) before it touches global memory. attr: kept by the caller.
+inline cudaLaunchConfig_t launch_config(
+    int grid, int cluster, int threads, size_t smem, cudaStream_t stream, bool early, cudaLaunchAttribute (&attr)[2]) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(static_cast<unsigned>(grid));
     cfg.blockDim = dim3(static_cast<unsigned>(threads));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = 0;
+    if (cluster > 1) {
+        cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+        a.id = cudaLaunchAttributeClusterDimension;
+        a.val.clusterDim.x = static_cast<unsigned>(cluster);
+        a.val.clusterDim.y = 1;
+        a.val.clusterDim.z = 1;
+    }
+    if (early) {
+        cudaLaunchAttribute& a = attr[cfg.numAttrs++];
+        a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        a.val.programmaticStreamSerializationAllowed = 1;
+    }
     return cfg;
 }
 
 // A launch in thread-block clusters of `cluster` blocks (grid a multiple of it; every block of a cluster is resident at
-// once, on one GPC), then cudaGetLastError().
+// once, on one GPC; 1: plain blocks), early or not (launch_config), then cudaGetLastError().
 template <typename... KernelArgs, typename... Args>
 void launch_clustered(void (*kernel)(KernelArgs...),
                       int grid,
@@ -122,11 +132,12 @@ void launch_clustered(void (*kernel)(KernelArgs...),
                       int threads,
                       size_t smem,
                       cudaStream_t stream,
+                      bool early,
                       Args&&... args) {
     EVENEP_CHECK(cluster >= 1 && grid % cluster == 0, "launch: grid ", grid, " is not a multiple of the cluster ",
                  cluster);
-    cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = cluster_config(grid, cluster, threads, smem, stream, attr);
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = launch_config(grid, cluster, threads, smem, stream, early, attr);
     EVENEP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
     EVENEP_CUDA_CHECK(cudaGetLastError());
 #ifdef EVENEP_SYNC_CHECK
@@ -147,8 +158,8 @@ int max_active_clusters(Kernel kernel, int cluster, int threads, size_t smem) {
     const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), cluster, threads, smem);
     auto it = cache.find(key);
     if (it == cache.end()) {
-        cudaLaunchAttribute attr[1];
-        const cudaLaunchConfig_t cfg = cluster_config(cluster, cluster, threads, smem, nullptr, attr);
+        cudaLaunchAttribute attr[2];
+        const cudaLaunchConfig_t cfg = launch_config(cluster, cluster, threads, smem, nullptr, false, attr);
         int n = 0;
         if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
             (void)cudaGetLastError();  // not launchable as such a cluster: report 0

@@ -12,6 +12,9 @@
 //   4. dst         block b walks its chunk in (token, k) order: per-warp histograms give each entry its
 //                  position among the rank's entries of its expert; plan_entry_dst maps it; then per token the
 //                  later entries for an already used destination rank are encoded as duplicates.
+// With PlannerKernel::kCluster (where the shape fits the cluster) the same phases run as three launches: phases 1-2
+// and the copy of phase 3 (TeamStage::kGather, cooperative), each served rank's plan on a cluster of 8 blocks
+// (plan_cluster_kernel, gated on the copy), phase 4 (TeamStage::kDst; it stops when an error was recorded).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -48,7 +51,13 @@ struct PlanParams {
     int repeat;           // plan_only: plans per launch (1; more only to measure warm-cache phase times)
     int relay;            // plan the relayed copy tree (detail/plan_relay.hpp), else direct pushes
     int fill_tpe;         // plan_cluster_kernel: where its fill blocks read the histogram (device::FillTpe)
+    int gated;            // plan_cluster_kernel: plan only the ranks whose gate (EpLayout::plan.gate) is open
 };
+
+// What one plan_team_kernel launch runs: all four phases (the one-block planner on each rank's block 0 in phase 3), or
+// the phases before and after plan_cluster_kernel when Ep::plan plans on clusters: kGather (phases 1 and 2; then block
+// 0 copies the gathered rows into tpe and opens the rank's gate) and kDst (phase 4).
+enum class TeamStage : int { kFused, kGather, kDst };
 
 // Dynamic shared memory of both plan kernels (one declaration: the two kernels share this translation unit).
 extern __shared__ __align__(16) unsigned char plan_smem[];
@@ -160,6 +169,11 @@ __global__ void __launch_bounds__(kThreads) plan_cluster_kernel(const __grid_con
     const int32_t* tpe = EpLayout::at<int32_t>(base, L.tpe);
     int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
     char* smem = reinterpret_cast<char*>(plan_smem);
+    device::wait_previous_kernel();  // an early launch (launch_config): nothing is read or written before this
+    device::allow_next_kernel();
+    // The gather launch failed for this rank (a recorded error; its tpe is incomplete): no plan. Every block of the
+    // cluster reads the same gate (written by the previous launch), so they all leave together.
+    if (p.gated && *EpLayout::at<const int32_t>(base, L.plan.gate) == 0) return;
     // Block 0's scratch as the other blocks see it (same dynamic shared memory offsets in every block).
     char* base0 = device::cluster_map(smem, 0);
     for (int i = 0; i < p.repeat; ++i) {
@@ -184,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) plan_cluster_kernel(const __grid_con
 
 // Dynamic shared memory: hist[E] + per-warp hist[kWarps][E] (int32) in phases 1 and 4; block 0's planner state
 // (PlanScratchLayout) in phase 3 when it fits.
-template <int kThreads, bool kParallel>
+template <int kThreads, bool kParallel, TeamStage kStage = TeamStage::kFused>
 __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_constant__ PlanParams p) {
     constexpr int kWarps = kThreads / kWarpSize;
     int32_t* smem = reinterpret_cast<int32_t*>(plan_smem);
@@ -203,65 +217,86 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
     // Rank 0's block 0 stamps the phases into timing[16..21) (benchmark breakdown; one store each).
     int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
     const bool stamps = c.rank == 0 && c.block == 0 && tid == 0;
-    if (stamps) timing[16] = static_cast<int64_t>(device::global_timer_ns());
+    if constexpr (kStage == TeamStage::kDst) {
+        // A recorded error (a bad expert id, a missing peer, the planner's check) ends the call here, as the fused
+        // kernel's barriers do. No barrier follows in this launch, so a block that reads the flag late is harmless.
+        device::wait_previous_kernel();  // an early launch: the plans are complete past this
+        device::allow_next_kernel();
+        __shared__ int s_go;
+        if (tid == 0) s_go = device::aborted(p.team) ? 0 : 1;
+        __syncthreads();
+        if (s_go == 0) return;
+        if (stamps) timing[19] = static_cast<int64_t>(device::global_timer_ns());
+    } else {
+        if (stamps) timing[16] = static_cast<int64_t>(device::global_timer_ns());
+        if (kStage == TeamStage::kGather && c.block == 0 && tid == 0) *EpLayout::at<int32_t>(base, L.plan.gate) = 0;
 
-    // ---- Phase 1: histogram of the block's chunk. ----
-    int32_t* bh = smem;
-    for (int e = tid; e < E; e += kThreads) bh[e] = 0;
-    __syncthreads();
-    for (int64_t i = static_cast<int64_t>(t0) * K + tid; i < static_cast<int64_t>(t1) * K; i += kThreads) {
-        const int32_t e = idx[i];
-        if (e == -1) continue;
-        if (e < -1 || e >= E) {
-            device::record_error(p.team, DeviceErrorKind::kBadExpertId, c.rank, -1, Phase::kPlanHistogram,
-                                 static_cast<int>(i / K), static_cast<int>(i % K), e, E, 0);
-            continue;
+        // ---- Phase 1: histogram of the block's chunk. ----
+        int32_t* bh = smem;
+        for (int e = tid; e < E; e += kThreads) bh[e] = 0;
+        __syncthreads();
+        for (int64_t i = static_cast<int64_t>(t0) * K + tid; i < static_cast<int64_t>(t1) * K; i += kThreads) {
+            const int32_t e = idx[i];
+            if (e == -1) continue;
+            if (e < -1 || e >= E) {
+                device::record_error(p.team, DeviceErrorKind::kBadExpertId, c.rank, -1, Phase::kPlanHistogram,
+                                     static_cast<int>(i / K), static_cast<int>(i % K), e, E, 0);
+                continue;
+            }
+            atomicAdd(bh + e, 1);
         }
-        atomicAdd(bh + e, 1);
-    }
-    __syncthreads();
-    for (int e = tid; e < E; e += kThreads) hist[static_cast<int64_t>(c.block) * E + e] = bh[e];
-    // With ranks in other processes this is a team barrier: a peer may still read its gathered rows of the previous
-    // plan (phase 3) when this rank's phase 2 writes into them.
-    if (!device::barrier(p.team, c, Phase::kPlanHistogram, device::multi_process(p.team))) return;
-    if (stamps) timing[17] = static_cast<int64_t>(device::global_timer_ns());
+        __syncthreads();
+        for (int e = tid; e < E; e += kThreads) hist[static_cast<int64_t>(c.block) * E + e] = bh[e];
+        // With ranks in other processes this is a team barrier: a peer may still read its gathered rows of the previous
+        // plan (phase 3) when this rank's phase 2 writes into them.
+        if (!device::barrier(p.team, c, Phase::kPlanHistogram, device::multi_process(p.team))) return;
+        if (stamps) timing[17] = static_cast<int64_t>(device::global_timer_ns());
 
-    // ---- Phase 2: prefix over blocks; the rank's total goes to every peer's gathered table. ----
-    for (int e = c.block * kThreads + tid; e < E; e += c.num_blocks * kThreads) {
-        int32_t run = 0;
-        constexpr int kBatch = 8;  // loads in flight before the prefix stores
-        for (int b0 = 0; b0 < c.num_blocks; b0 += kBatch) {
-            int32_t v[kBatch];
+        // ---- Phase 2: prefix over blocks; the rank's total goes to every peer's gathered table. ----
+        for (int e = c.block * kThreads + tid; e < E; e += c.num_blocks * kThreads) {
+            int32_t run = 0;
+            constexpr int kBatch = 8;  // loads in flight before the prefix stores
+            for (int b0 = 0; b0 < c.num_blocks; b0 += kBatch) {
+                int32_t v[kBatch];
 #pragma unroll
-            for (int j = 0; j < kBatch; ++j)
-                v[j] = b0 + j < c.num_blocks ? hist[static_cast<int64_t>(b0 + j) * E + e] : 0;
+                for (int j = 0; j < kBatch; ++j)
+                    v[j] = b0 + j < c.num_blocks ? hist[static_cast<int64_t>(b0 + j) * E + e] : 0;
 #pragma unroll
-            for (int j = 0; j < kBatch; ++j) {
-                if (b0 + j < c.num_blocks) hist[static_cast<int64_t>(b0 + j) * E + e] = run;
-                run += v[j];
+                for (int j = 0; j < kBatch; ++j) {
+                    if (b0 + j < c.num_blocks) hist[static_cast<int64_t>(b0 + j) * E + e] = run;
+                    run += v[j];
+                }
+            }
+            for (int q = 0; q < R; ++q) EpLayout::at<int32_t>(peers[q], L.gather())[c.rank * row_ints + 2 + e] = run;
+        }
+        if (c.block == 0 && tid < R) {
+            int32_t* row = EpLayout::at<int32_t>(peers[tid], L.gather()) + c.rank * row_ints;
+            row[0] = s;
+            row[1] = p.s_total;
+        }
+        if (!device::barrier(p.team, c, Phase::kPlanGather, true)) return;
+        if (stamps) timing[18] = static_cast<int64_t>(device::global_timer_ns());
+        if constexpr (kStage == TeamStage::kGather) device::allow_next_kernel();  // the plan launch may be scheduled
+
+        // ---- Phase 3: the rank's plan, on its block 0, from its copy of the gathered rows (kGather: the copy, then
+        // the gate opens for plan_cluster_kernel, which plans in the next launch). ----
+        if (c.block == 0) {
+            const int32_t* gathered = EpLayout::at<const int32_t>(base, L.gather());
+            int32_t* tpe = EpLayout::at<int32_t>(base, L.tpe);
+            device::block_copy_batched<kThreads>(tpe, static_cast<int64_t>(R) * E,
+                                                 [&](int64_t i) { return gathered[(i / E) * row_ints + 2 + i % E]; });
+            __syncthreads();
+            if constexpr (kStage == TeamStage::kGather) {
+                if (tid == 0)
+                    *EpLayout::at<int32_t>(base, L.plan.gate) = 1;  // the launch boundary publishes tpe with it
+            } else {
+                plan_rank<kThreads, kParallel>(p, c.rank);
             }
         }
-        for (int q = 0; q < R; ++q) EpLayout::at<int32_t>(peers[q], L.gather())[c.rank * row_ints + 2 + e] = run;
-    }
-    if (c.block == 0 && tid < R) {
-        int32_t* row = EpLayout::at<int32_t>(peers[tid], L.gather()) + c.rank * row_ints;
-        row[0] = s;
-        row[1] = p.s_total;
-    }
-    if (!device::barrier(p.team, c, Phase::kPlanGather, true)) return;
-    if (stamps) timing[18] = static_cast<int64_t>(device::global_timer_ns());
-
-    // ---- Phase 3: the rank's plan, on its block 0, from its copy of the gathered rows. ----
-    if (c.block == 0) {
-        const int32_t* gathered = EpLayout::at<const int32_t>(base, L.gather());
-        int32_t* tpe = EpLayout::at<int32_t>(base, L.tpe);
-        device::block_copy_batched<kThreads>(tpe, static_cast<int64_t>(R) * E,
-                                             [&](int64_t i) { return gathered[(i / E) * row_ints + 2 + i % E]; });
-        __syncthreads();
-        plan_rank<kThreads, kParallel>(p, c.rank);
-    }
-    if (!device::barrier(p.team, c, Phase::kPlanReady, false)) return;
-    if (stamps) timing[19] = static_cast<int64_t>(device::global_timer_ns());
+        if constexpr (kStage == TeamStage::kGather) return;
+        if (!device::barrier(p.team, c, Phase::kPlanReady, false)) return;
+        if (stamps) timing[19] = static_cast<int64_t>(device::global_timer_ns());
+    }  // kStage != kDst
 
     // ---- Phase 4: encoded destinations of the chunk. ----
     const detail::PlanRouteView view = L.route_view(base);
@@ -408,6 +443,15 @@ bool cluster_runs(size_t smem) {
            max_active_clusters(plan_cluster_kernel<kPlanThreads>, kPlanClusterBlocks, kPlanThreads, smem) >= 1;
 }
 
+// Whether Ep::plan plans its `ranks` served ranks on clusters (three launches, launch_plan_clustered): the shape fits
+// the cluster and every rank's cluster runs at once. Else the one fused launch plans each rank on one block: measured
+// on an H200 with 64 virtual ranks (R = 64, E = 896), the 64 clusters ran in four waves (plan phase 559 us against 262
+// us on 64 blocks at once); one rank per GPU (the NCCL team) or 8 virtual ranks take the clusters.
+bool clusters_in_one_wave(size_t smem, int ranks) {
+    return cluster_runs(smem) &&
+           max_active_clusters(plan_cluster_kernel<kPlanThreads>, kPlanClusterBlocks, kPlanThreads, smem) >= ranks;
+}
+
 // Dynamic shared memory of plan_team_kernel; sets where phase 4's route tables and the planner's state live.
 template <bool kParallel>
 size_t team_kernel_smem(PlanParams& p) {
@@ -430,6 +474,30 @@ int launch_plan_impl(PlanParams p, int sm_budget, cudaStream_t stream) {
     return nb;
 }
 
+// The kernels of Ep::plan on clusters: the histogram and the all-gather (cooperative, team barriers), every served
+// rank's plan on a cluster of its own, then the destinations (the same blocks per rank as the gather launch: phase 4
+// reads the per-block prefixes of phase 2).
+auto* const kGatherKernel = plan_team_kernel<kPlanThreads, false, TeamStage::kGather>;
+auto* const kDstKernel = plan_team_kernel<kPlanThreads, false, TeamStage::kDst>;
+
+// pc: p with cluster_smem's choices (cluster_bytes), for the plan launch.
+int launch_plan_clustered(PlanParams p, PlanParams pc, size_t cluster_bytes, int sm_budget, cudaStream_t stream) {
+    const size_t smem = team_kernel_smem<false>(p);
+    const int nb =
+        clamp_co_resident(kGatherKernel, kPlanThreads, smem, p.team.launch_ranks, sm_budget, p.lay.max_blocks);
+    p.blocks_per_rank = nb;
+    launch_cooperative(kGatherKernel, p.team.launch_ranks * nb, kPlanThreads, smem, stream, p);
+    pc.rank_begin = p.team.rank_begin;
+    pc.gated = 1;
+    // Both later launches early (programmatic dependent launch): each is scheduled while its predecessor runs and waits
+    // for it in its first instruction, so the launch latency between the three stays off the path.
+    launch_clustered(plan_cluster_kernel<kPlanThreads>, p.team.launch_ranks * kPlanClusterBlocks, kPlanClusterBlocks,
+                     kPlanThreads, cluster_bytes, stream, true, pc);
+    allow_dynamic_smem(kDstKernel, smem);
+    launch_clustered(kDstKernel, p.team.launch_ranks * nb, 1, kPlanThreads, smem, stream, true, p);
+    return nb;
+}
+
 }  // namespace
 
 int launch_plan(const TeamView& team,
@@ -444,7 +512,12 @@ int launch_plan(const TeamView& team,
                 bool relay) {
     PlanParams p = make_params(team, layout, d_io, s, s_total, locality);
     p.relay = relay ? 1 : 0;
-    // The fused kernel has no cluster form yet: kCluster runs the one-block planner there.
+    if (kernel == PlannerKernel::kCluster) {
+        PlanParams pc = p;
+        const size_t cluster_bytes = cluster_smem(pc);
+        if (clusters_in_one_wave(cluster_bytes, team.launch_ranks))
+            return launch_plan_clustered(p, pc, cluster_bytes, sm_budget, stream);
+    }
     return kernel != PlannerKernel::kSerial ? launch_plan_impl<true>(p, sm_budget, stream)
                                             : launch_plan_impl<false>(p, sm_budget, stream);
 }
@@ -455,6 +528,12 @@ bool plan_cluster_fits(const EpLayout& layout) {
     return cluster_runs(cluster_smem(p));
 }
 
+bool plan_on_clusters(const TeamView& team, const EpLayout& layout) {
+    PlanParams p{};
+    p.lay = layout;
+    return clusters_in_one_wave(cluster_smem(p), team.launch_ranks);
+}
+
 bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, PlannerKernel kernel) {
     PlanParams p{};
     p.team = team;
@@ -463,7 +542,9 @@ bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, Planner
         const std::pair<int, int> occ = co_resident_capacity(k, kPlanThreads, smem);
         return static_cast<long long>(occ.first) * occ.second;
     };
-    const long long capacity = kernel != PlannerKernel::kSerial
+    const bool clustered = kernel == PlannerKernel::kCluster && plan_on_clusters(team, layout);
+    const long long capacity = clustered ? blocks(kGatherKernel, team_kernel_smem<false>(p))
+                               : kernel != PlannerKernel::kSerial
                                    ? blocks(plan_team_kernel<kPlanThreads, true>, team_kernel_smem<true>(p))
                                    : blocks(plan_team_kernel<kPlanThreads, false>, team_kernel_smem<false>(p));
     return capacity >= team.launch_ranks;
@@ -478,7 +559,8 @@ void launch_plan_only(const TeamView& team,
                       int num_ranks,
                       cudaStream_t stream,
                       int repeat,
-                      bool relay) {
+                      bool relay,
+                      bool early) {
     PlanParams p = make_params(team, layout, nullptr, s, -1, locality);
     p.relay = relay ? 1 : 0;
     EVENEP_CHECK(repeat >= 1, "plan: repeat = ", repeat);
@@ -490,7 +572,7 @@ void launch_plan_only(const TeamView& team,
         const size_t smem = cluster_smem(p);
         if (cluster_runs(smem)) {
             launch_clustered(plan_cluster_kernel<kPlanThreads>, num_ranks * kPlanClusterBlocks, kPlanClusterBlocks,
-                             kPlanThreads, smem, stream, p);
+                             kPlanThreads, smem, stream, early, p);
             return;
         }
         kernel = PlannerKernel::kParallel;  // the shape does not fit the cluster: the one-block planner

@@ -44,6 +44,19 @@ struct EpHooks {
                          kernel.value_or(o.planner_kernel), first, num, stream, 1, o.relay);
         return plan;
     }
+    static EpPlan plan_with_kernel(
+        Ep& ep, std::span<const RankIo> io, std::span<const int32_t> s, cudaStream_t stream, PlannerKernel kernel) {
+        const PlannerKernel own = ep.options_.planner_kernel;
+        ep.options_.planner_kernel = kernel;
+        try {
+            EpPlan plan = ep.plan(io, s, stream);
+            ep.options_.planner_kernel = own;
+            return plan;
+        } catch (...) {
+            ep.options_.planner_kernel = own;
+            throw;
+        }
+    }
 };
 
 EpPlan plan_from_tpe(Ep& ep,
@@ -54,6 +67,11 @@ EpPlan plan_from_tpe(Ep& ep,
                      int num,
                      std::optional<PlannerKernel> kernel) {
     return EpHooks::plan_from_tpe(ep, tpe, s, stream, rank_begin, num, kernel);
+}
+
+EpPlan plan_with_kernel(
+    Ep& ep, std::span<const RankIo> io, std::span<const int32_t> s, cudaStream_t stream, PlannerKernel kernel) {
+    return EpHooks::plan_with_kernel(ep, io, s, stream, kernel);
 }
 
 }  // namespace evenep::cuda

@@ -27,4 +27,8 @@ EpPlan plan_from_tpe(Ep& ep,
                      int num_ranks = -1,
                      std::optional<PlannerKernel> kernel = std::nullopt);
 
+// Ep::plan with `kernel` instead of ep's planner kernel (the benchmark's fused rows, side by side).
+EpPlan plan_with_kernel(
+    Ep& ep, std::span<const RankIo> io, std::span<const int32_t> s, cudaStream_t stream, PlannerKernel kernel);
+
 }  // namespace evenep::cuda
