@@ -241,8 +241,10 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
     out.maxvio = w.maxvio;
     out.eplb_prev_maxvio = w.eplb_prev_maxvio;
     if (c.measure_data_movement) measure_movement(c, out);
+    // The GPU planner of one rank as Ep::plan runs it (EpOptions::planner_kernel's default, kCluster:
+    // plan_rank_cluster; the one-block planner under that name where the shape does not fit the cluster).
     for (const MeasuredOp& m : out.measured)
-        if (m.op == "plan_rank") w.systems[0].comm.plan += m.median_us * 1e-3;  // the GPU planner of one rank
+        if (m.op == "plan_rank_cluster") w.systems[0].comm.plan += m.median_us * 1e-3;
     {
         RankComputeTimer timer(c.H, c.ffn_hidden, w.max_groups, w.max_rows, c.seed);
         if (c.check) out.gemm_check_error = timer.check_forward(w.groups[0][0]);
