@@ -187,7 +187,8 @@ void register_bench_cuda(CLI::App& bench) {
     add_gpu_command(bench, "reduce", "GPU reduce_grad vs the copy bandwidth", {"reduce"}, false);
     add_gpu_command(bench, "gpu-plan",
                     "GPU planner: one rank's plan from gathered histograms (one block: plan_rank; a cluster of 8 "
-                    "blocks: plan_rank_cluster), and the fused plan",
+                    "blocks: plan_rank_cluster, early launches, and plan_rank_cluster_serialized), and Ep::plan of "
+                    "all ranks (plan_fused: the default cluster planner; plan_fused_block: the one-block planner)",
                     {"plan"}, true);
 
     auto opt = std::make_shared<GpuBenchOptions>();
