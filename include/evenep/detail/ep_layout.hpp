@@ -132,9 +132,9 @@ struct PlanScratchLayout {
 };
 
 // The planner as a thread-block cluster (plan_cluster.cuh): block 0 runs plan_block_parallel without its global
-// fills and home route rows; blocks 1-4 run one global fill each (plan_fill_block.cuh) and blocks 5-7 write the home
-// route rows. Byte offsets of a fill block's dynamic shared memory: its per-thread held bitsets, its pieces, and
-// optionally its copy of the histogram (int32, or uint16 when every entry is < 2^16, else read from global memory).
+// fills and home route rows; blocks 1-4 run one global fill each and blocks 5-7 write the home route rows. Byte offsets
+// of a fill block's dynamic shared memory: its per-thread held bitsets, its pieces, its own expert loads and balances,
+// and optionally its copy of the histogram (int32, or uint16 when every entry is < 2^16, else read from global memory).
 inline constexpr int kPlanClusterBlocks = 8;
 inline constexpr int kPlanClusterFills = 4;      // blocks 1..4
 // Phase 4a and 4b (the winner's route rows and layouts) spread over the cluster's blocks from this many ranks on.
@@ -153,7 +153,7 @@ inline constexpr int kPlanFillThreads = 512;     // threads of a fill block that
 inline constexpr int kPlanFillMaxJ = 1024 / kPlanFillThreads;  // experts per fill thread (E <= 1024)
 inline constexpr int kPlanFillRanksPerLane = 4;  // ranks a lane keeps in registers (R <= 128)
 struct PlanFillBlockLayout {
-    size_t held, at, amount, tpe;
+    size_t held, at, amount, loads, balance, tpe;
     size_t per_thread;  // experts per thread (J)
     size_t held_words;  // ceil(R / 32): words of one expert's receiver bitset
     size_t core;        // bytes without the histogram copy
@@ -168,6 +168,8 @@ struct PlanFillBlockLayout {
         l.held = o, o += 4 * l.per_thread * l.held_words * t;
         l.at = o, o += 4 * cap;
         l.amount = o, o += 4 * cap;
+        l.loads = o, o += 8 * e;    // int64 [E] the expert loads, from this block's histogram copy
+        l.balance = o, o += 8 * r;  // int64 [R] the ranks' balances, the same way
         l.core = detail::align_up(o, 16);
         l.tpe = l.core;
         l.with_tpe32 = detail::align_up(l.core + 4 * r * e, 16);

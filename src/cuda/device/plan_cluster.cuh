@@ -5,8 +5,9 @@
 // Cluster barriers order them: A (block 0 has its phase 1: expert loads and balances) and B (every fill's list,
 // flag and home column, and the home rows, are in place; block 0 goes on with phase 3); then all eight blocks write
 // the winner's route rows and layouts (phase 4a and 4b, plan_finish.cuh) between C (block 0 has chosen) and D, from
-// kPlanClusterFinishMinRanks ranks on. The helpers read block 0's
-// phase-1 arrays and write their results through distributed shared memory (cluster.cuh cluster_map).
+// kPlanClusterFinishMinRanks ranks on. The helpers read block 0's phase-1 arrays and write their results through
+// distributed shared memory (cluster.cuh cluster_map). A fill block with its own copy of the histogram sums its expert
+// loads and balances itself and waits at A only after its fill, which so runs beside block 0's phase 1.
 #pragma once
 
 #include <cstdint>
@@ -280,6 +281,13 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
 // Block 1 + v of the cluster: fill v (0: largest piece, 1: best fit, 2 and 3: the same with pushes spread). base0 is
 // block 0's scratch (PlanScratchLayout, through distributed shared memory; carved only where used, so that its
 // pointers do not stay live across the fill); smem this block's dynamic shared memory (PlanFillBlockLayout).
+// NOTE: measured slower (twelfth session, same run): the fill on one warp kept per donor — lane r % 32 holds donor r's
+// excess, pushes and largest expert in registers, a step reduces R donor keys (one reduction), scans the winning
+// donor's experts lanes-over-experts for the tie-break (a second) and rescans the donor's largest expert (a third);
+// the entries left in shared memory. R = 64 fills 50 -> 62.5 (largest piece) / 80 us (best fit: the smallest filling
+// piece per donor is a scan every step), MoonEP 7.2 -> 9.8 / 14.4 us; bit-exact. Fewer keys do not help: the step is
+// a chain of about seven dependent warp operations either way (reductions, ballot, shuffle, shared loads at ~100-180
+// cycles each), as many as this block's two-stage maximum with its barrier.
 // NOTE: not inlined on purpose: inlined into the cluster kernel (block 0's planner and the home rows in the same
 // function), the fill's loop shared the kernel's 128 registers with values live across the roles and reloaded spilled
 // values every step, from L2 when the 220 KiB of shared memory leaves L1 small; on its own it needs 96, no spills.
@@ -293,9 +301,18 @@ __device__ __noinline__ void plan_cluster_fill(
     __shared__ uint64_t s_slots[2 * kWarps];
     __shared__ int s_n;
     __shared__ int32_t s_bcast[2], s_info[6];
+    __shared__ unsigned long long s_total;
     int parity = 0;  // block_max_key's slot set (two calls here: the fill starts on set 0 again)
-    // The histogram's copy (while block 0 computes the loads) and its largest entry (the keys' field width).
+    // A: this block arrives at once and waits only where it first needs block 0's shared memory: with its own expert
+    // loads and balances (below) that is after its fill, which then starts while block 0 still sums the histogram.
+    cluster_arrive();
+    bool waited_a = false;
+    auto wait_a = [&] {
+        if (!waited_a) cluster_wait(), waited_a = true;
+    };
+    // The histogram's copy and its largest entry (the keys' field width).
     const int64_t RE = static_cast<int64_t>(R) * E;
+    if (tid == 0) s_total = 0;
     unsigned mx = 0;
     if (tpe_mode == FillTpe::kShared32) {
         int32_t* t = reinterpret_cast<int32_t*>(smem + fl.tpe);
@@ -317,21 +334,53 @@ __device__ __noinline__ void plan_cluster_fill(
     const unsigned local_max = static_cast<unsigned>(block_max_key<kWarps, kThreads>(mx, s_slots, parity, lane, warp));
     // An entry >= 2^16 does not fit the uint16 copy: read the histogram in place instead.
     if (tpe_mode == FillTpe::kShared16 && local_max > 0xffffu) tpe_mode = FillTpe::kGlobal;
-    cluster_arrive();
-    cluster_wait();  // A: block 0's expert_load and balance are complete
     if (d.locality) {
         const PlanScratchLayout l0 = PlanScratchLayout::make(R, E);
         const int cap = static_cast<int>(l0.piece_cap);
         uint32_t* held = reinterpret_cast<uint32_t*>(smem + fl.held);
         int32_t* at = reinterpret_cast<int32_t*>(smem + fl.at);
         int32_t* amount = reinterpret_cast<int32_t*>(smem + fl.amount);
-        int32_t* home_rem = reinterpret_cast<int32_t*>(base0 + l0.avail) + v * E;
-        const int64_t* load0 = reinterpret_cast<const int64_t*>(base0 + l0.expert_load);
-        const int64_t* balance0 = reinterpret_cast<const int64_t*>(base0 + l0.balance);
         const bool best_fit = v % 2 == 1, spread = v >= 2;
-        // The largest expert load (bounds every piece: the keys' piece field).
-        unsigned lm = 0;
-        for (int e = tid; e < E; e += kThreads) lm = max(lm, static_cast<unsigned>(load0[e]));
+        // The expert loads and balances (block 0's phase 1): summed from this block's histogram copy when it has one
+        // (and without slack, whose targets come from block 0's sequential pass), else read from block 0 after A.
+        const int64_t* load0;
+        const int64_t* balance0;
+        unsigned lm = 0;  // the largest expert load (bounds every piece: the keys' piece field)
+        auto own_sums = [&](const auto* t) {
+            int64_t* loads = reinterpret_cast<int64_t*>(smem + fl.loads);
+            int64_t* bal = reinterpret_cast<int64_t*>(smem + fl.balance);
+            unsigned long long part = 0;
+            for (int e = tid; e < E; e += kThreads) {
+                int32_t s = 0;
+#pragma unroll 8
+                for (int r = 0; r < R; ++r) s += t[static_cast<int64_t>(r) * E + e];
+                loads[e] = s;
+                lm = max(lm, static_cast<unsigned>(s));
+                part += static_cast<unsigned long long>(s);
+            }
+            part = __reduce_add_sync(kFullMask, static_cast<unsigned>(part));  // < N < 2^31
+            if (lane == 0 && part) atomicAdd(&s_total, part);
+            __syncthreads();
+            const int64_t total = static_cast<int64_t>(s_total);
+            for (int r = warp; r < R; r += kWarps) {  // a warp per rank, as plan_block_parallel's phase 1
+                int64_t l = 0;
+                for (int g = lane; g < d.epn; g += kWarpSize) l += loads[r * d.epn + g];
+                l = static_cast<int64_t>(__reduce_add_sync(kFullMask, static_cast<unsigned>(l)));
+                if (lane == 0) bal[r] = l - static_cast<int32_t>(total / R + (r < total % R ? 1 : 0));
+            }
+            __syncthreads();
+            load0 = loads, balance0 = bal;
+        };
+        if (d.slack_ppm <= 0 && tpe_mode == FillTpe::kShared32) {
+            own_sums(reinterpret_cast<const int32_t*>(smem + fl.tpe));
+        } else if (d.slack_ppm <= 0 && tpe_mode == FillTpe::kShared16) {
+            own_sums(reinterpret_cast<const uint16_t*>(smem + fl.tpe));
+        } else {
+            wait_a();  // block 0's expert_load and balance are complete
+            load0 = reinterpret_cast<const int64_t*>(base0 + l0.expert_load);
+            balance0 = reinterpret_cast<const int64_t*>(base0 + l0.balance);
+            for (int e = tid; e < E; e += kThreads) lm = max(lm, static_cast<unsigned>(load0[e]));
+        }
         const unsigned load_max =
             static_cast<unsigned>(block_max_key<kWarps, kThreads>(lm, s_slots, parity, lane, warp));
         FillKeyBits kb{};
@@ -340,6 +389,11 @@ __device__ __noinline__ void plan_cluster_fill(
         kb.piece = max(1, bit_width32(load_max));
         kb.push = spread ? bit_width32(static_cast<uint32_t>(cap)) : 0;  // pushes <= pieces <= cap
         kb.fbit = best_fit ? 1 : 0;
+        // The fill's final entries left go to block 0 (list 1 + v's home column), staged in this block's loads (read
+        // only before the fill's first step) while A is still to be waited for.
+        int32_t* home_rem0 = reinterpret_cast<int32_t*>(base0 + l0.avail) + v * E;
+        const bool staged = !waited_a;
+        int32_t* home_rem = staged ? reinterpret_cast<int32_t*>(smem + fl.loads) : home_rem0;
         int iterations = 0, n = 0;
         auto run = [&](auto w_tag, const auto* tpe) {
             using W = decltype(w_tag);
@@ -364,6 +418,9 @@ __device__ __noinline__ void plan_cluster_fill(
         if (tid == 0) s_n = n;
         __syncthreads();
         n = s_n;
+        wait_a();  // A: block 0 runs, and its phase 2 no longer touches what this block writes there
+        if (staged)
+            for (int e = tid; e < E; e += kThreads) home_rem0[e] = home_rem[e];
         const PlanScratch sc0 = carve_scratch(base0, R, E);
         int32_t* at0 = sc0.piece_at + (1 + v) * cap;
         int32_t* amount0 = sc0.piece_amount + (1 + v) * cap;
@@ -379,6 +436,7 @@ __device__ __noinline__ void plan_cluster_fill(
             }
         }
     }
+    wait_a();
     cluster_arrive();
     cluster_wait();  // B
 }
