@@ -132,6 +132,11 @@ EVENEP_HOST_DEVICE inline void plan_slack_targets(const PlanDims& d, const int64
     }
 }
 
+// Rank r's even quota q_r of `total` entries over R ranks (SPEC invariant 1).
+EVENEP_HOST_DEVICE inline int32_t plan_even_quota(int64_t total, int R, int r) {
+    return static_cast<int32_t>(total / R + (r < total % R ? 1 : 0));
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Phase 1: loads and quotas (then the slack targets, a no-op without slack).
 // ---------------------------------------------------------------------------------------------------------
@@ -147,7 +152,7 @@ EVENEP_HOST_DEVICE inline int64_t plan_loads_and_quotas(const PlanDims& d, const
         int64_t l = 0;
         for (int g = 0; g < d.epn; ++g) l += a.expert_load[r * d.epn + g];
         a.load_before[r] = l;
-        a.q[r] = static_cast<int32_t>(total / d.R + (r < total % d.R ? 1 : 0));
+        a.q[r] = plan_even_quota(total, d.R, r);
     }
     plan_slack_targets(d, a.load_before, a.q);
     return total;

@@ -219,7 +219,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(kFullMask, l, off);
         if (lane == 0) {
-            const int32_t q = static_cast<int32_t>(total / R + (r < total % R ? 1 : 0));
+            const int32_t q = detail::plan_even_quota(total, R, r);
             a.load_before[r] = l;
             a.q[r] = q;
             sc.balance[r] = l - q;  // load_before - q: the rank's balance

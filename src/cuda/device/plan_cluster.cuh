@@ -366,7 +366,7 @@ __device__ __noinline__ void plan_cluster_fill(
                 int64_t l = 0;
                 for (int g = lane; g < d.epn; g += kWarpSize) l += loads[r * d.epn + g];
                 l = static_cast<int64_t>(__reduce_add_sync(kFullMask, static_cast<unsigned>(l)));
-                if (lane == 0) bal[r] = l - static_cast<int32_t>(total / R + (r < total % R ? 1 : 0));
+                if (lane == 0) bal[r] = l - detail::plan_even_quota(total, R, r);
             }
             __syncthreads();
             load0 = loads, balance0 = bal;
