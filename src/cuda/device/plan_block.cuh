@@ -213,11 +213,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     const int64_t total = static_cast<int64_t>(s_total);
     // Crossing rows of the home matrix: every entry not on its expert's home rank (plan_sparse.hpp).
     const int64_t base_crossing = total - static_cast<int64_t>(s_home_total);
-    for (int r = warp; r < R; r += kWarps) {  // a warp per rank: its experts' loads summed over the lanes
-        int64_t l = 0;
-        for (int g = lane; g < epn; g += kWarpSize) l += sc.expert_load[r * epn + g];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) l += __shfl_xor_sync(kFullMask, l, off);
+    for (int r = warp; r < R; r += kWarps) {  // a warp per rank
+        const int64_t l = warp_rank_load(sc.expert_load, r, epn, lane);
         if (lane == 0) {
             const int32_t q = detail::plan_even_quota(total, R, r);
             a.load_before[r] = l;

@@ -363,9 +363,7 @@ __device__ __noinline__ void plan_cluster_fill(
             __syncthreads();
             const int64_t total = static_cast<int64_t>(s_total);
             for (int r = warp; r < R; r += kWarps) {  // a warp per rank, as plan_block_parallel's phase 1
-                int64_t l = 0;
-                for (int g = lane; g < d.epn; g += kWarpSize) l += loads[r * d.epn + g];
-                l = static_cast<int64_t>(__reduce_add_sync(kFullMask, static_cast<unsigned>(l)));
+                const int64_t l = warp_rank_load(loads, r, d.epn, lane);
                 if (lane == 0) bal[r] = l - detail::plan_even_quota(total, R, r);
             }
             __syncthreads();

@@ -50,6 +50,14 @@ __device__ __forceinline__ int warp_first_max(const T* x, int n, int lane) {
     return warp_first_extreme<true>(x, n, lane);
 }
 
+// Rank r's load (load_before): its epn experts' loads summed on one warp, every lane gets it (r warp-uniform). Each
+// load and the sum are < N < 2^31 (the NOTE above), so one 32-bit redux adds them.
+__device__ __forceinline__ int64_t warp_rank_load(const int64_t* expert_load, int r, int epn, int lane) {
+    unsigned l = 0;
+    for (int g = lane; g < epn; g += kWarpSize) l += static_cast<unsigned>(expert_load[r * epn + g]);
+    return static_cast<int64_t>(__reduce_add_sync(kFullMask, l));
+}
+
 // Per-rank values kept in a warp's registers: lane holds rank lane + 32 k in v[k] (every warp of a block may hold the
 // same copy). regs_first_max: the first rank with the largest value, rank `skip` left out (-1: none), its value in
 // `value` (INT_MIN and -1 when no rank is left). regs_get: rank r's value on every lane (r warp-uniform).
