@@ -207,6 +207,7 @@ __device__ __forceinline__ bool warp_alloc_path(const PlanDims& d, const int64_t
                 ++np;
                 give -= moved;
             }
+            __syncwarp();  // every lane has read remote[taker] before lane 0 writes it
             if (lane < epn) left[f0] = l0;
             if (lane + kWarpSize < epn) left[f1] = l1;
             if (lane == 0) remote[taker] = rem;
