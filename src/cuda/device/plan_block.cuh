@@ -66,6 +66,15 @@ __device__ inline void plan_block_serial(
 __device__ __forceinline__ void split_group_sync(int threads) {
     asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
 }
+// Its counterpart for the other warps (1-6, the fills and paths), placed where they finish phase 2b: it orders nothing
+// the next __syncthreads does not, but it keeps the count of barriers every warp has passed equal. compute-sanitizer
+// racecheck (CUDA 13.0) pairs accesses by that count whatever the barrier's id: without it, every write warp 0 made
+// between two block barriers was reported against the reads warps 1-6 made after the second (hundreds of "RAW
+// hazards" across a __syncthreads, plan_block.cuh:466 -> 475, plan.cu:332 -> 345, team.cuh:157 -> 160; synccheck
+// clean).
+__device__ __forceinline__ void other_group_sync(int threads) {
+    asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory");
+}
 
 // timing (optional, [32]), all %globaltimer ns unless said: thread 0 stores the phase boundaries into [0..9), the fill
 // iterations of candidates 0 and 1 into [9], [10], the most split pieces of one donor into [11], clock64 at the start
@@ -335,6 +344,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             atomicMax(reinterpret_cast<unsigned long long*>(timing + 31), static_cast<unsigned long long>(global_timer_ns()));
         }
     }
+    if (warp >= 1 && warp <= 6) other_group_sync((kWarps - kSplitWarps) * kWarpSize);
     if (warp == 0 || warp >= 7) {
         const int sg = warp == 0 ? 0 : warp - 6;  // index in the split group
         split_group_sync(kSplitWarps * kWarpSize);
