@@ -271,6 +271,10 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
         need = nd;
         rem_u = nr;
     }
+    // home_rem may alias expert_load (plan_cluster_fill stages it there, in other threads' words): every step's block
+    // maximum orders the reads of expert_load above before these writes; a fill of no step (no rank short) has had no
+    // barrier yet. (compute-sanitizer racecheck found it: a balanced histogram, cluster_optimized.)
+    if (n == 0) group_barrier<kThreads, kBlock>();
 #pragma unroll
     for (int j = 0; j < kJ; ++j)
         if (tid + kThreads * j < E) home_rem[tid + kThreads * j] = av[j];
