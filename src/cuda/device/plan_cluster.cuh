@@ -44,7 +44,10 @@ __device__ __forceinline__ void group_barrier() {
 // NOTE: measured slower, a lot: every thread reading all kWarps slots and taking their maximum as a tree in registers
 // (R = 64: 82 -> 218 us: the 16 values live at once made the fill spill, the cluster kernel 529 -> 929 LDL/STL); and
 // as one running maximum over the slots, without spills (R = 64 fills 50 -> 70 us: 15 dependent 64-bit compare-selects
-// on every thread of the 16 warps cost more issue slots than two warp reductions).
+// on every thread of the 16 warps cost more issue slots than two warp reductions); and (fifteenth session) with the
+// second stage as lane 0's 64-bit atomicMax into one of three turning shared slots, every thread reading the slot after
+// the barrier (R = 64 77.4 -> 82.9 us, R = 128 143.9 -> 155.4, MoonEP 25.4 -> 25.8; bit-exact, racecheck clean): a
+// 64-bit shared-memory max is slower than the warp reduction it replaces.
 template <int kWarps, int kBlock>
 __device__ __forceinline__ uint64_t block_max_key(uint64_t k, uint64_t* slots, int& parity, int lane, int warp) {
     auto warp_max = [](uint64_t v) {
