@@ -5,15 +5,20 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "evenep/cpu/buffer.hpp"
 #include "evenep/cpu/local_team.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
+#include "handle_record.hpp"
 
 namespace evenep::python {
 
@@ -34,14 +39,20 @@ struct PlanLayout {
 // Handle tensor: int32 [R, s*K], rank r's encoded destinations dst (SPEC §3.4; tokens past s_r hold kMaskedDst).
 // The buffers remember which (plan, handle, topk_weights) they hold, by value, so no op depends on call history.
 
-// Bad input → ValueError (evenep::Error kInvalidArgument); everything else → RuntimeError.
+// Bad input → ValueError (evenep::Error kInvalidArgument); an allocation that failed (std::bad_alloc, a CUDA
+// cudaErrorMemoryAllocation) → torch.OutOfMemoryError; everything else → RuntimeError. (torch's own allocator
+// raises c10::OutOfMemoryError itself, which passes through.)
 template <typename F>
 inline auto translate(F&& f) -> decltype(f()) {
     try {
         return f();
     } catch (const Error& e) {
         if (e.kind() == ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, e.what());
+        TORCH_CHECK_WITH(OutOfMemoryError, std::string(e.what()).find("cudaErrorMemoryAllocation") == std::string::npos,
+                         "evenep: out of device memory: ", e.what());
         TORCH_CHECK(false, e.what());
+    } catch (const std::bad_alloc& e) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "evenep: out of host memory (", e.what(), ")");
     }
 }
 
@@ -102,6 +113,14 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
                                        int64_t ffn_hidden,
                                        int64_t num_slots,
                                        int64_t token_padding) {
+    // The library's sizes are int: a value past int32 is refused as given, never wrapped (the Python package
+    // refuses these first, with the argument's name).
+    const std::pair<const char*, int64_t> args[] = {{"num_ranks", num_ranks},     {"num_experts", num_experts},
+                                                    {"top_k", top_k},             {"max_tokens", max_tokens},
+                                                    {"hidden", hidden},           {"ffn_hidden", ffn_hidden},
+                                                    {"num_slots", num_slots},     {"token_padding", token_padding}};
+    for (const auto& [name, v] : args)
+        EVENEP_CHECK(v >= INT32_MIN && v <= INT32_MAX, "evenep.Buffer: ", name, " = ", v, " does not fit in int32");
     BufferConfig cfg;
     cfg.cfg.R = static_cast<int>(num_ranks);
     cfg.cfg.E = static_cast<int>(num_experts);
@@ -269,6 +288,7 @@ class Context {
         const int64_t s_pad = handle.size(1) / K;
         check_tensor(topk_w, op, "topk_weights", at::kFloat, {R, s_pad, K});
         check_tensor(plan, op, "plan", at::kInt, {R, plan_layout().width()});
+        handles_.check(handle, plan, false, op);  // never a destination dispatch did not make (handle_record.hpp)
         if (holds(plan, handle, topk_w)) return cur_;
         const Plan& p = plan_of(plan, op);
         std::vector<cpu::DispatchHandle> hs = make_handles(p, {}, topk_w);
@@ -277,9 +297,12 @@ class Context {
                               " tokens but the handle holds ", s_pad);
             std::copy_n(handle.data_ptr<int32_t>() + r * handle.size(1), hs[r].dst.size(), hs[r].dst.begin());
         }
-        // NOTE: the destinations are trusted to be the plan's (as produced by dispatch); they are not re-derived.
+        // NOTE: the destinations are the plan's: handles_ recognised them as a handle dispatch made with this plan.
         return dispatch(std::move(hs), at::zeros({R, s_pad, H()}, at::kBFloat16), plan, handle, topk_w);
     }
+
+    // Records the handle a dispatch of `plan` just made (the handles hold() accepts).
+    void record_handle(const at::Tensor& handle, const at::Tensor& plan) { handles_.add(handle, plan, plan); }
 
     // After dispatch_backward replaced the row weights with their gradients: the buffer no longer holds a dispatch.
     void invalidate() { cur_plan_ = at::Tensor(); }
@@ -309,6 +332,7 @@ class Context {
     std::vector<std::unique_ptr<cpu::Buffer>> buffers_;
     std::vector<cpu::DispatchHandle> cur_;           // the dispatch the buffers hold, valid when cur_plan_ is defined
     at::Tensor cur_plan_, cur_handle_, cur_topk_w_;  // its tensors
+    HandleRecords handles_{true};                    // the handles dispatch made, recognised by value
     std::vector<int32_t> last_s_, last_tpe_;
     Plan last_plan_;
     std::mutex mutex_;

@@ -204,15 +204,16 @@ void check_cuda(const CudaContext& ctx,
                       ", the buffer on cuda:", ctx.device());
 }
 
-// topk_idx as int32 on the device. Out-of-range int64 ids are clamped to -2 or E first (never wrapping into
-// range), so the device check reports them (an asynchronous error, surfaced by the next call or Buffer.check()).
+// topk_idx as int32 on the device. int64 ids are clamped to int32's range first (never wrapping into [-1, E)), so
+// the device check reports a bad id as given (-5 as -5; past int32 as the int32 bound): an asynchronous error,
+// surfaced by the next call or Buffer.check().
 at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const char* op) {
     const int64_t s = topk_idx.dim() == 3 ? topk_idx.size(1) : -1;
     TORCH_CHECK_VALUE(topk_idx.scalar_type() == at::kInt || topk_idx.scalar_type() == at::kLong, "evenep.", op,
                       ": topk_idx has dtype ", topk_idx.scalar_type(), ", expected int32 or int64");
     check_cuda(ctx, topk_idx, op, "topk_idx", topk_idx.scalar_type(), {ctx.L(), s, ctx.cfg().K});
     if (topk_idx.scalar_type() == at::kInt) return topk_idx;
-    return topk_idx.clamp(-2, ctx.cfg().E).to(at::kInt);
+    return topk_idx.clamp(INT32_MIN, INT32_MAX).to(at::kInt);
 }
 
 namespace {

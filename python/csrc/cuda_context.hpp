@@ -21,7 +21,6 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <c10/core/Storage.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <map>
@@ -37,22 +36,6 @@
 #include "evenep/cuda/team.hpp"
 
 namespace evenep::python {
-
-// A tensor's identity: its storage (weakly held, so the address is never reused while the key lives) and data.
-struct TensorKey {
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage{
-        c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>())};
-    const void* data = nullptr;
-
-    static TensorKey of(const at::Tensor& t) {
-        auto strong = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t.storage().unsafeGetStorageImpl());
-        return {c10::weak_intrusive_ptr<c10::StorageImpl>(strong), t.data_ptr()};
-    }
-    bool alive() const { return data != nullptr && !storage.expired(); }
-    bool is(const at::Tensor& t) const {
-        return alive() && storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl() && data == t.data_ptr();
-    }
-};
 
 struct PlanEntry {
     TensorKey key;      // the plan tensor
@@ -111,6 +94,8 @@ class CudaContext {
     bool holds(const PlanEntry& p, const at::Tensor& handle, const at::Tensor& topk_w) const;
     void set_held(const std::shared_ptr<PlanEntry>& p, const at::Tensor& handle, const at::Tensor& topk_w);
     void invalidate() { held_plan_.reset(); }
+    // The handles dispatch made (recognised by identity and version counter, copies by value outside capture).
+    HandleRecords& handles() { return handles_; }
 
   private:
     BufferConfig cfg_;
@@ -124,6 +109,7 @@ class CudaContext {
     std::vector<std::shared_ptr<PlanEntry>> plans_;
     std::weak_ptr<PlanEntry> held_plan_;
     TensorKey held_handle_, held_topk_w_;
+    HandleRecords handles_{false};
     std::mutex mutex_;
 };
 
@@ -148,7 +134,7 @@ void check_cuda(const CudaContext& ctx,
                 const char* name,
                 at::ScalarType dtype,
                 std::initializer_list<int64_t> sizes);
-// topk_idx ([L, s, K] int32 or int64 on the device) as int32.
+// topk_idx ([L, s, K] int32 or int64 on the device) as int32 (int64 ids past int32 clamped to its range).
 at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const char* op);
 
 }  // namespace evenep::python

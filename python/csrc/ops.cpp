@@ -145,6 +145,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_op(const at:
         at::Tensor recv_w = at::zeros({R, nvs}, at::kFloat);
         at::Tensor cu = at::empty({R, G}, at::kInt);
         ctx->dispatch(std::move(hs), x, plan, handle, topk_weights);
+        ctx->record_handle(handle, plan);
         for (int r = 0; r < R; ++r) {
             cpu::Buffer& b = ctx->buffer(r);
             const int64_t rows = p.rows_used(r);

@@ -105,6 +105,7 @@ std::shared_ptr<PlanEntry> handle_plan(
     check_cuda(ctx, topk_w, op, "topk_weights", at::kFloat, {L, s_pad, K});
     check_cuda(ctx, handle, op, "handle", at::kInt, {L, s_pad * K});
     std::shared_ptr<PlanEntry> p = sc.ctx->plan_of(plan, sc.capturing, op);
+    sc.ctx->handles().check(handle, plan, sc.capturing, op);  // handle_record.hpp
     const std::span<const int32_t> s = p->plan.s();
     for (int r = ctx.rank_begin(); r < ctx.rank_begin() + L; ++r)
         TORCH_CHECK_VALUE(s[r] <= s_pad, "evenep.", op, ": the plan gives rank ", r, " ", s[r],
@@ -167,6 +168,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
         at::Tensor handle = at::empty({R, s_pad * K}, on(ctx, at::kInt));
         cukernels::pack_handle(ctx.offsets(), ctx.bases(), ptr<int32_t>(handle), s_pad, sc.stream);
         ctx.set_held(p, handle, topk_weights);
+        ctx.handles().add(handle, plan, p->value);
         return std::make_tuple(recv_x, recv_w, cu, handle);
     });
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple, Optional, Sequence
 
 import torch
@@ -96,13 +97,26 @@ class Buffer:
         token_padding: int = 128,
         planner: str = "optimized",
     ):
+        # Every integer is checked here, as given, before it reaches C++ (whose int32 sizes would wrap it).
+        num_experts, top_k, max_tokens, hidden = (
+            _int_arg("Buffer", name, v, 1)
+            for name, v in (("num_experts", num_experts), ("top_k", top_k), ("max_tokens", max_tokens),
+                            ("hidden", hidden)))
+        num_sms = _int_arg("Buffer", "num_sms", num_sms, 1)
+        token_padding = _int_arg("Buffer", "token_padding", token_padding, 1)
+        if prefetch_slots is not None:
+            prefetch_slots = _int_arg("Buffer", "prefetch_slots", prefetch_slots, 0)
+        if ffn_hidden is not None:
+            ffn_hidden = _int_arg("Buffer", "ffn_hidden", ffn_hidden, 1)
+        if not isinstance(planner, str):
+            raise TypeError(f"evenep.Buffer: planner = {planner!r} is not a str ('optimized' or 'reference')")
         if group is not None:
             self._init_group(group, virtual_ranks, device, num_sms, num_experts, top_k, max_tokens, hidden,
                              prefetch_slots, ffn_hidden, token_padding, planner)
             return
         self.group = None
         self.device = torch.device("cpu" if device is None else device)
-        R = 1 if virtual_ranks is None else int(virtual_ranks)
+        R = 1 if virtual_ranks is None else _int_arg("Buffer", "virtual_ranks", virtual_ranks, 1)
         self.num_sms = num_sms
         args = (
             R,
@@ -236,7 +250,7 @@ class Buffer:
         Returns the plan tensor (int32 [R, W], see PlanLayout).
         """
         self._on_device("plan", topk_idx=topk_idx)
-        return ops.plan(topk_idx, self._id, _tokens(num_tokens))
+        return ops.plan(topk_idx, self._id, _tokens("plan", num_tokens, self.info.S))
 
     def dispatch(
         self,
@@ -253,7 +267,7 @@ class Buffer:
         rank r's rows in group order, group g ending at cu_seqlens[r, g] (padding rows zero).
         """
         self._on_device("dispatch", x=x, topk_idx=topk_idx, topk_weights=topk_weights, plan=plan)
-        n = _tokens(num_tokens)
+        n = _tokens("dispatch", num_tokens, self.info.S)
         if plan is None:
             plan = ops.plan(topk_idx, self._id, n)
         recv_x, recv_w, cu, dst = ops.dispatch(x, topk_idx, topk_weights, plan, self._id, n)
@@ -265,7 +279,11 @@ class Buffer:
         With apply_weights each entry is multiplied by its route weight (fp32 accumulation, one bf16 rounding);
         the route weights' gradient flows through handle.recv_w to dispatch's topk_weights.
         """
-        self._on_device("combine", expert_out=expert_out)
+        if not isinstance(handle, Handle):
+            raise TypeError(f"evenep.combine: handle is a {type(handle).__name__}, expected the evenep.Handle "
+                            "dispatch returned")
+        self._on_device("combine", expert_out=expert_out, plan=handle.plan, dst=handle.dst,
+                        topk_weights=handle.topk_weights, recv_w=handle.recv_w)
         return ops.combine(
             expert_out, handle.recv_w, handle.topk_weights, handle.plan, handle.dst, self._id, apply_weights
         )
@@ -309,6 +327,8 @@ class Buffer:
     def _on_device(self, op, **tensors):
         # The ops would dispatch a tensor of another device to that device's kernel (meta: shapes only).
         for name, t in tensors.items():
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"evenep.{op}: {name} is a {type(t).__name__}, expected a torch.Tensor")
             if t is not None and t.device != self.device:
                 raise ValueError(f"evenep.{op}: {name} is on {t.device}, the buffer on {self.device}")
 
@@ -349,5 +369,34 @@ def _group_unique_id(group, rank, device):
     return value
 
 
-def _tokens(num_tokens):
-    return None if num_tokens is None else [int(v) for v in num_tokens]
+_INT32_MAX = 2**31 - 1
+
+
+def _int_arg(op: str, name: str, value, lo: int, hi: int = _INT32_MAX) -> int:
+    """value as a Python int in [lo, hi]: TypeError unless it is an integer (int, numpy or 0-dim integer tensor;
+    bool and float refused), ValueError naming the value as given outside the range (the library's sizes are
+    int32: nothing wraps)."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"evenep.{op}: {name} = {value!r} is a bool, expected an integer")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"evenep.{op}: {name} = {value!r} is not an integer") from None
+    if not lo <= v <= hi:
+        bound = "max_tokens = " if name.startswith("num_tokens") else ""
+        raise ValueError(f"evenep.{op}: {name} = {v} outside [{lo}, {bound}{hi}]")
+    return v
+
+
+def _tokens(op: str, num_tokens, max_tokens: int):
+    """num_tokens (None, or one token count per rank: a list or tuple of integers, or an integer tensor) as a list
+    of ints, each in [1, max_tokens] here (the op then checks the count and the served ranks' against s)."""
+    if num_tokens is None:
+        return None
+    if isinstance(num_tokens, torch.Tensor):
+        if num_tokens.dtype.is_floating_point or num_tokens.dtype.is_complex or num_tokens.dtype == torch.bool:
+            raise TypeError(f"evenep.{op}: num_tokens has dtype {num_tokens.dtype}, expected integers")
+        num_tokens = num_tokens.tolist()
+    if not isinstance(num_tokens, (list, tuple)):
+        raise TypeError(f"evenep.{op}: num_tokens = {num_tokens!r} is not a sequence of token counts (one per rank)")
+    return [_int_arg(op, f"num_tokens[{r}]", v, 1, max_tokens) for r, v in enumerate(num_tokens)]
