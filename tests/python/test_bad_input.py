@@ -32,10 +32,11 @@ CFG = dict(num_experts=8, top_k=2, max_tokens=16, hidden=32, virtual_ranks=4, ff
 
 
 def _good(buf, seed=0):
+    """A correct (x, topk_idx, topk_weights) on the buffer's device (test_cuda.py uses these helpers too)."""
     i = buf.info
     idx = make_routing("random", i.R, i.S, i.E, i.K, seed)
     x = torch.randn(i.R, i.S, i.H, generator=torch.Generator().manual_seed(seed)).bfloat16()
-    return x, idx, make_weights(idx, seed)
+    return tuple(t.to(buf.device) for t in (x, idx, make_weights(idx, seed)))
 
 
 def _still_works(buf):
@@ -271,7 +272,7 @@ def _tampered(buf, h, how):
         dst[r, c] = -(2**31)
     elif how == "hand-made":
         return h._replace(dst=torch.zeros_like(dst))
-    elif how == "changed and restored":  # equal values again: the CPU accepts it (by value), CUDA refuses it
+    elif how == "changed and restored":  # equal again: the CPU accepts it (by value), CUDA refuses it (version)
         v = dst[r, c].item()
         dst[r, c] = v + 1
         dst[r, c] = v
@@ -289,7 +290,7 @@ _OPS = ["combine", "combine unweighted", "combine_backward", "combine_backward_w
 
 def _call(buf, op, recv_x, h):
     i = buf.info
-    g = torch.ones(i.R, h.topk_weights.shape[1], i.H).bfloat16()
+    g = torch.ones(i.R, h.topk_weights.shape[1], i.H, device=buf.device).bfloat16()
     if op == "combine":
         return buf.combine(recv_x, h)
     if op == "combine unweighted":
@@ -299,7 +300,8 @@ def _call(buf, op, recv_x, h):
     if op == "combine_backward_weighted":
         return ops.combine_backward_weighted(g, recv_x, h.recv_w, h.topk_weights, h.plan, h.dst, buf.id)
     if op == "dispatch_backward":
-        return ops.dispatch_backward(recv_x, torch.ones(i.R, i.nvs), h.topk_weights, h.plan, h.dst, buf.id)
+        return ops.dispatch_backward(recv_x, torch.ones(i.R, i.nvs, device=buf.device), h.topk_weights, h.plan, h.dst,
+                                     buf.id)
     raise ValueError(op)
 
 

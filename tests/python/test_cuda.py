@@ -368,3 +368,70 @@ def test_group_needs_a_process_group():
     # group= itself (torchrun, one process over the NCCL team): test_group.py
     with pytest.raises(TypeError, match="ProcessGroup"):
         evenep.Buffer(8, 2, 16, 32, group=object(), device="cuda")
+
+
+# ---- issue 35: the Python lines on CUDA (the CPU table: test_bad_input.py) ----
+
+from test_bad_input import _OPS, _TAMPER, _call, _good, _tampered  # noqa: E402
+
+
+def _gpu_still_works(pair):
+    cpu, gpu = pair
+    x, idx, w = _good(cpu, seed=11)
+    rx, _, _, h = cpu.dispatch(x, idx, w)
+    rxg, _, _, hg = gpu.dispatch(*_cu(x, idx, w))
+    _eq(gpu.combine(rxg, hg), cpu.combine(rx, h))
+    gpu.check()
+
+
+@pytest.mark.parametrize("op", _OPS)
+@pytest.mark.parametrize("how", _TAMPER + ["changed and restored"])
+def test_tampered_handle_cuda(pair, how, op):
+    """A handle changed in place after dispatch (the version counter moved), made by hand or swapped to another
+    plan: ValueError before anything is launched; the buffer stays usable."""
+    _, gpu = pair
+    x, idx, w = _good(gpu)
+    recv_x, _, _, h = gpu.dispatch(x, idx, w)
+    h = _tampered(gpu, h, how)
+    with pytest.raises(ValueError, match="handle was (not made by this buffer's dispatch|written in place)"):
+        _call(gpu, op, recv_x, h)
+    _gpu_still_works(pair)
+
+
+def test_handle_copies_and_other_buffers_cuda(pair):
+    cpu, gpu = pair
+    x, idx, w = _good(cpu, seed=1)
+    rx, _, _, h = cpu.dispatch(x, idx, w)
+    rxg, _, _, hg = gpu.dispatch(*_cu(x, idx, w))
+    rxg2, _, _, hg2 = gpu.dispatch(*_cu(*_good(cpu, seed=2)))
+    # a copy of a live handle (outside graph capture: matched by value) and an earlier live handle are valid
+    _eq(gpu.combine(rxg, evenep.Handle(*(t.clone() for t in hg))), cpu.combine(rx, h))
+    _eq(gpu.combine(rxg, hg), cpu.combine(rx, h))
+    # another CUDA buffer's handle is not
+    other = evenep.Buffer(**CFG, device="cuda")
+    rxo, _, _, ho = other.dispatch(*_cu(x, idx, w))
+    for op in _OPS:
+        with pytest.raises(ValueError, match="handle was not made by this buffer's dispatch"):
+            _call(gpu, op, rxo, ho)
+    _eq(other.combine(rxo, ho), cpu.combine(rx, h))
+    _gpu_still_works(pair)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_expert_id_reported_as_given_cuda(pair, dtype):
+    """A routing value of -5 is reported as -5 (int64 ids were clamped to [-2, E] and reported as -2)."""
+    _, gpu = pair
+    x, idx, w = _good(gpu)
+    bad = idx.clone()
+    bad[0, 1, 0] = -5
+    gpu.plan(bad.to(dtype))
+    with pytest.raises(ValueError, match="expert id -5 outside"):
+        gpu.check()
+    _gpu_still_works(pair)
+
+
+def test_out_of_memory_cuda(pair):
+    """A buffer larger than the GPU (R*NvS*H*2 bytes ~ 1 TiB of receive rows): torch.OutOfMemoryError."""
+    with pytest.raises(torch.OutOfMemoryError):
+        evenep.Buffer(8, 2, 2**22, 8192, virtual_ranks=8, token_padding=8, device="cuda")
+    _gpu_still_works(pair)
