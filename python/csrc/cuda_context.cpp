@@ -8,7 +8,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <map>
+#include <string>
 
 #include "evenep/cuda/check.hpp"
 
@@ -227,6 +229,23 @@ int64_t register_context(std::shared_ptr<CudaContext> ctx) {
     return id;
 }
 
+// A new CudaContext. A constructor that failed (out of device memory: torch.OutOfMemoryError, see translate) leaves
+// its CUDA error as the thread's last error: cleared here, or the next launch check (ours or torch's) of any buffer
+// would report it again.
+std::shared_ptr<CudaContext> new_context(const BufferConfig& cfg,
+                                         const std::string& planner,
+                                         int64_t device,
+                                         int64_t num_sms,
+                                         const cuda::NcclBootstrap* boot) {
+    try {
+        return std::make_shared<CudaContext>(cfg, parse_planner_mode(planner), static_cast<int>(device),
+                                             static_cast<int>(num_sms), boot);
+    } catch (...) {
+        (void)cudaGetLastError();
+        throw;
+    }
+}
+
 int64_t create_cuda_buffer(int64_t num_ranks,
                            int64_t num_experts,
                            int64_t top_k,
@@ -241,8 +260,7 @@ int64_t create_cuda_buffer(int64_t num_ranks,
     return translate([&] {
         const BufferConfig cfg =
             make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding);
-        return register_context(std::make_shared<CudaContext>(
-            cfg, parse_planner_mode(planner), static_cast<int>(device), static_cast<int>(num_sms), nullptr));
+        return register_context(new_context(cfg, planner, device, num_sms, nullptr));
     });
 }
 
@@ -269,8 +287,7 @@ int64_t create_nccl_buffer(at::IntArrayRef config,
         boot.world_size = static_cast<int>(world_size);
         boot.local_rank = static_cast<int>(device);
         boot.unique_id = std::move(unique_id);
-        return register_context(std::make_shared<CudaContext>(
-            cfg, parse_planner_mode(planner), static_cast<int>(device), static_cast<int>(num_sms), &boot));
+        return register_context(new_context(cfg, planner, device, num_sms, &boot));
     });
 }
 
