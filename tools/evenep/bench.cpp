@@ -39,8 +39,9 @@ Shape shape_of(const std::string& name, uint64_t seed) {
 }
 
 void run_bench_plan(const BenchPlanOptions& opt) {
-    OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
-    for (const std::string& name : opt.shapes) (void)shape_of(name, opt.seed);
+    OutputFile json("--json", opt.json_file);  // checked now, written atomically at the end
+    for (const std::string& name : opt.shapes)
+        for (double target : opt.maxvios) check_maxvio_reachable(shape_of(name, opt.seed).spec, target);
     nlohmann::json rows = nlohmann::json::array();
     fmt::print("{:<7} {:>4} {:>4} {:>3} {:>7} {:<9} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7} {:>6}\n", "shape", "R",
                "E", "K", "maxvio", "planner", "plan p50", "plan min", "plan max", "dst/rank", "copies", "traffic",
@@ -138,8 +139,8 @@ void register_bench(CLI::App& app) {
     add_int(*plan, "--iters", opt->iters, "timed runs (median reported)", 1, 1000000);
     add_u64(*plan, "--seed", opt->seed, "routing seed");
     plan->add_option("--check", opt->check, "validate every plan and dst (#wrong)")->capture_default_str();
-    add_output_file(*plan, "--json", opt->json_file, "write the rows as JSON (opened before the run)");
-    plan->callback([opt] { run_bench_plan(*opt); });
+    add_output_file(*plan, "--json", opt->json_file, "write the rows as JSON (written whole at the end; the old file stays on any error)");
+    set_run(plan, [opt] { run_bench_plan(*opt); });
     register_bench_cuda(*bench);
 }
 

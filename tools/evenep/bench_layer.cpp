@@ -254,10 +254,7 @@ void run(const LayerOptions& o) {
     double copy_gbps = 1;
     if (!o.no_measure) copy_gbps = perf::copy_anchor_gbps(perf::bench_copy(size_t{512} << 20, 3, 10));
 
-    {
-        OutputFile probe("--json", o.json_file);  // a bad target fails now, not after the run
-        probe.close();
-    }
+    OutputFile("--json", o.json_file);  // checks the target now (writes nothing): a bad one fails before the run
     nlohmann::json doc{{"schema", "evenep.layer_step/1"}, {"device", perf::device_summary()},
                        {"points", nlohmann::json::array()}};
     print_header();
@@ -276,7 +273,7 @@ void run(const LayerOptions& o) {
         add_json(doc["points"], r);
         wrong += r.wrong;
         worst_gemm = std::max(worst_gemm, r.gemm_check_error);
-        if (!o.json_file.empty()) {  // rewritten after every point: a run cut short keeps what it measured
+        if (!o.json_file.empty()) {  // replaced (atomically) after every point: a run cut short keeps what it measured
             OutputFile out("--json", o.json_file);
             out.write(doc.dump(1) + "\n");
             out.close();
@@ -338,7 +335,7 @@ void register_bench_layer(CLI::App& bench) {
     cmd->add_flag("--check", o->check, "verify the data movement (bitwise) and sample the timed GEMMs");
     cmd->add_flag("--no-measure", o->no_measure, "skip the one-GPU data-movement measurement (modelled only)");
     add_output_file(*cmd, "--json", o->json_file, "write evenep.layer_step/1 JSON (scripts/plots.py --layer)");
-    cmd->callback([o, cmd] {
+    set_run(cmd, [o, cmd] {
         apply_quick(*cmd, *o);
         validate(*o);
         require_cuda_device("bench layer");
