@@ -17,7 +17,8 @@
 //                subcommand, pipeline --svg, demo --dump): refused, never opened
 //   inputs:      dir_<flag> (a directory given as an input file), dev_tpe, dev_routing (devices), big_tpe,
 //                big_routing (a sparse file over the stated size limit), dup_key_tpe, dup_key_costs,
-//                dup_key_images, dup_key_gpu_json (a JSON key given twice, named)
+//                dup_key_images, dup_key_gpu_json (a JSON key given twice, named), bad_row_gpu_json (a row of the
+//                wrong type: one line, exit 2, not a raw library exception)
 //   same rule:   maxvio_unreachable_{plan,slack,simulate,bench_plan} (above E/K - 1) and
 //                maxvio_below_{plan,slack,simulate} (below the reachable range): refused alike, never clamped;
 //                empty_<flag> for every path flag; seed_negative_<command>; pipeline_vit_load_zero
@@ -90,6 +91,7 @@ void seed() {
     put("dup.json", "{\"R\": 2, \"E\": 4, \"R\": 3, \"K\": 1, \"S\": 2, \"s\": [2, 2], \"tpe\": [[1, 1, 0, 0], [0, 1, 1, 0]]}\n");
     put("dup_costs.json", "{\"forward\": 1, \"forward\": 3}\n");
     put("dup_images.json", "{\"patches\": [[1]], \"patches\": [[2]]}\n");
+    put("bad_gpu.json", "{\"rows\": [1]}\n");
     put("dup_gpu.json", "{\"rows\": [{\"op\": \"plan_rank\", \"op\": \"x\"}]}\n");
     write_routing_npy((d / "r.npy").string(), make_round_robin({.R = 2, .E = 8, .K = 2, .S = 4, .seed = 1}));
     ::mkfifo((d / "fifo").c_str(), 0600);
@@ -240,6 +242,7 @@ std::vector<Row> rows() {
         {"dup_key_images", "pipeline --images {d}/dup_images.json", 2, "duplicate key \"patches\""},
         {"dup_key_gpu_json", "simulate --quick --gpu-json {d}/dup_gpu.json", 2,
          "duplicate key \"op\" in the object of \"rows\""},
+        {"bad_row_gpu_json", "simulate --quick --gpu-json {d}/bad_gpu.json", 2, "must be an object, got 1"},
         // The same rule for the same option.
         {"maxvio_unreachable_plan", "plan " + gen + " --maxvio 1000", 2, "--maxvio = 1000 is not reachable"},
         {"maxvio_unreachable_slack", "slack --quick --maxvio 1000", 2, "--maxvio = 1000 is not reachable"},

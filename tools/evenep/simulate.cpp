@@ -82,6 +82,14 @@ void read_gpu_plan(const std::string& path, std::map<GpuKey, double>& out) {
     EVENEP_CHECK(j.contains("rows") && j["rows"].is_array(), "--gpu-json: '", path,
                  "' has no \"rows\" array (expected `evenep bench gpu-plan --json` output)");
     for (const auto& row : j["rows"]) {
+        EVENEP_CHECK(row.is_object(), "--gpu-json: '", path, "': every entry of \"rows\" must be an object, got ",
+                     row.dump().substr(0, 40));
+        for (const char* key : {"op", "shape"})
+            EVENEP_CHECK(!row.contains(key) || row[key].is_string(), "--gpu-json: '", path, "': \"", key,
+                         "\" must be a string");
+        for (const char* key : {"target_maxvio", "median_us"})
+            EVENEP_CHECK(!row.contains(key) || row[key].is_number(), "--gpu-json: '", path, "': \"", key,
+                         "\" must be a number");
         const std::string op = row.value("op", "");
         if ((op != "plan_rank" && op != "plan_rank_cluster") || !row.contains("target_maxvio")) continue;
         int R = 0, E = 0, K = 0, S = 0;
