@@ -9,7 +9,8 @@
 //                refused after parsing leaves the old --json as it was); out_is_tpe, out_is_tpe_dot,
 //                out_is_tpe_symlink, out_is_tpe_hardlink, out_is_routing, out_is_images, svg_is_costs,
 //                out_is_gpu_json (an output naming an input, however spelt); two_outputs, two_outputs_dot;
-//                json_dev_full, stdout_dev_full (exit 2), stdout_closed_pipe (141: SIGPIPE, no line),
+//                json_dev_full, json_disk_full (a regular file whose write fails half way: RLIMIT_FSIZE),
+//                stdout_dev_full (exit 2), stdout_closed_pipe (141: SIGPIPE, no line),
 //                sigint_mid_run, sigterm_mid_run (130/143; the temporary removed, one line naming the path);
 //                json_is_dir, dump_is_fifo
 //   hangs:       fifo_<flag> for every input flag (plan --tpe/--routing, demo --routing, pipeline --images/--costs,
@@ -27,6 +28,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -65,6 +67,7 @@ struct Row {
     Stdout out = Stdout::kFile;
     int signal = 0;                  // sent after signal_after seconds
     std::map<std::string, std::string> after;  // success rows: file -> the prefix it must start with
+    long max_file_bytes = 0;  // RLIMIT_FSIZE of the run (a disk that fills up), 0: none
 };
 
 // --- the scratch folder: seeded files ---------------------------------------------------------------------------
@@ -159,6 +162,11 @@ Result run(const Row& row, double timeout_s = 10) {
         ::dup2(out, 1);
         ::dup2(err, 2);
         for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGHUP}) ::signal(sig, SIG_DFL);
+        if (row.max_file_bytes > 0) {
+            ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG, as on a full disk
+            const rlimit limit{static_cast<rlim_t>(row.max_file_bytes), static_cast<rlim_t>(row.max_file_bytes)};
+            ::setrlimit(RLIMIT_FSIZE, &limit);
+        }
         sigset_t none;
         sigemptyset(&none);
         ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -263,6 +271,12 @@ std::vector<Row> rows() {
         {"ok_dump_new_nested", "demo --R 2 --E 4 --K 1 --S 4 --H 8 --ffn-hidden 4 --dump {d}/new/deeper", 0, "", {},
          Stdout::kFile, 0, {{"new/deeper/out.npy", "\x93NUMPY"}}},
     };
+    {
+        Row full("json_disk_full", "plan " + gen + " --quiet --json {d}/out.json", 2, "out.json': write failed: File too large",
+                 {"out.json"});
+        full.max_file_bytes = 4096;  // the plan JSON is ~8 KB
+        r.push_back(full);
+    }
     if (exact_solver_available())
         r.push_back({"quality_bad_option_keeps_json", "quality --quick --only 999 --json {d}/out.json", 2, "--only",
                      {"out.json"}});

@@ -220,6 +220,8 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
 
 void run(const LayerOptions& o) {
     std::vector<Point> points = make_points(o);
+    for (const Point& p : points)  // the rule of every command: refused, never clamped
+        check_maxvio_reachable(RoutingSpec{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .seed = o.seed}, {p.maxvio});
     size_t free_bytes = 0, total_bytes = 0;
     EVENEP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double usable = 0.9 * static_cast<double>(free_bytes);

@@ -188,8 +188,10 @@ Routing routing_near_maxvio(const RoutingSpec& spec, double target, double* sigm
 // Refuses a target maxvio that lognormal routing of `spec`'s shape cannot reach, the same way in every subcommand
 // (plan, demo, quality, slack, simulate, bench plan): above E/K - 1 (every token picks K distinct experts), or outside
 // the range the sigma bracket [1e-5, 10] of make_target_maxvio reaches on routing_near_maxvio's probe (2 draws of it).
-// The error names `flag`, the value and the reachable range (exit code 2); nothing is clamped.
-void check_maxvio_reachable(const RoutingSpec& spec, double target, std::string_view flag = "--maxvio");
+// The error names `flag`, the value and the reachable range (exit code 2); nothing is clamped. The list form checks
+// every target against one pair of draws.
+void check_maxvio_reachable(const RoutingSpec& spec, const std::vector<double>& targets,
+                            std::string_view flag = "--maxvio");
 // A horizontal bar of `width` cells for value/max with eighth-block resolution.
 std::string bar(double value, double max_value, int width);
 // Human-readable bytes (KiB, MiB, GiB).

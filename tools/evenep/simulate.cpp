@@ -68,9 +68,8 @@ void validate(const SimulateOptions& o) {
     EVENEP_CHECK(o.redundant >= -1 && o.redundant <= o.E, "--redundant = ", o.redundant,
                  " must be -1 (= epn) or in [0, E = ", o.E, "]");
     parse_planner_mode(o.planner);
-    for (int R : o.ranks)
-        for (double target : o.maxvios)
-            check_maxvio_reachable(RoutingSpec{.R = R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed}, target);
+    for (int R : o.ranks)  // the rule of every command: refused, never clamped
+        check_maxvio_reachable(RoutingSpec{.R = R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed}, o.maxvios);
 }
 
 // GPU planner figures of device runs (`evenep bench gpu-plan --json`, one file per R): median us by (R, E, K, S, target

@@ -92,8 +92,7 @@ void run_slack(const SlackOptions& o) {
     const PlannerMode mode = parse_planner_mode(o.planner);
     for (double eps : o.slacks) Config{.R = o.R, .E = o.E, .K = o.K, .S = o.S, .tp = o.tp, .slack = eps}.validate();
     check_estimate("slack", slack_estimate(o), o.limits);
-    for (double target : o.maxvios)
-        check_maxvio_reachable(RoutingSpec{.R = o.R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed}, target);
+    check_maxvio_reachable(RoutingSpec{.R = o.R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed}, o.maxvios);
     const double t0 = now_seconds();
     fmt::print("EvenEP imbalance budget — R={} E={} K={} S={} tp={} planner={} seed={}\n", o.R, o.E, o.K, o.S, o.tp,
                o.planner, o.seed);
