@@ -80,6 +80,13 @@ const fs::path& scratch() {
     return d;
 }
 
+// The run's stdout and stderr, outside the scratch folder (which every row empties); per process, as ctest runs the
+// rows in parallel.
+fs::path io_file(const char* name) {
+    static const fs::path d = testing::temp_dir("evenep_cli_files_test", "io");
+    return d / name;
+}
+
 // Every file a row may name, (re)written before each row: inputs with valid content, outputs with kOld.
 void seed() {
     const fs::path& d = scratch();
@@ -139,7 +146,7 @@ std::vector<std::string> split_args(const std::string& args) {
 
 Result run(const Row& row, double timeout_s = 10) {
     const std::vector<std::string> words = split_args(row.args);
-    const fs::path err_path = scratch().parent_path() / "evenep_cli_files_test_stderr.txt";
+    const fs::path err_path = io_file("stderr.txt");
     int pipe_fds[2] = {-1, -1};
     if (row.out == Stdout::kClosedPipe) {
         EXPECT_EQ(::pipe(pipe_fds), 0);
@@ -154,8 +161,7 @@ Result run(const Row& row, double timeout_s = 10) {
         const int out = row.out == Stdout::kDevFull ? ::open("/dev/full", O_WRONLY)
                         : row.out == Stdout::kClosedPipe
                             ? pipe_fds[1]
-                            : ::open((scratch().parent_path() / "evenep_cli_files_test_stdout.txt").c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                            : ::open(io_file("stdout.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (row.out == Stdout::kClosedPipe) ::close(pipe_fds[0]);
         ::dup2(in, 0);

@@ -186,7 +186,8 @@ void require_cuda_device(std::string_view command);
 // make_lognormal(spec, sigma) (or `evenep plan --sigma`) reproduces the routing.
 Routing routing_near_maxvio(const RoutingSpec& spec, double target, double* sigma_out = nullptr);
 // Refuses a target maxvio that lognormal routing of `spec`'s shape cannot reach, the same way in every subcommand
-// (plan, demo, quality, slack, simulate, bench plan): above E/K - 1 (every token picks K distinct experts), or outside
+// that takes --maxvio (plan, demo, slack, simulate, bench plan, bench layer), for targets the user gave (a default
+// target is drawn as close as the shape allows, and plan and demo say so): above E/K - 1 (every token picks K distinct experts), or outside
 // the range the sigma bracket [1e-5, 10] of make_target_maxvio reaches on routing_near_maxvio's probe (2 draws of it).
 // The error names `flag`, the value and the reachable range (exit code 2); nothing is clamped. The list form checks
 // every target against one pair of draws.
