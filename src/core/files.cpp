@@ -111,7 +111,7 @@ void check_output_parent(const std::string& path, std::string_view what) {
 // `temp_set` is stored after the path is complete (release) and cleared only after the temporary was renamed or
 // removed, so the handler sees either a whole path or none; removing one that is already gone is harmless.
 
-inline constexpr int kNumSlots = 256;
+inline constexpr int kNumSlots = 64;  // outputs alive at once: a few files, plus one per file of a --dump folder
 inline constexpr size_t kSlotPathBytes = 4096;
 
 struct Slot {
