@@ -1,4 +1,9 @@
 // evenep/io.hpp — routing files and plan dumps (SPEC §6).
+//
+// Readers take regular files only, within a size limit (.npy: kMaxInputFileBytes, JSON: kMaxJsonInputBytes), and
+// refuse FIFOs, devices and directories before opening them; JSON objects with a key given twice are refused.
+// Writers replace their target atomically (a temporary file beside it, renamed once complete). Both go through
+// evenep/files.hpp; every error is evenep::Error(kInvalidArgument) naming the path.
 #pragma once
 
 #include <cstdint>

@@ -1,12 +1,10 @@
 // Routing files and plan dumps (SPEC §6): tpe JSON, NumPy .npy, routing .npy, plan JSON "evenep.plan/2".
 //
 // Every reader checks every field and throws evenep::Error naming the file, the field (or rank/token/k) and
-// the offending value. Content errors and a missing or unreadable input path (a directory, no such file) are
-// ErrorKind::kInvalidArgument (bad input: the CLI's exit code 2); I/O failures after opening and any failure to
-// write are ErrorKind::kRuntime.
+// the offending value. Files are read and written through include/evenep/files.hpp: inputs must be regular files
+// within a size limit (kMaxInputFileBytes for .npy, kMaxJsonInputBytes for JSON), outputs are replaced atomically.
+// Every error is ErrorKind::kInvalidArgument (the CLI's exit code 2), a failed write included.
 #include "evenep/io.hpp"
-
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <bit>
@@ -14,7 +12,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -23,8 +20,10 @@
 #include <vector>
 
 #include "evenep/detail/align.hpp"
+#include "evenep/detail/json_input.hpp"
 #include "evenep/detail/layout.hpp"
 #include "evenep/error.hpp"
+#include "evenep/files.hpp"
 
 namespace evenep {
 namespace {
@@ -39,34 +38,18 @@ inline constexpr size_t kNpyMagicBytes = 6;
 inline constexpr size_t kNpyAlign = 64;  // numpy pads magic + length + header to a multiple of 64 bytes
 inline constexpr size_t kNpyMaxHeaderBytes = size_t{1} << 20;  // numpy writes a few hundred bytes, reads <= 10000
 
-std::vector<char> read_file(const std::string& path, const char* what) {
-    // stat first: opening a named pipe for reading would block until a writer appears.
-    struct stat st {};
-    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, ::stat(path.c_str(), &st) == 0, what, " '", path,
-                      "': cannot open for reading: ", std::strerror(errno));
-    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, S_ISREG(st.st_mode), what, " '", path, "': is ",
-                      S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a named pipe (FIFO)" : "a device",
-                      ", not a regular file");
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, f.is_open(), what, " '", path, "': cannot open for reading");
-    const std::streamoff size = f.tellg();
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime, size >= 0, what, " '", path, "': cannot determine the file size");
-    std::vector<char> bytes(static_cast<size_t>(size));
-    f.seekg(0);
-    f.read(bytes.data(), size);
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime, f.gcount() == size, what, " '", path, "': read error after ", f.gcount(),
-                      " of ", size, " bytes");
-    return bytes;
+// The bytes of an input (files.hpp: regular files only, at most `max_bytes`) as the parsers below take them.
+std::vector<char> read_file(const std::string& path, const char* what, uint64_t max_bytes) {
+    const std::string text = read_input_file(path, what, max_bytes);
+    return std::vector<char>(text.begin(), text.end());
 }
 
 void write_file(
     const std::string& path, const char* what, const std::string& head, const void* data, size_t num_bytes) {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime, f.is_open(), what, " '", path, "': cannot open for writing");
-    f.write(head.data(), static_cast<std::streamsize>(head.size()));
-    if (num_bytes > 0) f.write(static_cast<const char*>(data), static_cast<std::streamsize>(num_bytes));
-    f.flush();
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime, f.good(), what, " '", path, "': write failed");
+    AtomicFile f(path, what);
+    f.write(head);
+    if (num_bytes > 0) f.write(data, num_bytes);
+    f.commit();
 }
 
 // --- tpe JSON ---------------------------------------------------------------------------------------------------
@@ -76,22 +59,6 @@ std::string json_type(const Json& j) {
     if (j.is_number()) return "a number";
     return std::string(j.type_name());
 }
-
-// The DOM parser of nlohmann::json, keeping where a parse failed (a number overflow such as 1e400 otherwise
-// surfaces as an out_of_range exception without a position).
-class PositionedDomParser : public nlohmann::detail::json_sax_dom_parser<Json> {
-  public:
-    explicit PositionedDomParser(Json& root) : nlohmann::detail::json_sax_dom_parser<Json>(root, false) {}
-    bool parse_error(std::size_t position, const std::string& token, const Json::exception& e) {
-        failure = {position, token, e.what(), e.id};
-        return false;
-    }
-    struct Failure {
-        std::size_t position = 0;  // bytes read, i.e. the end of the failing token
-        std::string token, what;
-        int id = 0;  // nlohmann's error id: 406 = number out of range
-    } failure;
-};
 
 // An int32 from `j` (an integer JSON number, not a float), else an Error naming `field`.
 int32_t json_int(const Json& j, const std::string& where, const std::string& field) {
@@ -348,17 +315,7 @@ OrderedJson matrix(const std::vector<T>& v, size_t rows, size_t cols, const char
 
 TpeFile read_tpe_json(const std::string& path) {
     const std::string where = "tpe JSON '" + path + "'";
-    const std::vector<char> bytes = read_file(path, "tpe JSON");
-    Json root;
-    PositionedDomParser sax(root);
-    if (!Json::sax_parse(bytes.begin(), bytes.end(), &sax)) {
-        int64_t line = 1, column = 0;  // of the end of the failing token
-        for (size_t i = 0; i < std::min(sax.failure.position, bytes.size()); ++i)
-            bytes[i] == '\n' ? (++line, column = 0) : ++column;
-        EVENEP_CHECK(sax.failure.id != 406, where, ": line ", line, ", column ", column, ": number ",
-                     excerpt(sax.failure.token, 0), " is out of range of a double");
-        EVENEP_CHECK(false, where, ": ", sax.failure.what);  // nlohmann's text: "parse error at line L, column C: ..."
-    }
+    const Json root = detail::read_json_file(path, "tpe JSON");
     EVENEP_CHECK(root.is_object(), where, ": top level must be an object, got ", json_type(root));
     TpeFile f;
     f.R = json_int(json_field(root, where, "R"), where, "\"R\"");
@@ -428,7 +385,7 @@ void write_tpe_json(const std::string& path, const TpeFile& f) {
 
 NpyArray read_npy(const std::string& path) {
     const std::string where = ".npy '" + path + "'";
-    const std::vector<char> bytes = read_file(path, ".npy");
+    const std::vector<char> bytes = read_file(path, ".npy", kMaxInputFileBytes);
     EVENEP_CHECK(bytes.size() >= kNpyMagicBytes + 2 && std::memcmp(bytes.data(), kNpyMagic, kNpyMagicBytes) == 0, where,
                  ": bad magic (not a NumPy .npy file)");
     const int major = static_cast<unsigned char>(bytes[6]), minor = static_cast<unsigned char>(bytes[7]);

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "evenep/detail/json_input.hpp"
 #include "evenep/error.hpp"
 #include "evenep/pipeline.hpp"
 
@@ -17,14 +17,9 @@ namespace {
 
 using nlohmann::json;
 
+// The file through the one input helper (regular files only, size limit, duplicate keys refused).
 json parse_file(const std::string& path, const char* what) {
-    std::ifstream f(path);
-    EVENEP_CHECK(f.good(), "pipeline: ", what, ": cannot open '", path, "'");
-    try {
-        return json::parse(f);
-    } catch (const json::exception& e) {
-        EVENEP_CHECK(false, "pipeline: ", what, ": '", path, "' is not valid JSON: ", e.what());
-    }
+    return evenep::detail::read_json_file(path, std::string("pipeline: ") + what);
 }
 
 double number(const json& v, const std::string& path, const std::string& where) {

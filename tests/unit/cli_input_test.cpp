@@ -3,8 +3,8 @@
 // EVENEP_CLI_PATH).
 //
 // Cases (CliRefuses/Input.OneLineExitTwo/<case>), each with the words its line must hold:
-//   files:     fifo_routing, fifo_tpe, fifo_json (a named pipe is refused, never opened for reading; an output
-//              pipe without a reader is refused instead of blocking), dir_routing, dir_json, json_bad_dir,
+//   files:     fifo_routing, fifo_tpe, fifo_json (a named pipe is refused, never opened, as an input or an
+//              output), dir_routing, dir_json, json_bad_dir,
 //              dump_is_file, tpe_1e400 (file, line, column and value), npy_header_lies (no binary in the line),
 //              routing_without_E
 //   values:    H_negative, ffn_hidden_huge, maxvio_above_bound, maxvio_below_range (the reachable range),
@@ -15,7 +15,7 @@
 //              quality_quick_cases
 //   parser:    unknown_command, unknown_bench_command, unknown_flag, missing_value
 //   outputs:   quality_json_dev_full, simulate_json_dev_full, pipeline_json_dev_full, pipeline_svg_dev_full,
-//              bench_plan_json_dev_full (opened before the run; a failed write is detected at close);
+//              bench_plan_json_dev_full (written at the end; a failed write is an error);
 //              bench_gemm_json_dev_full_gpu, bench_multi_json_dev_full_gpu (the same through the measuring run on a
 //              tiny shape; *_gpu cases skip where no GPU is usable: the device check comes first there)
 //   machine:   demo_r512_memory (~R^3 plan state), demo_tp_memory, plan_long_generation (time estimate),
@@ -85,10 +85,10 @@ std::vector<Case> cases() {
     return {
         {"fifo_routing", "plan --routing " + fifo + " --E 8", {"--routing", "fifo", "named pipe"}},
         {"fifo_tpe", "plan --tpe " + fifo, {"--tpe", "fifo", "named pipe"}},
-        {"fifo_json", "plan --quiet --json " + fifo, {"--json", "fifo", "no reader"}},
+        {"fifo_json", "plan --quiet --json " + fifo, {"--json", "fifo", "named pipe"}},
         {"dir_routing", "plan --routing " + dir + " --E 8", {"--routing", "directory"}},
         {"dir_json", "plan --quiet --json " + dir, {"--json", "directory"}},
-        {"json_bad_dir", "plan --quiet --json /nonexistent_evenep_dir/x.json", {"--json", "x.json", "cannot open"}},
+        {"json_bad_dir", "plan --quiet --json /nonexistent_evenep_dir/x.json", {"--json", "x.json", "/nonexistent_evenep_dir", "No such file"}},
         {"dump_is_file", "demo --R 2 --E 4 --K 1 --S 4 --H 8 --ffn-hidden 4 --dump " + r, {"--dump", "r.npy"}},
         {"tpe_1e400", "plan --tpe " + path("big.json"), {"big.json", "line 2", "1e400", "out of range"}},
         {"npy_header_lies", "plan --routing " + path("lie.npy") + " --E 8", {"lie.npy", "bad header"}},

@@ -122,17 +122,18 @@ TEST(PipelineCli, BadInputExitsTwo) {
         std::string args, needle;
     };
     const std::vector<Bad> cases = {
-        {"--P 0", "--P = 0"},
+        {"--P 0", "--P: value '0' is outside"},
         {"--P 4 --m 6 --V 2", "--m = 6 must be a multiple of --P = 4"},
         {"--P 2 --m 2 --costs " + (dir / "neg.json").string(), "forward[1] = -1"},
-        {"--P 2 --m 2 --costs " + (dir / "broken.json").string(), "not valid JSON"},
-        {"--P 2 --m 2 --costs " + (dir / "missing.json").string(), "cannot open"},
+        {"--P 2 --m 2 --costs " + (dir / "broken.json").string(), "parse error"},
+        {"--P 2 --m 2 --costs " + (dir / "missing.json").string(), "No such file"},
         {"--P 2 --m 2 --images " + (dir / "short.json").string(), "m = 2 micro-batches"},
         {"--P 2 --m 2 --images " + (dir / "zero.json").string(), "patches[1][0] = 0"},
         {"--vit-policy greedy", "unknown ViT policy 'greedy'"},
         {"--mix huge", "unknown image mix 'huge'"},
-        {"--latency -1", "--latency = -1"},
-        {"--vit-load -2", "--vit-load = -2"},
+        {"--latency -1", "--latency: value '-1' is outside"},
+        {"--vit-load -2", "--vit-load: value '-2' is outside"},
+        {"--vit-load 0", "--vit-load = 0 must be > 0"},
     };
     for (const Bad& c : cases) {
         const CliRun run = run_cli("pipeline " + c.args);

@@ -105,9 +105,9 @@ struct Shape {
 
 // Runs `ops` at every maxvio of every shape; prints, collects JSON; returns the number of wrong results.
 int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const std::vector<std::string>& ops) {
-    // The JSON target is opened before the run (a bad path fails in seconds) and checked at close.
+    // The JSON target is checked before the run (a bad path fails in seconds) and written atomically at the end.
     OutputFile json("--json", o.json_file);  // inactive when no path was given
-    if (!o.npy_dir.empty()) prepare_output_dir("--npy-dir", o.npy_dir);
+    OutputDir npy_dir("--npy-dir", o.npy_dir);  // a temporary folder, moved into place at the end
     fmt::print("device: {}\n", perf::device_summary());
     nlohmann::json out{{"device", perf::device_summary()}, {"rows", nlohmann::json::array()}};
     const std::vector<BenchRow> anchors =
@@ -135,7 +135,7 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
             bc.mode = parse_planner_mode(o.planner);
             bc.expert_projections = o.projections;
             bc.routing_in = o.routing;
-            if (!o.npy_dir.empty()) bc.routing_npy = fmt::format("{}/routing_{}_maxvio{}.npy", o.npy_dir, sh.name, mv);
+            if (npy_dir.active()) bc.routing_npy = npy_dir.file(fmt::format("routing_{}_maxvio{}.npy", sh.name, mv));
             for (const BenchRow& r : perf::bench_point(bc, ops, copy_gbps)) {
                 print_row(r);
                 std::fflush(stdout);
@@ -146,6 +146,7 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
                 if (r.wrong > 0) wrong += r.wrong;
             }
         }
+    npy_dir.close();
     json.write(out.dump(2) + "\n");
     json.close();
     if (o.check) fmt::print("check: {} wrong\n", wrong);
@@ -163,7 +164,7 @@ void add_gpu_command(
     auto opt = std::make_shared<GpuBenchOptions>();
     CLI::App* cmd = bench.add_subcommand(name, help);
     add_common(cmd, *opt, true);
-    cmd->callback([opt, ops, plan_only, name] {
+    set_run(cmd, [opt, ops, plan_only, name] {
         require_cuda_device(fmt::format("bench {}", name));
 #if defined(EVENEP_HAVE_CUDA)
         GpuBenchOptions o = *opt;
@@ -201,7 +202,7 @@ void register_bench_cuda(CLI::App& bench) {
     add_output_dir(*suite, "--npy-dir", opt->npy_dir,
                    "write rank 0's routing of every point here (PyTorch anchor; created when missing)");
     add_int(*suite, "--projections", opt->projections, "prefetch/reduce: projections per copy (1..3)", 1, 3);
-    suite->callback([opt] {
+    set_run(suite, [opt] {
         require_cuda_device("bench gpu-suite");
 #if defined(EVENEP_HAVE_CUDA)
         finish(run(*opt, {{"moonep", 8, 384, 8, 8192, 7168, 2048}, {"k3", 8, 896, 16, 8192, 3584, 2048}},
@@ -213,7 +214,7 @@ void register_bench_cuda(CLI::App& bench) {
     auto copy_opt = std::make_shared<GpuBenchOptions>();
     CLI::App* copy = bench.add_subcommand("gpu-copy", "device-to-device copy bandwidth anchors");
     add_common(copy, *copy_opt, false);
-    copy->callback([copy_opt] {
+    set_run(copy, [copy_opt] {
         require_cuda_device("bench gpu-copy");
 #if defined(EVENEP_HAVE_CUDA)
         GpuBenchOptions o = *copy_opt;

@@ -1,7 +1,7 @@
 // `evenep bench gemm`: the GPU grouped GEMM (include/evenep/cuda/grouped_gemm.hpp) on one rank's receive buffer; the
 // measuring is perf/cuda/gemm.hpp's (distributions, variants, checks, the cost-model calibration), this file parses
 // the options and prints. --offsets-json writes each distribution's cu_seqlens for scripts/device/gemm_anchor.py
-// (torch anchors). Every output file is opened before the run and checked at close. Without a CUDA build the
+// (torch anchors). Every output file is checked before the run and written atomically at its end. Without a CUDA build the
 // subcommand says that it needs one.
 #include <fmt/format.h>
 
@@ -31,7 +31,7 @@ struct GemmCliOptions {
 #if defined(EVENEP_HAVE_CUDA)
 
 void run_gemm_bench(const GemmCliOptions& o) {
-    OutputFile json("--json", o.json_file);  // opened before the run (inactive without a path)
+    OutputFile json("--json", o.json_file);  // checked now, written atomically at the end (inactive without a path)
     OutputFile offsets_file("--offsets-json", o.offsets_file);
     const perf::GemmBenchConfig& cfg = o.bench;
     const std::vector<perf::GemmDistribution> dists = perf::gemm_distributions(cfg);
@@ -169,7 +169,7 @@ void register_bench_gemm(CLI::App& bench) {
                   "fit the scheduler's cost model (us per tile = c_tile + c_kblock * k-blocks) on this GPU");
     add_output_file(*cmd, "--write-model", o->write_model,
                     "with --calibrate: write the fitted model as a C++ include (src/cuda/kernels/gemm_cost_model.inc)");
-    cmd->callback([o]() {
+    set_run(cmd, [o]() {
         for (const std::string& op : o->bench.ops)
             EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad" || op == "wgrad_set",
                          "bench gemm: --ops entry '", op, "' must be fwd, dgrad, wgrad or wgrad_set");

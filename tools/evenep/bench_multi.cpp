@@ -119,11 +119,11 @@ void register_bench_multi(CLI::App& bench) {
     cmd->add_option("--ops", o->ops, "subset of: plan dispatch combine prefetch reduce total a2a (default: all)");
     cmd->add_flag("--check", o->check, "verify plan, dst, dispatch rows, sampled combine and prefetch first");
     add_output_file(*cmd, "--json", o->json_file, "rank 0 writes all rows as JSON");
-    cmd->callback([o] {
+    set_run(cmd, [o] {
         require_cuda_device("bench multi");
 #if defined(EVENEP_HAVE_CUDA)
         const cuda::NcclBootstrap boot = cuda::nccl_bootstrap_from_env();
-        // Rank 0's JSON target, opened before the run (a bad path fails in seconds) and checked at close.
+        // Rank 0's JSON target, checked before the run (a bad path fails in seconds) and written atomically at the end.
         OutputFile json("--json", boot.rank == 0 ? o->json_file : std::string());
         perf::MultiBenchConfig mc;
         mc.experts_per_rank = o->experts_per_rank, mc.K = o->K, mc.S = o->S, mc.H = o->H;

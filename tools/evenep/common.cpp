@@ -82,42 +82,35 @@ std::string check_real(const std::string& s, double lo, double hi) {
     return {};
 }
 
-// "a named pipe" etc. for a stat mode.
-const char* kind_of(mode_t m) {
-    if (S_ISDIR(m)) return "a directory";
-    if (S_ISFIFO(m)) return "a named pipe (FIFO)";
-    if (S_ISSOCK(m)) return "a socket";
-    if (S_ISBLK(m)) return "a block device";
-    if (S_ISCHR(m)) return "a character device";
-    if (S_ISLNK(m)) return "a symbolic link";
-    return "not a regular file";
-}
-
-std::string check_input_file(const std::string& path) {
-    if (path.empty()) return "empty path";
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return fmt::format("{}: {}", quote_value(path), std::strerror(errno));
-    if (!S_ISREG(st.st_mode))
-        return fmt::format("{} is {}, not a regular file", quote_value(path), kind_of(st.st_mode));
-    if (::access(path.c_str(), R_OK) != 0) return fmt::format("{}: {}", quote_value(path), std::strerror(errno));
+// The library's check of a path as a CLI11 validator: "" when fine, else the message without its leading flag
+// name (CLI11 puts "--flag: " in front).
+template <typename F>
+std::string message_of(const std::string& flag, F&& check) {
+    try {
+        check();
+    } catch (const Error& e) {
+        const std::string what = e.what();
+        for (const std::string& prefix : {flag + ": ", flag + " "})
+            if (what.rfind(prefix, 0) == 0) return what.substr(prefix.size());
+        return what;
+    }
     return {};
 }
 
-std::string check_output_file(const std::string& path) {
-    if (path.empty()) return "empty path";
-    struct stat st {};
-    if (::stat(path.c_str(), &st) != 0) return {};  // created by the command (its directory is checked on open)
-    if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)) return {};
-    if (S_ISFIFO(st.st_mode)) {
-        // Opening a pipe without a reader for writing would block; O_NONBLOCK fails at once with ENXIO instead.
-        const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-        if (fd >= 0) {
-            ::close(fd);
-            return {};
-        }
-        return fmt::format("{} is a named pipe (FIFO) with no reader; give a regular file", quote_value(path));
-    }
-    return fmt::format("{} is {}; give a regular file", quote_value(path), kind_of(st.st_mode));
+// Which subcommand options are paths, and whether the command writes them (see set_run).
+struct FileOption {
+    const CLI::App* cmd;
+    const CLI::Option* opt;
+    bool output;
+};
+std::vector<FileOption>& file_options() {
+    static std::vector<FileOption> options;
+    return options;
+}
+
+CLI::Option* remember(CLI::App& cmd, CLI::Option* o, bool output) {
+    file_options().push_back({&cmd, o, output});
+    return o;
 }
 
 CLI::Option* with_check(CLI::Option* o, std::function<std::string(std::string&)> f, const std::string& desc) {
@@ -130,6 +123,13 @@ CLI::Option* with_check(CLI::Option* o, std::function<std::string(std::string&)>
 CLI::Option* add_int(CLI::App& cmd, const std::string& name, int& value, const std::string& help, int lo, int hi) {
     return with_check(
         cmd.add_option(name, value, help)->capture_default_str(),
+        [lo, hi](std::string& s) { return check_integer<int64_t>(s, lo, hi); }, fmt::format("[{}, {}]", lo, hi));
+}
+
+CLI::Option* add_ints(
+    CLI::App& cmd, const std::string& name, std::vector<int>& values, const std::string& help, int lo, int hi) {
+    return with_check(
+        cmd.add_option(name, values, help)->capture_default_str(),
         [lo, hi](std::string& s) { return check_integer<int64_t>(s, lo, hi); }, fmt::format("[{}, {}]", lo, hi));
 }
 
@@ -158,17 +158,36 @@ CLI::Option* add_reals(CLI::App& cmd,
 }
 
 CLI::Option* add_input_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
-    return with_check(cmd.add_option(name, path, help), check_input_file, "FILE");
+    return remember(cmd,
+                    with_check(
+                        cmd.add_option(name, path, help),
+                        [name](std::string& p) { return message_of(name, [&] { check_input_file(p, name); }); }, "FILE"),
+                    false);
+}
+
+CLI::Option* add_input_files(
+    CLI::App& cmd, const std::string& name, std::vector<std::string>& paths, const std::string& help) {
+    return remember(cmd,
+                    with_check(
+                        cmd.add_option(name, paths, help),
+                        [name](std::string& p) { return message_of(name, [&] { check_input_file(p, name); }); }, "FILE"),
+                    false);
 }
 
 CLI::Option* add_output_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
-    return with_check(cmd.add_option(name, path, help), check_output_file, "FILE");
+    return remember(cmd,
+                    with_check(
+                        cmd.add_option(name, path, help),
+                        [name](std::string& p) { return message_of(name, [&] { check_output_file(p, name); }); }, "FILE"),
+                    true);
 }
 
 CLI::Option* add_output_dir(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help) {
-    return with_check(
-        cmd.add_option(name, path, help),
-        [](std::string& s) { return s.empty() ? std::string("empty path") : std::string(); }, "DIR");
+    return remember(cmd,
+                    with_check(
+                        cmd.add_option(name, path, help),
+                        [name](std::string& p) { return message_of(name, [&] { AtomicDir(p, name); }); }, "DIR"),
+                    true);
 }
 
 CLI::Option* add_string(CLI::App& cmd, const std::string& name, std::string& value, const std::string& help) {
@@ -177,56 +196,38 @@ CLI::Option* add_string(CLI::App& cmd, const std::string& name, std::string& val
         [](std::string& s) { return s.empty() ? std::string("empty value") : std::string(); }, "");
 }
 
+void set_run(CLI::App* cmd, std::function<void()> run) {
+    cmd->callback([cmd, run = std::move(run)] {
+        std::vector<FileUse> files;
+        for (const FileOption& f : file_options()) {
+            if (f.cmd != cmd) continue;
+            for (const std::string& path : f.opt->results()) files.push_back({f.opt->get_name(), path, f.output});
+        }
+        check_distinct_files(files);
+        run();
+    });
+}
+
 // --- outputs ---
 
-OutputFile::OutputFile(std::string flag, std::string path) : flag_(std::move(flag)), path_(std::move(path)) {
-    if (path_.empty()) return;
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644);
-    if (fd_ < 0) fail("cannot open for writing", errno);
-    // Non-blocking only for the open (a pipe without a reader fails instead of blocking); writes block.
-    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) & ~O_NONBLOCK);
-}
-
-OutputFile::~OutputFile() {
-    if (fd_ >= 0) ::close(fd_);
-}
-
-void OutputFile::fail(const char* what, int err) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("{} {}: {}: {}", flag_, quote_value(path_), what, std::strerror(err)));
+OutputFile::OutputFile(std::string flag, std::string path) : path_(std::move(path)) {
+    if (!path_.empty()) file_.emplace(path_, std::move(flag));
 }
 
 void OutputFile::write(std::string_view text) {
-    while (fd_ >= 0 && !text.empty()) {
-        const ssize_t n = ::write(fd_, text.data(), text.size());
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) fail("write failed", n < 0 ? errno : EIO);
-        text.remove_prefix(static_cast<size_t>(n));
-    }
+    if (file_) file_->write(text);
 }
 
 void OutputFile::close() {
-    if (fd_ < 0) return;
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) {
-        const int err = errno;
-        fd_ = -1;
-        throw Error(ErrorKind::kInvalidArgument,
-                    fmt::format("{} {}: closing failed: {}", flag_, quote_value(path_), std::strerror(err)));
-    }
+    if (file_) file_->commit();
 }
 
-void prepare_output_dir(const std::string& flag, const std::string& dir) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    EVENEP_CHECK(!ec, flag, " ", quote_value(dir), ": cannot create the directory: ", ec.message());
-    struct stat st {};
-    EVENEP_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), flag, " ", quote_value(dir),
-                 " is not a directory");
-    EVENEP_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, flag, " ", quote_value(dir), ": ", std::strerror(errno));
+OutputDir::OutputDir(std::string flag, std::string path) {
+    if (!path.empty()) dir_ = std::make_unique<AtomicDir>(std::move(path), std::move(flag));
+}
+
+void OutputDir::close() {
+    if (dir_) dir_->commit();
 }
 
 // --- resource estimates ---
@@ -428,13 +429,9 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
             in.sigma_used = opt.sigma;
             in.description = fmt::format("lognormal sigma={:.4g}, seed {}", opt.sigma, opt.seed);
         } else {
-            // Every token picks K distinct experts, so no expert gets more than all tokens: maxvio <= E/K - 1.
+            // The rule of every subcommand (a given target must be reachable); the default target gets a note instead.
             const bool given = opt.opt_maxvio == nullptr || opt.opt_maxvio->count() > 0;
-            const double max_reachable = static_cast<double>(opt.E) / opt.K - 1;
-            EVENEP_CHECK(!given || opt.maxvio <= max_reachable + std::max(0.02 * opt.maxvio, 0.005),
-                         "--maxvio = ", opt.maxvio, " is not reachable: with E=", opt.E, " and K=", opt.K,
-                         " no routing exceeds maxvio E/K - 1 = ", max_reachable,
-                         " (every token picks K distinct experts)");
+            if (given) check_maxvio_reachable(spec, {opt.maxvio});
             routing = make_target_maxvio(spec, opt.maxvio, &in.sigma_used);
             const std::string note = check_maxvio_reached(spec, opt.maxvio, routing, given);
             in.description = fmt::format("lognormal sigma={:.4g} (target maxvio {:g}), seed {}{}", in.sigma_used,
@@ -455,9 +452,36 @@ void require_cuda_device(std::string_view command) {
     EVENEP_CHECK(demo_cuda_available(&why), command, ": ", why);
 }
 
-Routing routing_near_maxvio(const RoutingSpec& spec, double target, double* sigma_out) {
+namespace {
+
+// The smaller draw routing_near_maxvio bisects sigma on (~512K entries, the full popularity vector).
+RoutingSpec probe_of(const RoutingSpec& spec) {
     RoutingSpec probe = spec;
     probe.S = std::min(spec.S, std::max(64, 65536 / std::max(1, spec.R * spec.K) * 8));
+    return probe;
+}
+
+}  // namespace
+
+void check_maxvio_reachable(const RoutingSpec& spec, const std::vector<double>& targets, std::string_view flag) {
+    const auto tolerance = [](double target) { return std::max(0.02 * target, 0.005); };  // make_target_maxvio's
+    const double max_reachable = static_cast<double>(spec.E) / spec.K - 1;
+    for (double target : targets)
+        EVENEP_CHECK(target <= max_reachable + tolerance(target), flag, " = ", target, " is not reachable: with E=",
+                     spec.E, " and K=", spec.K, " no routing exceeds maxvio E/K - 1 = ", max_reachable,
+                     " (every token picks K distinct experts)");
+    if (targets.empty()) return;
+    const RoutingSpec probe = probe_of(spec);
+    const double lo = make_lognormal(probe, 1e-5).maxvio(), hi = make_lognormal(probe, 10).maxvio();
+    for (double target : targets)
+        EVENEP_CHECK(target >= lo - tolerance(target) && target <= hi + tolerance(target), flag, " = ", target,
+                     " is not reachable for R=", spec.R, " E=", spec.E, " K=", spec.K, " S=", spec.S, " seed ",
+                     spec.seed, ": lognormal routing reaches maxvio in [", fmt::format("{:.3g}, {:.3g}", lo, hi),
+                     "] (sigma in [1e-5, 10]); give a target in that range");
+}
+
+Routing routing_near_maxvio(const RoutingSpec& spec, double target, double* sigma_out) {
+    const RoutingSpec probe = probe_of(spec);
     double sigma = 0;
     make_target_maxvio(probe, target, &sigma);
     if (sigma_out) *sigma_out = sigma;

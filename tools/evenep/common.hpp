@@ -1,21 +1,25 @@
-// tools/evenep/common.hpp — helpers shared by the CLI subcommands: checked option values, outputs opened before
-// the run, resource estimates, routing options, bars, timing.
+// tools/evenep/common.hpp — helpers shared by the CLI subcommands: checked option values, outputs checked before
+// the run and written atomically after it, resource estimates, routing options, bars, timing.
 //
 // Every numeric and path flag of every subcommand is added through the add_* functions below, so one set of
 // rules holds everywhere: no empty values, integers in decimal only (a leading zero is still decimal, never
-// octal or hex), stated ranges, no NaN/inf, input files must be regular files (a named pipe is refused before it
-// is opened), output targets are opened before the run and checked when closed. A violation is a CLI11
+// octal or hex; no sign where negative values mean nothing, seeds included), stated ranges, no NaN/inf, input files
+// must be regular files within a size limit (a named pipe is refused before it is opened), output targets are
+// checked before the run and written atomically at its end (evenep/files.hpp). A violation is a CLI11
 // ValidationError ("--H: value '-1' is outside [1, 262144]") that main prints as one line with exit code 2.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "evenep/config.hpp"
+#include "evenep/files.hpp"
 #include "evenep/routing.hpp"
 
 namespace evenep::cli {
@@ -31,6 +35,9 @@ inline constexpr int kMaxTokenPad = 1 << 30;
 
 // An int option in [lo, hi], decimal only.
 CLI::Option* add_int(CLI::App& cmd, const std::string& name, int& value, const std::string& help, int lo, int hi);
+// An int list option, every entry in [lo, hi], decimal only.
+CLI::Option* add_ints(
+    CLI::App& cmd, const std::string& name, std::vector<int>& values, const std::string& help, int lo, int hi);
 // A uint64 option (seeds), decimal only, no sign.
 CLI::Option* add_u64(CLI::App& cmd, const std::string& name, uint64_t& value, const std::string& help);
 // A finite real option in [lo, hi]; the vector form checks every entry.
@@ -38,40 +45,60 @@ CLI::Option* add_real(
     CLI::App& cmd, const std::string& name, double& value, const std::string& help, double lo, double hi);
 CLI::Option* add_reals(
     CLI::App& cmd, const std::string& name, std::vector<double>& values, const std::string& help, double lo, double hi);
-// A path read by the command: it must exist and be a regular file.
+// A path read by the command: checked at parse time by evenep::check_input_file (a readable regular file within
+// kMaxInputFileBytes; FIFOs, devices, sockets and directories are refused before anything is opened). The vector
+// form checks every entry.
 CLI::Option* add_input_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help);
-// A file written by the command: refused when it is a directory, a socket, a block device or a named pipe without
-// a reader (opening that would block); regular files and character devices (/dev/null) are accepted.
+CLI::Option* add_input_files(
+    CLI::App& cmd, const std::string& name, std::vector<std::string>& paths, const std::string& help);
+// A file written by the command: checked at parse time by evenep::check_output_file (its directory exists and is
+// writable; a directory, FIFO, socket or block device is refused; /dev/null and other character devices are
+// written in place). Nothing is created until the command writes through OutputFile at the end.
 CLI::Option* add_output_file(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help);
-// A directory written by the command (created when missing; checked before the run by OutputDir below).
+// A folder written by the command (--dump): checked by OutputDir when the command starts, created at the end.
 CLI::Option* add_output_dir(CLI::App& cmd, const std::string& name, std::string& path, const std::string& help);
 // A non-empty string (e.g. a name checked elsewhere).
 CLI::Option* add_string(CLI::App& cmd, const std::string& name, std::string& value, const std::string& help);
 
-// An output file opened (created, truncated) when constructed, i.e. before the run, so a bad target fails in
-// seconds; close() writes nothing more but checks that every write and the close succeeded (a full disk or
-// /dev/full is an error, not a silently lost file). Errors name the flag and the path (exit code 2).
+// Sets `run` as the subcommand's callback, preceded by the checks that need every option: no output may name the
+// same file as an input or another output of the command (evenep::check_distinct_files over every option added by
+// add_input_file(s) / add_output_file / add_output_dir). Every subcommand registers its callback through this.
+void set_run(CLI::App* cmd, std::function<void()> run);
+
+// An output file of a subcommand: inactive without a path (write/close do nothing), else an evenep::AtomicFile.
+// Constructing it checks the target and opens nothing. write() goes to a temporary file beside the target, and
+// close() publishes it whole. If the run throws before close(), or is interrupted (main installs
+// evenep::install_interrupt_cleanup), the temporary is removed and the old file stays as it was. Errors name the flag
+// and the path (exit code 2).
 class OutputFile {
   public:
-    OutputFile() = default;  // inactive: write/close do nothing
+    OutputFile() = default;
     OutputFile(std::string flag, std::string path);
-    ~OutputFile();
-    OutputFile(const OutputFile&) = delete;
-    OutputFile& operator=(const OutputFile&) = delete;
 
-    bool active() const { return fd_ >= 0; }
+    bool active() const { return file_.has_value(); }
     const std::string& path() const { return path_; }
     void write(std::string_view text);
     void close();
 
   private:
-    [[noreturn]] void fail(const char* what, int err);
-    std::string flag_, path_;
-    int fd_ = -1;
+    std::string path_;
+    std::optional<AtomicFile> file_;
 };
 
-// Creates `dir` (with parents) and checks it is a writable directory; the flag is named in the error.
-void prepare_output_dir(const std::string& flag, const std::string& dir);
+// A folder of output files (--dump, --npy-dir): inactive without a path, else an evenep::AtomicDir. file(name) is
+// where to write `name`; close() publishes the folder.
+class OutputDir {
+  public:
+    OutputDir() = default;
+    OutputDir(std::string flag, std::string path);
+
+    bool active() const { return dir_ != nullptr; }
+    std::string file(const std::string& name) { return dir_->file(name); }
+    void close();
+
+  private:
+    std::unique_ptr<AtomicDir> dir_;
+};
 
 // --- resource estimates ------------------------------------------------------------------------------------------
 
@@ -158,6 +185,14 @@ void require_cuda_device(std::string_view command);
 // (its achieved maxvio differs from the probe's by sampling noise). `sigma_out`, if given, receives sigma, so that
 // make_lognormal(spec, sigma) (or `evenep plan --sigma`) reproduces the routing.
 Routing routing_near_maxvio(const RoutingSpec& spec, double target, double* sigma_out = nullptr);
+// Refuses a target maxvio that lognormal routing of `spec`'s shape cannot reach, the same way in every subcommand
+// that takes --maxvio (plan, demo, slack, simulate, bench plan, bench layer), for targets the user gave (a default
+// target is drawn as close as the shape allows, and plan and demo say so): above E/K - 1 (every token picks K distinct experts), or outside
+// the range the sigma bracket [1e-5, 10] of make_target_maxvio reaches on routing_near_maxvio's probe (2 draws of it).
+// The error names `flag`, the value and the reachable range (exit code 2); nothing is clamped. The list form checks
+// every target against one pair of draws.
+void check_maxvio_reachable(const RoutingSpec& spec, const std::vector<double>& targets,
+                            std::string_view flag = "--maxvio");
 // A horizontal bar of `width` cells for value/max with eighth-block resolution.
 std::string bar(double value, double max_value, int width);
 // Human-readable bytes (KiB, MiB, GiB).

@@ -82,8 +82,8 @@ std::vector<PhaseRow> phase_rows(const TrafficReport& ev, const TrafficReport& c
             {"reduce_grad", &ev.reduce_grad, &conv.reduce_grad}};
 }
 
-void write_npy_f32(const std::filesystem::path& p, const std::vector<int64_t>& shape, const std::vector<float>& v) {
-    write_npy(p.string(), "<f4", shape, v.data(), v.size() * sizeof(float));
+void write_npy_f32(const std::string& p, const std::vector<int64_t>& shape, const std::vector<float>& v) {
+    write_npy(p, "<f4", shape, v.data(), v.size() * sizeof(float));
 }
 
 // [R, S, dim] float32 from per-rank bf16 rows (ranks with s_r < S padded with zeros).
@@ -100,29 +100,27 @@ std::vector<float> pad_f32(const std::vector<std::vector<float>>& v, int S, int 
     return out;
 }
 
-void dump(const std::filesystem::path& dir, const cpu::MoeProblem& p, const cpu::MoeResult& ep) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    EVENEP_CHECK(!ec, "--dump: cannot create directory '", dir.string(), "': ", ec.message());
+// Into the temporary folder of `dir` (published by dir.close()).
+void dump(OutputDir& dir, const cpu::MoeProblem& p, const cpu::MoeResult& ep) {
     const Config& c = p.cfg.cfg;
     const int R = c.R, S = c.S, K = c.K, E = c.E, H = p.cfg.H, F = p.cfg.ffn_hidden;
     std::vector<int32_t> idx(static_cast<size_t>(R) * S * K, -1);
     for (int r = 0; r < R; ++r) std::copy(p.topk_idx[r].begin(), p.topk_idx[r].end(), idx.begin() + r * S * K);
-    write_npy((dir / "topk_idx.npy").string(), "<i4", {R, S, K}, idx.data(), idx.size() * 4);
-    write_npy_f32(dir / "x.npy", {R, S, H}, pad_bf16(p.x, S, H));
-    write_npy_f32(dir / "topk_w.npy", {R, S, K}, pad_f32(p.topk_w, S, K));
+    write_npy(dir.file("topk_idx.npy"), "<i4", {R, S, K}, idx.data(), idx.size() * 4);
+    write_npy_f32(dir.file("x.npy"), {R, S, H}, pad_bf16(p.x, S, H));
+    write_npy_f32(dir.file("topk_w.npy"), {R, S, K}, pad_f32(p.topk_w, S, K));
     auto widen = [](const std::vector<Bf16>& w) {
         std::vector<float> f(w.size());
         for (size_t i = 0; i < w.size(); ++i) f[i] = bf16_to_float(w[i]);
         return f;
     };
-    write_npy_f32(dir / "w_gate.npy", {E, H, F}, widen(p.w_gate));
-    write_npy_f32(dir / "w_up.npy", {E, H, F}, widen(p.w_up));
-    write_npy_f32(dir / "w_down.npy", {E, F, H}, widen(p.w_down));
-    write_npy_f32(dir / "out.npy", {R, S, H}, pad_bf16(ep.out, S, H));
-    write_npy_f32(dir / "grad_out.npy", {R, S, H}, pad_bf16(p.grad_out, S, H));
-    write_npy_f32(dir / "grad_x.npy", {R, S, H}, pad_bf16(ep.grad_x, S, H));
-    write_npy_f32(dir / "grad_topk_w.npy", {R, S, K}, pad_f32(ep.grad_topk_w, S, K));
+    write_npy_f32(dir.file("w_gate.npy"), {E, H, F}, widen(p.w_gate));
+    write_npy_f32(dir.file("w_up.npy"), {E, H, F}, widen(p.w_up));
+    write_npy_f32(dir.file("w_down.npy"), {E, F, H}, widen(p.w_down));
+    write_npy_f32(dir.file("out.npy"), {R, S, H}, pad_bf16(ep.out, S, H));
+    write_npy_f32(dir.file("grad_out.npy"), {R, S, H}, pad_bf16(p.grad_out, S, H));
+    write_npy_f32(dir.file("grad_x.npy"), {R, S, H}, pad_bf16(ep.grad_x, S, H));
+    write_npy_f32(dir.file("grad_topk_w.npy"), {R, S, K}, pad_f32(ep.grad_topk_w, S, K));
 }
 
 // Memory and time of the run past the routing (checked by resolve_routing). Model measured on the build machine,
@@ -157,9 +155,9 @@ Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_g
 }
 
 void run_demo(const DemoOptions& opt) {
-    // Outputs first: a bad target fails before the run.
+    // Outputs first: a bad target fails before the run; both are written at its end.
     OutputFile json("--json", opt.json_file);
-    if (!opt.dump_dir.empty()) prepare_output_dir("--dump", opt.dump_dir);
+    OutputDir dump_dir("--dump", opt.dump_dir);
     RoutingInput in = resolve_routing(opt.routing);
     EVENEP_CHECK(in.routing.has_value(),
                  "demo: needs every token's expert ids (a generator or --routing FILE.npy), not histograms (--tpe)");
@@ -415,7 +413,8 @@ void run_demo(const DemoOptions& opt) {
             j["gpu"] = {{"device", gpu.device}, {"warmup_steps", gpu.warmup_steps}, {"layer_bytes", gpu.layer_bytes}};
         }
         if (!opt.dump_dir.empty()) {
-            dump(opt.dump_dir, problem, res);
+            dump(dump_dir, problem, res);
+            dump_dir.close();
             fmt::print(
                 "  arrays written to {}/ (x, topk_idx, topk_w, w_gate, w_up, w_down, out, grad_out, grad_x, "
                 "grad_topk_w: .npy)\n",
@@ -463,11 +462,12 @@ void register_demo(CLI::App& app) {
     cmd->add_flag("--plan-only", opt->plan_only,
                   "plan, balance and byte figures only: no data, no GEMMs (e.g. the MoonEP point "
                   "--E 384 --K 8 --S 8192 --H 7168 --ffn-hidden 2048)");
-    add_output_file(*cmd, "--json", opt->json_file, "write the figures as JSON (opened before the run)");
+    add_output_file(*cmd, "--json", opt->json_file, "write the figures as JSON (written whole at the end; the old file stays on any error)");
     add_output_dir(*cmd, "--dump", opt->dump_dir,
                     "write x, topk_idx, topk_w, w_gate, w_up, w_down, out (and grad_out, grad_x, grad_topk_w) as .npy "
-                    "into this directory");
-    cmd->callback([opt] { run_demo(*opt); });
+                    "into this directory (created with its parents; written into a temporary folder beside it and moved "
+                    "into place at the end)");
+    set_run(cmd, [opt] { run_demo(*opt); });
 }
 
 }  // namespace evenep::cli

@@ -1,14 +1,21 @@
 // evenep — the command-line tool: plan, demo, bench, quality, launch, simulate, pipeline, slack.
 //
 // Exit codes: 0 success, 1 a failed check or a runtime failure, 2 bad input (flags, files, a run that would not
-// fit the machine). Every error is one line on stderr starting with "evenep: error: ".
+// fit the machine, an output that cannot be written, standard output included). Every error is one line on stderr
+// starting with "evenep: error: ". A run ended by a signal dies by that signal: 130 in a shell for Ctrl-C (SIGINT),
+// 143 for SIGTERM, 141 for SIGPIPE (the reader of standard output went away, e.g. `evenep plan | head -1`); an
+// interrupted run first removes its temporary output files and says so in one line.
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
 #include "commands.hpp"
 #include "evenep/error.hpp"
+#include "evenep/files.hpp"
 
 namespace {
 
@@ -53,7 +60,9 @@ int main(int argc, char** argv) {
     CLI::App app{
         "EvenEP: expert-parallel communication with perfect load balance through planned redundant expert copies.\n"
         "Every rank computes exactly the same number of (token, expert) entries whatever the routing.\n"
-        "Exit codes: 0 success, 1 a failed check, 2 bad input; errors are one line 'evenep: error: ...'."};
+        "Exit codes: 0 success, 1 a failed check, 2 bad input (an output that cannot be written, standard output\n"
+        "included); errors are one line 'evenep: error: ...'. Outputs are written whole or not at all: the old file\n"
+        "stays on any error. Ctrl-C exits 130, SIGTERM 143, and 141 (SIGPIPE) when the reader of stdout went away."};
     app.require_subcommand(1);
     evenep::cli::register_plan(app);
     evenep::cli::register_quality(app);
@@ -66,6 +75,10 @@ int main(int argc, char** argv) {
     evenep::cli::register_bench_multi(*app.get_subcommand("bench"));
     evenep::cli::register_bench_gemm(*app.get_subcommand("bench"));
     evenep::cli::register_bench_layer(*app.get_subcommand("bench"));
+    // Outputs go to temporaries renamed into place at the end; an interrupt removes them (evenep/files.hpp). A closed
+    // pipe on stdout ends the run by SIGPIPE even when the parent ignored it, so `| head` behaves the same everywhere.
+    evenep::install_interrupt_cleanup();
+    std::signal(SIGPIPE, SIG_DFL);
     std::string path;
     const std::string unknown = unknown_command(app, argc, argv, &path);
     if (!unknown.empty()) return fail(unknown, 2);
@@ -90,5 +103,11 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
         return fail(e.what(), 1);
     }
+    // Output printed but never delivered (a full disk behind `> file`, /dev/full) is a failed run, not a success.
+    errno = 0;
+    if (std::fflush(stdout) != 0 || std::ferror(stdout))
+        return fail(std::string("writing to standard output failed: ") +
+                        (errno != 0 ? std::strerror(errno) : "an earlier write failed"),
+                    2);
     return 0;
 }

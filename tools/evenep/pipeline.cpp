@@ -49,7 +49,8 @@ pl::PipelineConfig make_config(const PipelineOptions& opt) {
                  " when --V = ", opt.V, " > 1");
     EVENEP_CHECK(opt.latency >= 0, "pipeline: --latency = ", opt.latency, " must be >= 0");
     EVENEP_CHECK(opt.images_per_mb >= 1, "pipeline: --images-per-mb = ", opt.images_per_mb, " must be >= 1");
-    EVENEP_CHECK(opt.vit_load >= 0, "pipeline: --vit-load = ", opt.vit_load, " must be >= 0");
+    EVENEP_CHECK(opt.vit_load > 0, "pipeline: --vit-load = ", opt.vit_load,
+                 " must be > 0 (a load of 0 is no ViT work: the 'none' row of every run shows that schedule)");
     EVENEP_CHECK(opt.cp >= 1, "pipeline: --cp = ", opt.cp, " must be >= 1");
     EVENEP_CHECK(opt.time_limit > 0, "pipeline: --time-limit = ", opt.time_limit, " must be > 0");
     pl::PipelineConfig cfg{.P = opt.P, .m = opt.m, .V = opt.V, .latency = opt.latency, .forward = {}, .backward = {}};
@@ -227,28 +228,30 @@ void register_pipeline(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(
         "pipeline", "Interleaved 1F1B with the vision encoder in the bubbles: every ViT policy side by side, "
                     "--grid over the ViT load, --cp-table for dynamic context parallelism (docs/pipeline.md)");
-    cmd->add_option("--P", opt->P, "Pipeline ranks (stages)")->capture_default_str();
-    cmd->add_option("--m", opt->m, "Micro-batches (a multiple of P when V > 1)")->capture_default_str();
-    cmd->add_option("--V", opt->V, "Virtual chunks per rank (1: plain 1F1B)")->capture_default_str();
-    cmd->add_option("--latency", opt->latency, "Stage-to-stage latency (text units)")->capture_default_str();
-    cmd->add_option("--costs", opt->costs_file, "JSON {forward, backward: number or [m], latency} per chunk");
-    cmd->add_option("--vit-policy", opt->policy, "Policy written by --json / --svg: none|sync|bubbles|optimal")
+    add_int(*cmd, "--P", opt->P, "Pipeline ranks (stages)", 1, kMaxRanks);
+    add_int(*cmd, "--m", opt->m, "Micro-batches (a multiple of P when V > 1)", 1, 1 << 20);
+    add_int(*cmd, "--V", opt->V, "Virtual chunks per rank (1: plain 1F1B)", 1, 1 << 10);
+    add_real(*cmd, "--latency", opt->latency, "Stage-to-stage latency (text units)", 0, 1e12)->capture_default_str();
+    add_input_file(*cmd, "--costs", opt->costs_file, "JSON {forward, backward: number or [m], latency} per chunk");
+    add_string(*cmd, "--vit-policy", opt->policy, "Policy written by --json / --svg: none|sync|bubbles|optimal")
         ->capture_default_str();
-    cmd->add_option("--images", opt->images_file, "JSON {patches: [[n...] per micro-batch]} or {vit_forward: ...}");
-    cmd->add_option("--mix", opt->mix, "Generated image mix: uniform|mixed|heavy")->capture_default_str();
-    cmd->add_option("--images-per-mb", opt->images_per_mb, "Images per micro-batch of the mix")->capture_default_str();
-    cmd->add_option("--seed", opt->seed, "Seed of the mix")->capture_default_str();
-    cmd->add_option("--vit-load", opt->vit_load, "ViT work per rank / mean bubble per rank")->capture_default_str();
-    cmd->add_option("--cp", opt->cp, "CP group size for the images of a micro-batch (dynamic CP)")
+    add_input_file(*cmd, "--images", opt->images_file, "JSON {patches: [[n...] per micro-batch]} or {vit_forward: ...}");
+    add_string(*cmd, "--mix", opt->mix, "Generated image mix: uniform|mixed|heavy")->capture_default_str();
+    add_int(*cmd, "--images-per-mb", opt->images_per_mb, "Images per micro-batch of the mix", 1, 1 << 20);
+    add_u64(*cmd, "--seed", opt->seed, "Seed of the mix");
+    add_real(*cmd, "--vit-load", opt->vit_load,
+             "ViT work per rank / mean bubble per rank, > 0 (no ViT work is the 'none' row of every run)", 0, 1e6)
         ->capture_default_str();
-    cmd->add_option("--time-limit", opt->time_limit, "Seconds for the optimal policy's MILP")->capture_default_str();
-    cmd->add_option("--json", opt->json_file, "Write the chosen policy's schedule (schema evenep.pipeline/1)");
-    cmd->add_option("--svg", opt->svg_file, "Draw the chosen policy's timeline");
+    add_int(*cmd, "--cp", opt->cp, "CP group size for the images of a micro-batch (dynamic CP)", 1, kMaxRanks);
+    add_real(*cmd, "--time-limit", opt->time_limit, "Seconds for the optimal policy's MILP (> 0)", 0, 1e9)
+        ->capture_default_str();
+    add_output_file(*cmd, "--json", opt->json_file, "Write the chosen policy's schedule (schema evenep.pipeline/1)");
+    add_output_file(*cmd, "--svg", opt->svg_file, "Draw the chosen policy's timeline");
     cmd->add_flag("--grid", opt->grid, "Hidden fraction of sync, bubbles, optimal over ViT loads 0.25..2");
     cmd->add_flag("--cp-table", opt->cp_table, "Dynamic CP over C = 1..32: per-rank max/mean and communication share");
-    cmd->add_option("--world", opt->world, "--cp-table: ranks W")->capture_default_str();
-    cmd->add_option("--images-per-rank", opt->images_per_rank, "--cp-table: images per rank")->capture_default_str();
-    cmd->callback([opt] {
+    add_int(*cmd, "--world", opt->world, "--cp-table: ranks W", 1, 1 << 20);
+    add_int(*cmd, "--images-per-rank", opt->images_per_rank, "--cp-table: images per rank", 1, 1 << 20);
+    set_run(cmd, [opt] {
         if (opt->cp_table)
             print_cp_table(*opt);
         else if (opt->grid)

@@ -55,7 +55,7 @@ Estimate plan_estimate(const PlanOptions& opt, const RoutingInput& in) {
 void run_plan(const PlanOptions& opt) {
     EVENEP_CHECK(!opt.legacy || opt.routing.planner == "optimized",
                  "--legacy-candidates needs --planner optimized (got --planner ", opt.routing.planner, ")");
-    OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
+    OutputFile json("--json", opt.json_file);  // checked now, written atomically at the end
     RoutingInput in = resolve_routing(opt.routing);
     const Config& cfg = in.cfg;
     check_estimate("plan", plan_estimate(opt, in), opt.routing.limits);
@@ -202,8 +202,8 @@ void register_plan(CLI::App& app) {
                   "(docs/relayed-prefetch.md)");
     cmd->add_flag("--quiet", opt->quiet, "print nothing but errors and the check line");
     add_output_file(*cmd, "--json", opt->json_file,
-                    "write the plan as JSON (schema evenep.plan/2, docs/plan-schema.md); opened before the run");
-    cmd->callback([opt] { run_plan(*opt); });
+                    "write the plan as JSON (schema evenep.plan/2, docs/plan-schema.md); written whole at the end");
+    set_run(cmd, [opt] { run_plan(*opt); });
 }
 
 }  // namespace evenep::cli

@@ -201,7 +201,7 @@ nlohmann::json case_json(const CaseResult& r) {
 void run_quality(const QualityOptions& opt) {
     EVENEP_CHECK(exact_solver_available(),
                  "quality: this build has no exact solver (configure with CBC: coinor-libcbc-dev, pkg-config cbc)");
-    OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
+    OutputFile json("--json", opt.json_file);  // checked now, written atomically at the end
     std::vector<Case> corpus = make_corpus(opt);
     if (opt.only >= 0) {
         EVENEP_CHECK(opt.only < static_cast<int>(corpus.size()), "quality: --only = ", opt.only,
@@ -314,13 +314,13 @@ void register_quality(CLI::App& app) {
     add_real(*cmd, "--time-limit", opt->time_limit, "Solver time limit per objective and case, seconds", 1e-3, 1e6)
         ->capture_default_str();
     add_output_file(*cmd, "--json", opt->json_file,
-                    "Write per-case and summary figures to FILE (opened before the run)");
+                    "Write per-case and summary figures to FILE (written whole at the end; the old file stays on any error)");
     cmd->add_flag("--quick", opt->quick, "A tiny corpus (R <= 4) for smoke tests; excludes --cases")->excludes(cases);
     cmd->add_flag("--legacy-candidates", opt->legacy,
                   "Optimized planner with the first release's candidate set (two global fills, no overshoot, push "
                   "spreading or paths; CPU only), to measure what the default set buys");
     add_int(*cmd, "--only", opt->only, "Run only case INDEX of the corpus (to reproduce one row)", -1, 1000000);
-    cmd->callback([opt] { run_quality(*opt); });
+    set_run(cmd, [opt] { run_quality(*opt); });
 }
 
 }  // namespace evenep::cli

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -15,6 +14,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "evenep/buffer.hpp"
+#include "evenep/detail/json_input.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/routing.hpp"
@@ -37,6 +37,8 @@ struct SimulateOptions {
     std::string planner = "optimized";
     int repeat = 5;
     bool quick = false;
+    bool maxvio_given = false;  // --maxvio on the command line: an unreachable target is refused (as in plan, a
+                                // default target that this shape cannot reach is drawn as close as it gets)
     std::vector<std::string> gpu_json;
     std::string json_file;
 };
@@ -68,6 +70,8 @@ void validate(const SimulateOptions& o) {
     EVENEP_CHECK(o.redundant >= -1 && o.redundant <= o.E, "--redundant = ", o.redundant,
                  " must be -1 (= epn) or in [0, E = ", o.E, "]");
     parse_planner_mode(o.planner);
+    for (int R : o.ranks)  // the rule of every command: refused, never clamped
+        if (o.maxvio_given) check_maxvio_reachable(RoutingSpec{.R = R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed}, o.maxvios);
 }
 
 // GPU planner figures of device runs (`evenep bench gpu-plan --json`, one file per R): median us by (R, E, K, S, target
@@ -75,17 +79,18 @@ void validate(const SimulateOptions& o) {
 // one-block planner; files from before the cluster planner).
 using GpuKey = std::tuple<int, int, int, int, double>;
 void read_gpu_plan(const std::string& path, std::map<GpuKey, double>& out) {
-    std::ifstream f(path);
-    EVENEP_CHECK(f.good(), "--gpu-json: cannot open '", path, "'");
-    nlohmann::json j;
-    try {
-        f >> j;
-    } catch (const nlohmann::json::exception& e) {
-        EVENEP_CHECK(false, "--gpu-json: '", path, "' is not JSON (", e.what(), ")");
-    }
+    const nlohmann::json j = detail::read_json_file(path, "--gpu-json");
     EVENEP_CHECK(j.contains("rows") && j["rows"].is_array(), "--gpu-json: '", path,
                  "' has no \"rows\" array (expected `evenep bench gpu-plan --json` output)");
     for (const auto& row : j["rows"]) {
+        EVENEP_CHECK(row.is_object(), "--gpu-json: '", path, "': every entry of \"rows\" must be an object, got ",
+                     row.dump().substr(0, 40));
+        for (const char* key : {"op", "shape"})
+            EVENEP_CHECK(!row.contains(key) || row[key].is_string(), "--gpu-json: '", path, "': \"", key,
+                         "\" must be a string");
+        for (const char* key : {"target_maxvio", "median_us"})
+            EVENEP_CHECK(!row.contains(key) || row[key].is_number(), "--gpu-json: '", path, "': \"", key,
+                         "\" must be a number");
         const std::string op = row.value("op", "");
         if ((op != "plan_rank" && op != "plan_rank_cluster") || !row.contains("target_maxvio")) continue;
         int R = 0, E = 0, K = 0, S = 0;
@@ -231,8 +236,8 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
 }
 
 void run_simulate(const SimulateOptions& o) {
+    OutputFile json("--json", o.json_file);  // checked now, written atomically at the end
     validate(o);
-    OutputFile json("--json", o.json_file);  // opened before the run: a bad target fails at once
     std::map<GpuKey, double> gpu;
     for (const std::string& path : o.gpu_json) read_gpu_plan(path, gpu);
     const double t0 = now_seconds();
@@ -272,36 +277,37 @@ void register_simulate(CLI::App& app) {
         "simulate",
         "Scale model on the CPU: planner time, copies, copy traffic, buffer bytes, link bytes and compute imbalance\n"
         "(conventional EP, EPLB-style replication under drift, EvenEP) for each R and maxvio (docs/benchmarks.md).");
-    cmd->add_option("--R", opt->ranks, "EP group sizes")->capture_default_str();
-    cmd->add_option("--maxvio", opt->maxvios, "routing skews (target max/mean - 1)")->capture_default_str();
-    cmd->add_option("--E", opt->E, "routed experts")->capture_default_str();
-    cmd->add_option("--K", opt->K, "top-k")->capture_default_str();
-    cmd->add_option("--S", opt->S, "tokens per rank")->capture_default_str();
-    cmd->add_option("--H", opt->H, "hidden size")->capture_default_str();
-    cmd->add_option("--ffn-hidden", opt->ffn_hidden, "expert intermediate size H'")->capture_default_str();
-    cmd->add_option("--tp", opt->tp, "token padding of every expert segment")->capture_default_str();
-    cmd->add_option("--redundant", opt->redundant, "EPLB redundant slots per rank (-1: epn, EvenEP's bound)")
+    add_ints(*cmd, "--R", opt->ranks, "EP group sizes", 1, kMaxRanks);
+    add_reals(*cmd, "--maxvio", opt->maxvios, "routing skews (target max/mean - 1); refused when unreachable", 0, 1e6);
+    add_int(*cmd, "--E", opt->E, "routed experts", 1, kMaxExperts);
+    add_int(*cmd, "--K", opt->K, "top-k", 1, 32);
+    add_int(*cmd, "--S", opt->S, "tokens per rank", 1, std::numeric_limits<int>::max());
+    add_int(*cmd, "--H", opt->H, "hidden size", 1, kMaxHidden);
+    add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert intermediate size H'", 1, kMaxHidden);
+    add_int(*cmd, "--tp", opt->tp, "token padding of every expert segment", 1, kMaxTokenPad);
+    add_int(*cmd, "--redundant", opt->redundant, "EPLB redundant slots per rank (-1: epn, EvenEP's bound)", -1,
+            kMaxExperts);
+    add_real(*cmd, "--drift", opt->drift, "per-step std of each expert's log-popularity (EPLB's staleness)", 0, 100)
         ->capture_default_str();
-    cmd->add_option("--drift", opt->drift, "per-step std of each expert's log-popularity (EPLB's staleness)")
-        ->capture_default_str();
-    cmd->add_option("--eplb-sync", opt->eplb_sync,
+    add_string(*cmd, "--eplb-sync", opt->eplb_sync,
                     "how a training step keeps EPLB's replicas in sync: star (gradients to the first replica, "
                     "weights back, as EvenEP's copies), ring (all-reduce), none (token traffic only)")
         ->check(CLI::IsMember({"star", "ring", "none"}))
         ->capture_default_str();
-    cmd->add_option("--seed", opt->seed, "routing seed")->capture_default_str();
+    add_u64(*cmd, "--seed", opt->seed, "routing seed");
     add_real(*cmd, "--slack", opt->slack, "EvenEP's imbalance budget eps (0 = exact balance; docs/slack.md)", 0, 1)
         ->capture_default_str();
-    cmd->add_option("--planner", opt->planner, "planner mode")
+    add_string(*cmd, "--planner", opt->planner, "planner mode")
         ->check(CLI::IsMember({"reference", "optimized"}))
         ->capture_default_str();
-    cmd->add_option("--repeat", opt->repeat, "planner runs per point (median reported)")->capture_default_str();
+    add_int(*cmd, "--repeat", opt->repeat, "planner runs per point (median reported)", 1, 1000000);
     cmd->add_flag("--quick", opt->quick, "small grid for tests: R 4 8, E 64, K 4, S 512, H 256, H' 128, maxvio 1 10");
-    cmd->add_option("--gpu-json", opt->gpu_json,
+    add_input_files(*cmd, "--gpu-json", opt->gpu_json,
                     "GPU planner times: JSON files of `evenep bench gpu-plan --json` (plan_rank_cluster rows, else "
                     "plan_rank)");
-    cmd->add_option("--json", opt->json_file, "write every point as JSON (schema evenep.simulate/1)");
-    cmd->callback([opt, cmd] {
+    add_output_file(*cmd, "--json", opt->json_file, "write every point as JSON (schema evenep.simulate/1)");
+    set_run(cmd, [opt, cmd] {
+        opt->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *opt);
         run_simulate(*opt);
     });

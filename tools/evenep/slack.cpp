@@ -30,6 +30,8 @@ struct SlackOptions {
     uint64_t seed = 1;
     std::string planner = "optimized";
     bool quick = false;
+    bool maxvio_given = false;  // --maxvio on the command line: an unreachable target is refused (as in plan, a
+                                // default target that this shape cannot reach is drawn as close as it gets)
     std::string json_file;
     ResourceLimits limits;
 };
@@ -86,12 +88,14 @@ nlohmann::json slack_row(const Plan& plan, double target, double maxvio, double 
 }
 
 void run_slack(const SlackOptions& o) {
-    OutputFile json("--json", o.json_file);  // opened before the run: a bad target fails at once
+    OutputFile json("--json", o.json_file);  // checked now, written atomically at the end
     EVENEP_CHECK(!o.maxvios.empty(), "--maxvio: give at least one value");
     EVENEP_CHECK(!o.slacks.empty(), "--slack: give at least one value");
     const PlannerMode mode = parse_planner_mode(o.planner);
     for (double eps : o.slacks) Config{.R = o.R, .E = o.E, .K = o.K, .S = o.S, .tp = o.tp, .slack = eps}.validate();
     check_estimate("slack", slack_estimate(o), o.limits);
+    if (o.maxvio_given)  // the rule of every command: refused, never clamped
+        check_maxvio_reachable(RoutingSpec{.R = o.R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed}, o.maxvios);
     const double t0 = now_seconds();
     fmt::print("EvenEP imbalance budget — R={} E={} K={} S={} tp={} planner={} seed={}\n", o.R, o.E, o.K, o.S, o.tp,
                o.planner, o.seed);
@@ -164,7 +168,8 @@ void register_slack(CLI::App& app) {
     cmd->add_flag("--quick", opt->quick, "small grid for tests: R 4, E 32, K 4, S 256, maxvio 1 10");
     add_output_file(*cmd, "--json", opt->json_file, "write every row as JSON (schema evenep.slack/1)");
     opt->limits.add_to(*cmd);
-    cmd->callback([opt, cmd] {
+    set_run(cmd, [opt, cmd] {
+        opt->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *opt);
         run_slack(*opt);
     });
