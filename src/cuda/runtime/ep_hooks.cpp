@@ -1,4 +1,4 @@
-// Test and benchmark hooks of cuda::Ep (include/evenep/cuda/detail/ep_hooks.hpp).
+// Test and benchmark hooks of cuda::Ep (src/include/evenep/cuda/detail/ep_hooks.hpp).
 #include "evenep/cuda/detail/ep_hooks.hpp"
 
 #include "evenep/cuda/check.hpp"
