@@ -2,9 +2,10 @@
 //
 // Every virtual rank owns one device allocation of the same size (its "symmetric" buffer: the same offset holds
 // the same object on every rank) and sees every peer's allocation through a device peer-pointer table, exactly as
-// the NCCL team will expose LSA peers. Kernels that synchronise ranks are launched once for all virtual ranks
-// (cooperative launch: every block is co-resident, so a block spinning on a peer's flag can never wait for a
-// block that is not scheduled); blocks [rank * blocks_per_rank, (rank + 1) * blocks_per_rank) act for `rank`.
+// the NCCL team (evenep/cuda/nccl_team.hpp) exposes its LSA peers. Kernels that synchronise ranks are launched once for
+// all virtual ranks (cooperative launch: every block is co-resident, so a block spinning on a peer's flag can never
+// wait for a block that is not scheduled); blocks [rank * blocks_per_rank, (rank + 1) * blocks_per_rank) act for
+// `rank`.
 //
 // The device barrier (src/cuda/device/team.cuh) has release/acquire semantics at GPU scope and a timeout read
 // from the GPU's global timer. A rank that waits longer than the timeout prints "rank, peer, phase", records the
