@@ -127,8 +127,8 @@ void bench_plan(Point& p) {
     auto rank_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what, bool early) {
         auto launches = [&] {
             for (int i = 0; i < kBatch; ++i)
-                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, kernel, 0, 1, stream, 1, false,
-                                       early);
+                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s,
+                                       {.plan = {.locality = locality, .kernel = kernel}, .early = early}, stream);
         };
         const Stats one = per_call(time_op(launches, stream, bc.warmup, bc.iters), kBatch);
         // The same kBatch launches replayed as one CUDA graph: the host's launch cost (a 4 KiB parameter block per
@@ -169,8 +169,9 @@ void bench_plan(Point& p) {
                  cluster_what + ", each launch scheduled after the previous one ended", false);
     {
         // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
-        cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0, 1,
-                               stream, 2);
+        cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s,
+                               {.plan = {.locality = locality, .kernel = cuda::PlannerKernel::kParallel}, .repeat = 2},
+                               stream);
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
         const std::vector<int64_t> tw = plan_stamps(ep);
         Stats warm;
@@ -183,8 +184,9 @@ void bench_plan(Point& p) {
     if (static_cast<int64_t>(R) * bc.E <= 8 * 1024) {  // the sequential reference is slow on one GPU thread
         const Stats serial = time_op(
             [&] {
-                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kSerial, 0,
-                                       1, stream);
+                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s,
+                                       {.plan = {.locality = locality, .kernel = cuda::PlannerKernel::kSerial}},
+                                       stream);
             },
             stream, 1, std::min(bc.iters, 3));
         p.add("plan_rank_serial", serial, 0, 1, -1, "plan_core.hpp's sequential code on one GPU thread (reference)");

@@ -505,13 +505,12 @@ int launch_plan(const TeamView& team,
                 const RankIo* d_io,
                 std::span<const int32_t> s,
                 int64_t s_total,
-                bool locality,
-                PlannerKernel kernel,
+                const PlanOptions& options,
                 int sm_budget,
-                cudaStream_t stream,
-                bool relay) {
-    PlanParams p = make_params(team, layout, d_io, s, s_total, locality);
-    p.relay = relay ? 1 : 0;
+                cudaStream_t stream) {
+    const PlannerKernel kernel = options.kernel;
+    PlanParams p = make_params(team, layout, d_io, s, s_total, options.locality);
+    p.relay = options.relay ? 1 : 0;
     if (kernel == PlannerKernel::kCluster) {
         PlanParams pc = p;
         const size_t cluster_bytes = cluster_smem(pc);
@@ -553,16 +552,12 @@ bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, Planner
 void launch_plan_only(const TeamView& team,
                       const EpLayout& layout,
                       std::span<const int32_t> s,
-                      bool locality,
-                      PlannerKernel kernel,
-                      int rank_begin,
-                      int num_ranks,
-                      cudaStream_t stream,
-                      int repeat,
-                      bool relay,
-                      bool early) {
-    PlanParams p = make_params(team, layout, nullptr, s, -1, locality);
-    p.relay = relay ? 1 : 0;
+                      const PlanOnlyOptions& options,
+                      cudaStream_t stream) {
+    const int repeat = options.repeat, rank_begin = options.rank_begin, num_ranks = options.num_ranks;
+    PlannerKernel kernel = options.plan.kernel;
+    PlanParams p = make_params(team, layout, nullptr, s, -1, options.plan.locality);
+    p.relay = options.plan.relay ? 1 : 0;
     EVENEP_CHECK(repeat >= 1, "plan: repeat = ", repeat);
     p.repeat = repeat;
     EVENEP_CHECK(rank_begin >= 0 && num_ranks >= 1 && rank_begin + num_ranks <= layout.R, "plan: ranks [", rank_begin,
@@ -572,7 +567,7 @@ void launch_plan_only(const TeamView& team,
         const size_t smem = cluster_smem(p);
         if (cluster_runs(smem)) {
             launch_clustered(plan_cluster_kernel<kPlanThreads>, num_ranks * kPlanClusterBlocks, kPlanClusterBlocks,
-                             kPlanThreads, smem, stream, early, p);
+                             kPlanThreads, smem, stream, options.early, p);
             return;
         }
         kernel = PlannerKernel::kParallel;  // the shape does not fit the cluster: the one-block planner

@@ -224,6 +224,11 @@ std::span<const int32_t> Ep::checked_s(const EpPlan& plan, const char* call) con
     return plan.state_->s;
 }
 
+PlanOptions plan_options(const EpOptions& options) {
+    return {
+        .locality = options.mode == PlannerMode::kOptimized, .kernel = options.planner_kernel, .relay = options.relay};
+}
+
 EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStream_t stream, int64_t s_total) {
     EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: plan got ", io.size(),
                  " rank inputs, expected ", num_local_ranks());
@@ -234,9 +239,8 @@ EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStre
     check_group_tokens(cfg_, s, s_total);
     EpPlan plan = new_resident_plan(s, s_total, stream);
     const RankIo* d_io = store_io(fwd_, io, stream);
-    last_blocks_ =
-        launch_plan(view(options_.channel), layout_, d_io, s, s_total, options_.mode == PlannerMode::kOptimized,
-                    options_.planner_kernel, options_.sm_budget, stream, options_.relay);
+    last_blocks_ = launch_plan(view(options_.channel), layout_, d_io, s, s_total, plan_options(options_),
+                               options_.sm_budget, stream);
     return plan;
 }
 
