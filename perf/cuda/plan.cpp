@@ -75,7 +75,7 @@ void bench_plan(Point& p) {
     // in a training step (the planner runs between the router and the dispatch).
     {
         const size_t warm_bytes = size_t{256} << 20;
-        DeviceBuf<char> a(warm_bytes), b(warm_bytes);
+        DeviceArray<char> a(warm_bytes), b(warm_bytes);
         for (int i = 0; i < 40; ++i) cuda::launch_copy_vec16(b.get(), a.get(), warm_bytes, 4 * 132, stream);
     }
     // 1 when a rank's plan differs from the CPU planner's.

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "evenep/cuda/detail/window_registry.hpp"
+#include "evenep/cuda/device_array.hpp"
 
 namespace evenep::cuda {
 
@@ -234,12 +235,13 @@ class LocalTeam final : public Team {
 
   private:
     void release() noexcept;
+    struct Copies;  // one window: the Window handed out and the device arrays it points to (team.cpp)
 
     int num_ranks_;
     TeamOptions options_;
-    detail::WindowRegistry<Window> windows_;  // [0]: the main window
+    detail::WindowRegistry<Copies> windows_;  // [0]: the main window
     const Window* main_ = nullptr;
-    uint32_t* d_sync_ = nullptr;  // per channel flags, arrive, gen; then abort, claim (one allocation)
+    DeviceArray<uint32_t> d_sync_;  // per channel flags, arrive, gen; then abort, claim (one allocation)
     size_t sync_bytes_ = 0;
     DeviceErrorRecord* h_record_ = nullptr;
     TeamView views_[kTeamChannels]{};
