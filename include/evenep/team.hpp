@@ -2,8 +2,9 @@
 //
 // A Team is one rank's handle on its EP group: its rank and size, collectively allocated symmetric windows
 // (the same number of bytes on every rank, each rank addressing every peer's copy directly), and a barrier
-// with a timeout that reports which peer never arrived. Implementations: the local CPU team (R threads of one
-// process, evenep/cpu/local_team.hpp); the local GPU team and the NCCL team (one process per GPU) slot in later.
+// with a timeout that reports which peer never arrived. Implementation: the local CPU team (R threads of one
+// process, evenep/cpu/local_team.hpp). The GPU teams have their own device interface, cuda::Team
+// (evenep/cuda/team.hpp: R virtual ranks on one GPU; evenep/cuda/nccl_team.hpp: one process per GPU over NCCL).
 //
 // Threading: a Team object belongs to one rank and is used from that rank's thread only. Collective calls
 // (alloc_symmetric, barrier) must be made by every rank of the group in the same order.

@@ -30,7 +30,7 @@ std::string device_summary() {
 
 std::vector<BenchRow> bench_copy(size_t bytes, int warmup, int iters) {
     bytes = bytes / 16 * 16;
-    DeviceBuf<char> a(bytes), b(bytes);
+    DeviceArray<char> a(bytes), b(bytes);
     EVENEP_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
     EVENEP_CUDA_CHECK(cudaMemset(b.get(), 2, bytes));
     cudaStream_t stream;

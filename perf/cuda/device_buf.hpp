@@ -1,5 +1,5 @@
-// perf/cuda/device_buf.hpp — a device array owned by a benchmark, synchronous read-backs, the columns --check
-// compares. Internal.
+// perf/cuda/device_buf.hpp — the benchmarks' device arrays (cuda::DeviceArray), synchronous read-backs, the columns
+// --check compares. Internal.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,32 +9,12 @@
 #include <vector>
 
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/detail/bf16.hpp"
 
 namespace evenep::perf {
 
-template <typename T>
-class DeviceBuf {
-  public:
-    // n elements (at least one is allocated); zero: cudaMemset to 0 first.
-    explicit DeviceBuf(size_t n, bool zero = false) : n_(n) {
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), sizeof(T) * (n ? n : 1)));
-        if (zero) {
-            const cudaError_t err = cudaMemset(p_, 0, sizeof(T) * (n ? n : 1));
-            if (err != cudaSuccess) cudaFree(p_);
-            EVENEP_CUDA_CHECK(err);
-        }
-    }
-    ~DeviceBuf() { cudaFree(p_); }
-    DeviceBuf(const DeviceBuf&) = delete;
-    DeviceBuf& operator=(const DeviceBuf&) = delete;
-    T* get() const { return p_; }
-    size_t size() const { return n_; }
-
-  private:
-    T* p_ = nullptr;
-    size_t n_;
-};
+using ::evenep::cuda::DeviceArray;
 
 template <typename T>
 std::vector<T> download(const T* p, size_t n) {

@@ -222,16 +222,16 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     info.c_kblock = model.c_kblock, info.c_kblock_wgrad = model.c_kblock_wgrad;
 
     const size_t xy_elems = static_cast<size_t>(max_rows) * wide;
-    DeviceBuf<uint16_t> x(xy_elems), y(xy_elems), y2(xy_elems), w(welems * G);
+    DeviceArray<uint16_t> x(xy_elems), y(xy_elems), y2(xy_elems), w(welems * G);
     cuda::fill_random_bf16(x.get(), xy_elems, o.seed, 1.f, nullptr);
     cuda::fill_random_bf16(w.get(), welems * G, o.seed + 1, 1.f / 32, nullptr);
-    DeviceBuf<uint16_t> dyw(xy_elems);  // dY of wgrad (its own buffer: the forward runs overwrite y and y2)
+    DeviceArray<uint16_t> dyw(xy_elems);  // dY of wgrad (its own buffer: the forward runs overwrite y and y2)
     cuda::fill_random_bf16(dyw.get(), xy_elems, o.seed + 2, 1.f / 32, nullptr);
     // wgrad: fp32 gradients [G][in * out] (accumulated over all runs; values stay finite).
     const bool with_wgrad =
         std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("wgrad", 0) == 0; });
-    DeviceBuf<float> grads(with_wgrad ? welems * G : 1, true);
-    DeviceBuf<float*> dgtable(G);
+    DeviceArray<float> grads(with_wgrad ? welems * G : 1);
+    DeviceArray<float*> dgtable(G);
     if (with_wgrad) {
         std::vector<float*> gt(G);
         for (int g = 0; g < G; ++g) gt[g] = grads.get() + welems * g;
@@ -239,9 +239,9 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     }
     std::vector<const uint16_t*> table(G);
     for (int g = 0; g < G; ++g) table[g] = w.get() + welems * g;
-    DeviceBuf<const uint16_t*> dtable(G);
-    DeviceBuf<int32_t> dcu(G);
-    DeviceBuf<char> ws(cuda::grouped_gemm_workspace_bytes(G));
+    DeviceArray<const uint16_t*> dtable(G);
+    DeviceArray<int32_t> dcu(G);
+    DeviceArray<char> ws(cuda::grouped_gemm_workspace_bytes(G));
     EVENEP_CUDA_CHECK(cudaMemcpy(dtable.get(), table.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
 
     std::vector<Variant> variants;
@@ -378,16 +378,16 @@ GemmCalibration calibrate_gemm(int warmup,
     {
         const int out = 2048, rows_per_group = 1024, Gf = sms * big / 64;
         const int max_in = 64 * fwd_kb.back();
-        DeviceBuf<uint16_t> x(static_cast<size_t>(Gf) * rows_per_group * max_in);
-        DeviceBuf<uint16_t> y(static_cast<size_t>(Gf) * rows_per_group * out);
-        DeviceBuf<uint16_t> w(static_cast<size_t>(Gf) * max_in * out);
+        DeviceArray<uint16_t> x(static_cast<size_t>(Gf) * rows_per_group * max_in);
+        DeviceArray<uint16_t> y(static_cast<size_t>(Gf) * rows_per_group * out);
+        DeviceArray<uint16_t> w(static_cast<size_t>(Gf) * max_in * out);
         cuda::fill_random_bf16(x.get(), x.size(), 1, 1.f, nullptr);
         cuda::fill_random_bf16(w.get(), w.size(), 2, 1.f / 32, nullptr);
         std::vector<int32_t> cu(Gf);
         for (int g = 0; g < Gf; ++g) cu[g] = (g + 1) * rows_per_group;
-        DeviceBuf<int32_t> dcu(Gf);
-        DeviceBuf<const uint16_t*> dtab(Gf);
-        DeviceBuf<char> ws(cuda::grouped_gemm_workspace_bytes(Gf));
+        DeviceArray<int32_t> dcu(Gf);
+        DeviceArray<const uint16_t*> dtab(Gf);
+        DeviceArray<char> ws(cuda::grouped_gemm_workspace_bytes(Gf));
         EVENEP_CUDA_CHECK(cudaMemcpy(dcu.get(), cu.data(), sizeof(int32_t) * Gf, cudaMemcpyHostToDevice));
         for (int kb : fwd_kb) {
             const int in = 64 * kb;
@@ -413,16 +413,16 @@ GemmCalibration calibrate_gemm(int warmup,
     {
         const int wdim = 1024, Gw = sms * big / 32;
         const int max_rows = 64 * wg_kb.back();
-        DeviceBuf<uint16_t> x(static_cast<size_t>(Gw) * max_rows * wdim);
-        DeviceBuf<uint16_t> dy(static_cast<size_t>(Gw) * max_rows * wdim);
-        DeviceBuf<float> grads(static_cast<size_t>(Gw) * wdim * wdim, true);
+        DeviceArray<uint16_t> x(static_cast<size_t>(Gw) * max_rows * wdim);
+        DeviceArray<uint16_t> dy(static_cast<size_t>(Gw) * max_rows * wdim);
+        DeviceArray<float> grads(static_cast<size_t>(Gw) * wdim * wdim);
         cuda::fill_random_bf16(x.get(), x.size(), 3, 1.f, nullptr);
         cuda::fill_random_bf16(dy.get(), dy.size(), 4, 1.f / 32, nullptr);
         std::vector<float*> gtab(Gw);
         for (int g = 0; g < Gw; ++g) gtab[g] = grads.get() + static_cast<size_t>(g) * wdim * wdim;
-        DeviceBuf<float*> dgtab(Gw);
-        DeviceBuf<int32_t> dcu(Gw);
-        DeviceBuf<char> ws(cuda::grouped_gemm_workspace_bytes(Gw));
+        DeviceArray<float*> dgtab(Gw);
+        DeviceArray<int32_t> dcu(Gw);
+        DeviceArray<char> ws(cuda::grouped_gemm_workspace_bytes(Gw));
         EVENEP_CUDA_CHECK(cudaMemcpy(dgtab.get(), gtab.data(), sizeof(float*) * Gw, cudaMemcpyHostToDevice));
         for (int kb : wg_kb) {
             std::vector<int32_t> wcu(Gw);

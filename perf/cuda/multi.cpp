@@ -140,7 +140,7 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
         const size_t bytes = static_cast<size_t>(mc.copy_mib * (1 << 20)) / 16 * 16;
         const cuda::OwnedWindow window(team, bytes);  // freed at the end of the anchors
         const cuda::Window& w = *window;
-        DeviceBuf<char> src(bytes, true);
+        DeviceArray<char> src(bytes);
         cuda::launch_fill_random_bf16(reinterpret_cast<uint16_t*>(src.get()), bytes / 2, 77 + me, sa);
         int num_sms = 0, dev = 0;
         EVENEP_CUDA_CHECK(cudaGetDevice(&dev));
@@ -159,9 +159,9 @@ MultiBenchResult bench_multi(const NcclBootstrap& boot, const MultiBenchConfig& 
     }
 
     // ---- Inputs of this rank (sized for S tokens). ----
-    DeviceBuf<uint16_t> x(static_cast<size_t>(S) * H, true), out(static_cast<size_t>(S) * H, true);
-    DeviceBuf<int32_t> idx(static_cast<size_t>(S) * K, true);
-    DeviceBuf<float> w(static_cast<size_t>(S) * K, true), out_w(static_cast<size_t>(S) * K, true);
+    DeviceArray<uint16_t> x(static_cast<size_t>(S) * H), out(static_cast<size_t>(S) * H);
+    DeviceArray<int32_t> idx(static_cast<size_t>(S) * K);
+    DeviceArray<float> w(static_cast<size_t>(S) * K), out_w(static_cast<size_t>(S) * K);
     {
         std::vector<uint16_t> hx(static_cast<size_t>(S) * H);
         for (int t = 0; t < S; ++t)

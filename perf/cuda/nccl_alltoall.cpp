@@ -20,47 +20,34 @@ NcclAllToAll::NcclAllToAll(cuda::NcclTeam& team, const Config& cfg, int hidden)
     EVENEP_CHECK(cfg_.R == team.size(), "all-to-all: R = ", cfg_.R, " but the team has ", team.size(), " ranks");
     EVENEP_CHECK(hidden > 0 && hidden % 8 == 0, "all-to-all: hidden size H = ", hidden, " must be a multiple of 8");
     const size_t rows = static_cast<size_t>(cfg_.S) * cfg_.K, R = static_cast<size_t>(cfg_.R);
-    try {
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&send_x_), rows * hidden * 2));
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&recv_x_), R * rows * hidden * 2));
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_counts_), 2 * R * sizeof(int32_t)));
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_pos_), rows * sizeof(int32_t)));
-        EVENEP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&h_counts_), 2 * R * sizeof(int32_t), 0));
-    } catch (...) {
-        cudaFree(send_x_);
-        cudaFree(recv_x_);
-        cudaFree(d_counts_);
-        cudaFree(d_pos_);
-        if (h_counts_) cudaFreeHost(h_counts_);
-        throw;
-    }
+    using ::evenep::cuda::DeviceArray, ::evenep::cuda::DeviceFill;
+    send_x_ = DeviceArray<uint16_t>(rows * hidden, DeviceFill::kNone);
+    recv_x_ = DeviceArray<uint16_t>(R * rows * hidden, DeviceFill::kNone);
+    d_counts_ = DeviceArray<int32_t>(2 * R, DeviceFill::kNone);
+    d_pos_ = DeviceArray<int32_t>(rows, DeviceFill::kNone);
+    EVENEP_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&h_counts_), 2 * R * sizeof(int32_t), 0));
     h_send_.assign(R, 0);
     h_recv_.assign(R, 0);
 }
 
-NcclAllToAll::~NcclAllToAll() {
-    cudaFree(send_x_);
-    cudaFree(recv_x_);
-    cudaFree(d_counts_);
-    cudaFree(d_pos_);
-    cudaFreeHost(h_counts_);
-}
+NcclAllToAll::~NcclAllToAll() { cudaFreeHost(h_counts_); }
 
 void NcclAllToAll::dispatch(const cuda::RankIo& io, int s, cudaStream_t stream) {
     EVENEP_CHECK(s >= 1 && s <= cfg_.S, "all-to-all: s = ", s, " outside [1, S = ", cfg_.S, "]");
     const int R = cfg_.R, K = cfg_.K;
     const int64_t n = static_cast<int64_t>(s) * K;
     auto comm = static_cast<ncclComm_t>(team_.nccl_comm());
-    a2a::launch_a2a_count(io.topk_idx, n, cfg_.epn(), R, d_pos_, d_counts_, stream);
-    a2a::launch_a2a_permute(io.x, d_pos_, n, K, hidden_, send_x_, stream);
+    a2a::launch_a2a_count(io.topk_idx, n, cfg_.epn(), R, d_pos_.get(), d_counts_.get(), stream);
+    a2a::launch_a2a_permute(io.x, d_pos_.get(), n, K, hidden_, send_x_.get(), stream);
     // Counts first: every rank learns how many rows it receives from each peer (the host sizes the messages).
     EVENEP_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < R; ++p) {
-        EVENEP_NCCL_CHECK(ncclSend(d_counts_ + p, 1, ncclInt32, p, comm, stream));
-        EVENEP_NCCL_CHECK(ncclRecv(d_counts_ + R + p, 1, ncclInt32, p, comm, stream));
+        EVENEP_NCCL_CHECK(ncclSend(d_counts_.get() + p, 1, ncclInt32, p, comm, stream));
+        EVENEP_NCCL_CHECK(ncclRecv(d_counts_.get() + R + p, 1, ncclInt32, p, comm, stream));
     }
     EVENEP_NCCL_CHECK(ncclGroupEnd());
-    EVENEP_CUDA_CHECK(cudaMemcpyAsync(h_counts_, d_counts_, 2 * R * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    EVENEP_CUDA_CHECK(
+        cudaMemcpyAsync(h_counts_, d_counts_.get(), 2 * R * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
     EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
     for (int p = 0; p < R; ++p) h_send_[p] = h_counts_[p], h_recv_[p] = h_counts_[R + p];
     const size_t H = static_cast<size_t>(hidden_);
@@ -68,9 +55,9 @@ void NcclAllToAll::dispatch(const cuda::RankIo& io, int s, cudaStream_t stream) 
     EVENEP_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < R; ++p) {
         if (h_send_[p] > 0)
-            EVENEP_NCCL_CHECK(ncclSend(send_x_ + soff * H, h_send_[p] * H, ncclBfloat16, p, comm, stream));
+            EVENEP_NCCL_CHECK(ncclSend(send_x_.get() + soff * H, h_send_[p] * H, ncclBfloat16, p, comm, stream));
         if (h_recv_[p] > 0)
-            EVENEP_NCCL_CHECK(ncclRecv(recv_x_ + roff * H, h_recv_[p] * H, ncclBfloat16, p, comm, stream));
+            EVENEP_NCCL_CHECK(ncclRecv(recv_x_.get() + roff * H, h_recv_[p] * H, ncclBfloat16, p, comm, stream));
         soff += h_send_[p];
         roff += h_recv_[p];
     }
@@ -87,14 +74,15 @@ void NcclAllToAll::combine(const cuda::RankIo& io, int s, bool apply_weights, cu
     EVENEP_NCCL_CHECK(ncclGroupStart());
     for (int p = 0; p < R; ++p) {
         if (h_recv_[p] > 0)
-            EVENEP_NCCL_CHECK(ncclSend(recv_x_ + roff * H, h_recv_[p] * H, ncclBfloat16, p, comm, stream));
+            EVENEP_NCCL_CHECK(ncclSend(recv_x_.get() + roff * H, h_recv_[p] * H, ncclBfloat16, p, comm, stream));
         if (h_send_[p] > 0)
-            EVENEP_NCCL_CHECK(ncclRecv(send_x_ + soff * H, h_send_[p] * H, ncclBfloat16, p, comm, stream));
+            EVENEP_NCCL_CHECK(ncclRecv(send_x_.get() + soff * H, h_send_[p] * H, ncclBfloat16, p, comm, stream));
         soff += h_send_[p];
         roff += h_recv_[p];
     }
     EVENEP_NCCL_CHECK(ncclGroupEnd());
-    a2a::launch_a2a_unpermute(send_x_, d_pos_, io.topk_w, s, cfg_.K, hidden_, apply_weights, io.out, stream);
+    a2a::launch_a2a_unpermute(send_x_.get(), d_pos_.get(), io.topk_w, s, cfg_.K, hidden_, apply_weights, io.out,
+                              stream);
 }
 
 int64_t NcclAllToAll::rows_sent() const {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "evenep/config.hpp"
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/cuda/ep.hpp"
 #include "evenep/cuda/nccl_team.hpp"
 
@@ -34,7 +35,7 @@ class NcclAllToAll {
     void dispatch(const cuda::RankIo& io, int s, cudaStream_t stream);
     void combine(const cuda::RankIo& io, int s, bool apply_weights, cudaStream_t stream);
 
-    uint16_t* recv_x() const { return recv_x_; }  // [R*S*K, H] capacity
+    uint16_t* recv_x() const { return recv_x_.get(); }  // [R*S*K, H] capacity
     int64_t rows_sent() const;                    // entries sent by the last dispatch (self included)
     int64_t rows_received() const;                // rows received by the last dispatch (self included)
     int64_t rows_sent_remote() const;             // sent to other ranks
@@ -45,10 +46,10 @@ class NcclAllToAll {
     cuda::NcclTeam& team_;
     Config cfg_;
     int hidden_;
-    uint16_t* send_x_ = nullptr;   // [S*K, H]
-    uint16_t* recv_x_ = nullptr;   // [R*S*K, H]
-    int32_t* d_counts_ = nullptr;  // [2R]: send counts, receive counts
-    int32_t* d_pos_ = nullptr;     // [S*K]: row of entry (t, k) in send_x (-1 masked)
+    cuda::DeviceArray<uint16_t> send_x_;   // [S*K, H]
+    cuda::DeviceArray<uint16_t> recv_x_;   // [R*S*K, H]
+    cuda::DeviceArray<int32_t> d_counts_;  // [2R]: send counts, receive counts
+    cuda::DeviceArray<int32_t> d_pos_;     // [S*K]: row of entry (t, k) in send_x (-1 masked)
     int32_t* h_counts_ = nullptr;  // pinned [2R]
     std::vector<int32_t> h_send_, h_recv_;
     int last_s_ = 0;

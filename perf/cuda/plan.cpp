@@ -1,7 +1,8 @@
 // The planner benchmark rows (perf/cuda/bench.hpp): plan_fused (all ranks: Ep::plan with its default cluster planner)
 // and plan_fused_block (the same with the one-block planner, one launch), plan_rank (one rank's planner alone),
 // plan_rank_warm (its second pass in one launch) and plan_rank_serial (the sequential reference). The phase breakdown
-// comes from the planner's %globaltimer stamps (EpLayout::plan.timing).
+// comes from the planner's %globaltimer stamps (EpLayout::plan.timing, evenep/detail/plan_stamps.hpp), in builds with
+// EVENEP_PLANNER_STAMPS=ON.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -10,17 +11,21 @@
 
 #include "evenep/cuda/detail/ep_hooks.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
+#include "evenep/detail/plan_stamps.hpp"
 #include "perf/cuda/point.hpp"
 
 namespace evenep::perf {
 namespace {
 
+using namespace detail;  // the stamp names (kStamp*)
+
+constexpr const char* kNoStamps = "phase stamps not compiled in (configure with -DEVENEP_PLANNER_STAMPS=ON)";
+
 std::vector<int64_t> plan_stamps(cuda::DeviceEp& ep) {
-    return download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), 32);
+    return download(reinterpret_cast<const int64_t*>(ep.base(0) + ep.layout().plan.timing), kNumPlanStamps);
 }
 
-// The block planner's stamps (plan_block.cuh): %globaltimer ns at the phase boundaries [0..9) and when phase 2's
-// roles finished [23..32); the SM clock from clock64 [12..13] over %globaltimer [14..15].
+// Microseconds between two stamps (%globaltimer words).
 double plan_stamp_us(const std::vector<int64_t>& ts, int a, int b) { return static_cast<double>(ts[b] - ts[a]) / 1e3; }
 // How phase 4a (the moved experts' route rows) and 4b (the layouts) ran, for the labels of stamps 5-6 and 6-7.
 enum class FinishForm {
@@ -33,21 +38,27 @@ FinishForm finish_form(const cuda::EpLayout& L, bool spread) {
     const int lw = static_cast<int>(cuda::PlanScratchLayout::make(L.R, L.E).layout_warps);
     return cuda::plan_finish_route_warps(L.R, lw) > 0 ? FinishForm::kSideBySide : FinishForm::kInTurn;
 }
+// The block planner's stamps (plan_block.cuh): the phase boundaries, when phase 2's roles finished, the SM clock.
 std::string plan_phase_text(const std::vector<int64_t>& ts, FinishForm form) {
+    if (!kPlannerStamps) return kNoStamps;
     static constexpr const char* k56[] = {", moved rows ", ", (4a beside 4b) ", ", hand-off "};
     static constexpr const char* k67[] = {", layout ", ", moved rows+layout ", ", moved rows+layout (8 blocks) "};
     const int f = static_cast<int>(form);
     auto us = [&](int a, int b) { return ts[b] > 0 ? plan_stamp_us(ts, a, b) : 0.0; };
-    const double ns = static_cast<double>(ts[15] - ts[14]);
+    auto phase = [&](int i, int j) { return us(kStampPhase + i, kStampPhase + j); };
+    auto role = [&](int word) { return us(kStampPhase + 2, word); };  // after phase 2 starts
+    const double ns = static_cast<double>(ts[kStampTimerEnd] - ts[kStampTimerBegin]);
     std::ostringstream os;
     os.precision(3);
-    os << "phases us: loads " << us(0, 1) << ", init " << us(1, 2) << ", transfers+fills+paths+split+home rows "
-       << us(2, 3) << ", lists " << us(3, 4) << ", costs " << us(4, 5) << k56[f] << us(5, 6) << k67[f] << us(6, 7)
-       << ", copies+costs " << us(7, 8) << "; total " << us(0, 8) << "; fill iterations " << ts[9] << "/" << ts[10]
-       << ", split pieces (max donor) " << ts[11] << "; phase 2 roles done at +us: transfers " << us(2, 24)
-       << ", split " << us(2, 25) << ", home rows " << us(2, 26) << ", fills " << us(2, 27) << "/" << us(2, 28) << "/"
-       << us(2, 29) << "/" << us(2, 30) << ", paths " << us(2, 31) << "; SM clock "
-       << (ns > 0 ? static_cast<double>(ts[13] - ts[12]) / ns : 0.0) << " GHz";
+    os << "phases us: loads " << phase(0, 1) << ", init " << phase(1, 2) << ", transfers+fills+paths+split+home rows "
+       << phase(2, 3) << ", lists " << phase(3, 4) << ", costs " << phase(4, 5) << k56[f] << phase(5, 6) << k67[f]
+       << phase(6, 7) << ", copies+costs " << phase(7, 8) << "; total " << phase(0, 8) << "; fill iterations "
+       << ts[kStampFillIterations] << "/" << ts[kStampFillIterations + 1] << ", split pieces (max donor) "
+       << ts[kStampSplitPieces] << "; phase 2 roles done at +us: transfers " << role(kStampTransfersDone) << ", split "
+       << role(kStampSplitDone) << ", home rows " << role(kStampHomeRowsDone) << ", fills " << role(kStampFillDone)
+       << "/" << role(kStampFillDone + 1) << "/" << role(kStampFillDone + 2) << "/" << role(kStampFillDone + 3)
+       << ", paths " << role(kStampPathsDone) << "; SM clock "
+       << (ns > 0 ? static_cast<double>(ts[kStampClockEnd] - ts[kStampClockBegin]) / ns : 0.0) << " GHz";
     return os.str();
 }
 
@@ -64,7 +75,7 @@ void bench_plan(Point& p) {
     // in a training step (the planner runs between the router and the dispatch).
     {
         const size_t warm_bytes = size_t{256} << 20;
-        DeviceBuf<char> a(warm_bytes), b(warm_bytes);
+        DeviceArray<char> a(warm_bytes), b(warm_bytes);
         for (int i = 0; i < 40; ++i) cuda::launch_copy_vec16(b.get(), a.get(), warm_bytes, 4 * 132, stream);
     }
     // 1 when a rank's plan differs from the CPU planner's.
@@ -99,12 +110,20 @@ void bench_plan(Point& p) {
         const Stats fused = time_op([&] { call(); }, stream, bc.warmup, bc.iters);
         const std::optional<Stats> fused_graph = p.graph_stats([&] { call(); });
         const std::vector<int64_t> tf = plan_stamps(ep);
+        auto us = [&](int a, int b) { return plan_stamp_us(tf, a, b); };
         std::ostringstream fused_note;
-        fused_note << "histogram + all-gather + plan + dst, all ranks, " << what << "; rank 0 block 0 us: histogram "
-                   << (tf[17] - tf[16]) / 1e3 << ", gather " << (tf[18] - tf[17]) / 1e3 << ", plan "
-                   << (tf[19] - tf[18]) / 1e3 << ", dst " << (tf[20] - tf[19]) / 1e3 << " (route staging "
-                   << (tf[21] - tf[19]) / 1e3 << ", walk " << (tf[22] - tf[21]) / 1e3 << ", dedup "
-                   << (tf[20] - tf[22]) / 1e3 << ")";
+        fused_note << "histogram + all-gather + plan + dst, all ranks, " << what << "; ";
+        if (kPlannerStamps) {
+            fused_note << "rank 0 block 0 us: histogram " << us(kStampFusedBegin, kStampFusedHistogramDone)
+                       << ", gather " << us(kStampFusedHistogramDone, kStampFusedGatherDone) << ", plan "
+                       << us(kStampFusedGatherDone, kStampFusedPlanDone) << ", dst "
+                       << us(kStampFusedPlanDone, kStampFusedEnd) << " (route staging "
+                       << us(kStampFusedPlanDone, kStampFusedStagingDone) << ", walk "
+                       << us(kStampFusedStagingDone, kStampFusedWalkDone) << ", dedup "
+                       << us(kStampFusedWalkDone, kStampFusedEnd) << ")";
+        } else {
+            fused_note << kNoStamps;
+        }
         p.add(name, fused, 0, ep.last_blocks_per_rank(), wrong_fused, fused_note.str());
         p.add_graph(name, fused_graph, 0, ep.last_blocks_per_rank(), -1, "histogram + all-gather + plan + dst");
     };
@@ -127,8 +146,8 @@ void bench_plan(Point& p) {
     auto rank_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what, bool early) {
         auto launches = [&] {
             for (int i = 0; i < kBatch; ++i)
-                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, kernel, 0, 1, stream, 1, false,
-                                       early);
+                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s,
+                                       {.plan = {.locality = locality, .kernel = kernel}, .early = early}, stream);
         };
         const Stats one = per_call(time_op(launches, stream, bc.warmup, bc.iters), kBatch);
         // The same kBatch launches replayed as one CUDA graph: the host's launch cost (a 4 KiB parameter block per
@@ -167,14 +186,16 @@ void bench_plan(Point& p) {
     if (on_cluster)
         rank_row(cuda::PlannerKernel::kCluster, "plan_rank_cluster_serialized",
                  cluster_what + ", each launch scheduled after the previous one ended", false);
-    {
+    if (kPlannerStamps) {
         // The same plan twice in one launch: the second pass's stamps (warm instruction and data caches).
-        cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kParallel, 0, 1,
-                               stream, 2);
+        cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s,
+                               {.plan = {.locality = locality, .kernel = cuda::PlannerKernel::kParallel}, .repeat = 2},
+                               stream);
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
         const std::vector<int64_t> tw = plan_stamps(ep);
         Stats warm;
-        warm.min_us = warm.median_us = warm.mean_us = warm.max_us = warm.p50_us = plan_stamp_us(tw, 0, 8);
+        warm.min_us = warm.median_us = warm.mean_us = warm.max_us = warm.p50_us =
+            plan_stamp_us(tw, kStampPhase, kStampPhase + 8);
         std::ostringstream wn;
         wn << "second plan in one launch (warm caches), from its stamps; "
            << plan_phase_text(tw, finish_form(ep.layout(), false));
@@ -183,8 +204,9 @@ void bench_plan(Point& p) {
     if (static_cast<int64_t>(R) * bc.E <= 8 * 1024) {  // the sequential reference is slow on one GPU thread
         const Stats serial = time_op(
             [&] {
-                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s, locality, cuda::PlannerKernel::kSerial, 0,
-                                       1, stream);
+                cuda::launch_plan_only(ep.view(0), ep.layout(), p.routing.s,
+                                       {.plan = {.locality = locality, .kernel = cuda::PlannerKernel::kSerial}},
+                                       stream);
             },
             stream, 1, std::min(bc.iters, 3));
         p.add("plan_rank_serial", serial, 0, 1, -1, "plan_core.hpp's sequential code on one GPU thread (reference)");

@@ -91,10 +91,10 @@ Point::Point(const BenchConfig& config, double copy_anchor_gbps) : bc(config), c
     ep = std::make_unique<cuda::DeviceEp>(cfg, H, opt);
     io.resize(R);
     for (int r = 0; r < R; ++r) {
-        x.push_back(std::make_unique<DeviceBuf<uint16_t>>(static_cast<size_t>(S) * H));
-        out.push_back(std::make_unique<DeviceBuf<uint16_t>>(static_cast<size_t>(S) * H));
-        idx.push_back(std::make_unique<DeviceBuf<int32_t>>(static_cast<size_t>(S) * K));
-        w.push_back(std::make_unique<DeviceBuf<float>>(static_cast<size_t>(S) * K));
+        x.push_back(std::make_unique<DeviceArray<uint16_t>>(static_cast<size_t>(S) * H));
+        out.push_back(std::make_unique<DeviceArray<uint16_t>>(static_cast<size_t>(S) * H));
+        idx.push_back(std::make_unique<DeviceArray<int32_t>>(static_cast<size_t>(S) * K));
+        w.push_back(std::make_unique<DeviceArray<float>>(static_cast<size_t>(S) * K));
         cuda::launch_fill_random_bf16(x[r]->get(), x[r]->size(), bc.seed * 1000 + r, nullptr);
         EVENEP_CUDA_CHECK(cudaMemcpy(idx[r]->get(), routing.topk_idx[r].data(), routing.topk_idx[r].size() * 4,
                                      cudaMemcpyHostToDevice));

@@ -42,9 +42,9 @@ struct Point {
     double copy_gbps = 0;
 
     std::unique_ptr<cuda::DeviceEp> ep;
-    std::vector<std::unique_ptr<DeviceBuf<uint16_t>>> x, out;
-    std::vector<std::unique_ptr<DeviceBuf<int32_t>>> idx;
-    std::vector<std::unique_ptr<DeviceBuf<float>>> w;
+    std::vector<std::unique_ptr<DeviceArray<uint16_t>>> x, out;
+    std::vector<std::unique_ptr<DeviceArray<int32_t>>> idx;
+    std::vector<std::unique_ptr<DeviceArray<float>>> w;
     std::vector<cuda::RankIo> io;
     cudaStream_t stream = nullptr;
     cuda::EpPlan ep_plan;

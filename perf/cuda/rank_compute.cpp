@@ -67,17 +67,17 @@ struct RankComputeTimer::Launch {
     int64_t rows = 0;
     std::vector<int32_t> cu;    // host copy of the inclusive ends
     std::vector<int> weight;    // [G] weight index (the rank's group) of each launch group
-    char* block = nullptr;      // device: cu [G] | weight tables [3][G] | gradient tables [3][G] | MoeRankView
-    const int32_t* d_cu() const { return reinterpret_cast<const int32_t*>(block); }
+    ::evenep::cuda::DeviceArray<char> block;  // cu [G] | weight tables [3][G] | gradient tables [3][G] | MoeRankView
+    const int32_t* d_cu() const { return reinterpret_cast<const int32_t*>(block.get()); }
     const uint16_t* const* d_weights(int proj) const {
-        return reinterpret_cast<const uint16_t* const*>(block + align_up(4 * G)) + static_cast<size_t>(proj) * G;
+        return reinterpret_cast<const uint16_t* const*>(block.get() + align_up(4 * G)) + static_cast<size_t>(proj) * G;
     }
     float* const* d_grads(int proj) const {
-        return reinterpret_cast<float* const*>(block + align_up(4 * G) + align_up(8 * 3 * G)) +
+        return reinterpret_cast<float* const*>(block.get() + align_up(4 * G) + align_up(8 * 3 * G)) +
                static_cast<size_t>(proj) * G;
     }
     const kernels::MoeRankView* d_view() const {
-        return reinterpret_cast<const kernels::MoeRankView*>(block + align_up(4 * G) + 2 * align_up(8 * 3 * G));
+        return reinterpret_cast<const kernels::MoeRankView*>(block.get() + align_up(4 * G) + 2 * align_up(8 * 3 * G));
     }
 };
 
@@ -96,14 +96,13 @@ RankComputeTimer::RankComputeTimer(int H, int ffn_hidden, int max_groups, int64_
     EVENEP_CHECK(max_rows >= 1, "rank compute: max_rows = ", max_rows, " must be >= 1");
     const ArenaPlan a = arena_plan(H, F_, max_groups, max_rows);
     bytes_ = a.total;
-    void* p = nullptr;
-    EVENEP_CUDA_CHECK(cudaMalloc(&p, bytes_));
-    arena_ = static_cast<char*>(p);
-    auto bf = [&](int i) { return reinterpret_cast<uint16_t*>(arena_ + a.off[i]); };
-    auto f32 = [&](int i) { return reinterpret_cast<float*>(arena_ + a.off[i]); };
+    arena_ = ::evenep::cuda::DeviceArray<char>(bytes_, ::evenep::cuda::DeviceFill::kNone);
+    char* arena = arena_.get();
+    auto bf = [&](int i) { return reinterpret_cast<uint16_t*>(arena + a.off[i]); };
+    auto f32 = [&](int i) { return reinterpret_cast<float*>(arena + a.off[i]); };
     weights_ = bf(0), grads_ = f32(1), x_ = bf(2), g_ = bf(3), u_ = bf(4), h_ = bf(5), y_ = bf(6), dy_ = bf(7);
     dg_ = bf(8), du_ = bf(9), recv_x_ = bf(10), recv_w_ = f32(11), f32a_ = f32(12), f32b_ = f32(13);
-    workspace_ = arena_ + a.off[14];
+    workspace_ = arena + a.off[14];
     EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     for (cudaEvent_t& e : ev_) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
     const size_t elems = static_cast<size_t>(H) * F_, n = static_cast<size_t>(max_rows);
@@ -125,7 +124,6 @@ RankComputeTimer::~RankComputeTimer() {
     for (cudaEvent_t e : ev_)
         if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
-    cudaFree(arena_);
 }
 
 std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const int64_t> group_rows) const {
@@ -161,21 +159,15 @@ std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const in
                 wt[p * l.G + j] = weights_ + m;
                 gt[p * l.G + j] = grads_ + m;
             }
-        void* d = nullptr;
-        EVENEP_CUDA_CHECK(cudaMalloc(&d, bytes));
-        l.block = static_cast<char*>(d);
+        l.block = ::evenep::cuda::DeviceArray<char>(bytes, ::evenep::cuda::DeviceFill::kNone);
         kernels::MoeRankView view{};
         view.recv_x = recv_x_;
         view.recv_w = recv_w_;
         view.cu_seqlens = l.d_cu();
         std::copy_n(reinterpret_cast<const char*>(&view), sizeof(view), host.data() + bytes - sizeof(view));
-        EVENEP_CUDA_CHECK(cudaMemcpy(d, host.data(), bytes, cudaMemcpyHostToDevice));
+        l.block.upload(host.data(), bytes);
     }
     return out;
-}
-
-void RankComputeTimer::free_launches(std::vector<Launch>& ls) const {
-    for (Launch& l : ls) cudaFree(l.block), l.block = nullptr;
 }
 
 namespace {
@@ -245,24 +237,18 @@ RankComputeTime RankComputeTimer::time(std::span<const int64_t> group_rows, int 
     for (const Launch& l : ls) t.rows += l.rows;
     if (ls.empty()) return t;
     std::vector<double> fwd, bwd;
-    try {
-        for (int i = 0; i < warmup + iters; ++i) {
-            EVENEP_CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
-            for (const Launch& l : ls) forward(l);
-            EVENEP_CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
-            for (const Launch& l : ls) backward(l);
-            EVENEP_CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
-            EVENEP_CUDA_CHECK(cudaEventSynchronize(ev_[2]));
-            float a = 0, b = 0;
-            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&a, ev_[0], ev_[1]));
-            EVENEP_CUDA_CHECK(cudaEventElapsedTime(&b, ev_[1], ev_[2]));
-            if (i >= warmup) fwd.push_back(a), bwd.push_back(b);
-        }
-    } catch (...) {
-        free_launches(ls);
-        throw;
+    for (int i = 0; i < warmup + iters; ++i) {
+        EVENEP_CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
+        for (const Launch& l : ls) forward(l);
+        EVENEP_CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
+        for (const Launch& l : ls) backward(l);
+        EVENEP_CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
+        EVENEP_CUDA_CHECK(cudaEventSynchronize(ev_[2]));
+        float a = 0, b = 0;
+        EVENEP_CUDA_CHECK(cudaEventElapsedTime(&a, ev_[0], ev_[1]));
+        EVENEP_CUDA_CHECK(cudaEventElapsedTime(&b, ev_[1], ev_[2]));
+        if (i >= warmup) fwd.push_back(a), bwd.push_back(b);
     }
-    free_launches(ls);
     std::sort(fwd.begin(), fwd.end());
     std::sort(bwd.begin(), bwd.end());
     t.forward_ms = fwd[fwd.size() / 2];
@@ -274,18 +260,12 @@ std::vector<double> RankComputeTimer::warm_up(std::span<const int64_t> group_row
     std::vector<Launch> ls = split(group_rows);
     std::vector<double> ms;
     if (ls.empty()) return ms;
-    try {
-        ms = warm_gpu(
-            [&] {
-                for (const Launch& l : ls) forward(l);
-                for (const Launch& l : ls) backward(l);
-            },
-            stream_, min_seconds);
-    } catch (...) {
-        free_launches(ls);
-        throw;
-    }
-    free_launches(ls);
+    ms = warm_gpu(
+        [&] {
+            for (const Launch& l : ls) forward(l);
+            for (const Launch& l : ls) backward(l);
+        },
+        stream_, min_seconds);
     for (double& v : ms) v *= 1e-3;
     return ms;
 }
@@ -295,38 +275,32 @@ double RankComputeTimer::check_forward(std::span<const int64_t> group_rows) {
     const size_t elems = static_cast<size_t>(H_) * F_;
     double worst = 0;
     std::mt19937_64 rng(12345);
-    try {
-        for (const Launch& l : ls) {
-            forward(l);
-            EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream_));
-            for (int j = 0; j < l.G; ++j) {
-                const int32_t begin = j == 0 ? 0 : l.cu[j - 1];
-                for (const int32_t row : {begin, l.cu[j] - 1}) {
-                    const int col = static_cast<int>(rng() % static_cast<uint64_t>(F_));
-                    std::vector<uint16_t> xr(H_), wc(H_);
-                    uint16_t got = 0;
-                    EVENEP_CUDA_CHECK(cudaMemcpy(xr.data(), x_ + static_cast<size_t>(row) * H_, 2 * H_,
-                                                 cudaMemcpyDeviceToHost));
-                    const uint16_t* w = weights_ + static_cast<size_t>(l.weight[j]) * 3 * elems;  // gate
-                    EVENEP_CUDA_CHECK(cudaMemcpy2D(wc.data(), 2, w + col, 2 * static_cast<size_t>(F_), 2, H_,
-                                                   cudaMemcpyDeviceToHost));
-                    EVENEP_CUDA_CHECK(cudaMemcpy(&got, g_ + static_cast<size_t>(row) * F_ + col, 2,
-                                                 cudaMemcpyDeviceToHost));
-                    double ref = 0, mag = 0;
-                    for (int i = 0; i < H_; ++i) {
-                        const double v = static_cast<double>(bf16_to_float(Bf16{xr[i]})) * bf16_to_float(Bf16{wc[i]});
-                        ref += v;
-                        mag += std::fabs(v);
-                    }
-                    worst = std::max(worst, std::fabs(bf16_to_float(Bf16{got}) - ref) / std::max(mag, 1e-30));
+    for (const Launch& l : ls) {
+        forward(l);
+        EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (int j = 0; j < l.G; ++j) {
+            const int32_t begin = j == 0 ? 0 : l.cu[j - 1];
+            for (const int32_t row : {begin, l.cu[j] - 1}) {
+                const int col = static_cast<int>(rng() % static_cast<uint64_t>(F_));
+                std::vector<uint16_t> xr(H_), wc(H_);
+                uint16_t got = 0;
+                EVENEP_CUDA_CHECK(
+                    cudaMemcpy(xr.data(), x_ + static_cast<size_t>(row) * H_, 2 * H_, cudaMemcpyDeviceToHost));
+                const uint16_t* w = weights_ + static_cast<size_t>(l.weight[j]) * 3 * elems;  // gate
+                EVENEP_CUDA_CHECK(
+                    cudaMemcpy2D(wc.data(), 2, w + col, 2 * static_cast<size_t>(F_), 2, H_, cudaMemcpyDeviceToHost));
+                EVENEP_CUDA_CHECK(
+                    cudaMemcpy(&got, g_ + static_cast<size_t>(row) * F_ + col, 2, cudaMemcpyDeviceToHost));
+                double ref = 0, mag = 0;
+                for (int i = 0; i < H_; ++i) {
+                    const double v = static_cast<double>(bf16_to_float(Bf16{xr[i]})) * bf16_to_float(Bf16{wc[i]});
+                    ref += v;
+                    mag += std::fabs(v);
                 }
+                worst = std::max(worst, std::fabs(bf16_to_float(Bf16{got}) - ref) / std::max(mag, 1e-30));
             }
         }
-    } catch (...) {
-        free_launches(ls);
-        throw;
     }
-    free_launches(ls);
     return worst;
 }
 

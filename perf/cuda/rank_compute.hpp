@@ -20,6 +20,7 @@
 #include <span>
 #include <vector>
 
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
 
 namespace evenep::perf::cuda {
@@ -67,13 +68,12 @@ class RankComputeTimer {
     std::vector<Launch> split(std::span<const int64_t> group_rows) const;
     void forward(const Launch& l);
     void backward(const Launch& l);
-    void free_launches(std::vector<Launch>& ls) const;
 
     int H_, F_, max_groups_;
     int64_t max_rows_;
     ::evenep::cuda::GemmSchedule wgrad_schedule_;
     size_t bytes_ = 0;
-    char* arena_ = nullptr;
+    ::evenep::cuda::DeviceArray<char> arena_;
     cudaStream_t stream_ = nullptr;
     cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
     // Regions of the arena.

@@ -45,6 +45,16 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The fp32 partial-sum step of combine (the order contract of src/cuda/kernels/combine.cu, which sums the same terms
+// in the same order): acc[i] += w * row[i] with apply_weights, else acc[i] += row[i].
+void add_row_terms(float* acc, const Bf16* row, int64_t H, float w, bool apply_weights) {
+    if (apply_weights) {
+        for (int64_t i = 0; i < H; ++i) acc[i] += w * bf16_to_float(row[i]);
+    } else {
+        for (int64_t i = 0; i < H; ++i) acc[i] += bf16_to_float(row[i]);
+    }
+}
+
 // The distinct destination ranks of one token in order of their first k, with entry counts and staging units.
 struct TokenDests {
     int n = 0;
@@ -373,15 +383,8 @@ void Buffer::combine_impl(const DispatchHandle& h,
                 std::memcpy(slot, y + row * H, static_cast<size_t>(unit_bytes));
             } else {
                 std::fill(acc, acc + H, 0.0f);
-                for (int32_t n = row; n != detail::kChainEnd; n = next[n]) {
-                    const Bf16* yr = y + static_cast<int64_t>(n) * H;
-                    if (a.apply_weights) {
-                        const float wn = w[n];
-                        for (int64_t i = 0; i < H; ++i) acc[i] += wn * bf16_to_float(yr[i]);
-                    } else {
-                        for (int64_t i = 0; i < H; ++i) acc[i] += bf16_to_float(yr[i]);
-                    }
-                }
+                for (int32_t n = row; n != detail::kChainEnd; n = next[n])
+                    add_row_terms(acc, y + static_cast<int64_t>(n) * H, H, w[n], a.apply_weights);
                 std::memcpy(slot, acc, static_cast<size_t>(2 * unit_bytes));
             }
             if (src != rank_) {
@@ -405,13 +408,8 @@ void Buffer::combine_impl(const DispatchHandle& h,
             if (!detail::is_payload(codes[k])) continue;
             const std::byte* slot = stage + (static_cast<int64_t>(t) * units_per_token + td.unit[j]) * unit_bytes;
             if (td.count[j] == 1) {
-                const Bf16* p = reinterpret_cast<const Bf16*>(slot);
-                if (a.apply_weights) {
-                    const float wk = h.topk_w[static_cast<size_t>(t) * K + k];
-                    for (int64_t i = 0; i < H; ++i) acc[i] += wk * bf16_to_float(p[i]);
-                } else {
-                    for (int64_t i = 0; i < H; ++i) acc[i] += bf16_to_float(p[i]);
-                }
+                add_row_terms(acc, reinterpret_cast<const Bf16*>(slot), H, h.topk_w[static_cast<size_t>(t) * K + k],
+                              a.apply_weights);
             } else {
                 const float* p = reinterpret_cast<const float*>(slot);
                 for (int64_t i = 0; i < H; ++i) acc[i] += p[i];

@@ -1,4 +1,4 @@
-// tests/cuda/gpu_testing.hpp — helpers of the GPU tests: device skip, RAII device arrays, per-rank device inputs.
+// tests/cuda/gpu_testing.hpp — helpers of the GPU tests: device skip, per-rank device inputs (cuda::DeviceArray).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/cuda/types.hpp"
 #include "evenep/detail/bf16.hpp"
 
@@ -19,35 +20,7 @@
 
 namespace evenep::testing {
 
-// A device array of n T (at least one element), zero-filled.
-template <typename T>
-class DeviceArray {
-  public:
-    explicit DeviceArray(size_t n = 0) : n_(n) {
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), sizeof(T) * (n ? n : 1)));
-        EVENEP_CUDA_CHECK(cudaMemset(ptr_, 0, sizeof(T) * (n ? n : 1)));
-    }
-    ~DeviceArray() { cudaFree(ptr_); }
-    DeviceArray(DeviceArray&& o) noexcept : ptr_(o.ptr_), n_(o.n_) { o.ptr_ = nullptr, o.n_ = 0; }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    T* get() const { return ptr_; }
-    size_t size() const { return n_; }
-    void upload(const T* data, size_t n) {
-        if (n) EVENEP_CUDA_CHECK(cudaMemcpy(ptr_, data, sizeof(T) * n, cudaMemcpyHostToDevice));
-    }
-    void upload(const std::vector<T>& v) { upload(v.data(), v.size()); }
-    std::vector<T> download(size_t n) const {
-        std::vector<T> v(n);
-        if (n) EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), ptr_, sizeof(T) * n, cudaMemcpyDeviceToHost));
-        return v;
-    }
-    std::vector<T> download() const { return download(n_); }
-
-  private:
-    T* ptr_ = nullptr;
-    size_t n_ = 0;
-};
+using cuda::DeviceArray;
 
 // Device inputs and outputs of R virtual ranks, each sized for S tokens (x, out: [S*H]; idx, w, out_w: [S*K]).
 struct GroupIo {

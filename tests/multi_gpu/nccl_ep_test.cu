@@ -42,6 +42,7 @@
 #include "evenep/cpu/oracle.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/nccl_ep.hpp"
 #include "evenep/cuda/nccl_team.hpp"
@@ -66,32 +67,11 @@ std::vector<uint16_t> bits_of(const std::vector<Bf16>& v) {
     return b;
 }
 
-template <typename T>
-struct Dev {
-    T* p = nullptr;
-    size_t n = 0;
-    explicit Dev(size_t count) : n(count) {
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p), sizeof(T) * (n ? n : 1)));
-        EVENEP_CUDA_CHECK(cudaMemset(p, 0, sizeof(T) * (n ? n : 1)));
-    }
-    ~Dev() { cudaFree(p); }
-    Dev(const Dev&) = delete;
-    Dev& operator=(const Dev&) = delete;
-    void upload(const std::vector<T>& v) {
-        if (!v.empty()) EVENEP_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    std::vector<T> download(size_t count) const {
-        std::vector<T> v(count);
-        if (count) EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost));
-        return v;
-    }
-};
-
 // ---- Team ----
 
 int barrier_rounds(NcclTeam& team, int channel, int rounds) {
-    Dev<int32_t> errors(team.size());
-    launch_barrier_test(team.view(channel), 0, rounds, 2, errors.p, nullptr);
+    DeviceArray<int32_t> errors(team.size());
+    launch_barrier_test(team.view(channel), 0, rounds, 2, errors.get(), nullptr);
     team.check(nullptr);
     int total = 0;
     for (int32_t e : errors.download(team.size())) total += e;
@@ -109,8 +89,8 @@ TEST(NcclTeamGroupTest, BarrierOrdersWritesOnBothChannels) {
 }
 
 void expect_timeout_names(NcclTeam& team, int missing, const std::string& what) {
-    Dev<int32_t> errors(team.size());
-    launch_barrier_test(team.view(), 0, 3, 2, errors.p, nullptr);
+    DeviceArray<int32_t> errors(team.size());
+    launch_barrier_test(team.view(), 0, 3, 2, errors.get(), nullptr);
     try {
         team.check(nullptr);
         ADD_FAILURE() << what << ": rank " << team.rank() << " expected a barrier timeout";
@@ -132,8 +112,8 @@ TEST(NcclTeamGroupTest, StalledRankTimesOutNamingIt) {
     const int stalled = boot.world_size - 1;
     if (boot.rank == stalled) {
         std::this_thread::sleep_for(std::chrono::seconds(3));  // everybody else gives up meanwhile
-        Dev<int32_t> errors(team.size());
-        launch_barrier_test(team.view(), 0, 1, 2, errors.p, nullptr);
+        DeviceArray<int32_t> errors(team.size());
+        launch_barrier_test(team.view(), 0, 1, 2, errors.get(), nullptr);
         try {
             team.check(nullptr);  // its peers arrived long ago (their arrivals wait in its flags): it may pass or not
         } catch (const Error& e) {
@@ -158,8 +138,8 @@ TEST(NcclTeamGroupTest, MissingArrivalTimesOutNamingIt) {
     const int missing = boot.world_size - 1;
     team.inject_fault(missing, Phase::kTest);
     if (boot.rank == missing) {
-        Dev<int32_t> errors(team.size());
-        launch_barrier_test(team.view(), 0, 3, 2, errors.p, nullptr);
+        DeviceArray<int32_t> errors(team.size());
+        launch_barrier_test(team.view(), 0, 3, 2, errors.get(), nullptr);
         team.check(nullptr);  // the faulty rank itself returns at once without an error
     } else {
         expect_timeout_names(team, missing, "injected missing arrival");
@@ -194,16 +174,16 @@ int64_t s_total_of(const Routing& routing) {
 
 // This rank's device inputs and outputs, sized for S tokens.
 struct RankBuffers {
-    Dev<uint16_t> x, out;
-    Dev<int32_t> idx;
-    Dev<float> w, out_w;
+    DeviceArray<uint16_t> x, out;
+    DeviceArray<int32_t> idx;
+    DeviceArray<float> w, out_w;
     RankBuffers(int S, int K, int H)
         : x(static_cast<size_t>(S) * H),
           out(static_cast<size_t>(S) * H),
           idx(static_cast<size_t>(S) * K),
           w(static_cast<size_t>(S) * K),
           out_w(static_cast<size_t>(S) * K) {}
-    RankIo io() const { return RankIo{x.p, idx.p, w.p, out.p, out_w.p}; }
+    RankIo io() const { return RankIo{x.get(), idx.get(), w.get(), out.get(), out_w.get()}; }
     void upload(const cpu::RankTokens& t) {
         x.upload(bits_of(t.x));
         idx.upload(t.topk_idx);
@@ -264,8 +244,8 @@ void expect_combine_equal(NcclEp& ep,
     for (bool apply : {false, true}) {
         const cpu::GroupCombineResult oc = cpu::combine_group(bc, tokens, y, apply, oo);
         for (CombineMode mode : {CombineMode::kPull, CombineMode::kPushPartials}) {
-            EVENEP_CUDA_CHECK(cudaMemset(b.out.p, 0xff, b.out.n * 2));
-            EVENEP_CUDA_CHECK(cudaMemset(b.out_w.p, 0xff, b.out_w.n * 4));
+            EVENEP_CUDA_CHECK(cudaMemset(b.out.get(), 0xff, b.out.size() * 2));
+            EVENEP_CUDA_CHECK(cudaMemset(b.out_w.get(), 0xff, b.out_w.size() * 4));
             const RankIo io = b.io();
             ep.combine(plan, {&io, 1}, apply, mode, nullptr);
             ep.check(nullptr);

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "evenep/config.hpp"
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/cuda/team.hpp"
 #include "evenep/cuda/types.hpp"
 #include "evenep/detail/ep_layout.hpp"
@@ -188,7 +189,7 @@ class Ep {
     EpOptions options_;
     EpLayout layout_;
     OwnedWindow window_;
-    RankIo* d_tables_ = nullptr;        // one allocation: the four tables below
+    DeviceArray<RankIo> d_tables_;      // one allocation: the four tables below
     Tables fwd_;                        // forward pointers (served entries set by each call)
     Tables bwd_;                        // backward view: x = grad_out, out = grad_x, out_w = grad_topk_w
     std::shared_ptr<EpPlanPool> pool_;  // recycled device copies of plans

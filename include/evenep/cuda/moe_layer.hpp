@@ -52,6 +52,7 @@
 #include <span>
 #include <vector>
 
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/cuda/ep.hpp"
 #include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
@@ -147,7 +148,7 @@ class MoeLayer {
     bool has_forward_ = false, has_backward_ = false;
     uint64_t forwards_ = 0;
     // One allocation: per region [num_local][NvS][dim].
-    char* arena_ = nullptr;
+    DeviceArray<char> arena_;
     struct Regions {
         size_t x, g, u, h, y;       // saved activations, bf16
         size_t dy, dg, du;          // backward operands, bf16

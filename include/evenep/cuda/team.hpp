@@ -2,9 +2,10 @@
 //
 // Every virtual rank owns one device allocation of the same size (its "symmetric" buffer: the same offset holds
 // the same object on every rank) and sees every peer's allocation through a device peer-pointer table, exactly as
-// the NCCL team will expose LSA peers. Kernels that synchronise ranks are launched once for all virtual ranks
-// (cooperative launch: every block is co-resident, so a block spinning on a peer's flag can never wait for a
-// block that is not scheduled); blocks [rank * blocks_per_rank, (rank + 1) * blocks_per_rank) act for `rank`.
+// the NCCL team (evenep/cuda/nccl_team.hpp) exposes its LSA peers. Kernels that synchronise ranks are launched once for
+// all virtual ranks (cooperative launch: every block is co-resident, so a block spinning on a peer's flag can never
+// wait for a block that is not scheduled); blocks [rank * blocks_per_rank, (rank + 1) * blocks_per_rank) act for
+// `rank`.
 //
 // The device barrier (src/cuda/device/team.cuh) has release/acquire semantics at GPU scope and a timeout read
 // from the GPU's global timer. A rank that waits longer than the timeout prints "rank, peer, phase", records the
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "evenep/cuda/detail/window_registry.hpp"
+#include "evenep/cuda/device_array.hpp"
 
 namespace evenep::cuda {
 
@@ -233,12 +235,13 @@ class LocalTeam final : public Team {
 
   private:
     void release() noexcept;
+    struct Copies;  // one window: the Window handed out and the device arrays it points to (team.cpp)
 
     int num_ranks_;
     TeamOptions options_;
-    detail::WindowRegistry<Window> windows_;  // [0]: the main window
+    detail::WindowRegistry<Copies> windows_;  // [0]: the main window
     const Window* main_ = nullptr;
-    uint32_t* d_sync_ = nullptr;  // per channel flags, arrive, gen; then abort, claim (one allocation)
+    DeviceArray<uint32_t> d_sync_;  // per channel flags, arrive, gen; then abort, claim (one allocation)
     size_t sync_bytes_ = 0;
     DeviceErrorRecord* h_record_ = nullptr;
     TeamView views_[kTeamChannels]{};

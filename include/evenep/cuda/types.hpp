@@ -5,7 +5,8 @@
 
 namespace evenep::cuda {
 
-// Caller-owned device pointers of one virtual rank; bound once (DeviceEp::bind), read by the kernels.
+// Caller-owned device pointers of one virtual rank, given to every Ep call (plan, dispatch, combine and their
+// backwards); the call stores them into the Ep's device table on its stream, where the kernels read them.
 struct RankIo {
     const uint16_t* x = nullptr;        // [S, H] bf16 dispatch input (rows >= s_r unused)
     const int32_t* topk_idx = nullptr;  // [S, K] expert ids, -1 masked

@@ -5,6 +5,7 @@
 // multiple of a that is >= x, for x >= 0.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 

@@ -28,6 +28,7 @@
 #include "cuda/device/plan_fill.cuh"
 #include "cuda/device/plan_finish.cuh"
 #include "cuda/device/plan_home.cuh"
+#include "cuda/device/plan_stamps.cuh"
 #include "cuda/device/plan_warp.cuh"
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
@@ -76,11 +77,9 @@ __device__ __forceinline__ void other_group_sync(int threads) {
     asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory");
 }
 
-// timing (optional, [32]), all %globaltimer ns unless said: thread 0 stores the phase boundaries into [0..9), the fill
-// iterations of candidates 0 and 1 into [9], [10], the most split pieces of one donor into [11], clock64 at the start
-// and end into [12], [13] (the SM clock of the run) and %globaltimer there into [14], [15]; phase 2's roles store when
-// they finished: the latest fill or path [23], transfers [24], split [25], home rows [26], fills 0-3 [27..30], the
-// later path [31]. ([16..22] are the team kernel's.)
+// timing (nullptr: none; never given without EVENEP_PLANNER_STAMPS): the planner's stamp words, named in
+// evenep/detail/plan_stamps.hpp (thread 0: the phase boundaries, fill iterations, split pieces, clock and timer at the
+// start and the end; each of phase 2's roles: when it finished).
 // NOTE: a reading right after a block barrier is taken when the warp arrives there, not when the barrier releases,
 // unless a memory access comes first (see stamp below); that, not clock skew, is why an earlier clock64 reading after
 // a barrier came out before readings other warps took ahead of it. The stamps use %globaltimer (one clock per GPU).
@@ -110,18 +109,19 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     // (BAR.SYNC.DEFER_BLOCKING) lets the warp go on issuing instructions that touch no memory, the timer read
     // included, before the other warps arrive: measured, a stamp after phase 2's barrier read 7 us earlier than the
     // fills' end stamps taken before it. A memory access waits for the barrier, and a warp issues in order.
+    if constexpr (!detail::kPlannerStamps) timing = nullptr;
     __shared__ int s_stamp_order;
-    auto stamp = [&](int i) {
+    auto stamp = [&](int i) {  // phase boundary i
         if (timing != nullptr && tid == 0) {
             (void)*static_cast<volatile int*>(&s_stamp_order);
-            timing[i] = static_cast<int64_t>(global_timer_ns());
+            stamp_time(timing, detail::kStampPhase + i);
         }
     };
     if (timing != nullptr && tid == 0) {
-        timing[14] = static_cast<int64_t>(global_timer_ns());
-        timing[12] = static_cast<int64_t>(clock64());
-        for (int i = 23; i < 32; ++i) timing[i] = 0;
-        timing[11] = 0;
+        stamp_time(timing, detail::kStampTimerBegin);
+        timing[detail::kStampClockBegin] = static_cast<int64_t>(clock64());
+        for (int i = detail::kStampRolesDone; i < detail::kNumPlanStamps; ++i) timing[i] = 0;
+        timing[detail::kStampSplitPieces] = 0;
     }
     stamp(0);
     // Phase 1 reads the histogram in place as int4 rows of four experts (vec_sums) when it stays in global memory and
@@ -320,7 +320,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             if (lane == 0) xh[n] = h, xu[n] = u, xa[n] = static_cast<int32_t>(amount);
         }
         if (lane == 0) *nx = n;
-        if (lane == 0 && timing != nullptr) timing[24] = static_cast<int64_t>(global_timer_ns());
+        if (lane == 0 && timing != nullptr) stamp_time(timing, detail::kStampTransfersDone);
     } else if (optimized && !cluster && warp >= 1 && warp <= 4) {
         const int v = warp - 1;
         int iterations = 0;
@@ -329,9 +329,9 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         const bool ok = warp_global_fill(d, st, list_of(1 + v), tpe, home, /*best_fit=*/v % 2 == 1, lane, iterations);
         if (lane == 0) s_fill_ok[v] = ok ? 1 : 0;
         if (lane == 0 && timing != nullptr) {
-            if (v < 2) timing[9 + v] = iterations;
-            timing[27 + v] = static_cast<int64_t>(global_timer_ns());
-            atomicMax(reinterpret_cast<unsigned long long*>(timing + 23), static_cast<unsigned long long>(global_timer_ns()));
+            if (v < 2) timing[detail::kStampFillIterations + v] = iterations;
+            stamp_time(timing, detail::kStampFillDone + v);
+            stamp_max_time(timing, detail::kStampRolesDone);
         }
     } else if (optimized && (warp == 5 || warp == 6)) {
         const int p = warp - 5;  // candidate 4: path sorted, 5: path alternating
@@ -340,8 +340,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                                         sc.fill_remote + (4 + p) * R, list_of(5 + p), lane);
         if (lane == 0) s_fill_ok[4 + p] = ok ? 1 : 0;
         if (lane == 0 && timing != nullptr) {
-            atomicMax(reinterpret_cast<unsigned long long*>(timing + 23), static_cast<unsigned long long>(global_timer_ns()));
-            atomicMax(reinterpret_cast<unsigned long long*>(timing + 31), static_cast<unsigned long long>(global_timer_ns()));
+            stamp_max_time(timing, detail::kStampRolesDone);
+            stamp_max_time(timing, detail::kStampPathsDone);
         }
     }
     if (warp >= 1 && warp <= 6) other_group_sync((kWarps - kSplitWarps) * kWarpSize);
@@ -370,17 +370,14 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                 const int pieces = warp_split_donor(d, h, wu, wa, m, sc.remaining, sc.piece_at, sc.piece_amount,
                                                     sc.npieces, lane);
                 if (lane == 0 && timing != nullptr)
-                    atomicMax(reinterpret_cast<unsigned long long*>(timing + 11), static_cast<unsigned long long>(pieces));
+                    stamp_max(timing, detail::kStampSplitPieces, static_cast<uint64_t>(pieces));
             }
             __syncwarp();
         }
-        if (lane == 0 && timing != nullptr)
-            atomicMax(reinterpret_cast<unsigned long long*>(timing + 25), static_cast<unsigned long long>(global_timer_ns()));
+        if (lane == 0 && timing != nullptr) stamp_max_time(timing, detail::kStampSplitDone);
         // Route rows of the home matrix (plan_home.cuh; the cluster's blocks 5-7 write them instead).
         if (!cluster) warp_home_rows(d, tpe, a, sc.expert_load, home, t_home, sc.cross, sg, kSplitWarps, lane, true);
-        if (!cluster && lane == 0 && timing != nullptr) {
-            atomicMax(reinterpret_cast<unsigned long long*>(timing + 26), static_cast<unsigned long long>(global_timer_ns()));
-        }
+        if (!cluster && lane == 0 && timing != nullptr) stamp_max_time(timing, detail::kStampHomeRowsDone);
     }
     __syncthreads();
     if (cluster) {
@@ -489,8 +486,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     plan_block_finish<kThreads, kCluster>(d, tpe, a, cost_out, sc, sw, team, rank, stamp);
     stamp(8);
     if (timing != nullptr && tid == 0) {
-        timing[13] = static_cast<int64_t>(clock64());
-        timing[15] = static_cast<int64_t>(global_timer_ns());
+        timing[detail::kStampClockEnd] = static_cast<int64_t>(clock64());
+        stamp_time(timing, detail::kStampTimerEnd);
     }
 }
 

@@ -16,6 +16,7 @@
 #include "cuda/device/cluster.cuh"
 #include "cuda/device/plan_finish.cuh"
 #include "cuda/device/plan_home.cuh"
+#include "cuda/device/plan_stamps.cuh"
 #include "cuda/device/plan_warp.cuh"
 #include "evenep/detail/ep_layout.hpp"
 
@@ -301,6 +302,7 @@ __device__ __forceinline__ bool block_global_fill(const PlanDims& d,
 template <int kThreads>
 __device__ __noinline__ void plan_cluster_fill(
     const PlanDims d, const int32_t* tpe_g, char* base0, char* smem, FillTpe tpe_mode, int v, int64_t* timing) {
+    if constexpr (!detail::kPlannerStamps) timing = nullptr;
     constexpr int kWarps = kThreads / kWarpSize;
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int R = d.R, E = d.E;
@@ -434,10 +436,9 @@ __device__ __noinline__ void plan_cluster_fill(
             sc0.npieces[1 + v] = n;
             sc0.fill_flags[v] = ok ? 1 : 0;
             if (timing != nullptr) {
-                if (v < 2) timing[9 + v] = iterations;
-                timing[27 + v] = static_cast<int64_t>(global_timer_ns());
-                atomicMax(reinterpret_cast<unsigned long long*>(timing + 23),
-                          static_cast<unsigned long long>(global_timer_ns()));
+                if (v < 2) timing[detail::kStampFillIterations + v] = iterations;
+                stamp_time(timing, detail::kStampFillDone + v);
+                stamp_max_time(timing, detail::kStampRolesDone);
             }
         }
     }
@@ -458,6 +459,7 @@ __device__ __forceinline__ void plan_cluster_home(const PlanDims& d,
                                                   int i,
                                                   int nh,
                                                   int64_t* timing) {
+    if constexpr (!detail::kPlannerStamps) timing = nullptr;
     constexpr int kWarps = kThreads / kWarpSize;
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
     const int E = d.E, epn = d.epn;
@@ -475,9 +477,7 @@ __device__ __forceinline__ void plan_cluster_home(const PlanDims& d,
     for (int e = tid; e < E; e += kThreads) load[e] = sc0.expert_load[e];
     __syncthreads();
     warp_home_rows(d, tpe_g, a, load, home, t_home, sc0.cross, i * kWarps + warp, nh * kWarps, lane, false);
-    if (lane == 0 && timing != nullptr)
-        atomicMax(reinterpret_cast<unsigned long long*>(timing + 26),
-                  static_cast<unsigned long long>(global_timer_ns()));
+    if (lane == 0 && timing != nullptr) stamp_max_time(timing, detail::kStampHomeRowsDone);
     cluster_arrive();
     cluster_wait();  // B
 }

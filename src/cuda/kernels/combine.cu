@@ -34,6 +34,35 @@ using device::kWarpSize;
 inline constexpr int kCombineThreads = 256;
 inline constexpr int kCombineUnroll = 4;  // 16-byte vectors per lane per chunk
 
+// The fp32 partial-sum step of the contract above, the only one of both modes: part[u][i] += term of one bf16 row
+// (times w with apply_weights; round-to-nearest, never fused) on vectors v0 + u*32 + lane. Lanes past num_vec add 0
+// (their sums are never stored).
+template <int kUnroll>
+__device__ __forceinline__ void add_row_terms(
+    float (&part)[kUnroll][8], const uint16_t* yrow, float w, int num_vec, int v0, int lane, bool apply_weights) {
+    uint4 buf[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int v = v0 + u * kWarpSize + lane;
+        buf[u] = v < num_vec ? device::ld_v4(yrow + static_cast<int64_t>(v) * kBf16PerVec) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        float f[8];
+        device::unpack_bf16x8(buf[u], f);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) part[u][i] = __fadd_rn(part[u][i], apply_weights ? __fmul_rn(w, f[i]) : f[i]);
+    }
+}
+
+template <int kUnroll>
+__device__ __forceinline__ void zero(float (&v)[kUnroll][8]) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[u][i] = 0.0f;
+}
+
 // acc[u][i] += (0 + sum of the chain's terms), for the lanes of `chain` (ascending), vectors v0 + u*32 + lane;
 // row: each live lane's receive row (device::recv_rows).
 template <int kUnroll>
@@ -46,27 +75,10 @@ __device__ __forceinline__ void add_chain(float (&acc)[kUnroll][8],
                                           int lane,
                                           bool apply_weights) {
     float part[kUnroll][8];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) part[u][i] = 0.0f;
+    zero(part);
     for (unsigned m = chain; m; m &= m - 1) {
         const int l = __ffs(m) - 1;
-        const float pw = __shfl_sync(0xffffffffu, w, l);
-        const uint16_t* yrow = device::shfl_ptr(row, l);
-        uint4 buf[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int v = v0 + u * kWarpSize + lane;
-            buf[u] = v < num_vec ? device::ld_v4(yrow + static_cast<int64_t>(v) * kBf16PerVec) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            float f[8];
-            device::unpack_bf16x8(buf[u], f);
-#pragma unroll
-            for (int i = 0; i < 8; ++i) part[u][i] = __fadd_rn(part[u][i], apply_weights ? __fmul_rn(pw, f[i]) : f[i]);
-        }
+        add_row_terms(part, device::shfl_ptr(row, l), __shfl_sync(0xffffffffu, w, l), num_vec, v0, lane, apply_weights);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
@@ -131,10 +143,7 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(const DataParams
         const uint16_t* row = te.live ? device::recv_rows(p, te.drank) + static_cast<int64_t>(te.row) * H : nullptr;
         for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
             float acc[kUnroll][8];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[u][i] = 0.0f;
+            zero(acc);
             for (unsigned m = te.payloads; m; m &= m - 1) {
                 const unsigned chain = __shfl_sync(0xffffffffu, te.same, __ffs(m) - 1);
                 add_chain<kUnroll>(acc, chain, row, w, num_vec, v0, lane, apply);
@@ -177,28 +186,9 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams
         float* prow = reinterpret_cast<float*>(slot);
         for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
             float part[kUnroll][8];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) part[u][i] = 0.0f;
-            for (int32_t n = row; n != detail::kChainEnd; n = next[n]) {
-                const float w = recv_w[n];
-                const uint16_t* nrow = y + static_cast<int64_t>(n) * H;
-                uint4 buf[kUnroll];
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u) {
-                    const int v = v0 + u * kWarpSize + lane;
-                    buf[u] = v < num_vec ? device::ld_v4(nrow + static_cast<int64_t>(v) * kBf16PerVec)
-                                         : make_uint4(0, 0, 0, 0);
-                }
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u) {
-                    float f[8];
-                    device::unpack_bf16x8(buf[u], f);
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) part[u][i] = __fadd_rn(part[u][i], apply ? __fmul_rn(w, f[i]) : f[i]);
-                }
-            }
+            zero(part);
+            for (int32_t n = row; n != detail::kChainEnd; n = next[n])
+                add_row_terms(part, y + static_cast<int64_t>(n) * H, recv_w[n], num_vec, v0, lane, apply);
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) {
                 const int v = v0 + u * kWarpSize + lane;
@@ -226,10 +216,7 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams
         uint16_t* orow = io.out + static_cast<int64_t>(t) * H;
         for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
             float acc[kUnroll][8];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) acc[u][i] = 0.0f;
+            zero(acc);
             int unit = 0;
             for (unsigned m = te.payloads; m; m &= m - 1) {
                 const int l = __ffs(m) - 1;
@@ -247,19 +234,9 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams
                         for (int i = 0; i < 8; ++i) acc[u][i] = __fadd_rn(acc[u][i], f[i]);
                     }
                     unit += 2;
-                } else {
-                    const float pw = __shfl_sync(0xffffffffu, w, l);
-                    const uint16_t* srow = reinterpret_cast<const uint16_t*>(slot);
-#pragma unroll
-                    for (int u = 0; u < kUnroll; ++u) {
-                        const int v = v0 + u * kWarpSize + lane;
-                        if (v >= num_vec) continue;
-                        float f[8];
-                        device::unpack_bf16x8(device::ld_v4(srow + static_cast<int64_t>(v) * kBf16PerVec), f);
-#pragma unroll
-                        for (int i = 0; i < 8; ++i)
-                            acc[u][i] = __fadd_rn(acc[u][i], apply ? __fmul_rn(pw, f[i]) : f[i]);
-                    }
+                } else {  // a single entry's bf16 row: its term straight into acc
+                    add_row_terms(acc, reinterpret_cast<const uint16_t*>(slot), __shfl_sync(0xffffffffu, w, l), num_vec,
+                                  v0, lane, apply);
                     unit += 1;
                 }
             }

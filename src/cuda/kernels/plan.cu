@@ -21,6 +21,7 @@
 
 #include "cuda/device/plan_block.cuh"
 #include "cuda/device/plan_cluster.cuh"
+#include "cuda/device/plan_stamps.cuh"
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
@@ -80,7 +81,7 @@ __device__ void plan_rank(const PlanParams& p, int rank) {
     int32_t* relay_src = EpLayout::at<int32_t>(base, L.plan.relay_src);
     int32_t* relay_round = EpLayout::at<int32_t>(base, L.plan.relay_round);
     if constexpr (kParallel) {
-        int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
+        int64_t* timing = device::plan_stamps(base, L);
         // Relays off (the default): phase 4 writes the copy tree as it writes the slots (PlanScratch::relay_src).
         auto with_tree = [&](device::PlanScratch sc) {
             if (!p.relay) sc.relay_src = relay_src, sc.relay_round = relay_round;
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) plan_cluster_kernel(const __grid_con
     char* base = p.team.peers[rank];
     const detail::PlanDims d = L.dims(p.locality != 0);
     const int32_t* tpe = EpLayout::at<int32_t>(base, L.tpe);
-    int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
+    int64_t* timing = device::plan_stamps(base, L);
     char* smem = reinterpret_cast<char*>(plan_smem);
     device::wait_previous_kernel();  // an early launch (launch_config): nothing is read or written before this
     device::allow_next_kernel();
@@ -214,9 +215,9 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
     const int64_t row_ints = L.buf.gather_row_ints();
     const int chunk = (s + c.num_blocks - 1) / c.num_blocks;
     const int t0 = min(s, c.block * chunk), t1 = min(s, t0 + chunk);
-    // Rank 0's block 0 stamps the phases into timing[16..21) (benchmark breakdown; one store each).
-    int64_t* timing = EpLayout::at<int64_t>(base, L.plan.timing);
-    const bool stamps = c.rank == 0 && c.block == 0 && tid == 0;
+    // Rank 0's block 0 stamps the phases (kStampFused*; benchmark breakdown, one store each) when stamps are compiled in.
+    int64_t* timing = device::plan_stamps(base, L);
+    const bool stamps = timing != nullptr && c.rank == 0 && c.block == 0 && tid == 0;
     if constexpr (kStage == TeamStage::kDst) {
         // A recorded error (a bad expert id, a missing peer, the planner's check) ends the call here, as the fused
         // kernel's barriers do. No barrier follows in this launch, so a block that reads the flag late is harmless.
@@ -226,9 +227,9 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
         if (tid == 0) s_go = device::aborted(p.team) ? 0 : 1;
         __syncthreads();
         if (s_go == 0) return;
-        if (stamps) timing[19] = static_cast<int64_t>(device::global_timer_ns());
+        if (stamps) device::stamp_time(timing, detail::kStampFusedPlanDone);
     } else {
-        if (stamps) timing[16] = static_cast<int64_t>(device::global_timer_ns());
+        if (stamps) device::stamp_time(timing, detail::kStampFusedBegin);
         if (kStage == TeamStage::kGather && c.block == 0 && tid == 0) *EpLayout::at<int32_t>(base, L.plan.gate) = 0;
 
         // ---- Phase 1: histogram of the block's chunk. ----
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
         // With ranks in other processes this is a team barrier: a peer may still read its gathered rows of the previous
         // plan (phase 3) when this rank's phase 2 writes into them.
         if (!device::barrier(p.team, c, Phase::kPlanHistogram, device::multi_process(p.team))) return;
-        if (stamps) timing[17] = static_cast<int64_t>(device::global_timer_ns());
+        if (stamps) device::stamp_time(timing, detail::kStampFusedHistogramDone);
 
         // ---- Phase 2: prefix over blocks; the rank's total goes to every peer's gathered table. ----
         for (int e = c.block * kThreads + tid; e < E; e += c.num_blocks * kThreads) {
@@ -275,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
             row[1] = p.s_total;
         }
         if (!device::barrier(p.team, c, Phase::kPlanGather, true)) return;
-        if (stamps) timing[18] = static_cast<int64_t>(device::global_timer_ns());
+        if (stamps) device::stamp_time(timing, detail::kStampFusedGatherDone);
         if constexpr (kStage == TeamStage::kGather) device::allow_next_kernel();  // the plan launch may be scheduled
 
         // ---- Phase 3: the rank's plan, on its block 0, from its copy of the gathered rows (kGather: the copy, then
@@ -295,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
         }
         if constexpr (kStage == TeamStage::kGather) return;
         if (!device::barrier(p.team, c, Phase::kPlanReady, false)) return;
-        if (stamps) timing[19] = static_cast<int64_t>(device::global_timer_ns());
+        if (stamps) device::stamp_time(timing, detail::kStampFusedPlanDone);
     }  // kStage != kDst
 
     // ---- Phase 4: encoded destinations of the chunk. ----
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
         view_smem.local_keep = keep, view_smem.rest_prefix = rp, view_smem.cap_prefix = cp, view_smem.seg_row = seg;
         __syncthreads();
     }
-    if (stamps) timing[21] = static_cast<int64_t>(device::global_timer_ns());
+    if (stamps) device::stamp_time(timing, detail::kStampFusedStagingDone);
     int32_t* dst = EpLayout::at<int32_t>(base, L.dst);
     int32_t* wh = smem + E + warp * E;  // this warp's running position per expert
     const int wchunk = (t1 - t0 + kWarps - 1) / kWarps;
@@ -354,7 +355,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
     else
         walk(view);
     __syncwarp();
-    if (stamps) timing[22] = static_cast<int64_t>(device::global_timer_ns());
+    if (stamps) device::stamp_time(timing, detail::kStampFusedWalkDone);
     // Dedup (SPEC §3.4): per token, the first entry per destination rank keeps dst, later ones store -dst-1.
     for (int t = wt0 + lane; t < wt1; t += kWarpSize) {
         int32_t* row = dst + static_cast<int64_t>(t) * K;
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
             if (dup) row[k] = detail::encode_duplicate(code);
         }
     }
-    if (stamps) timing[20] = static_cast<int64_t>(device::global_timer_ns());
+    if (stamps) device::stamp_time(timing, detail::kStampFusedEnd);
 }
 
 PlanParams make_params(const TeamView& team,
@@ -505,13 +506,12 @@ int launch_plan(const TeamView& team,
                 const RankIo* d_io,
                 std::span<const int32_t> s,
                 int64_t s_total,
-                bool locality,
-                PlannerKernel kernel,
+                const PlanOptions& options,
                 int sm_budget,
-                cudaStream_t stream,
-                bool relay) {
-    PlanParams p = make_params(team, layout, d_io, s, s_total, locality);
-    p.relay = relay ? 1 : 0;
+                cudaStream_t stream) {
+    const PlannerKernel kernel = options.kernel;
+    PlanParams p = make_params(team, layout, d_io, s, s_total, options.locality);
+    p.relay = options.relay ? 1 : 0;
     if (kernel == PlannerKernel::kCluster) {
         PlanParams pc = p;
         const size_t cluster_bytes = cluster_smem(pc);
@@ -553,16 +553,12 @@ bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, Planner
 void launch_plan_only(const TeamView& team,
                       const EpLayout& layout,
                       std::span<const int32_t> s,
-                      bool locality,
-                      PlannerKernel kernel,
-                      int rank_begin,
-                      int num_ranks,
-                      cudaStream_t stream,
-                      int repeat,
-                      bool relay,
-                      bool early) {
-    PlanParams p = make_params(team, layout, nullptr, s, -1, locality);
-    p.relay = relay ? 1 : 0;
+                      const PlanOnlyOptions& options,
+                      cudaStream_t stream) {
+    const int repeat = options.repeat, rank_begin = options.rank_begin, num_ranks = options.num_ranks;
+    PlannerKernel kernel = options.plan.kernel;
+    PlanParams p = make_params(team, layout, nullptr, s, -1, options.plan.locality);
+    p.relay = options.plan.relay ? 1 : 0;
     EVENEP_CHECK(repeat >= 1, "plan: repeat = ", repeat);
     p.repeat = repeat;
     EVENEP_CHECK(rank_begin >= 0 && num_ranks >= 1 && rank_begin + num_ranks <= layout.R, "plan: ranks [", rank_begin,
@@ -572,7 +568,7 @@ void launch_plan_only(const TeamView& team,
         const size_t smem = cluster_smem(p);
         if (cluster_runs(smem)) {
             launch_clustered(plan_cluster_kernel<kPlanThreads>, num_ranks * kPlanClusterBlocks, kPlanClusterBlocks,
-                             kPlanThreads, smem, stream, early, p);
+                             kPlanThreads, smem, stream, options.early, p);
             return;
         }
         kernel = PlannerKernel::kParallel;  // the shape does not fit the cluster: the one-block planner

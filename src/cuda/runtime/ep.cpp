@@ -16,20 +16,18 @@ namespace evenep::cuda {
 
 // Device copies of plans that are not resident, [num_local][bytes] each; recycled when their plan is released.
 struct EpPlanPool {
-    size_t bytes = 0;  // one copy: all served ranks
+    size_t bytes = 0;                    // one copy: all served ranks
+    std::vector<DeviceArray<char>> all;  // every copy, in use or free
     std::vector<char*> free;
-    ~EpPlanPool() {
-        for (char* p : free) cudaFree(p);  // NOTE: never throws
-    }
     char* take() {
         if (!free.empty()) {
             char* p = free.back();
             free.pop_back();
             return p;
         }
-        void* p = nullptr;
-        EVENEP_CUDA_CHECK(cudaMalloc(&p, bytes));
-        return static_cast<char*>(p);
+        // NOTE: no fill: a copy may be taken while a stream is captured (the save is then a captured copy).
+        all.emplace_back(bytes, DeviceFill::kNone);
+        return all.back().get();
     }
 };
 
@@ -98,13 +96,11 @@ Ep::Ep(Team& team, const Config& cfg, int hidden, const EpOptions& options)
     layout_ = check_and_layout(cfg, hidden, options);
     EVENEP_CHECK(team.size() == cfg.R, "cuda ep: R = ", cfg.R, " but the team has ", team.size(), " ranks");
     window_ = OwnedWindow(team, layout_.total_bytes);
-    const size_t table = sizeof(RankIo) * cfg.R;
-    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_tables_), 4 * table));
-    EVENEP_CUDA_CHECK(cudaMemset(d_tables_, 0, 4 * table));
-    fwd_.eager = d_tables_;
-    fwd_.graph = d_tables_ + cfg.R;
-    bwd_.eager = d_tables_ + 2 * cfg.R;
-    bwd_.graph = d_tables_ + 3 * cfg.R;
+    d_tables_ = DeviceArray<RankIo>(4 * static_cast<size_t>(cfg.R));
+    fwd_.eager = d_tables_.get();
+    fwd_.graph = d_tables_.get() + cfg.R;
+    bwd_.eager = d_tables_.get() + 2 * cfg.R;
+    bwd_.graph = d_tables_.get() + 3 * cfg.R;
     // Chain metadata starts as padding everywhere (what the CPU backend's buffer holds before any dispatch).
     std::vector<int32_t> next(layout_.nvs, detail::kChainEnd), ret(layout_.nvs, detail::kRetPadding);
     for (int r = rank_begin(); r < rank_begin() + num_local_ranks(); ++r) {
@@ -116,7 +112,7 @@ Ep::Ep(Team& team, const Config& cfg, int hidden, const EpOptions& options)
     pool_->bytes = plan_bytes(layout_) * num_local_ranks();
 }
 
-Ep::~Ep() { cudaFree(d_tables_); }
+Ep::~Ep() = default;
 
 void Ep::set_sm_budget(int sm_budget) {
     EVENEP_CHECK(sm_budget >= 1, "cuda ep: sm_budget = ", sm_budget, " must be >= 1");
@@ -224,6 +220,11 @@ std::span<const int32_t> Ep::checked_s(const EpPlan& plan, const char* call) con
     return plan.state_->s;
 }
 
+PlanOptions plan_options(const EpOptions& options) {
+    return {
+        .locality = options.mode == PlannerMode::kOptimized, .kernel = options.planner_kernel, .relay = options.relay};
+}
+
 EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStream_t stream, int64_t s_total) {
     EVENEP_CHECK(static_cast<int>(io.size()) == num_local_ranks(), "cuda ep: plan got ", io.size(),
                  " rank inputs, expected ", num_local_ranks());
@@ -234,9 +235,8 @@ EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStre
     check_group_tokens(cfg_, s, s_total);
     EpPlan plan = new_resident_plan(s, s_total, stream);
     const RankIo* d_io = store_io(fwd_, io, stream);
-    last_blocks_ =
-        launch_plan(view(options_.channel), layout_, d_io, s, s_total, options_.mode == PlannerMode::kOptimized,
-                    options_.planner_kernel, options_.sm_budget, stream, options_.relay);
+    last_blocks_ = launch_plan(view(options_.channel), layout_, d_io, s, s_total, plan_options(options_),
+                               options_.sm_budget, stream);
     return plan;
 }
 

@@ -1,4 +1,4 @@
-// Test and benchmark hooks of cuda::Ep (include/evenep/cuda/detail/ep_hooks.hpp).
+// Test and benchmark hooks of cuda::Ep (src/include/evenep/cuda/detail/ep_hooks.hpp).
 #include "evenep/cuda/detail/ep_hooks.hpp"
 
 #include "evenep/cuda/check.hpp"
@@ -40,8 +40,9 @@ struct EpHooks {
         for (int r = first; r < first + num; ++r)
             EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(r) + ep.layout().tpe, tpe.data(), RE * 4, cudaMemcpyHostToDevice));
         const EpOptions& o = ep.options();
-        launch_plan_only(ep.view(o.channel), ep.layout(), s, o.mode == PlannerMode::kOptimized,
-                         kernel.value_or(o.planner_kernel), first, num, stream, 1, o.relay);
+        PlanOnlyOptions options{.plan = plan_options(o), .rank_begin = first, .num_ranks = num};
+        if (kernel) options.plan.kernel = *kernel;
+        launch_plan_only(ep.view(o.channel), ep.layout(), s, options, stream);
         return plan;
     }
     static EpPlan plan_with_kernel(

@@ -100,11 +100,10 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
     int device = 0, num_sms = 0;
     EVENEP_CUDA_CHECK(cudaGetDevice(&device));
     EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    arena_ = DeviceArray<char>(g.total);
     try {
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&arena_), g.total));
-        EVENEP_CUDA_CHECK(cudaMemset(arena_, 0, g.total));
-        EVENEP_CUDA_CHECK(
-            cudaMemcpy(arena_ + g.views, views.data(), views.size() * sizeof(MoeRankView), cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(arena_.get() + g.views, views.data(), views.size() * sizeof(MoeRankView),
+                                     cudaMemcpyHostToDevice));
         if (options_.timing)
             for (cudaEvent_t& e : events_) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
         // The rank table is read by kernels on any stream, also non-blocking ones: complete the upload here.
@@ -112,13 +111,13 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
     } catch (...) {
         for (cudaEvent_t e : events_)
             if (e != nullptr) cudaEventDestroy(e);
-        cudaFree(arena_);
         throw;
     }
-    weight_tables_ = reinterpret_cast<const uint16_t**>(arena_ + g.tables);
-    grad_tables_ = reinterpret_cast<float**>(arena_ + g.tables + num_tables * sizeof(void*));
-    gemm_workspace_ = arena_ + g.workspace;
-    rank_views_ = arena_ + g.views;
+    char* arena = arena_.get();
+    weight_tables_ = reinterpret_cast<const uint16_t**>(arena + g.tables);
+    grad_tables_ = reinterpret_cast<float**>(arena + g.tables + num_tables * sizeof(void*));
+    gemm_workspace_ = arena + g.workspace;
+    rank_views_ = arena + g.views;
     allocated_bytes_ = g.total;
     // Elementwise launches: about four blocks per SM over all ranks, never more than a rank's work needs.
     const int64_t max_vec = nvs * std::max(H, F) / 8;
@@ -130,17 +129,16 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
 MoeLayer::~MoeLayer() {
     for (cudaEvent_t e : events_)
         if (e != nullptr) cudaEventDestroy(e);
-    cudaFree(arena_);
 }
 
 uint16_t* MoeLayer::bf16_at(size_t region, int rank, int dim) const {
     const size_t i = static_cast<size_t>(rank - ep_.rank_begin());
-    return reinterpret_cast<uint16_t*>(arena_ + region) + i * ep_.layout().nvs * dim;
+    return reinterpret_cast<uint16_t*>(arena_.get() + region) + i * ep_.layout().nvs * dim;
 }
 
 float* MoeLayer::f32_at(size_t region, int rank, size_t dim) const {
     const size_t i = static_cast<size_t>(rank - ep_.rank_begin());
-    return reinterpret_cast<float*>(arena_ + region) + i * ep_.layout().nvs * dim;
+    return reinterpret_cast<float*>(arena_.get() + region) + i * ep_.layout().nvs * dim;
 }
 
 const uint16_t* MoeLayer::saved_x(int rank) const { return bf16_at(regions_.x, rank, ep_.hidden()); }

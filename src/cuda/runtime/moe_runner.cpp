@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/cuda/ep.hpp"
 #include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/moe_layer.hpp"
@@ -16,30 +17,9 @@
 namespace evenep::cuda {
 namespace {
 
-// A device array of n T (zero-filled), freed on scope exit.
-template <typename T>
-class DeviceVector {
-  public:
-    explicit DeviceVector(size_t n) : n_(std::max<size_t>(n, 1)) {
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), n_ * sizeof(T)));
-        EVENEP_CUDA_CHECK(cudaMemset(p_, 0, n_ * sizeof(T)));
-    }
-    ~DeviceVector() { cudaFree(p_); }
-    DeviceVector(DeviceVector&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr; }
-    DeviceVector(const DeviceVector&) = delete;
-    DeviceVector& operator=(const DeviceVector&) = delete;
-    T* get() const { return p_; }
-    void upload(const void* src, size_t n) {
-        if (n) EVENEP_CUDA_CHECK(cudaMemcpy(p_, src, n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    void download(void* dst, size_t n) const {
-        if (n) EVENEP_CUDA_CHECK(cudaMemcpy(dst, p_, n * sizeof(T), cudaMemcpyDeviceToHost));
-    }
-
-  private:
-    T* p_ = nullptr;
-    size_t n_;
-};
+// Bf16 is its 16 bits (evenep/detail/bf16.hpp); the device arrays hold them as uint16_t.
+const uint16_t* bf16_bits(const Bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
+uint16_t* bf16_bits(Bf16* p) { return reinterpret_cast<uint16_t*>(p); }
 
 struct Stream {
     cudaStream_t s = nullptr;
@@ -79,9 +59,9 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
     Experts experts(ep, ExpertsShape{3, static_cast<int64_t>(n), true, opt.backward});
 
     // The served ranks' inputs and outputs, sized for S tokens.
-    std::vector<DeviceVector<uint16_t>> x, out, grad_out, grad_x;
-    std::vector<DeviceVector<int32_t>> idx;
-    std::vector<DeviceVector<float>> w, grad_w;
+    std::vector<DeviceArray<uint16_t>> x, out, grad_out, grad_x;
+    std::vector<DeviceArray<int32_t>> idx;
+    std::vector<DeviceArray<float>> w, grad_w;
     std::vector<RankIo> io;
     std::vector<BackwardIo> bio;
     const size_t SH = static_cast<size_t>(S) * H, SK = static_cast<size_t>(S) * K;
@@ -92,7 +72,7 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
         out.emplace_back(SH);
         idx.emplace_back(SK);
         w.emplace_back(SK);
-        x[i].upload(p.x[r].data(), s * H);
+        x[i].upload(bf16_bits(p.x[r].data()), s * H);
         idx[i].upload(p.topk_idx[r].data(), s * K);
         w[i].upload(p.topk_w[r].data(), s * K);
         io.push_back(RankIo{x[i].get(), idx[i].get(), w[i].get(), out[i].get(), nullptr});
@@ -100,7 +80,7 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
             grad_out.emplace_back(SH);
             grad_x.emplace_back(SH);
             grad_w.emplace_back(SK);
-            grad_out[i].upload(p.grad_out[r].data(), s * H);
+            grad_out[i].upload(bf16_bits(p.grad_out[r].data()), s * H);
             bio.push_back(BackwardIo{grad_out[i].get(), grad_x[i].get(), grad_w[i].get(), nullptr, nullptr});
         }
     }
@@ -147,12 +127,12 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
         const int r = first + i;
         const size_t s = static_cast<size_t>(p.s[r]);
         res.out[r].resize(s * H);
-        out[i].download(res.out[r].data(), s * H);
+        out[i].download(bf16_bits(res.out[r].data()), s * H);
         res.dst[r] = ep.download_dst(last.plan, r);
         if (opt.backward) {
             res.grad_x[r].resize(s * H);
             res.grad_topk_w[r].resize(s * K);
-            grad_x[i].download(res.grad_x[r].data(), s * H);
+            grad_x[i].download(bf16_bits(res.grad_x[r].data()), s * H);
             grad_w[i].download(res.grad_topk_w[r].data(), s * K);
         }
     }

@@ -23,6 +23,7 @@
 
 #include "cuda/runtime/team_record.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/device_array.hpp"
 #include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 
@@ -182,7 +183,7 @@ ncclComm_t root_comm(const NcclBootstrap& boot) {
 struct NcclWindow {
     void* mem = nullptr;
     ncclWindow_t win = nullptr;
-    char** d_peers = nullptr;
+    DeviceArray<char*> d_peers;  // [R] device table
     Window view;
 };
 
@@ -215,10 +216,10 @@ struct NcclTeam::Impl {
     cudaStream_t stream = nullptr;
     detail::WindowRegistry<NcclWindow> windows;  // [0]: the main window
     size_t flags_off = 0;
-    uint32_t* d_local = nullptr;  // [C][2R] arrive, gen; then abort, claim
+    DeviceArray<uint32_t> d_local;  // [C][2R] arrive, gen; then abort, claim
     size_t local_words = 0;
-    uint32_t** d_inbox = nullptr;  // [C][R] device tables
-    int32_t* d_word = nullptr;     // host barrier scratch
+    DeviceArray<uint32_t*> d_inbox;  // [C][R] device tables
+    DeviceArray<int32_t> d_word;     // host barrier scratch
     DeviceErrorRecord* h_record = nullptr;
     DeviceErrorRecord* d_record = nullptr;
     TeamView views[kNcclTeamChannels]{};
@@ -244,11 +245,11 @@ struct NcclTeam::Impl {
                               "); symmetric windows need CUDA VMM (NCCL_CUMEM_ENABLE=1) "
                               "and the same size on every rank");
             const int R = boot.world_size;
-            EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&w->d_peers), sizeof(char*) * R));
-            nccl_detail::launch_lsa_peer_table(w->win, boot.rank, devcomm.lsaRank, R, w->d_peers, stream);
+            w->d_peers = DeviceArray<char*>(static_cast<size_t>(R), DeviceFill::kNone);
+            nccl_detail::launch_lsa_peer_table(w->win, boot.rank, devcomm.lsaRank, R, w->d_peers.get(), stream);
             w->view.peers.assign(R, nullptr);
-            EVENEP_CUDA_CHECK(
-                cudaMemcpyAsync(w->view.peers.data(), w->d_peers, sizeof(char*) * R, cudaMemcpyDeviceToHost, stream));
+            EVENEP_CUDA_CHECK(cudaMemcpyAsync(w->view.peers.data(), w->d_peers.get(), sizeof(char*) * R,
+                                              cudaMemcpyDeviceToHost, stream));
             EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
             for (int p = 0; p < R; ++p)
                 EVENEP_CHECK_KIND(ErrorKind::kRuntime, w->view.peers[p] != nullptr, "nccl team: rank ", boot.rank,
@@ -258,7 +259,7 @@ struct NcclTeam::Impl {
             throw;
         }
         w->view.local = static_cast<char*>(w->mem);
-        w->view.d_peers = w->d_peers;
+        w->view.d_peers = w->d_peers.get();
         w->view.bytes = size;
         return windows.add(std::move(w));
     }
@@ -281,14 +282,13 @@ struct NcclTeam::Impl {
     }
 
     void release(NcclWindow& w) noexcept {
-        if (w.d_peers) cudaFree(w.d_peers);
         if (w.win && !broken) ncclCommWindowDeregister(comm, w.win);
         if (w.mem && !broken) ncclMemFree(w.mem);
-        w = NcclWindow{};
+        w = NcclWindow{};  // frees d_peers
     }
 
     void host_barrier() {
-        EVENEP_NCCL_CHECK(ncclAllReduce(d_word, d_word, 1, ncclInt32, ncclSum, comm, stream));
+        EVENEP_NCCL_CHECK(ncclAllReduce(d_word.get(), d_word.get(), 1, ncclInt32, ncclSum, comm, stream));
         EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream));
     }
 
@@ -299,15 +299,16 @@ struct NcclTeam::Impl {
             for (int p = 0; p < R; ++p)
                 inbox[static_cast<size_t>(c) * R + p] =
                     reinterpret_cast<uint32_t*>(main().view.peers[p] + flags_off) + static_cast<size_t>(c) * R;
-        EVENEP_CUDA_CHECK(cudaMemcpy(d_inbox, inbox.data(), inbox.size() * sizeof(uint32_t*), cudaMemcpyHostToDevice));
-        uint32_t* abort = d_local + static_cast<size_t>(kNcclTeamChannels) * 2 * R;
+        EVENEP_CUDA_CHECK(
+            cudaMemcpy(d_inbox.get(), inbox.data(), inbox.size() * sizeof(uint32_t*), cudaMemcpyHostToDevice));
+        uint32_t* abort = d_local.get() + static_cast<size_t>(kNcclTeamChannels) * 2 * R;
         for (int c = 0; c < kNcclTeamChannels; ++c) {
             TeamView& v = views[c];
             v = TeamView{};
             v.num_ranks = R;
-            v.peers = main().d_peers;
+            v.peers = main().d_peers.get();
             v.flags = nullptr;
-            v.local_arrive = d_local + static_cast<size_t>(c) * 2 * R;
+            v.local_arrive = d_local.get() + static_cast<size_t>(c) * 2 * R;
             v.local_gen = v.local_arrive + R;
             v.abort = abort;
             v.error_claim = reinterpret_cast<int32_t*>(abort + 1);
@@ -317,7 +318,7 @@ struct NcclTeam::Impl {
             v.rank_begin = boot.rank;
             v.launch_ranks = 1;
             v.system_scope = 1;
-            v.inbox = d_inbox + static_cast<size_t>(c) * R;
+            v.inbox = d_inbox.get() + static_cast<size_t>(c) * R;
         }
         set_timeout_ms(options.timeout_ms);
         set_timeout_action(options.on_timeout);
@@ -347,9 +348,7 @@ struct NcclTeam::Impl {
                 ncclCommDestroy(comm);
             }
         }
-        cudaFree(d_local);
-        cudaFree(d_inbox);
-        cudaFree(d_word);
+        d_local = DeviceArray<uint32_t>(), d_inbox = DeviceArray<uint32_t*>(), d_word = DeviceArray<int32_t>();
         if (h_record) cudaFreeHost(h_record);
         if (stream) cudaStreamDestroy(stream);
     }
@@ -400,17 +399,14 @@ NcclTeam::NcclTeam(const NcclBootstrap& boot, size_t bytes_per_rank, const TeamO
                           "nccl team: no GPU peer access: only ", m.devcomm.lsaSize, " of ", R,
                           " ranks are load/store accessible (LSA team) from rank ", boot.rank,
                           "; the NCCL team needs every rank of the EP group on NVLink or PCIe P2P with this GPU");
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.d_word), sizeof(int32_t)));
-        EVENEP_CUDA_CHECK(cudaMemset(m.d_word, 0, sizeof(int32_t)));
+        m.d_word = DeviceArray<int32_t>(1);
         // Main window: the caller's bytes, then the barrier flags of every channel.
         m.bytes_per_rank = detail::align_up(bytes_per_rank > 0 ? bytes_per_rank : 1, 256);
         m.flags_off = m.bytes_per_rank;
         m.add_window(m.flags_off + sizeof(uint32_t) * kNcclTeamChannels * R);
         m.local_words = static_cast<size_t>(kNcclTeamChannels) * 2 * R + 2;
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.d_local), m.local_words * sizeof(uint32_t)));
-        EVENEP_CUDA_CHECK(cudaMemset(m.d_local, 0, m.local_words * sizeof(uint32_t)));
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&m.d_inbox),
-                                     sizeof(uint32_t*) * kNcclTeamChannels * static_cast<size_t>(R)));
+        m.d_local = DeviceArray<uint32_t>(m.local_words);
+        m.d_inbox = DeviceArray<uint32_t*>(static_cast<size_t>(kNcclTeamChannels) * R, DeviceFill::kNone);
         EVENEP_CUDA_CHECK(
             cudaHostAlloc(reinterpret_cast<void**>(&m.h_record), sizeof(DeviceErrorRecord), cudaHostAllocMapped));
         std::memset(static_cast<void*>(m.h_record), 0, sizeof(DeviceErrorRecord));
@@ -476,19 +472,12 @@ std::vector<int64_t> NcclTeam::all_gather(std::span<const int64_t> mine) {
     const size_t n = mine.size(), R = static_cast<size_t>(size());
     std::vector<int64_t> all(n * R);
     if (n == 0) return all;
-    int64_t* d = nullptr;
-    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(int64_t) * n * (R + 1)));
-    try {
-        EVENEP_CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), sizeof(int64_t) * n, cudaMemcpyHostToDevice, m.stream));
-        EVENEP_NCCL_CHECK(ncclAllGather(d, d + n, n, ncclInt64, m.comm, m.stream));
-        EVENEP_CUDA_CHECK(
-            cudaMemcpyAsync(all.data(), d + n, sizeof(int64_t) * n * R, cudaMemcpyDeviceToHost, m.stream));
-        EVENEP_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-    } catch (...) {
-        cudaFree(d);
-        throw;
-    }
-    cudaFree(d);
+    const DeviceArray<int64_t> buf(n * (R + 1), DeviceFill::kNone);
+    int64_t* d = buf.get();
+    EVENEP_CUDA_CHECK(cudaMemcpyAsync(d, mine.data(), sizeof(int64_t) * n, cudaMemcpyHostToDevice, m.stream));
+    EVENEP_NCCL_CHECK(ncclAllGather(d, d + n, n, ncclInt64, m.comm, m.stream));
+    EVENEP_CUDA_CHECK(cudaMemcpyAsync(all.data(), d + n, sizeof(int64_t) * n * R, cudaMemcpyDeviceToHost, m.stream));
+    EVENEP_CUDA_CHECK(cudaStreamSynchronize(m.stream));
     return all;
 }
 
@@ -519,7 +508,7 @@ void NcclTeam::recover() {
     m.host_barrier();  // every rank's kernels have ended: no arrival is in flight
     const int R = size();
     EVENEP_CUDA_CHECK(cudaMemset(m.main().view.local + m.flags_off, 0, sizeof(uint32_t) * kNcclTeamChannels * R));
-    EVENEP_CUDA_CHECK(cudaMemset(m.d_local, 0, m.local_words * sizeof(uint32_t)));
+    EVENEP_CUDA_CHECK(cudaMemset(m.d_local.get(), 0, m.local_words * sizeof(uint32_t)));
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     std::memset(static_cast<void*>(m.h_record), 0, sizeof(DeviceErrorRecord));
     m.host_barrier();  // nobody arrives before every rank has cleared its flags

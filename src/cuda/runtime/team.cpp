@@ -119,6 +119,12 @@ struct SyncLayout {
 
 }  // namespace
 
+struct LocalTeam::Copies {
+    Window view;                           // what the team hands out; points into the arrays below
+    std::vector<DeviceArray<char>> ranks;  // [R] each rank's copy
+    DeviceArray<char*> d_peers;            // [R] device table of the copies
+};
+
 LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& options)
     : num_ranks_(num_ranks), options_(options) {
     EVENEP_CHECK(num_ranks >= 1 && num_ranks <= kMaxVirtualRanks, "team: num_ranks = ", num_ranks, " outside [1, ",
@@ -129,8 +135,7 @@ LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& op
         main_ = &alloc_window(bytes_per_rank);
         const SyncLayout sl(num_ranks);
         sync_bytes_ = sl.words * sizeof(uint32_t);
-        EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_sync_), sync_bytes_));
-        EVENEP_CUDA_CHECK(cudaMemset(d_sync_, 0, sync_bytes_));
+        d_sync_ = DeviceArray<uint32_t>(sl.words);
         EVENEP_CUDA_CHECK(
             cudaHostAlloc(reinterpret_cast<void**>(&h_record_), sizeof(DeviceErrorRecord), cudaHostAllocMapped));
         std::memset(static_cast<void*>(h_record_), 0, sizeof(DeviceErrorRecord));
@@ -138,14 +143,14 @@ LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& op
         EVENEP_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d_record), h_record_, 0));
         for (int c = 0; c < kTeamChannels; ++c) {
             TeamView& v = views_[c];
-            uint32_t* ch = d_sync_ + c * sl.channel_words;
+            uint32_t* ch = d_sync_.get() + c * sl.channel_words;
             v.num_ranks = num_ranks;
             v.peers = main_->d_peers;
             v.flags = ch;
             v.local_arrive = ch + static_cast<size_t>(num_ranks) * num_ranks;
             v.local_gen = v.local_arrive + num_ranks;
-            v.abort = d_sync_ + sl.abort;
-            v.error_claim = reinterpret_cast<int32_t*>(d_sync_ + sl.claim);
+            v.abort = d_sync_.get() + sl.abort;
+            v.error_claim = reinterpret_cast<int32_t*>(d_sync_.get() + sl.claim);
             v.record = d_record;
             v.fault_rank = -1;
             v.fault_phase = 0;
@@ -161,18 +166,6 @@ LocalTeam::LocalTeam(int num_ranks, size_t bytes_per_rank, const TeamOptions& op
         throw;
     }
 }
-
-namespace {
-
-// NOTE: never throws; errors here (e.g. a context lost to a trap) are ignored.
-void free_copies(Window& w) noexcept {
-    for (char* p : w.peers)
-        if (p) cudaFree(p);
-    if (w.d_peers) cudaFree(const_cast<char**>(w.d_peers));
-    w = Window{};
-}
-
-}  // namespace
 
 OwnedWindow& OwnedWindow::operator=(OwnedWindow&& other) noexcept {
     if (this != &other) {
@@ -200,42 +193,40 @@ void OwnedWindow::release_noexcept() noexcept {
 }
 
 void LocalTeam::release() noexcept {
-    windows_.release_all(free_copies);
-    if (d_sync_) cudaFree(d_sync_);
+    // NOTE: never throws; errors freeing (e.g. a context lost to a trap) are ignored.
+    windows_.release_all([](Copies& w) { w = Copies{}; });
+    d_sync_ = DeviceArray<uint32_t>();
     if (h_record_) cudaFreeHost(h_record_);
-    d_sync_ = nullptr;
     h_record_ = nullptr;
 }
 
 LocalTeam::~LocalTeam() { release(); }
 
 const Window& LocalTeam::alloc_window(size_t bytes) {
-    auto w = std::make_unique<Window>();
-    w->bytes = detail::align_up(bytes, 256);
-    if (w->bytes == 0) w->bytes = 256;
-    w->peers.assign(num_ranks_, nullptr);
-    Window& ref = windows_.add(std::move(w));  // owned from here on: release() frees what was allocated
+    Copies& c = windows_.add(std::make_unique<Copies>());  // owned from here on: release() frees what was allocated
+    Window& ref = c.view;
+    ref.bytes = detail::align_up(bytes, 256);
+    if (ref.bytes == 0) ref.bytes = 256;
+    ref.peers.assign(num_ranks_, nullptr);
+    c.ranks.reserve(num_ranks_);
     for (int r = 0; r < num_ranks_; ++r) {
-        void* p = nullptr;
-        EVENEP_CUDA_CHECK(cudaMalloc(&p, ref.bytes));
-        ref.peers[r] = static_cast<char*>(p);
-        EVENEP_CUDA_CHECK(cudaMemset(p, 0, ref.bytes));
+        c.ranks.emplace_back(ref.bytes);  // zeroed
+        ref.peers[r] = c.ranks.back().get();
     }
-    char** d_peers = nullptr;
-    EVENEP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d_peers), sizeof(char*) * num_ranks_));
-    ref.d_peers = d_peers;
-    EVENEP_CUDA_CHECK(cudaMemcpy(d_peers, ref.peers.data(), sizeof(char*) * num_ranks_, cudaMemcpyHostToDevice));
+    c.d_peers = DeviceArray<char*>(static_cast<size_t>(num_ranks_), DeviceFill::kNone);
+    c.d_peers.upload(ref.peers.data(), ref.peers.size());
+    ref.d_peers = c.d_peers.get();
     ref.local = ref.peers[0];
     return ref;
 }
 
 void LocalTeam::free_window(const Window& window) {
-    std::unique_ptr<Window> w = windows_.take(
-        &window, [](const Window& e) { return &e; }, "team");
+    std::unique_ptr<Copies> w = windows_.take(
+        &window, [](const Copies& e) { return &e.view; }, "team");
     // Every kernel that may still use a copy has ended before the memory goes (cudaFree alone may not wait for
     // work on other streams of a non-blocking kind).
     const cudaError_t sync = cudaDeviceSynchronize();
-    free_copies(*w);
+    w.reset();
     EVENEP_CUDA_CHECK(sync);
 }
 
@@ -275,7 +266,7 @@ std::string LocalTeam::pending_error() const { return detail_team::read_record(h
 
 void LocalTeam::recover() {
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    EVENEP_CUDA_CHECK(cudaMemset(d_sync_, 0, sync_bytes_));
+    EVENEP_CUDA_CHECK(cudaMemset(d_sync_.get(), 0, sync_bytes_));
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     std::memset(static_cast<void*>(h_record_), 0, sizeof(DeviceErrorRecord));
 }

@@ -22,22 +22,30 @@ namespace evenep::cuda {
 // co-resident on the device (one launch covers every virtual rank; a block spinning on a flag never waits for an
 // unscheduled block). They throw when not even one block per rank fits.
 
+// How the planner plans (both planner launchers).
+struct PlanOptions {
+    bool locality = true;                             // PlannerMode::kOptimized (false: kReference)
+    PlannerKernel kernel = PlannerKernel::kParallel;  // the planner's form (evenep/cuda/types.hpp)
+    bool relay = false;                               // plan the relayed copy tree (EpOptions::relay)
+};
+
+struct EpOptions;
+// An Ep's planner options (mode, planner kernel, relay of its EpOptions); src/cuda/runtime/ep.cpp.
+PlanOptions plan_options(const EpOptions& options);
+
 // Histogram -> all-gather -> every rank plans -> encoded dst of each rank's entries, in one cooperative launch; with
 // PlannerKernel::kCluster where plan_on_clusters, in three (histogram and all-gather, cooperative; each served rank's
 // plan on a cluster of 8 blocks; the destinations). Returns the blocks per rank of the histogram and dst phases. d_io:
 // device table [R] (topk_idx is read); s: [R] host ints; s_total: the group total when s differ, else -1 (stored in the
-// gather rows, like the CPU backend). Bad expert ids are recorded in the team's error record. relay: plan the relayed
-// copy tree (EpOptions::relay; after the stream so that existing callers keep their form).
+// gather rows, like the CPU backend). Bad expert ids are recorded in the team's error record.
 int launch_plan(const TeamView& team,
                 const EpLayout& layout,
                 const RankIo* d_io,
                 std::span<const int32_t> s,
                 int64_t s_total,
-                bool locality,
-                PlannerKernel kernel,
+                const PlanOptions& options,
                 int sm_budget,
-                cudaStream_t stream,
-                bool relay = false);
+                cudaStream_t stream);
 
 // Whether launch_plan with PlannerKernel::kCluster plans on clusters (three launches) for `team`: the shape fits the
 // cluster (plan_cluster_fits) and the team's launching ranks' clusters all run at once; else it makes the one fused
@@ -49,23 +57,24 @@ bool plan_on_clusters(const TeamView& team, const EpLayout& layout);
 // planner's shared memory; with kCluster the cooperative launch holds no planner and the clusters run in waves).
 bool plan_fits_co_resident(const TeamView& team, const EpLayout& layout, PlannerKernel kernel);
 
+// What launch_plan_only plans and how it launches.
+struct PlanOnlyOptions {
+    PlanOptions plan;
+    int rank_begin = 0;  // the planning ranks [rank_begin, rank_begin + num_ranks)
+    int num_ranks = 1;
+    int repeat = 1;     // > 1: plan again inside the launch (the phase stamps then show warm caches)
+    bool early = true;  // the cluster launch is a programmatic dependent launch (scheduled while the stream's
+                        // previous kernel runs; it waits for it before reading anything), as in launch_plan
+};
+
 // Planning only, from the histograms already in each rank's contiguous tpe array (EpLayout::tpe): one block per
-// planning rank (ranks [rank_begin, rank_begin + num_ranks)), or a cluster of 8 with PlannerKernel::kCluster where
-// plan_cluster_fits. For tests and the planner benchmark; `repeat` > 1 plans again inside the launch (the phase
-// stamps in EpLayout::plan.timing then show warm caches). `early`: the cluster launch is a programmatic dependent
-// launch (scheduled while the stream's previous kernel runs; it waits for it before reading anything), as in
-// launch_plan.
+// planning rank, or a cluster of 8 with PlannerKernel::kCluster where plan_cluster_fits. For tests and the planner
+// benchmark.
 void launch_plan_only(const TeamView& team,
                       const EpLayout& layout,
                       std::span<const int32_t> s,
-                      bool locality,
-                      PlannerKernel kernel,
-                      int rank_begin,
-                      int num_ranks,
-                      cudaStream_t stream,
-                      int repeat = 1,
-                      bool relay = false,
-                      bool early = true);
+                      const PlanOnlyOptions& options,
+                      cudaStream_t stream);
 
 // Whether launch_plan_only plans `layout`'s ranks on a cluster with PlannerKernel::kCluster on this device (block 0's
 // state fits shared memory, E <= 1024, R <= 128, and the device runs such a cluster); else it uses one block.
