@@ -24,6 +24,7 @@ struct BenchPlanOptions {
     bool check = true;
     uint64_t seed = 1;
     std::string json_file;
+    ResourceLimits limits;
 };
 
 struct Shape {
@@ -38,9 +39,34 @@ Shape shape_of(const std::string& name, uint64_t seed) {
     EVENEP_CHECK(false, "bench plan: unknown shape '", name, "' (expected moonep, k3 or small)");
 }
 
+// Per shape and maxvio one routing (routing_near_maxvio) and per planner warmup + iters plans (the model of
+// `evenep plan`, estimate.hpp), iters/4 dst of one rank and, with --check, the validator and every rank's dst
+// (~16 B per pair, ~100 ns per entry). One routing alive at a time.
+Estimate bench_plan_estimate(const BenchPlanOptions& opt) {
+    Estimate e;
+    for (const std::string& name : opt.shapes) {
+        const RoutingSpec sp = shape_of(name, opt.seed).spec;
+        const double pairs = static_cast<double>(sp.R) * sp.E, entries = static_cast<double>(sp.R) * sp.S * sp.K;
+        const double plans = static_cast<double>(opt.planners.size()) * (opt.warmup + std::max(1, opt.iters));
+        const double count = static_cast<double>(opt.maxvios.size());
+        Estimate shape;
+        add_near_maxvio_estimate(sp.R, sp.E, sp.K, sp.S, static_cast<int>(opt.maxvios.size()), shape);
+        shape.add_bytes(plan_bytes(sp.R, sp.E) + 20 * pairs + (opt.check ? 8 * entries : 0),
+                        fmt::format("shape {}: planner and validator state", name));
+        shape.add_seconds(count * plans * plan_seconds(sp.R, sp.E), fmt::format("shape {}: {:.0f} plans", name,
+                                                                                 count * plans));
+        shape.add_seconds(count * opt.planners.size() *
+                              (std::max(1, opt.iters / 4) * 55e-9 * entries / sp.R + (opt.check ? 100e-9 * entries : 0)),
+                          fmt::format("shape {}: dst and checks", name));
+        e.add_stage(shape);
+    }
+    return e;
+}
+
 void run_bench_plan(const BenchPlanOptions& opt) {
     OutputFile json("--json", opt.json_file);  // opened before the run: a bad target fails at once
     for (const std::string& name : opt.shapes) (void)shape_of(name, opt.seed);
+    check_estimate("bench plan", bench_plan_estimate(opt), opt.limits);
     nlohmann::json rows = nlohmann::json::array();
     fmt::print("{:<7} {:>4} {:>4} {:>3} {:>7} {:<9} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7} {:>6}\n", "shape", "R",
                "E", "K", "maxvio", "planner", "plan p50", "plan min", "plan max", "dst/rank", "copies", "traffic",
@@ -139,6 +165,7 @@ void register_bench(CLI::App& app) {
     add_u64(*plan, "--seed", opt->seed, "routing seed");
     plan->add_option("--check", opt->check, "validate every plan and dst (#wrong)")->capture_default_str();
     add_output_file(*plan, "--json", opt->json_file, "write the rows as JSON (opened before the run)");
+    opt->limits.add_to(*plan);
     plan->callback([opt] { run_bench_plan(*opt); });
     register_bench_cuda(*bench);
 }

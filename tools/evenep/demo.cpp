@@ -160,7 +160,18 @@ void run_demo(const DemoOptions& opt) {
     // Outputs first: a bad target fails before the run.
     OutputFile json("--json", opt.json_file);
     if (!opt.dump_dir.empty()) prepare_output_dir("--dump", opt.dump_dir);
-    RoutingInput in = resolve_routing(opt.routing);
+    EVENEP_CHECK(opt.backend == "cpu" || opt.backend == "cuda" || opt.backend == "auto", "--backend '", opt.backend,
+                 "': expected cpu, cuda or auto");
+    EVENEP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, " must be >= 0");
+    std::string no_cuda;
+    const bool cuda_ok = opt.backend != "cpu" && demo_cuda_available(&no_cuda);
+    EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda: ", no_cuda);
+    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU
+    RoutingInput in = resolve_routing(opt.routing, "demo", [&](const Config& c, bool) {
+        const BufferConfig probe{.cfg = c, .H = opt.H, .ffn_hidden = opt.ffn_hidden};
+        probe.validate();
+        return demo_estimate(opt, probe, on_gpu);
+    });
     EVENEP_CHECK(in.routing.has_value(),
                  "demo: needs every token's expert ids (a generator or --routing FILE.npy), not histograms (--tpe)");
     const Routing& routing = *in.routing;
@@ -172,14 +183,6 @@ void run_demo(const DemoOptions& opt) {
     const Config& cfg = bc.cfg;
     const int R = cfg.R, epn = cfg.epn(), B = cfg.num_slots();
     const bool training = B == epn;
-    EVENEP_CHECK(opt.backend == "cpu" || opt.backend == "cuda" || opt.backend == "auto", "--backend '", opt.backend,
-                 "': expected cpu, cuda or auto");
-    EVENEP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, " must be >= 0");
-    std::string no_cuda;
-    const bool cuda_ok = opt.backend != "cpu" && demo_cuda_available(&no_cuda);
-    EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda: ", no_cuda);
-    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU
-    check_estimate("demo", demo_estimate(opt, bc, on_gpu), opt.routing.limits);
 
     // The plan alone (the same plan every rank computes): balance, copies, the traffic model.
     const double t_plan0 = now_seconds();

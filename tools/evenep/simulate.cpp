@@ -39,6 +39,7 @@ struct SimulateOptions {
     bool quick = false;
     std::vector<std::string> gpu_json;
     std::string json_file;
+    ResourceLimits limits;
 };
 
 // The small grid of --quick (tests): applied to every option not given on the command line.
@@ -68,6 +69,26 @@ void validate(const SimulateOptions& o) {
     EVENEP_CHECK(o.redundant >= -1 && o.redundant <= o.E, "--redundant = ", o.redundant,
                  " must be -1 (= epn) or in [0, E = ", o.E, "]");
     parse_planner_mode(o.planner);
+}
+
+// Per point (R, maxvio): the routing (routing_near_maxvio) and the previous step's (one more full draw, alive
+// next to the routing until EPLB is placed), --repeat + 1 plans (the model of `evenep plan`), every rank's dst
+// and the three traffic models (~4 B and ~150 ns per entry, fitted: docs/estimates.md). One point alive at a time.
+Estimate simulate_estimate(const SimulateOptions& o) {
+    Estimate e;
+    const double count = static_cast<double>(o.maxvios.size());
+    for (int R : o.ranks) {
+        const double pairs = static_cast<double>(R) * o.E, entries = static_cast<double>(R) * o.S * o.K;
+        Estimate point;
+        add_near_maxvio_estimate(R, o.E, o.K, o.S, static_cast<int>(o.maxvios.size()), point);
+        point.add_bytes(plan_bytes(R, o.E) + 4 * pairs, fmt::format("R={}: histograms and planner state", R));
+        point.add_bytes(4 * entries, fmt::format("R={}: dst (then the previous step's routing)", R));
+        point.add_seconds(count * (lognormal_draw_seconds(R, o.E, o.K, o.S) + 150e-9 * entries),
+                          fmt::format("R={}: the previous step's routing, dst and three traffic models", R));
+        point.add_seconds(count * (o.repeat + 1) * plan_seconds(R, o.E), fmt::format("R={}: plans", R));
+        e.add_stage(point);
+    }
+    return e;
 }
 
 // GPU planner figures of device runs (`evenep bench gpu-plan --json`, one file per R): median us by (R, E, K, S, target
@@ -232,6 +253,7 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
 
 void run_simulate(const SimulateOptions& o) {
     validate(o);
+    check_estimate("simulate", simulate_estimate(o), o.limits);
     OutputFile json("--json", o.json_file);  // opened before the run: a bad target fails at once
     std::map<GpuKey, double> gpu;
     for (const std::string& path : o.gpu_json) read_gpu_plan(path, gpu);
@@ -301,6 +323,7 @@ void register_simulate(CLI::App& app) {
                     "GPU planner times: JSON files of `evenep bench gpu-plan --json` (plan_rank_cluster rows, else "
                     "plan_rank)");
     cmd->add_option("--json", opt->json_file, "write every point as JSON (schema evenep.simulate/1)");
+    opt->limits.add_to(*cmd);
     cmd->callback([opt, cmd] {
         apply_quick(*cmd, *opt);
         run_simulate(*opt);
