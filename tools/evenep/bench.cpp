@@ -41,7 +41,8 @@ Shape shape_of(const std::string& name, uint64_t seed) {
 
 // Per shape and maxvio one routing (routing_near_maxvio) and per planner warmup + iters plans (the model of
 // `evenep plan`, estimate.hpp), iters/4 dst of one rank and, with --check, the validator and every rank's dst
-// (~16 B per pair, ~100 ns per entry). One routing alive at a time.
+// (~16 B per pair, ~100 ns per entry; validate_dst ~16 B per receive row of the group, R*NvS, and 8 B per
+// entry, as in `evenep plan --check`). One routing alive at a time.
 Estimate bench_plan_estimate(const BenchPlanOptions& opt) {
     Estimate e;
     for (const std::string& name : opt.shapes) {
@@ -51,7 +52,9 @@ Estimate bench_plan_estimate(const BenchPlanOptions& opt) {
         const double count = static_cast<double>(opt.maxvios.size());
         Estimate shape;
         add_near_maxvio_estimate(sp.R, sp.E, sp.K, sp.S, static_cast<int>(opt.maxvios.size()), shape);
-        shape.add_bytes(plan_bytes(sp.R, sp.E) + 20 * pairs + (opt.check ? 8 * entries : 0),
+        const Config cfg{.R = sp.R, .E = sp.E, .K = sp.K, .S = sp.S, .B = -1, .tp = 128};
+        const double rows = static_cast<double>(sp.R) * static_cast<double>(cfg.recv_rows());
+        shape.add_bytes(plan_bytes(sp.R, sp.E) + 20 * pairs + (opt.check ? 8 * entries + 16 * rows : 0),
                         fmt::format("shape {}: planner and validator state", name));
         shape.add_seconds(count * plans * plan_seconds(sp.R, sp.E), fmt::format("shape {}: {:.0f} plans", name,
                                                                                  count * plans));

@@ -125,13 +125,14 @@ void dump(const std::filesystem::path& dir, const cpu::MoeProblem& p, const cpu:
     write_npy_f32(dir / "grad_topk_w.npy", {R, S, K}, pad_f32(ep.grad_topk_w, S, K));
 }
 
-// Memory and time of the run past the routing (checked by resolve_routing). Model measured on the build machine,
-// rounded up: every rank holds its buffers (buffer_sizes), its own plan of the whole group (~96 B per (rank,
-// expert) pair: R ranks x R*E, so ~R^3 when E grows with R) and expert activations of ~6*H + 32*H' bytes per
-// receive row (NvS rows, which grow with --tp); tokens and weights exist in bf16, fp32 and the dense reference.
-// Time: ~3 ns per byte of buffers and activations touched, and 36*H*H' flops per entry (forward + backward,
-// EvenEP and the dense reference) at ~5 GFLOP/s. --plan-only: one plan and dst. On the GPU the ranks' buffers live
-// in device memory (the device reports its own limit) and only the dense reference computes on the host.
+// Memory and time of the run past the routing (resolve_routing adds the generator's part). Model of the parts
+// alive at the peak: every rank holds its buffers (buffer_sizes; ~76% of them touched), its own plan of the whole
+// group (~73 B per (rank, expert) pair: R ranks x R*E, so ~R^3 when E grows with R) and expert activations of
+// ~4.5*H + 24*H' bytes per receive row (NvS rows, which grow with --tp); tokens and weights exist in bf16, fp32
+// and the dense reference. Time (CPU seconds over all threads): ~1.3 ns per byte of buffers and activations
+// touched, and 36*H*H' flops per entry (forward + backward, EvenEP and the dense reference) at ~12 GFLOP/s.
+// Constants fitted on R = 8 ... 32 runs (docs/estimates.md). --plan-only: one plan and dst. On the GPU the ranks'
+// buffers live in device memory (the device reports its own limit) and only the dense reference runs on the host.
 Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_gpu) {
     const Config& c = bc.cfg;
     const BufferSizes z = buffer_sizes(bc);
@@ -142,17 +143,17 @@ Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_g
     const double rows = static_cast<double>(c.recv_rows());
     const double buffers =
         static_cast<double>(z.comm_total + z.pool_total + z.layer_weights + z.layer_grads + z.workspace);
-    const double act = rows * (6.0 * bc.H + 32.0 * bc.ffn_hidden);
-    e.add_bytes(R * c.S * bc.H * 24.0, "tokens (bf16, fp32 and the dense reference)");
-    e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 14, "expert weights and gradients");
-    e.add_seconds((on_gpu ? 18.0 : 36.0) * bc.H * bc.ffn_hidden * entries / 5e9,
+    const double act = rows * (4.5 * bc.H + 24.0 * bc.ffn_hidden);
+    e.add_bytes(R * c.S * bc.H * 18.0, "tokens (bf16, fp32 and the dense reference)");
+    e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 11, "expert weights and gradients");
+    e.add_seconds((on_gpu ? 18.0 : 36.0) * bc.H * bc.ffn_hidden * entries / 12e9,
                   fmt::format("{}*H*H' flops for each of R*S*K = {:.3g} entries", on_gpu ? 18 : 36, entries));
     if (on_gpu) return e;
-    e.add_bytes(R * buffers, fmt::format("R={} ranks x {} of buffers", c.R, human_bytes(buffers)));
+    e.add_bytes(0.76 * R * buffers, fmt::format("R={} ranks x {} of buffers", c.R, human_bytes(buffers)));
     e.add_bytes(R * act, fmt::format("R={} ranks x {} of expert activations (NvS = {:.0f} rows)", c.R,
                                      human_bytes(act), rows));
-    e.add_bytes(96 * R * pairs, fmt::format("R={} rank plans of R*E = {:.3g} pairs each", c.R, pairs));
-    e.add_seconds(3e-9 * R * (buffers + act), "touching every rank's buffers and activations");
+    e.add_bytes(73 * R * pairs, fmt::format("R={} rank plans of R*E = {:.3g} pairs each", c.R, pairs));
+    e.add_seconds(1.3e-9 * R * (buffers + act), "touching every rank's buffers and activations");
     return e;
 }
 

@@ -60,7 +60,7 @@ pl::PipelineConfig make_config(const PipelineOptions& opt) {
     return cfg;
 }
 
-// Fitted on the build machine (docs/estimates.md). Every policy run: ~4.5 us and ~355 B per text op (2*P*m*V)
+// Fitted on the build machine (docs/estimates.md). Every policy run: ~3.5 us and ~355 B per text op (2*P*m*V)
 // and ~7.7 us and ~790 B per ViT piece (an image; a --images file counted as one piece per 2 bytes), for the
 // three heuristic policies together; --grid runs them at 6 loads (3.3x, measured), one at a time. The optimal
 // policy's MILP (only on instances within kMaxOptimalPieces / kMaxOptimalTextOps) is bounded by --time-limit per
@@ -85,7 +85,7 @@ Estimate pipeline_estimate(const PipelineOptions& opt) {
     const double runs = opt.grid ? 3.3 : 1.0;
     e.add_bytes(355 * ops, fmt::format("schedules of 2*P*m*V = {:.3g} text ops", ops));
     e.add_bytes(790 * pieces, fmt::format("{:.3g} ViT pieces", pieces));
-    e.add_seconds(runs * 4.5e-6 * ops, fmt::format("policies over 2*P*m*V = {:.3g} text ops", ops));
+    e.add_seconds(runs * 3.5e-6 * ops, fmt::format("policies over 2*P*m*V = {:.3g} text ops", ops));
     e.add_seconds(runs * 7.7e-6 * pieces, fmt::format("policies over {:.3g} ViT pieces", pieces));
     if (pl::optimal_policy_available() && pieces <= pl::kMaxOptimalPieces && ops / 2 <= pl::kMaxOptimalTextOps)
         e.add_seconds((opt.grid ? 6 : 1) * opt.time_limit, "the optimal policy's MILP (--time-limit per solve)");

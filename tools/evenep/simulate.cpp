@@ -73,7 +73,8 @@ void validate(const SimulateOptions& o) {
 
 // Per point (R, maxvio): the routing (routing_near_maxvio) and the previous step's (one more full draw, alive
 // next to the routing until EPLB is placed), --repeat + 1 plans (the model of `evenep plan`), every rank's dst
-// and the three traffic models (~4 B and ~150 ns per entry, fitted: docs/estimates.md). One point alive at a time.
+// and the three traffic models (~4 B and ~150 ns per entry), EPLB's placement and the baselines (~800 ns per
+// (rank, expert) pair; fitted: docs/estimates.md). One point alive at a time.
 Estimate simulate_estimate(const SimulateOptions& o) {
     Estimate e;
     const double count = static_cast<double>(o.maxvios.size());
@@ -85,7 +86,8 @@ Estimate simulate_estimate(const SimulateOptions& o) {
         point.add_bytes(4 * entries, fmt::format("R={}: dst (then the previous step's routing)", R));
         point.add_seconds(count * (lognormal_draw_seconds(R, o.E, o.K, o.S) + 150e-9 * entries),
                           fmt::format("R={}: the previous step's routing, dst and three traffic models", R));
-        point.add_seconds(count * (o.repeat + 1) * plan_seconds(R, o.E), fmt::format("R={}: plans", R));
+        point.add_seconds(count * ((o.repeat + 1) * plan_seconds(R, o.E) + 800e-9 * pairs),
+                          fmt::format("R={}: plans, EPLB placement and the baselines' loads", R));
         e.add_stage(point);
     }
     return e;
