@@ -230,7 +230,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Refusal{"bench plan --iters 1000000", "bench plan"},
                       Refusal{"bench dispatch --R 1024 --E 1048576 --S 1000000", "bench dispatch"},
                       Refusal{"bench gpu-plan --R 1024 --E 1048576 --S 1000000", "bench gpu-plan"},
-                      Refusal{"bench gpu-suite --iters 1000000", "bench gpu-suite"}),
+                      Refusal{"bench gpu-suite --iters 1000000", "bench gpu-suite"},
+                      Refusal{"bench gemm --R 1024 --E 1048576 --S 1000000", "bench gemm"}),
     refusal_name);
 
 TEST(MaxMemoryEnforced, ExplicitLimit) {

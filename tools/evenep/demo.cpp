@@ -130,8 +130,8 @@ void dump(const std::filesystem::path& dir, const cpu::MoeProblem& p, const cpu:
 // group (~73 B per (rank, expert) pair: R ranks x R*E, so ~R^3 when E grows with R) and expert activations of
 // ~4.5*H + 24*H' bytes per receive row (NvS rows, which grow with --tp); tokens and weights exist in bf16, fp32
 // and the dense reference. Time (CPU seconds over all threads): ~1.3 ns per byte of buffers and activations
-// touched, and 36*H*H' flops per entry (forward + backward, EvenEP and the dense reference) at ~12 GFLOP/s.
-// Constants fitted on R = 8 ... 32 runs (docs/estimates.md). --plan-only: one plan and dst. On the GPU the ranks'
+// touched, every rank's plan of the whole group (R plans), and 36*H*H' flops per entry (forward + backward,
+// EvenEP and the dense reference) at ~12 GFLOP/s. Constants fitted on R = 8 ... 64 runs (docs/estimates.md). --plan-only: one plan and dst. On the GPU the ranks'
 // buffers live in device memory (the device reports its own limit) and only the dense reference runs on the host.
 Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_gpu) {
     const Config& c = bc.cfg;
@@ -154,6 +154,7 @@ Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_g
                                      human_bytes(act), rows));
     e.add_bytes(73 * R * pairs, fmt::format("R={} rank plans of R*E = {:.3g} pairs each", c.R, pairs));
     e.add_seconds(1.3e-9 * R * (buffers + act), "touching every rank's buffers and activations");
+    e.add_seconds(R * plan_seconds(c.R, c.E), fmt::format("R={} ranks each planning the whole group", c.R));
     return e;
 }
 
