@@ -147,6 +147,7 @@ const std::vector<std::string>& full_sweep() {
         "simulate --R 128 --E 16384 --K 8 --S 64 --maxvio 1 10",
         "bench plan --shapes small",
         "bench plan --shapes moonep --maxvio 1",
+        "bench plan --shapes k3 --maxvio 1 --planners optimized",
         "pipeline --P 16 --m 2048",
         "pipeline --grid --P 8 --m 512",
         "pipeline --cp-table --world 2048",
