@@ -218,22 +218,23 @@ std::string refusal_name(const ::testing::TestParamInfo<Refusal>& info) {
     return n + "_" + std::to_string(info.index);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cli, Refuse,
-    ::testing::Values(Refusal{"plan --R 65536 --E 65536 --K 1 --S 1", "plan"},
-                      Refusal{"plan --R 8 --E 1048576 --K 8 --S 1000000", "plan"},
-                      Refusal{"demo --backend cpu --R 1024 --E 1048576 --S 1000", "demo"},
-                      Refusal{"quality --cases 1000000", "quality"},
-                      Refusal{"simulate --R 128 --E 1048576 --S 100000", "simulate"},
-                      Refusal{"pipeline --P 1000 --m 1000000", "pipeline"},
-                      Refusal{"pipeline --cp-table --world 65536 --images-per-rank 64", "pipeline"},
-                      Refusal{"slack --R 128 --E 1048576 --S 100000", "slack"},
-                      Refusal{"bench plan --iters 1000000", "bench plan"},
-                      Refusal{"bench dispatch --R 1024 --E 1048576 --S 1000000", "bench dispatch"},
-                      Refusal{"bench gpu-plan --R 1024 --E 1048576 --S 1000000", "bench gpu-plan"},
-                      Refusal{"bench gpu-suite --iters 1000000", "bench gpu-suite"},
-                      Refusal{"bench gemm --R 1024 --E 1048576 --S 1000000", "bench gemm"}),
-    refusal_name);
+INSTANTIATE_TEST_SUITE_P(Cli,
+                         Refuse,
+                         ::testing::Values(Refusal{"plan --R 65536 --E 65536 --K 1 --S 1", "plan"},
+                                           Refusal{"plan --R 8 --E 1048576 --K 8 --S 1000000", "plan"},
+                                           Refusal{"demo --backend cpu --R 1024 --E 1048576 --S 1000", "demo"},
+                                           Refusal{"quality --cases 1000000", "quality"},
+                                           Refusal{"simulate --R 128 --E 1048576 --S 100000", "simulate"},
+                                           Refusal{"pipeline --P 1000 --m 1000000", "pipeline"},
+                                           Refusal{"pipeline --cp-table --world 65536 --images-per-rank 64",
+                                                   "pipeline"},
+                                           Refusal{"slack --R 128 --E 1048576 --S 100000", "slack"},
+                                           Refusal{"bench plan --iters 1000000", "bench plan"},
+                                           Refusal{"bench dispatch --R 1024 --E 1048576 --S 1000000", "bench dispatch"},
+                                           Refusal{"bench gpu-plan --R 1024 --E 1048576 --S 1000000", "bench gpu-plan"},
+                                           Refusal{"bench gpu-suite --iters 1000000", "bench gpu-suite"},
+                                           Refusal{"bench gemm --R 1024 --E 1048576 --S 1000000", "bench gemm"}),
+                         refusal_name);
 
 TEST(MaxMemoryEnforced, ExplicitLimit) {
     // Estimated ~41 MiB (docs/estimates.md), so 20 MiB refuses it.

@@ -58,8 +58,8 @@ Estimate bench_plan_estimate(const BenchPlanOptions& opt) {
                         fmt::format("shape {}: planner and validator state", name));
         shape.add_seconds(count * plans * plan_seconds(sp.R, sp.E), fmt::format("shape {}: {:.0f} plans", name,
                                                                                  count * plans));
-        shape.add_seconds(count * opt.planners.size() *
-                              (std::max(1, opt.iters / 4) * 55e-9 * entries / sp.R + (opt.check ? 100e-9 * entries : 0)),
+        const double dst_seconds = std::max(1, opt.iters / 4) * 55e-9 * entries / sp.R;
+        shape.add_seconds(count * opt.planners.size() * (dst_seconds + (opt.check ? 100e-9 * entries : 0)),
                           fmt::format("shape {}: dst and checks", name));
         e.add_stage(shape);
     }

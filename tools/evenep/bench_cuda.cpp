@@ -185,8 +185,9 @@ void add_gpu_command(
     CLI::App* cmd = bench.add_subcommand(name, help);
     add_common(cmd, *opt, true);
     cmd->callback([opt, ops, plan_only, name] {
+        const int hidden = plan_only ? 8 : opt->H;  // as run() below
         check_estimate(fmt::format("bench {}", name),
-                       gpu_host_estimate(*opt, {{opt->R, opt->E, opt->K, opt->S, plan_only ? 8 : opt->H}}), opt->limits);
+                       gpu_host_estimate(*opt, {{opt->R, opt->E, opt->K, opt->S, hidden}}), opt->limits);
         require_cuda_device(fmt::format("bench {}", name));
 #if defined(EVENEP_HAVE_CUDA)
         GpuBenchOptions o = *opt;

@@ -131,8 +131,9 @@ void dump(const std::filesystem::path& dir, const cpu::MoeProblem& p, const cpu:
 // ~4.5*H + 24*H' bytes per receive row (NvS rows, which grow with --tp); tokens and weights exist in bf16, fp32
 // and the dense reference. Time (CPU seconds over all threads): ~1.3 ns per byte of buffers and activations
 // touched, every rank's plan of the whole group (R plans), and 36*H*H' flops per entry (forward + backward,
-// EvenEP and the dense reference) at ~12 GFLOP/s. Constants fitted on R = 8 ... 64 runs (docs/estimates.md). --plan-only: one plan and dst. On the GPU the ranks'
-// buffers live in device memory (the device reports its own limit) and only the dense reference runs on the host.
+// EvenEP and the dense reference) at ~12 GFLOP/s. Constants fitted on R = 8 ... 64 runs (docs/estimates.md).
+// --plan-only: one plan and dst. On the GPU the ranks' buffers live in device memory (the device reports its own
+// limit) and only the dense reference runs on the host.
 Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_gpu) {
     const Config& c = bc.cfg;
     const BufferSizes z = buffer_sizes(bc);

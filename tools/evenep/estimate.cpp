@@ -47,8 +47,8 @@ void ResourceLimits::add_to(CLI::App& cmd) {
                    "refuse a run whose estimated peak memory exceeds this many bytes (suffix K/M/G/T allowed; "
                    "default 0: a quarter of the physical memory)")
         ->transform(CLI::Validator(size, "SIZE"));
-    add_real(cmd, "--max-time", max_seconds,
-             "refuse a run whose estimated time (CPU seconds on one core) exceeds this", 1, 1e9)
+    add_real(cmd, "--max-time", max_seconds, "refuse a run whose estimated time (CPU seconds on one core) exceeds this",
+             1, 1e9)
         ->capture_default_str();
     cmd.add_flag("--estimate-only", estimate_only,
                  "print the run's estimated peak memory and time as one line and exit 0 without running "
@@ -97,9 +97,10 @@ void check_estimate(std::string_view command, const Estimate& e, const ResourceL
     const std::string seconds_part = e.seconds_detail.empty() ? "process start" : e.seconds_detail;
     if (limits.estimate_only) {
         // Nothing has been allocated or written yet: the run ends here, as a finished one.
-        fmt::print("{}: estimate: peak memory {} ({:.0f} B; largest part: {}), time {:.3g} s (CPU; largest part: "
-                   "{})\n",
-                   command, human_bytes(e.peak_bytes()), e.peak_bytes(), bytes_part, e.seconds, seconds_part);
+        fmt::print(
+            "{}: estimate: peak memory {} ({:.0f} B; largest part: {}), time {:.3g} s (CPU; largest part: "
+            "{})\n",
+            command, human_bytes(e.peak_bytes()), e.peak_bytes(), bytes_part, e.seconds, seconds_part);
         std::fflush(stdout);
         std::exit(0);
     }
@@ -159,10 +160,10 @@ void add_lognormal_estimate(int R, int E, int K, int S, int draws, Estimate& e) 
     const std::string what = fmt::format("routing R*S*K = {:.3g} ids", entries);
     e.add_bytes(entries * 4 + 8.0 * E, what);
     if (draws > 1) e.add_transient_bytes(entries * 4, what + " (and the best one kept while sigma is bisected)");
-    e.add_seconds(draws * lognormal_draw_seconds(R, E, K, S),
-                  fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", draws,
-                              draws > 1 ? "s" : "", static_cast<double>(R) * S, E,
-                              draws > 1 ? " to find the sigma of --maxvio" : ""));
+    e.add_seconds(
+        draws * lognormal_draw_seconds(R, E, K, S),
+        fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", draws, draws > 1 ? "s" : "",
+                    static_cast<double>(R) * S, E, draws > 1 ? " to find the sigma of --maxvio" : ""));
 }
 
 void add_near_maxvio_estimate(int R, int E, int K, int S, int count, Estimate& e) {

@@ -27,8 +27,8 @@ struct ResourceLimits {
 // parts so that a refusal says what dominates. A default-constructed estimate holds the process floor.
 struct Estimate {
     Estimate();
-    double bytes = 0, seconds = 0;  // bytes: the parts alive to the end, with the floor
-    double transient_peak = 0;      // the highest bytes + transient part seen (add_transient_bytes)
+    double bytes = 0, seconds = 0;             // bytes: the parts alive to the end, with the floor
+    double transient_peak = 0;                 // the highest bytes + transient part seen (add_transient_bytes)
     std::string bytes_detail, seconds_detail;  // the largest part of each, e.g. "R=512 rank plans of ..."
     double top_bytes = 0, top_seconds = 0;
     void add_bytes(double b, const std::string& what);

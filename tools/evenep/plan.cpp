@@ -44,7 +44,8 @@ Estimate plan_estimate(const PlanOptions& opt, const Config& c, bool has_routing
     e.add_seconds(std::max(1, opt.repeat) * plan_seconds(c.R, c.E) + 50e-9 * pairs,
                   fmt::format("{} plans of R*E = {:.3g} pairs", opt.repeat, pairs));
     e.add_bytes(4 * entries, fmt::format("dst of R*S*K = {:.3g} entries", entries));
-    e.add_seconds((opt.quiet ? 55e-9 : 80e-9) * entries, fmt::format("dst and traffic of R*S*K = {:.3g} entries", entries));
+    e.add_seconds((opt.quiet ? 55e-9 : 80e-9) * entries,
+                  fmt::format("dst and traffic of R*S*K = {:.3g} entries", entries));
     if (!opt.quiet) e.add_bytes(9 * pairs, "the relay lower bound of the report");
     if (opt.check) {
         e.add_bytes(16 * rows + 8 * entries,
