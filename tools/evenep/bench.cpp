@@ -26,6 +26,7 @@ struct BenchPlanOptions {
     bool check = true;
     uint64_t seed = 1;
     std::string json_file;
+    ResourceLimits limits;
 };
 
 struct Shape {
@@ -40,10 +41,38 @@ Shape shape_of(const std::string& name, uint64_t seed) {
     EVENEP_CHECK(false, "bench plan: unknown shape '", name, "' (expected moonep, k3 or small)");
 }
 
+// Per shape and maxvio one routing (routing_near_maxvio) and per planner warmup + iters plans (the model of
+// `evenep plan`, estimate.hpp), iters/4 dst of one rank and, with --check, the validator and every rank's dst
+// (~16 B per pair, ~100 ns per entry; validate_dst ~16 B per receive row of the group, R*NvS, and 8 B per
+// entry, as in `evenep plan --check`). One routing alive at a time.
+Estimate bench_plan_estimate(const BenchPlanOptions& opt) {
+    Estimate e;
+    for (const std::string& name : opt.shapes) {
+        const RoutingSpec sp = shape_of(name, opt.seed).spec;
+        const double pairs = static_cast<double>(sp.R) * sp.E, entries = static_cast<double>(sp.R) * sp.S * sp.K;
+        const double plans = static_cast<double>(opt.planners.size()) * (opt.warmup + std::max(1, opt.iters));
+        const double count = static_cast<double>(opt.maxvios.size());
+        Estimate shape;
+        add_near_maxvio_estimate(sp.R, sp.E, sp.K, sp.S, static_cast<int>(opt.maxvios.size()), shape);
+        const Config cfg{.R = sp.R, .E = sp.E, .K = sp.K, .S = sp.S, .B = -1, .tp = 128};
+        const double rows = static_cast<double>(sp.R) * static_cast<double>(cfg.recv_rows());
+        shape.add_bytes(plan_bytes(sp.R, sp.E) + 20 * pairs + (opt.check ? 8 * entries + 16 * rows : 0),
+                        fmt::format("shape {}: planner and validator state", name));
+        shape.add_seconds(count * plans * plan_seconds(sp.R, sp.E), fmt::format("shape {}: {:.0f} plans", name,
+                                                                                 count * plans));
+        const double dst_seconds = std::max(1, opt.iters / 4) * 55e-9 * entries / sp.R;
+        shape.add_seconds(count * opt.planners.size() * (dst_seconds + (opt.check ? 100e-9 * entries : 0)),
+                          fmt::format("shape {}: dst and checks", name));
+        e.add_stage(shape);
+    }
+    return e;
+}
+
 void run_bench_plan(const BenchPlanOptions& opt) {
     OutputFile json("--json", opt.json_file);  // checked now, written atomically at the end
     for (const std::string& name : opt.shapes)  // the rule of every command: refused, never clamped
         if (opt.maxvio_given) check_maxvio_reachable(shape_of(name, opt.seed).spec, opt.maxvios);
+    check_estimate("bench plan", bench_plan_estimate(opt), opt.limits);
     nlohmann::json rows = nlohmann::json::array();
     fmt::print("{:<7} {:>4} {:>4} {:>3} {:>7} {:<9} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7} {:>6}\n", "shape", "R",
                "E", "K", "maxvio", "planner", "plan p50", "plan min", "plan max", "dst/rank", "copies", "traffic",
@@ -142,6 +171,7 @@ void register_bench(CLI::App& app) {
     add_u64(*plan, "--seed", opt->seed, "routing seed");
     plan->add_option("--check", opt->check, "validate every plan and dst (#wrong)")->capture_default_str();
     add_output_file(*plan, "--json", opt->json_file, "write the rows as JSON (written whole at the end; the old file stays on any error)");
+    opt->limits.add_to(*plan);
     set_run(plan, [opt, plan] {
         opt->maxvio_given = plan->count("--maxvio") > 0;
         run_bench_plan(*opt);

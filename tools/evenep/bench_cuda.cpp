@@ -3,6 +3,8 @@
 // formulas: docs/benchmarks.md. Without a CUDA build the subcommands exist and say that they need one.
 #include <fmt/format.h>
 
+#include <array>
+
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,7 +35,25 @@ struct GpuBenchOptions {
     std::string json_file;
     std::string npy_dir;  // gpu-suite: rank 0's routing per point, for the PyTorch anchor
     std::string routing;  // a routing [R, S, K] int32 .npy instead of the generator (one point)
+    ResourceLimits limits;
 };
+
+// The host side of a GPU benchmark, checked before the device is touched (so it holds on any machine): per point
+// one routing per maxvio (routing_near_maxvio) and the host plan (estimate.hpp), plus the host copy of the tokens
+// (R*S*H bf16). Device memory is checked by the benchmark against what the device reports. Unverified on a
+// device here (docs/estimates.md).
+Estimate gpu_host_estimate(const GpuBenchOptions& o, const std::vector<std::array<int, 5>>& points) {
+    Estimate e;
+    for (const auto& [R, E, K, S, H] : points) {
+        Estimate point;
+        add_near_maxvio_estimate(R, E, K, S, static_cast<int>(std::max<size_t>(1, o.maxvios.size())), point);
+        point.add_bytes(plan_bytes(R, E) + 4.0 * R * E, fmt::format("host plan of R*E = {} pairs", R * E));
+        point.add_bytes(2.0 * R * S * H, "host tokens R*S*H bf16");
+        point.add_seconds(o.maxvios.size() * (o.warmup + o.iters + 1) * plan_seconds(R, E), "host plans");
+        e.add_stage(point);
+    }
+    return e;
+}
 
 void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
     if (shape_flags) {
@@ -63,6 +83,7 @@ void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
     add_real(*cmd, "--copy-mib", o.copy_mib, "size of the copy-bandwidth anchor buffer", 1, 1 << 20)
         ->capture_default_str();
     add_output_file(*cmd, "--json", o.json_file, "write all rows as JSON");
+    o.limits.add_to(*cmd);
 }
 
 #if defined(EVENEP_HAVE_CUDA)
@@ -165,6 +186,9 @@ void add_gpu_command(
     CLI::App* cmd = bench.add_subcommand(name, help);
     add_common(cmd, *opt, true);
     set_run(cmd, [opt, ops, plan_only, name] {
+        const int hidden = plan_only ? 8 : opt->H;  // as run() below
+        check_estimate(fmt::format("bench {}", name),
+                       gpu_host_estimate(*opt, {{opt->R, opt->E, opt->K, opt->S, hidden}}), opt->limits);
         require_cuda_device(fmt::format("bench {}", name));
 #if defined(EVENEP_HAVE_CUDA)
         GpuBenchOptions o = *opt;
@@ -203,6 +227,8 @@ void register_bench_cuda(CLI::App& bench) {
                    "write rank 0's routing of every point here (PyTorch anchor; created when missing)");
     add_int(*suite, "--projections", opt->projections, "prefetch/reduce: projections per copy (1..3)", 1, 3);
     set_run(suite, [opt] {
+        check_estimate("bench gpu-suite", gpu_host_estimate(*opt, {{8, 384, 8, 8192, 7168}, {8, 896, 16, 8192, 3584}}),
+                       opt->limits);
         require_cuda_device("bench gpu-suite");
 #if defined(EVENEP_HAVE_CUDA)
         finish(run(*opt, {{"moonep", 8, 384, 8, 8192, 7168, 2048}, {"k3", 8, 896, 16, 8192, 3584, 2048}},

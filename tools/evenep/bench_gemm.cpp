@@ -26,7 +26,20 @@ struct GemmCliOptions {
     std::string json_file, offsets_file;
     bool calibrate = false;
     std::string write_model;  // --calibrate: the generated cost-model include to write
+    ResourceLimits limits;
 };
+
+// The host side, checked before the device is touched: per maxvio one routing of the group and its plan (for
+// rank 0's row counts; estimate.hpp). Device memory is checked against what the device reports. Unverified on a
+// device here (docs/estimates.md).
+Estimate gemm_host_estimate(const perf::GemmBenchConfig& b) {
+    Estimate e;
+    const int count = static_cast<int>(std::max<size_t>(1, b.maxvios.size()));
+    add_near_maxvio_estimate(b.R, b.E, b.K, b.S, count, e);
+    e.add_bytes(plan_bytes(b.R, b.E) + 4.0 * b.R * b.E, "host plan");
+    e.add_seconds(count * plan_seconds(b.R, b.E), "host plans");
+    return e;
+}
 
 #if defined(EVENEP_HAVE_CUDA)
 
@@ -169,12 +182,14 @@ void register_bench_gemm(CLI::App& bench) {
                   "fit the scheduler's cost model (us per tile = c_tile + c_kblock * k-blocks) on this GPU");
     add_output_file(*cmd, "--write-model", o->write_model,
                     "with --calibrate: write the fitted model as a C++ include (src/cuda/kernels/gemm_cost_model.inc)");
+    o->limits.add_to(*cmd);
     set_run(cmd, [o]() {
         for (const std::string& op : o->bench.ops)
             EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad" || op == "wgrad_set",
                          "bench gemm: --ops entry '", op, "' must be fwd, dgrad, wgrad or wgrad_set");
         for (const std::string& k : o->bench.kernels)
             EVENEP_CHECK(k == "wgmma" || k == "mma", "bench gemm: --kernels entry '", k, "' must be wgmma or mma");
+        check_estimate("bench gemm", gemm_host_estimate(o->bench), o->limits);
         require_cuda_device("bench gemm");
 #if defined(EVENEP_HAVE_CUDA)
         if (o->calibrate)

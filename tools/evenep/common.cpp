@@ -230,102 +230,24 @@ void OutputDir::close() {
     if (dir_) dir_->commit();
 }
 
-// --- resource estimates ---
-
-double physical_memory_bytes() {
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-    double bytes = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
-    std::ifstream cg("/sys/fs/cgroup/memory.max");  // cgroup v2; "max" when unlimited
-    double limit = 0;
-    if (cg >> limit && limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
-    return bytes;
-}
-
-void ResourceLimits::add_to(CLI::App& cmd) {
-    // Bytes, or with a binary suffix K, M, G, T (8G = 8 GiB); rewritten to plain bytes before the range check.
-    const auto size = [](std::string& v) {
-        static const std::string kSuffixes = "KMGT";
-        const size_t unit = v.empty() ? std::string::npos : kSuffixes.find(static_cast<char>(std::toupper(v.back())));
-        if (unit != std::string::npos) {
-            const std::string number = v.substr(0, v.size() - 1);
-            if (!check_real(number, 0, 1e15).empty())
-                return fmt::format("value {} is not a size such as 8G", quote_value(v));
-            v = fmt::format("{:.0f}",
-                            std::strtod(number.c_str(), nullptr) * std::ldexp(1.0, 10 * static_cast<int>(unit + 1)));
-        }
-        return check_real(v, 0, 1e18);
-    };
-    with_check(cmd.add_option("--max-memory", max_bytes,
-                              "refuse a run whose estimated memory exceeds this many bytes (suffix K/M/G/T allowed; "
-                              "default 0: a quarter of the physical memory)"),
-               size, "SIZE");
-    add_real(cmd, "--max-time", max_seconds, "refuse a run whose estimated time exceeds this many seconds", 1, 1e9)
-        ->capture_default_str();
-}
-
-double ResourceLimits::bytes() const {
-    if (max_bytes > 0) return max_bytes;
-    const double phys = physical_memory_bytes();
-    return phys > 0 ? phys / 4 : 4.0 * (1 << 30);
-}
-
-void Estimate::add_bytes(double b, const std::string& what) {
-    bytes += b;
-    if (b > top_bytes) top_bytes = b, bytes_detail = what;
-}
-
-void Estimate::add_seconds(double s, const std::string& what) {
-    seconds += s;
-    if (s > top_seconds) top_seconds = s, seconds_detail = what;
-}
-
-void check_estimate(std::string_view command, const Estimate& e, const ResourceLimits& limits) {
-    const double max_bytes = limits.bytes();
-    EVENEP_CHECK(e.bytes <= max_bytes, command, ": estimated memory ", human_bytes(e.bytes),
-                 " (largest part: ", e.bytes_detail, ") exceeds the limit ", human_bytes(max_bytes),
-                 limits.max_bytes > 0
-                     ? std::string(" (--max-memory)")
-                     : fmt::format(" (a quarter of the physical memory {}; raise it with --max-memory)",
-                                   human_bytes(physical_memory_bytes())));
-    EVENEP_CHECK(e.seconds <= limits.max_seconds, command, ": estimated time ", fmt::format("{:.0f}", e.seconds),
-                 " s (largest part: ", e.seconds_detail, ") exceeds the limit ", limits.max_seconds,
-                 " s (raise it with --max-time)");
-}
-
 // --- routing input ---
-
-namespace {
-
-// Cost model of the lognormal generator on one core (fitted on the build machine, rounded up): per token one
-// uniform and compare per expert (~1.5 ns each) and ~K*(1 + ln(E/K)) logarithms (~25 ns each) for the candidates
-// it keeps; a target maxvio bisects sigma, typically over ~6 draws (40 at most).
-inline constexpr double kSecondsPerExpertDraw = 1.5e-9;
-inline constexpr double kSecondsPerCandidate = 25e-9;
-inline constexpr int kTargetMaxvioDraws = 6;
-
-}  // namespace
-
-void add_lognormal_estimate(int R, int E, int K, int S, int draws, Estimate& e) {
-    const double entries = static_cast<double>(R) * S * K;
-    // The routing, the best one kept during the search, its histograms and the caller's copies.
-    e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
-    const double tokens = static_cast<double>(R) * S;
-    const double per_token =
-        kSecondsPerExpertDraw * E + kSecondsPerCandidate * K * (1 + std::log(static_cast<double>(E) / K));
-    e.add_seconds(draws * tokens * per_token,
-                  fmt::format("{} lognormal draw{} of R*S = {:.3g} tokens over E = {} experts{}", draws,
-                              draws > 1 ? "s" : "", tokens, E, draws > 1 ? " to find the sigma of --maxvio" : ""));
-}
 
 namespace {
 
 void add_generation_estimate(const RoutingOptions& opt, Estimate& e) {
     if (!opt.adversarial.empty()) {
-        const double entries = static_cast<double>(opt.R) * opt.S * opt.K;
-        e.add_bytes(3 * entries * 4, fmt::format("routing R*S*K = {:.0f} ids", entries));
+        // The adversarial kinds build the routing in one pass (kMasked, kUnequalS: one lognormal draw first).
+        add_lognormal_estimate(opt.R, opt.E, opt.K, opt.S, 1, e);
         return;
     }
-    add_lognormal_estimate(opt.R, opt.E, opt.K, opt.S, opt.sigma_given() ? 1 : kTargetMaxvioDraws, e);
+    add_lognormal_estimate(opt.R, opt.E, opt.K, opt.S,
+                           opt.sigma_given() ? 1 : target_maxvio_draws(opt.R, opt.E, opt.K, opt.S, opt.maxvio), e);
+}
+
+// The resolved input every command holds: the per-rank histograms tpe [R*E] int32.
+void add_input_estimate(const Config& c, Estimate& e) {
+    const double pairs = static_cast<double>(c.R) * c.E;
+    e.add_bytes(4 * pairs, fmt::format("histograms of R*E = {:.3g} (rank, expert) pairs", pairs));
 }
 
 // Refuses a target maxvio the lognormal family cannot reach (judged from the routings at the two ends of the
@@ -387,7 +309,7 @@ void RoutingOptions::add_to(CLI::App& cmd) {
     for (CLI::Option* gen : {o_R, o_K, o_S, o_maxvio, opt_sigma, o_adv}) o_routing->excludes(gen);
 }
 
-RoutingInput resolve_routing(const RoutingOptions& opt) {
+RoutingInput resolve_routing(const RoutingOptions& opt, std::string_view command, const RunEstimate& run_estimate) {
     RoutingInput in;
     in.mode = parse_planner_mode(opt.planner);
     EVENEP_CHECK(opt.tpe_file.empty() || opt.routing_file.empty(), "--tpe and --routing are mutually exclusive");
@@ -395,6 +317,10 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
         TpeFile f = read_tpe_json(opt.tpe_file);
         in.cfg = Config{.R = f.R, .E = f.E, .K = f.K, .S = f.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
         in.cfg.validate();
+        Estimate e;
+        add_input_estimate(in.cfg, e);
+        e.add(run_estimate(in.cfg, false));
+        check_estimate(command, e, opt.limits);
         in.s = f.s;
         in.tpe = f.tpe;
         in.description = fmt::format("histograms from {}", opt.tpe_file);
@@ -411,12 +337,23 @@ RoutingInput resolve_routing(const RoutingOptions& opt) {
         check_estimate("--routing", e, opt.limits);
         routing = read_routing_npy(opt.routing_file, opt.E);
         in.description = fmt::format("routing from {}", opt.routing_file);
+        const Config cfg{.R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp,
+                         .slack = opt.slack};
+        cfg.validate();
+        Estimate run;
+        run.add_bytes(file_bytes, fmt::format("the routing of '{}'", opt.routing_file));
+        add_input_estimate(cfg, run);
+        run.add(run_estimate(cfg, true));
+        check_estimate(command, run, opt.limits);
     } else {
         Config probe{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
         probe.validate();
+        // The whole run's estimate, checked before the routing is drawn.
         Estimate e;
         add_generation_estimate(opt, e);
-        check_estimate("routing generator", e, opt.limits);
+        add_input_estimate(probe, e);
+        e.add(run_estimate(probe, true));
+        check_estimate(command, e, opt.limits);
         RoutingSpec spec{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .seed = opt.seed};
         if (!opt.adversarial.empty()) {
             Adversarial kind = Adversarial::kSingleHotExpert;

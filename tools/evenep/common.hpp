@@ -20,6 +20,7 @@
 
 #include "evenep/config.hpp"
 #include "evenep/files.hpp"
+#include "estimate.hpp"
 #include "evenep/routing.hpp"
 
 namespace evenep::cli {
@@ -100,38 +101,6 @@ class OutputDir {
     std::unique_ptr<AtomicDir> dir_;
 };
 
-// --- resource estimates ------------------------------------------------------------------------------------------
-
-// What a run may use: --max-memory (default: a quarter of the physical memory, or of the cgroup limit when lower:
-// the machine is often shared, and the estimates are rough) and
-// --max-time (default 60 s). A run whose estimate passes either is refused before it starts.
-struct ResourceLimits {
-    double max_bytes = 0;  // 0: the default
-    double max_seconds = 60;
-    void add_to(CLI::App& cmd);
-    double bytes() const;  // the limit in effect
-};
-
-// A run's estimate, built up from named parts so that a refusal says what dominates.
-struct Estimate {
-    double bytes = 0, seconds = 0;
-    std::string bytes_detail, seconds_detail;  // the largest part of each, e.g. "R=512 rank plans of ..."
-    double top_bytes = 0, top_seconds = 0;
-    void add_bytes(double b, const std::string& what);
-    void add_seconds(double s, const std::string& what);
-};
-
-// Throws Error(kInvalidArgument) naming the estimate, its largest part and the limit when the estimate passes
-// the limit, e.g. "demo: estimated memory 12.5 GiB (largest part: ...) exceeds the limit 5.9 GiB (a quarter of
-// the physical memory 23.5 GiB; raise it with --max-memory)".
-void check_estimate(std::string_view command, const Estimate& e, const ResourceLimits& limits);
-
-// Adds the lognormal generator's memory (the routing ids) and time (`draws` draws of R*S tokens over E experts).
-void add_lognormal_estimate(int R, int E, int K, int S, int draws, Estimate& e);
-
-// Physical memory of this machine in bytes (the cgroup limit when it is lower); 0 when unknown.
-double physical_memory_bytes();
-
 // --- routing input -----------------------------------------------------------------------------------------------
 
 // Where the routing of a command comes from: a generated config, a tpe JSON file or a routing .npy file.
@@ -169,11 +138,16 @@ struct RoutingInput {
     double sigma_used = -1;
 };
 
-// Builds the input; throws evenep::Error (exit 2) naming the bad flag or file content. A generated routing is
-// refused before it is generated when its estimate (the routing arrays; ~24 lognormal draws of R*S*E uniforms for
-// a target maxvio) passes opt.limits, and a target maxvio that no lognormal sigma in [1e-5, 10] reaches is refused
-// with the reachable range.
-RoutingInput resolve_routing(const RoutingOptions& opt);
+// The estimate of a command's run past its input, from the configuration (`has_routing`: every token's expert
+// ids are known, not only the histograms of --tpe).
+using RunEstimate = std::function<Estimate(const Config& cfg, bool has_routing)>;
+
+// Builds the input; throws evenep::Error (exit 2) naming the bad flag or file content. The run's estimate (the
+// generator's routing and time, the histograms, and `run_estimate`) is checked against opt.limits under the name
+// `command` before anything of its size is allocated: before the routing is drawn, and right after a --routing
+// or --tpe file is read (a --routing file's size is checked before it is read). A target maxvio that no lognormal
+// sigma in [1e-5, 10] reaches is refused with the reachable range.
+RoutingInput resolve_routing(const RoutingOptions& opt, std::string_view command, const RunEstimate& run_estimate);
 
 // Throws Error(kInvalidArgument) "<command>: no CUDA device is usable (...)" when this build has no CUDA backend
 // or no device is usable: the first line of every GPU command, as `demo --backend cuda` does.

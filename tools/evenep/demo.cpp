@@ -123,13 +123,15 @@ void dump(OutputDir& dir, const cpu::MoeProblem& p, const cpu::MoeResult& ep) {
     write_npy_f32(dir.file("grad_topk_w.npy"), {R, S, K}, pad_f32(ep.grad_topk_w, S, K));
 }
 
-// Memory and time of the run past the routing (checked by resolve_routing). Model measured on the build machine,
-// rounded up: every rank holds its buffers (buffer_sizes), its own plan of the whole group (~96 B per (rank,
-// expert) pair: R ranks x R*E, so ~R^3 when E grows with R) and expert activations of ~6*H + 32*H' bytes per
-// receive row (NvS rows, which grow with --tp); tokens and weights exist in bf16, fp32 and the dense reference.
-// Time: ~3 ns per byte of buffers and activations touched, and 36*H*H' flops per entry (forward + backward,
-// EvenEP and the dense reference) at ~5 GFLOP/s. --plan-only: one plan and dst. On the GPU the ranks' buffers live
-// in device memory (the device reports its own limit) and only the dense reference computes on the host.
+// Memory and time of the run past the routing (resolve_routing adds the generator's part). Model of the parts
+// alive at the peak: every rank holds its buffers (buffer_sizes; ~76% of them touched), its own plan of the whole
+// group (~73 B per (rank, expert) pair: R ranks x R*E, so ~R^3 when E grows with R) and expert activations of
+// ~4.5*H + 24*H' bytes per receive row (NvS rows, which grow with --tp); tokens and weights exist in bf16, fp32
+// and the dense reference. Time (CPU seconds over all threads): ~1.3 ns per byte of buffers and activations
+// touched, every rank's plan of the whole group (R plans), and 36*H*H' flops per entry (forward + backward,
+// EvenEP and the dense reference) at ~12 GFLOP/s. Constants fitted on R = 8 ... 64 runs (docs/estimates.md).
+// --plan-only: one plan and dst. On the GPU the ranks' buffers live in device memory (the device reports its own
+// limit) and only the dense reference runs on the host.
 Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_gpu) {
     const Config& c = bc.cfg;
     const BufferSizes z = buffer_sizes(bc);
@@ -140,17 +142,18 @@ Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_g
     const double rows = static_cast<double>(c.recv_rows());
     const double buffers =
         static_cast<double>(z.comm_total + z.pool_total + z.layer_weights + z.layer_grads + z.workspace);
-    const double act = rows * (6.0 * bc.H + 32.0 * bc.ffn_hidden);
-    e.add_bytes(R * c.S * bc.H * 24.0, "tokens (bf16, fp32 and the dense reference)");
-    e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 14, "expert weights and gradients");
-    e.add_seconds((on_gpu ? 18.0 : 36.0) * bc.H * bc.ffn_hidden * entries / 5e9,
+    const double act = rows * (4.5 * bc.H + 24.0 * bc.ffn_hidden);
+    e.add_bytes(R * c.S * bc.H * 18.0, "tokens (bf16, fp32 and the dense reference)");
+    e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 11, "expert weights and gradients");
+    e.add_seconds((on_gpu ? 18.0 : 36.0) * bc.H * bc.ffn_hidden * entries / 12e9,
                   fmt::format("{}*H*H' flops for each of R*S*K = {:.3g} entries", on_gpu ? 18 : 36, entries));
     if (on_gpu) return e;
-    e.add_bytes(R * buffers, fmt::format("R={} ranks x {} of buffers", c.R, human_bytes(buffers)));
+    e.add_bytes(0.76 * R * buffers, fmt::format("R={} ranks x {} of buffers", c.R, human_bytes(buffers)));
     e.add_bytes(R * act, fmt::format("R={} ranks x {} of expert activations (NvS = {:.0f} rows)", c.R,
                                      human_bytes(act), rows));
-    e.add_bytes(96 * R * pairs, fmt::format("R={} rank plans of R*E = {:.3g} pairs each", c.R, pairs));
-    e.add_seconds(3e-9 * R * (buffers + act), "touching every rank's buffers and activations");
+    e.add_bytes(73 * R * pairs, fmt::format("R={} rank plans of R*E = {:.3g} pairs each", c.R, pairs));
+    e.add_seconds(1.3e-9 * R * (buffers + act), "touching every rank's buffers and activations");
+    e.add_seconds(R * plan_seconds(c.R, c.E), fmt::format("R={} ranks each planning the whole group", c.R));
     return e;
 }
 
@@ -158,7 +161,18 @@ void run_demo(const DemoOptions& opt) {
     // Outputs first: a bad target fails before the run; both are written at its end.
     OutputFile json("--json", opt.json_file);
     OutputDir dump_dir("--dump", opt.dump_dir);
-    RoutingInput in = resolve_routing(opt.routing);
+    EVENEP_CHECK(opt.backend == "cpu" || opt.backend == "cuda" || opt.backend == "auto", "--backend '", opt.backend,
+                 "': expected cpu, cuda or auto");
+    EVENEP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, " must be >= 0");
+    std::string no_cuda;
+    const bool cuda_ok = opt.backend != "cpu" && demo_cuda_available(&no_cuda);
+    EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda: ", no_cuda);
+    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU
+    RoutingInput in = resolve_routing(opt.routing, "demo", [&](const Config& c, bool) {
+        const BufferConfig probe{.cfg = c, .H = opt.H, .ffn_hidden = opt.ffn_hidden};
+        probe.validate();
+        return demo_estimate(opt, probe, on_gpu);
+    });
     EVENEP_CHECK(in.routing.has_value(),
                  "demo: needs every token's expert ids (a generator or --routing FILE.npy), not histograms (--tpe)");
     const Routing& routing = *in.routing;
@@ -170,14 +184,6 @@ void run_demo(const DemoOptions& opt) {
     const Config& cfg = bc.cfg;
     const int R = cfg.R, epn = cfg.epn(), B = cfg.num_slots();
     const bool training = B == epn;
-    EVENEP_CHECK(opt.backend == "cpu" || opt.backend == "cuda" || opt.backend == "auto", "--backend '", opt.backend,
-                 "': expected cpu, cuda or auto");
-    EVENEP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, " must be >= 0");
-    std::string no_cuda;
-    const bool cuda_ok = opt.backend != "cpu" && demo_cuda_available(&no_cuda);
-    EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda: ", no_cuda);
-    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU
-    check_estimate("demo", demo_estimate(opt, bc, on_gpu), opt.routing.limits);
 
     // The plan alone (the same plan every rank computes): balance, copies, the traffic model.
     const double t_plan0 = now_seconds();

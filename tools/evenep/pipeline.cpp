@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -39,6 +40,7 @@ struct PipelineOptions {
     bool cp_table = false;
     int world = 32;
     int images_per_rank = 4;
+    ResourceLimits limits;
 };
 
 pl::PipelineConfig make_config(const PipelineOptions& opt) {
@@ -57,6 +59,38 @@ pl::PipelineConfig make_config(const PipelineOptions& opt) {
     if (!opt.costs_file.empty()) pl::read_costs_file(opt.costs_file, cfg);
     cfg.validate();
     return cfg;
+}
+
+// Fitted on the build machine (docs/estimates.md). Every policy run: ~3.5 us and ~355 B per text op (2*P*m*V)
+// and ~7.7 us and ~790 B per ViT piece (an image; a --images file counted as one piece per 2 bytes), for the
+// three heuristic policies together; --grid runs them at 6 loads (3.3x, measured), one at a time. The optimal
+// policy's MILP (only on instances within kMaxOptimalPieces / kMaxOptimalTextOps) is bounded by --time-limit per
+// solve, counted whole. --cp-table: ~0.2 us per (image pair of a CP group), i.e. W * ipr^2 * sum of the C used.
+Estimate pipeline_estimate(const PipelineOptions& opt) {
+    Estimate e;
+    if (opt.cp_table) {
+        double sum_c = 0;
+        for (int C : kCpSizes) sum_c += opt.world % C == 0 ? C : 0;
+        const double ipr = opt.images_per_rank;
+        e.add_seconds(2e-7 * opt.world * ipr * ipr * sum_c,
+                      fmt::format("--cp-table over W = {} ranks x {} images", opt.world, opt.images_per_rank));
+        e.add_bytes(64.0 * opt.world * ipr, "the images");
+        return e;
+    }
+    const double ops = 2.0 * opt.P * opt.m * opt.V;
+    double pieces = static_cast<double>(opt.m) * opt.images_per_mb;
+    if (!opt.images_file.empty()) {
+        std::error_code ec;
+        pieces = static_cast<double>(std::filesystem::file_size(opt.images_file, ec)) / 2;
+    }
+    const double runs = opt.grid ? 3.3 : 1.0;
+    e.add_bytes(355 * ops, fmt::format("schedules of 2*P*m*V = {:.3g} text ops", ops));
+    e.add_bytes(790 * pieces, fmt::format("{:.3g} ViT pieces", pieces));
+    e.add_seconds(runs * 3.5e-6 * ops, fmt::format("policies over 2*P*m*V = {:.3g} text ops", ops));
+    e.add_seconds(runs * 7.7e-6 * pieces, fmt::format("policies over {:.3g} ViT pieces", pieces));
+    if (pl::optimal_policy_available() && pieces <= pl::kMaxOptimalPieces && ops / 2 <= pl::kMaxOptimalTextOps)
+        e.add_seconds((opt.grid ? 6 : 1) * opt.time_limit, "the optimal policy's MILP (--time-limit per solve)");
+    return e;
 }
 
 // The ViT pieces at a given load (relative to the bubble) from the images file or the mix.
@@ -251,7 +285,9 @@ void register_pipeline(CLI::App& app) {
     cmd->add_flag("--cp-table", opt->cp_table, "Dynamic CP over C = 1..32: per-rank max/mean and communication share");
     add_int(*cmd, "--world", opt->world, "--cp-table: ranks W", 1, 1 << 20);
     add_int(*cmd, "--images-per-rank", opt->images_per_rank, "--cp-table: images per rank", 1, 1 << 20);
+    opt->limits.add_to(*cmd);
     set_run(cmd, [opt] {
+        check_estimate("pipeline", pipeline_estimate(*opt), opt->limits);
         if (opt->cp_table)
             print_cp_table(*opt);
         else if (opt->grid)

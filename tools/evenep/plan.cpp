@@ -29,20 +29,24 @@ struct PlanOptions {
     std::string json_file;
 };
 
-// Memory and time of the run past the routing (the routing's own cost is checked by resolve_routing). Model
-// measured on the build machine, rounded up: the planner keeps ~64 B per (rank, expert) pair; dst and the traffic
-// models ~12 B and ~80 ns per entry; --check (validate_dst) ~16 B and ~40 ns per receive row of the group (R*NvS,
-// which grows with --tp); --json ~48 B per dst entry while the JSON is built.
-Estimate plan_estimate(const PlanOptions& opt, const RoutingInput& in) {
-    const Config& c = in.cfg;
+// Memory and time of the run past the input (the generator's and the histograms' part are added by
+// resolve_routing). Fitted on the build machine (docs/estimates.md): --repeat plans of the (R, E) planner state
+// and ~50 ns per pair to set it up; the report's relay bound ~9 B per pair; with a routing, every rank's dst
+// (4 B and ~55 ns per entry) and the report's traffic models (~25 ns per entry); --check (validate_dst) ~16 B and
+// ~40 ns per receive row of the group (R*NvS, which grows with --tp); --json ~48 B per dst entry while the JSON
+// is built.
+Estimate plan_estimate(const PlanOptions& opt, const Config& c, bool has_routing) {
     const double pairs = static_cast<double>(c.R) * c.E;
-    const double entries = in.routing ? static_cast<double>(c.R) * c.S * c.K : 0;
+    const double entries = has_routing ? static_cast<double>(c.R) * c.S * c.K : 0;
     const double rows = static_cast<double>(c.R) * static_cast<double>(c.recv_rows());
     Estimate e;
-    e.add_bytes(64 * pairs, fmt::format("planner state of R*E = {:.3g} (rank, expert) pairs", pairs));
-    e.add_seconds(opt.repeat * 50e-9 * pairs, fmt::format("{} plans of R*E = {:.3g} pairs", opt.repeat, pairs));
-    e.add_bytes(12 * entries, fmt::format("dst and traffic of R*S*K = {:.3g} entries", entries));
-    e.add_seconds(80e-9 * entries, fmt::format("dst and traffic of R*S*K = {:.3g} entries", entries));
+    e.add_bytes(plan_bytes(c.R, c.E), fmt::format("planner state of R*E = {:.3g} (rank, expert) pairs", pairs));
+    e.add_seconds(std::max(1, opt.repeat) * plan_seconds(c.R, c.E) + 50e-9 * pairs,
+                  fmt::format("{} plans of R*E = {:.3g} pairs", opt.repeat, pairs));
+    e.add_bytes(4 * entries, fmt::format("dst of R*S*K = {:.3g} entries", entries));
+    e.add_seconds((opt.quiet ? 55e-9 : 80e-9) * entries,
+                  fmt::format("dst and traffic of R*S*K = {:.3g} entries", entries));
+    if (!opt.quiet) e.add_bytes(9 * pairs, "the relay lower bound of the report");
     if (opt.check) {
         e.add_bytes(16 * rows + 8 * entries,
                     fmt::format("--check over R*NvS = {:.3g} receive rows (NvS grows with --tp)", rows));
@@ -56,9 +60,10 @@ void run_plan(const PlanOptions& opt) {
     EVENEP_CHECK(!opt.legacy || opt.routing.planner == "optimized",
                  "--legacy-candidates needs --planner optimized (got --planner ", opt.routing.planner, ")");
     OutputFile json("--json", opt.json_file);  // checked now, written atomically at the end
-    RoutingInput in = resolve_routing(opt.routing);
+    RoutingInput in = resolve_routing(opt.routing, "plan", [&opt](const Config& c, bool has_routing) {
+        return plan_estimate(opt, c, has_routing);
+    });
     const Config& cfg = in.cfg;
-    check_estimate("plan", plan_estimate(opt, in), opt.routing.limits);
     Planner planner(cfg, in.mode, !opt.legacy);
     planner.set_relay(opt.relay);
     Plan plan;

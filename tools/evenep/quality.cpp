@@ -38,7 +38,20 @@ struct QualityOptions {
     bool quick = false;
     bool legacy = false;  // optimized planner with the first release's candidate set (CPU only)
     int only = -1;  // run only this case index of the corpus
+    ResourceLimits limits;
 };
+
+// Measured over the corpus (docs/estimates.md): ~0.11 s per case of the full corpus (R up to 8; the two exact
+// solves dominate, each bounded by --time-limit) and ~0.025 s per --quick case; the solver's libraries and
+// models ~32 MiB (--quick ~16 MiB) above the floor.
+Estimate quality_estimate(const QualityOptions& opt) {
+    Estimate e;
+    const double cases = opt.only >= 0 ? 1 : (opt.quick ? kQuickCases : opt.cases);
+    e.add_seconds(cases * std::min(opt.quick ? 0.025 : 0.11, 2 * opt.time_limit),
+                  fmt::format("{:.0f} cases, two exact solves each", cases));
+    e.add_bytes((opt.quick ? 16.0 : 32.0) * (1 << 20), "the exact solver");
+    return e;
+}
 
 // One kind of routing in the corpus: a lognormal skew (target maxvio) or an adversarial pattern.
 struct CaseKind {
@@ -320,7 +333,11 @@ void register_quality(CLI::App& app) {
                   "Optimized planner with the first release's candidate set (two global fills, no overshoot, push "
                   "spreading or paths; CPU only), to measure what the default set buys");
     add_int(*cmd, "--only", opt->only, "Run only case INDEX of the corpus (to reproduce one row)", -1, 1000000);
-    set_run(cmd, [opt] { run_quality(*opt); });
+    opt->limits.add_to(*cmd);
+    set_run(cmd, [opt] {
+        check_estimate("quality", quality_estimate(*opt), opt->limits);
+        run_quality(*opt);
+    });
 }
 
 }  // namespace evenep::cli

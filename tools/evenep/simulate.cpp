@@ -41,6 +41,7 @@ struct SimulateOptions {
                                 // default target that this shape cannot reach is drawn as close as it gets)
     std::vector<std::string> gpu_json;
     std::string json_file;
+    ResourceLimits limits;
 };
 
 // The small grid of --quick (tests): applied to every option not given on the command line.
@@ -72,6 +73,28 @@ void validate(const SimulateOptions& o) {
     parse_planner_mode(o.planner);
     for (int R : o.ranks)  // the rule of every command: refused, never clamped
         if (o.maxvio_given) check_maxvio_reachable(RoutingSpec{.R = R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed}, o.maxvios);
+}
+
+// Per point (R, maxvio): the routing (routing_near_maxvio) and the previous step's (one more full draw, alive
+// next to the routing until EPLB is placed), --repeat + 1 plans (the model of `evenep plan`), every rank's dst
+// and the three traffic models (~4 B and ~150 ns per entry), EPLB's placement and the baselines (~800 ns per
+// (rank, expert) pair; fitted: docs/estimates.md). One point alive at a time.
+Estimate simulate_estimate(const SimulateOptions& o) {
+    Estimate e;
+    const double count = static_cast<double>(o.maxvios.size());
+    for (int R : o.ranks) {
+        const double pairs = static_cast<double>(R) * o.E, entries = static_cast<double>(R) * o.S * o.K;
+        Estimate point;
+        add_near_maxvio_estimate(R, o.E, o.K, o.S, static_cast<int>(o.maxvios.size()), point);
+        point.add_bytes(plan_bytes(R, o.E) + 4 * pairs, fmt::format("R={}: histograms and planner state", R));
+        point.add_bytes(4 * entries, fmt::format("R={}: dst (then the previous step's routing)", R));
+        point.add_seconds(count * (lognormal_draw_seconds(R, o.E, o.K, o.S) + 150e-9 * entries),
+                          fmt::format("R={}: the previous step's routing, dst and three traffic models", R));
+        point.add_seconds(count * ((o.repeat + 1) * plan_seconds(R, o.E) + 800e-9 * pairs),
+                          fmt::format("R={}: plans, EPLB placement and the baselines' loads", R));
+        e.add_stage(point);
+    }
+    return e;
 }
 
 // GPU planner figures of device runs (`evenep bench gpu-plan --json`, one file per R): median us by (R, E, K, S, target
@@ -238,6 +261,7 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
 void run_simulate(const SimulateOptions& o) {
     OutputFile json("--json", o.json_file);  // checked now, written atomically at the end
     validate(o);
+    check_estimate("simulate", simulate_estimate(o), o.limits);
     std::map<GpuKey, double> gpu;
     for (const std::string& path : o.gpu_json) read_gpu_plan(path, gpu);
     const double t0 = now_seconds();
@@ -306,6 +330,7 @@ void register_simulate(CLI::App& app) {
                     "GPU planner times: JSON files of `evenep bench gpu-plan --json` (plan_rank_cluster rows, else "
                     "plan_rank)");
     add_output_file(*cmd, "--json", opt->json_file, "write every point as JSON (schema evenep.simulate/1)");
+    opt->limits.add_to(*cmd);
     set_run(cmd, [opt, cmd] {
         opt->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *opt);

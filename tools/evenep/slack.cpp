@@ -36,15 +36,18 @@ struct SlackOptions {
     ResourceLimits limits;
 };
 
-// One lognormal routing per maxvio (routing_near_maxvio: a small probe, then one full draw) and one plan plus one
-// validation per (maxvio, eps): ~64 B and ~50 ns per (rank, expert) pair each (the model of `evenep plan`).
+// One lognormal routing per maxvio (routing_near_maxvio: a small probe, then one full draw; one alive at a time)
+// and one plan plus one validation per (maxvio, eps): the plan model of `evenep plan` (estimate.hpp), the
+// validator ~16 B and ~40 ns per (rank, expert) pair (docs/estimates.md).
 Estimate slack_estimate(const SlackOptions& o) {
     Estimate e;
-    add_lognormal_estimate(o.R, o.E, o.K, o.S, static_cast<int>(o.maxvios.size()), e);
+    add_near_maxvio_estimate(o.R, o.E, o.K, o.S, static_cast<int>(o.maxvios.size()), e);
     const double pairs = static_cast<double>(o.R) * o.E;
     const double plans = static_cast<double>(o.maxvios.size() * o.slacks.size());
-    e.add_bytes(2 * 64 * pairs, fmt::format("planner and validator state of R*E = {:.3g} pairs", pairs));
-    e.add_seconds(2 * 50e-9 * pairs * plans, fmt::format("{:.0f} plans of R*E = {:.3g} pairs", plans, pairs));
+    e.add_bytes(plan_bytes(o.R, o.E) + 4 * pairs + 16 * pairs,
+                fmt::format("histograms, planner and validator state of R*E = {:.3g} pairs", pairs));
+    e.add_seconds(plans * (plan_seconds(o.R, o.E) + 90e-9 * pairs),
+                  fmt::format("{:.0f} plans and validations of R*E = {:.3g} pairs", plans, pairs));
     return e;
 }
 
