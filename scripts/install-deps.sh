@@ -2,7 +2,8 @@
 # Installs the Debian packages EvenEP builds with, when any is missing (needs root or sudo).
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config libgtest-dev libgmock-dev googletest libbenchmark-dev libcli11-dev
-      nlohmann-json3-dev libfmt-dev coinor-libcbc-dev python3 python3-venv)
+      nlohmann-json3-dev libfmt-dev coinor-libcbc-dev python3 python3-venv
+      python3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,9 +1,14 @@
 // `evenep launch -n N [--timeout SECONDS] -- command args...`: one process per GPU on this host (SPEC §5).
 //
-// Creates the NCCL unique id, starts N copies of the command with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
-// EVENEP_NCCL_ID set (NVLink multicast off: NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
-// NVSHMEM_DISABLE_NVLS=1 where unset), waits for all of them, and on the first failure terminates the rest and exits
-// with that rank's exit code. Registered by register_launch (called from main.cpp).
+// Starts N copies of the command with RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE set, each in a process group
+// of its own (launch_processes, evenep/launch.hpp), and waits for all of them. In a build with the NCCL team it also
+// creates the NCCL unique id (EVENEP_NCCL_ID) and turns NVLink multicast off where unset (NCCL_NVLS_ENABLE=0,
+// TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1: cuda::launch_local_group). On the first failing rank,
+// the timeout, or SIGINT/SIGTERM to the launcher, every rank's group is terminated (SIGTERM, then SIGKILL after
+// --grace seconds) and the launcher exits with that failure's code, naming the rank, in one line.
+// Registered by register_launch (called from main.cpp).
+#include "evenep/launch.hpp"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,6 +35,7 @@ namespace {
 struct LaunchCliOptions {
     int num_ranks = 0;
     double timeout_s = 0;
+    double grace_s = 5;
     std::vector<std::string> command;
 };
 
@@ -67,30 +73,35 @@ void register_launch(CLI::App& app) {
     auto opt = std::make_shared<LaunchCliOptions>();
     CLI::App* cmd = app.add_subcommand(
         "launch",
-        "Run a command as N ranks, one process per GPU: creates the NCCL unique id and sets RANK, WORLD_SIZE, "
-        "LOCAL_RANK and EVENEP_NCCL_ID (e.g. evenep launch -n 8 -- evenep bench multi)");
+        "Run a command as N ranks, one process per GPU, each in a process group of its own: sets RANK, WORLD_SIZE, "
+        "LOCAL_RANK and LOCAL_WORLD_SIZE (and, in a build with the NCCL team, creates the NCCL unique id: "
+        "EVENEP_NCCL_ID). On the first failing rank, the timeout, or Ctrl-C/SIGTERM, every rank and everything it "
+        "started is terminated (SIGTERM, then SIGKILL after --grace) and launch exits with that rank's code (124: "
+        "timeout, 130/143: SIGINT/SIGTERM), naming it. Ranks do not read the terminal (e.g. evenep launch -n 8 -- "
+        "evenep bench multi)");
     add_int(*cmd, "-n,--nproc", opt->num_ranks, "number of ranks (processes, one GPU each)", 1, 256)->required();
     add_real(*cmd, "--timeout", opt->timeout_s, "kill every rank after this many seconds (0: none)", 0, 1e9)
         ->capture_default_str();
-    cmd->add_option("command", opt->command, "the command every rank runs (after --); must be executable")
-        ->required();
+    add_real(*cmd, "--grace", opt->grace_s, "seconds between SIGTERM and SIGKILL when stopping the ranks", 0, 3600)
+        ->capture_default_str();
+    cmd->add_option("command", opt->command, "the command every rank runs (after --); must be executable")->required();
     cmd->callback([opt] {
         check_executable(opt->command.front());
-#if defined(EVENEP_HAVE_CUDA)
-        cuda::LaunchOptions lo;
+        LaunchOptions lo;
         lo.num_ranks = opt->num_ranks;
         lo.command = opt->command;
         lo.timeout = std::chrono::milliseconds(static_cast<int64_t>(opt->timeout_s * 1000));
-        const cuda::LaunchResult r = cuda::launch_local_group(lo);
+        lo.kill_grace = std::chrono::milliseconds(static_cast<int64_t>(opt->grace_s * 1000));
+#if defined(EVENEP_HAVE_CUDA)
+        const LaunchResult r = cuda::nccl_team_built() ? cuda::launch_local_group(lo) : launch_processes(lo);
+#else
+        const LaunchResult r = launch_processes(lo);
+#endif
         if (r.exit_code != 0) {
-            std::fprintf(stderr, "evenep: %s\n", r.what.c_str());
             std::fflush(stdout);
+            std::fprintf(stderr, "evenep: %s\n", r.what.c_str());
             std::exit(r.exit_code);  // the failing rank's exit code, as torchrun does
         }
-#else
-        EVENEP_CHECK(false, "launch: this evenep was built without the CUDA backend and its NCCL team; rebuild with "
-                            "-DEVENEP_CUDA=ON (and NCCL) to launch ranks");
-#endif
     });
 }
 

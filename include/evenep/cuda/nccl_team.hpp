@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "evenep/cuda/team.hpp"
+#include "evenep/launch.hpp"
 
 namespace evenep::cuda {
 
@@ -66,28 +67,16 @@ std::string nccl_new_unique_id();
 // Throws evenep::Error naming the variable on a malformed or missing value.
 NcclBootstrap nccl_bootstrap_from_env(std::chrono::milliseconds id_wait = std::chrono::seconds(120));
 
-// Starting one process per GPU on this host (`evenep launch`, the multi-GPU tests).
-struct LaunchOptions {
-    int num_ranks = 1;
-    std::vector<std::string> command;                      // argv of every rank (execvp: PATH is searched)
-    std::vector<std::pair<std::string, std::string>> env;  // extra variables of every rank
-    std::chrono::milliseconds timeout{0};                  // 0: none; else every rank is killed after it
-    std::chrono::milliseconds kill_grace{5000};            // SIGTERM -> SIGKILL delay when killing ranks
-};
+// Starting one process per GPU on this host (`evenep launch`, the multi-GPU tests): evenep/launch.hpp.
+using evenep::LaunchOptions;
+using evenep::LaunchResult;
 
-struct LaunchResult {
-    int exit_code = 0;     // 0 when every rank exited 0; else the first failure's exit code (128 + signal for a
-                           // signal, 124 for the timeout, 127 when the command could not be started)
-    int failed_rank = -1;  // the rank that failed first (-1: none)
-    std::string what;      // one line describing the first failure ("" when none)
-};
-
-// Creates an NCCL unique id, then starts `num_ranks` children (fork + execvp) with RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, EVENEP_NCCL_ID and, where unset, NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
-// NVSHMEM_DISABLE_NVLS=1 (NVLink multicast off), and waits for all of them. On the first failure it terminates the
-// others (SIGTERM, then SIGKILL after kill_grace). Children get SIGTERM if the launching process dies. The calling
-// process must not be needed by the children beyond the NCCL bootstrap (it stays in this call until they end).
-// Throws evenep::Error for bad options or when the build has no NCCL team.
+// Creates an NCCL unique id, then runs launch_processes (evenep/launch.hpp: every rank in its own process group,
+// all of them stopped on the first failure, the timeout, SIGINT or SIGTERM) with EVENEP_NCCL_ID added and, where
+// unset, NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NVSHMEM_DISABLE_NVLS=1 (NVLink multicast off).
+// The calling process must not be needed by the children beyond the NCCL bootstrap (it stays in this call until
+// they end). Throws evenep::Error for bad options (num_ranks outside [1, kMaxVirtualRanks]) or when the build has
+// no NCCL team.
 LaunchResult launch_local_group(const LaunchOptions& options);
 
 using NcclWindowView = Window;  // one symmetric window (evenep/cuda/team.hpp)
