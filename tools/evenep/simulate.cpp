@@ -21,6 +21,7 @@
 #include "perf/baselines.hpp"
 #include "perf/drift.hpp"
 #include "perf/eplb.hpp"
+#include "simulate_workload.hpp"
 
 namespace evenep::cli {
 namespace {
@@ -300,9 +301,20 @@ void register_simulate(CLI::App& app) {
     cmd->add_option("--gpu-json", opt->gpu_json,
                     "GPU planner times: JSON files of `evenep bench gpu-plan --json` (plan_rank_cluster rows, else "
                     "plan_rank)");
-    cmd->add_option("--json", opt->json_file, "write every point as JSON (schema evenep.simulate/1)");
-    cmd->callback([opt, cmd] {
+    cmd->add_option("--json", opt->json_file,
+                    "write every point as JSON (schema evenep.simulate/1; evenep.workload_run/1 with --workload|--trace)");
+    auto wl = std::make_shared<WorkloadOptions>();
+    add_workload_options(*cmd, *wl);
+    cmd->callback([opt, wl, cmd] {
         apply_quick(*cmd, *opt);
+        if (wl->active())  // every system over a step sequence (simulate_workload.cpp)
+            return run_simulate_workload(
+                *wl, WorkloadShape{.ranks = opt->ranks, .ranks_given = cmd->count("--R") > 0,
+                                   .experts_given = cmd->count("--E") > 0, .E = opt->E, .K = opt->K, .S = opt->S,
+                                   .H = opt->H, .ffn_hidden = opt->ffn_hidden, .tp = opt->tp,
+                                   .redundant = opt->redundant, .redundant_given = cmd->count("--redundant") > 0,
+                                   .eplb_sync = opt->eplb_sync, .planner = opt->planner, .seed = opt->seed,
+                                   .json_file = opt->json_file});
         run_simulate(*opt);
     });
 }
