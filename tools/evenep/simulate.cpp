@@ -272,7 +272,9 @@ void register_simulate(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(
         "simulate",
         "Scale model on the CPU: planner time, copies, copy traffic, buffer bytes, link bytes and compute imbalance\n"
-        "(conventional EP, EPLB-style replication under drift, EvenEP) for each R and maxvio (docs/benchmarks.md).");
+        "(conventional EP, EPLB-style replication under drift, EvenEP) for each R and maxvio (docs/benchmarks.md).\n"
+        "With --workload W or --trace F.npy: every system (evenep_exact, conventional, eplb, lplb, llep) over a step\n"
+        "sequence on the same histograms, per-step time of the CPU step model (docs/benchmarks.md, docs/traces.md).");
     cmd->add_option("--R", opt->ranks, "EP group sizes")->capture_default_str();
     cmd->add_option("--maxvio", opt->maxvios, "routing skews (target max/mean - 1)")->capture_default_str();
     cmd->add_option("--E", opt->E, "routed experts")->capture_default_str();
@@ -281,7 +283,9 @@ void register_simulate(CLI::App& app) {
     cmd->add_option("--H", opt->H, "hidden size")->capture_default_str();
     cmd->add_option("--ffn-hidden", opt->ffn_hidden, "expert intermediate size H'")->capture_default_str();
     cmd->add_option("--tp", opt->tp, "token padding of every expert segment")->capture_default_str();
-    cmd->add_option("--redundant", opt->redundant, "EPLB redundant slots per rank (-1: epn, EvenEP's bound)")
+    cmd->add_option("--redundant", opt->redundant,
+                    "EPLB redundant slots per rank (-1: epn, EvenEP's bound); with --workload/--trace only this value "
+                    "(default there: 1 2 4 epn)")
         ->capture_default_str();
     cmd->add_option("--drift", opt->drift, "per-step std of each expert's log-popularity (EPLB's staleness)")
         ->capture_default_str();
