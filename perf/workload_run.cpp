@@ -83,6 +83,14 @@ WorkloadRunner::WorkloadRunner(const WorkloadRunConfig& cfg) : cfg_(cfg) {
     cfg_.validate();
     state_ = std::make_unique<State>(cfg_);
     const int R = cfg_.cfg.R, E = cfg_.cfg.E, epn = E / R;
+    {  // one EPLB per distinct slot count (4 and -1 are the same when epn = 4)
+        std::vector<int> distinct;
+        for (int n : cfg_.eplb_redundant) {
+            const int red = n < 0 ? epn : n;
+            if (std::find(distinct.begin(), distinct.end(), red) == distinct.end()) distinct.push_back(red);
+        }
+        cfg_.eplb_redundant = distinct;
+    }
     const auto add = [this](std::string name, std::string label, int redundant, std::string topology) {
         SystemSeries s;
         s.name = std::move(name);
@@ -95,9 +103,8 @@ WorkloadRunner::WorkloadRunner(const WorkloadRunConfig& cfg) : cfg_(cfg) {
     add("conventional", "conventional", 0, "");
     state_->eplb_window.resize(cfg_.layers);
     state_->eplb_placement.resize(cfg_.layers);
-    for (int n : cfg_.eplb_redundant) {
-        const int red = n < 0 ? epn : n;
-        add("eplb", n < 0 ? "eplb/epn" : "eplb/" + std::to_string(n), red, "");
+    for (int red : cfg_.eplb_redundant) {
+        add("eplb", red == epn ? "eplb/epn" : "eplb/" + std::to_string(red), red, "");
         const EplbConfig ecfg{.num_ranks = R, .num_experts = E, .slots_per_rank = epn + red};
         for (int l = 0; l < cfg_.layers; ++l) state_->eplb_window[l].emplace_back(ecfg, cfg_.eplb_schedule);
     }

@@ -4,7 +4,7 @@
 // Systems, in this order:
 //   evenep_exact  the current planner (exact balance), its copies fetched and their gradients returned each unit;
 //   conventional  every entry on its expert's home rank;
-//   eplb          one per `eplb_redundant` value: EplbWindow (perf/eplb.hpp) re-placed every step_interval steps
+//   eplb          one per distinct `eplb_redundant` slot count (labelled eplb/epn when it equals epn): EplbWindow (perf/eplb.hpp) re-placed every step_interval steps
 //                 from the last `window` steps' loads; a re-placement fetches the changed slots' weights; replicas
 //                 synchronised once per step (`eplb_sync`, perf/baselines.hpp's models, ring by default);
 //   lplb          perf/lplb.hpp: the replica graph re-chosen on EPLB's schedule, an exact min-max split per unit,

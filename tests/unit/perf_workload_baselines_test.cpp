@@ -17,7 +17,8 @@
 //   EplbAlloc.MatchesRows               eplb_alloc's per-rank sums == eplb_rows, per-expert sums == the loads
 //   StepModel.PhaseArithmetic           a hand-computed 2-rank case: token phase, copies, compute and step_ms
 //   WorkloadRunner.EverySystemPerStep   3 steps x 2 micro-batches: every system has 3 step times, rows summing to
-//                                       the entries; evenep_exact and llep balanced, lplb never above conventional
+//                                       the entries; evenep_exact and llep balanced, lplb never above conventional;
+//                                       EPLB slot counts deduplicated (4 = epn)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -261,7 +262,8 @@ TEST(WorkloadRunner, EverySystemPerStep) {
         run.run_step(step, units);
     }
     const std::vector<SystemSeries>& s = run.series();
-    ASSERT_EQ(s.size(), 2 + rc.eplb_redundant.size() + 2);
+    ASSERT_EQ(s.size(), 2u + 3u + 2u) << "eplb at 1, 2 and 4 = epn slots (4 and -1 are one system)";
+    EXPECT_EQ(s[4].label, "eplb/epn");
     for (const SystemSeries& x : s) {
         ASSERT_EQ(x.step_ms.size(), 3u) << x.label;
         for (int t = 0; t < 3; ++t) {

@@ -23,8 +23,9 @@
 //                                            evenep.workload_run/1, T steps, every system with T step_ms and rows
 //                                            summing to the trace's entries; `simulate --workload` on the same
 //                                            workload gives the same step_ms
-//   WorkloadsCli.BadInputExitsTwo            a malformed trace, an unknown workload, --R 3 against a trace of R 4:
-//                                            exit 2, one line
+//   WorkloadsCli.BadInputExitsTwo            a malformed trace, an unknown workload, --R 3 against a trace of R 2,
+//                                            two R with --workload, a grid flag with --workload, a workload flag
+//                                            without it, --micro-batches with --trace: exit 2, one line
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -307,11 +308,17 @@ TEST(WorkloadsCli, BadInputExitsTwo) {
     write_npy((dir / "neg.npy").string(), "<i4", {1, 2, 4}, neg, sizeof(neg));
     const int32_t ok[8] = {1, 1, 0, 0, 0, 0, 1, 1};
     write_npy((dir / "ok.npy").string(), "<i4", {1, 2, 4}, ok, sizeof(ok));
-    for (const std::string& args : std::vector<std::string>{
-             "simulate --trace " + (dir / "neg.npy").string() + " --K 2 --S 4",
-          "simulate --trace " + (dir / "ok.npy").string() + " --K 2 --S 4 --R 3", std::string("simulate --workload nope"),
-          "simulate --quick --workload balanced --R 4 8", "workloads --write-trace " + (dir / "x.npy").string() +
-                                                              " --workload nope"}) {
+    const std::string neg_npy = (dir / "neg.npy").string(), ok_npy = (dir / "ok.npy").string();
+    const std::vector<std::string> cases{
+        "simulate --trace " + neg_npy + " --K 2 --S 4",
+        "simulate --trace " + ok_npy + " --K 2 --S 4 --R 3",
+        "simulate --workload nope",
+        "simulate --quick --workload balanced --R 4 8",
+        "simulate --quick --workload balanced --maxvio 1",
+        "simulate --quick --steps 3",
+        "simulate --trace " + ok_npy + " --K 2 --S 4 --micro-batches 2",
+        "workloads --write-trace " + (dir / "x.npy").string() + " --workload nope"};
+    for (const std::string& args : cases) {
         const CliRun run = run_cli(args);
         EXPECT_EQ(run.exit_code, 2) << args << ": " << run.output;
         EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 1) << args << ": " << run.output;

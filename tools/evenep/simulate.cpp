@@ -311,6 +311,7 @@ void register_simulate(CLI::App& app) {
     add_workload_options(*cmd, *wl);
     cmd->callback([opt, wl, cmd] {
         apply_quick(*cmd, *opt);
+        check_workload_flags(*cmd, *wl);
         if (wl->active())  // every system over a step sequence (simulate_workload.cpp)
             return run_simulate_workload(
                 *wl, WorkloadShape{.ranks = opt->ranks, .ranks_given = cmd->count("--R") > 0,

@@ -114,6 +114,19 @@ void add_workload_options(CLI::App& cmd, WorkloadOptions& o) {
         ->capture_default_str();
 }
 
+void check_workload_flags(const CLI::App& cmd, const WorkloadOptions& o) {
+    if (o.active()) {
+        for (const char* flag : {"--maxvio", "--drift", "--slack", "--repeat", "--gpu-json"})
+            EVENEP_CHECK(cmd.count(flag) == 0, flag, " applies to the R x maxvio grid, not to --workload/--trace");
+        EVENEP_CHECK(o.trace.empty() || cmd.count("--micro-batches") == 0,
+                     "--micro-batches applies to --workload (a trace's steps are its rows)");
+        return;
+    }
+    for (const char* flag : {"--steps", "--micro-batches", "--eplb-interval", "--eplb-window", "--lplb-topology",
+                             "--llep-threshold", "--plan-us", "--gemm-tflops", "--group-us", "--link-gbps"})
+        EVENEP_CHECK(cmd.count(flag) == 0, flag, " applies to --workload or --trace");
+}
+
 void run_simulate_workload(const WorkloadOptions& o, const WorkloadShape& shape) {
     const bool from_trace = !o.trace.empty();
     RouterTrace trace;

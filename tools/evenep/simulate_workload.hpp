@@ -42,6 +42,9 @@ struct WorkloadShape {
 };
 
 void add_workload_options(CLI::App& cmd, WorkloadOptions& o);
+// Refuses (one line naming the flag) flags of the other mode: the grid's --maxvio, --drift, --slack, --repeat,
+// --gpu-json with --workload/--trace; the workload flags without them; --micro-batches with --trace.
+void check_workload_flags(const CLI::App& cmd, const WorkloadOptions& o);
 void run_simulate_workload(const WorkloadOptions& o, const WorkloadShape& shape);
 
 }  // namespace evenep::cli
