@@ -37,12 +37,10 @@ std::vector<int64_t> conventional_rows(const Config& cfg, std::span<const int64_
 
 std::vector<int64_t> eplb_rows(const EplbPlacement& p, std::span<const int64_t> expert_load) {
     check_load(p, expert_load);
+    const std::vector<int64_t> alloc = eplb_alloc(p, expert_load);
     std::vector<int64_t> rows(p.num_ranks, 0);
-    std::vector<int32_t> seen(p.num_experts, 0);
-    for (size_t slot = 0; slot < p.slot_expert.size(); ++slot) {
-        const int32_t e = p.slot_expert[slot];
-        rows[p.rank_of_slot(static_cast<int>(slot))] += replica_share(expert_load[e], p.replica_count[e], seen[e]++);
-    }
+    for (int e = 0; e < p.num_experts; ++e)
+        for (int r = 0; r < p.num_ranks; ++r) rows[r] += alloc[static_cast<size_t>(e) * p.num_ranks + r];
     return rows;
 }
 

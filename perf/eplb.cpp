@@ -114,4 +114,42 @@ EplbPlacement eplb_place(const EplbConfig& cfg, std::span<const int64_t> expert_
     return out;
 }
 
+std::vector<int64_t> eplb_alloc(const EplbPlacement& p, std::span<const int64_t> expert_load) {
+    EVENEP_CHECK(expert_load.size() == static_cast<size_t>(p.num_experts), "eplb: expert_load has ",
+                 expert_load.size(), " entries, expected E = ", p.num_experts);
+    std::vector<int64_t> alloc(static_cast<size_t>(p.num_experts) * p.num_ranks, 0);
+    std::vector<int32_t> seen(p.num_experts, 0);
+    for (size_t slot = 0; slot < p.slot_expert.size(); ++slot) {
+        const int32_t e = p.slot_expert[slot];
+        const int64_t load = expert_load[e], count = p.replica_count[e], j = seen[e]++;
+        alloc[static_cast<size_t>(e) * p.num_ranks + p.rank_of_slot(static_cast<int>(slot))] +=
+            load / count + (j < load % count ? 1 : 0);
+    }
+    return alloc;
+}
+
+void EplbSchedule::validate() const {
+    EVENEP_CHECK(step_interval >= 1, "--eplb-interval = ", step_interval, " must be >= 1");
+    EVENEP_CHECK(window >= 1, "--eplb-window = ", window, " must be >= 1");
+}
+
+EplbWindow::EplbWindow(const EplbConfig& cfg, const EplbSchedule& schedule) : cfg_(cfg), schedule_(schedule) {
+    cfg_.validate();
+    schedule_.validate();
+}
+
+void EplbWindow::record(std::span<const int64_t> expert_load) {
+    EVENEP_CHECK(expert_load.size() == static_cast<size_t>(cfg_.num_experts), "eplb: expert_load has ",
+                 expert_load.size(), " entries, expected E = ", cfg_.num_experts);
+    history_.emplace_back(expert_load.begin(), expert_load.end());
+    if (history_.size() > static_cast<size_t>(schedule_.window)) history_.pop_front();
+}
+
+std::vector<int64_t> EplbWindow::window_load() const {
+    std::vector<int64_t> sum(cfg_.num_experts, history_.empty() ? 1 : 0);  // no statistics yet: uniform
+    for (const std::vector<int64_t>& h : history_)
+        for (int e = 0; e < cfg_.num_experts; ++e) sum[e] += h[e];
+    return sum;
+}
+
 }  // namespace evenep::perf

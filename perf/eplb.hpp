@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <vector>
 
@@ -52,5 +53,36 @@ struct Packing {
     std::vector<int32_t> rank_in_pack;
 };
 Packing eplb_balanced_packing(std::span<const double> weight, int num_packs);
+
+// entries of expert e computed on rank r [E*R] under `placement` for per-expert loads `expert_load` [E]: the
+// replica shares of eplb_rows (perf/baselines.hpp), summed per rank.
+std::vector<int64_t> eplb_alloc(const EplbPlacement& placement, std::span<const int64_t> expert_load);
+
+// EPLB as deployed in serving and training stacks: the placement is recomputed every `step_interval` steps
+// (steps 0, interval, 2 * interval, ...) from the summed expert loads of the last `window` steps; before any
+// step is recorded the loads are uniform (no statistics yet: the greedy replicates the lowest ids).
+struct EplbSchedule {
+    int step_interval = 10;
+    int window = 10;
+    // Throws evenep::Error naming the value when either is < 1.
+    void validate() const;
+};
+
+class EplbWindow {
+public:
+    EplbWindow(const EplbConfig& cfg, const EplbSchedule& schedule);
+    bool due(int64_t step) const { return step % schedule_.step_interval == 0; }
+    // Adds one step's per-expert loads [E]; the oldest beyond `window` is dropped.
+    void record(std::span<const int64_t> expert_load);
+    // The window's summed per-expert loads [E] (all 1 before any record).
+    std::vector<int64_t> window_load() const;
+    // The placement on window_load().
+    EplbPlacement place() const { return eplb_place(cfg_, window_load()); }
+
+private:
+    EplbConfig cfg_;
+    EplbSchedule schedule_;
+    std::deque<std::vector<int64_t>> history_;
+};
 
 }  // namespace evenep::perf

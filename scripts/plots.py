@@ -7,6 +7,8 @@ Inputs (each optional, at least one):
                       rows_per_rank.png  per-rank rows of conventional EP, EPLB-style and EvenEP at one point
   --layer FILE      a GPU layer-step run (schema evenep.layer_step/1, below) ->
                       step_time_vs_maxvio.png  step time vs maxvio, three systems, each shape
+  --workload-run FILE...  `evenep simulate --workload W | --trace F --json FILE` (schema evenep.workload_run/1) ->
+                      workload_<name>_R<R>.png  step time over the steps, every system (one picture per file)
 
 evenep.layer_step/1 (written by the GPU layer benchmark):
   {"schema": "evenep.layer_step/1",
@@ -247,16 +249,47 @@ def step_time(plt, points, out):
     plt.close(fig)
 
 
+def workload_run(plt, path, out_dir):
+    with open(path) as f:
+        data = json.load(f)
+    if data.get("schema") != "evenep.workload_run/1" or not data.get("systems"):
+        sys.stderr.write("plots.py: {}: schema is {!r}, expected 'evenep.workload_run/1' with systems\n".format(
+            path, data.get("schema")))
+        sys.exit(2)
+    name = data.get("workload") or os.path.splitext(os.path.basename(data.get("trace") or "trace"))[0]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for system in data["systems"]:
+        steps = range(len(system["step_ms"]))
+        style = "-" if system["name"] == "evenep_exact" else "--"
+        ax.plot(steps, system["step_ms"], style, linewidth=2 if system["name"] == "evenep_exact" else 1,
+                label=system.get("label", system["name"]))
+    ax.set_xlabel("step")
+    ax.set_ylabel("modelled step (ms)")
+    ax.set_title("{}: R={} E={} K={} S={}, {} micro-batch(es), {} layer(s)".format(
+        name, data.get("R"), data.get("E"), data.get("K"), data.get("S"), data.get("micro_batches"),
+        data.get("layers")), fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    out = os.path.join(out_dir, "workload_{}_R{}.png".format(name, data.get("R")))
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return os.path.basename(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--simulate", help="evenep simulate --json output (evenep.simulate/1)")
     ap.add_argument("--layer", help="GPU layer-step JSON (evenep.layer_step/1); the step-time plot needs it")
+    ap.add_argument("--workload-run", nargs="+", default=[],
+                    help="evenep simulate --workload|--trace --json outputs (evenep.workload_run/1)")
     ap.add_argument("--out", default="docs/img", help="output folder (default docs/img)")
     ap.add_argument("--rows-R", type=int, default=64, help="R of the per-rank rows plot (default 64)")
     ap.add_argument("--rows-maxvio", type=float, default=10.0, help="maxvio of the per-rank rows plot (default 10)")
     args = ap.parse_args()
-    if not args.simulate and not args.layer:
-        ap.error("give --simulate FILE and/or --layer FILE")
+    if not args.simulate and not args.layer and not args.workload_run:
+        ap.error("give --simulate FILE, --layer FILE and/or --workload-run FILE...")
     plt = need_matplotlib()
     os.makedirs(args.out, exist_ok=True)
     written = []
@@ -268,6 +301,8 @@ def main():
     if args.layer:
         step_time(plt, load(args.layer, "evenep.layer_step/1"), os.path.join(args.out, "step_time_vs_maxvio.png"))
         written.append("step_time_vs_maxvio.png")
+    for path in args.workload_run:
+        written.append(workload_run(plt, path, args.out))
     print("wrote " + ", ".join(os.path.join(args.out, w) for w in written))
 
 

@@ -18,6 +18,8 @@ void register_bench_cuda(CLI::App& bench);
 void register_launch(CLI::App& app);
 // `evenep simulate`: the CPU scale model with the conventional-EP and EPLB baselines (simulate.cpp).
 void register_simulate(CLI::App& app);
+// `evenep workloads`: the step-sequence workloads, and writing one as a router trace (workloads.cpp).
+void register_workloads(CLI::App& app);
 // Multi-process benchmarks under `evenep bench` (bench_multi.cpp).
 void register_bench_multi(CLI::App& bench);
 // `evenep bench gemm`: the grouped GEMM against torch._grouped_mm and dense cuBLAS anchors (bench_gemm.cpp).

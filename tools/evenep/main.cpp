@@ -1,4 +1,4 @@
-// evenep — the command-line tool: plan, demo, bench, quality, launch, simulate, pipeline, slack.
+// evenep — the command-line tool: plan, demo, bench, quality, launch, simulate, pipeline, slack, workloads.
 //
 // Exit codes: 0 success, 1 a failed check or a runtime failure, 2 bad input (flags, files, a run that would not
 // fit the machine, an output that cannot be written, standard output included). Every error is one line on stderr
@@ -72,6 +72,7 @@ int main(int argc, char** argv) {
     evenep::cli::register_simulate(app);
     evenep::cli::register_pipeline(app);
     evenep::cli::register_slack(app);
+    evenep::cli::register_workloads(app);
     evenep::cli::register_bench_multi(*app.get_subcommand("bench"));
     evenep::cli::register_bench_gemm(*app.get_subcommand("bench"));
     evenep::cli::register_bench_layer(*app.get_subcommand("bench"));

@@ -21,6 +21,7 @@
 #include "perf/baselines.hpp"
 #include "perf/drift.hpp"
 #include "perf/eplb.hpp"
+#include "simulate_workload.hpp"
 
 namespace evenep::cli {
 namespace {
@@ -300,7 +301,9 @@ void register_simulate(CLI::App& app) {
     CLI::App* cmd = app.add_subcommand(
         "simulate",
         "Scale model on the CPU: planner time, copies, copy traffic, buffer bytes, link bytes and compute imbalance\n"
-        "(conventional EP, EPLB-style replication under drift, EvenEP) for each R and maxvio (docs/benchmarks.md).");
+        "(conventional EP, EPLB-style replication under drift, EvenEP) for each R and maxvio (docs/benchmarks.md).\n"
+        "With --workload W or --trace F.npy: every system (evenep_exact, conventional, eplb, lplb, llep) over a step\n"
+        "sequence on the same histograms, per-step time of the CPU step model (docs/benchmarks.md, docs/traces.md).");
     add_ints(*cmd, "--R", opt->ranks, "EP group sizes", 1, kMaxRanks);
     add_reals(*cmd, "--maxvio", opt->maxvios, "routing skews (target max/mean - 1); refused when unreachable", 0, 1e6);
     add_int(*cmd, "--E", opt->E, "routed experts", 1, kMaxExperts);
@@ -309,8 +312,8 @@ void register_simulate(CLI::App& app) {
     add_int(*cmd, "--H", opt->H, "hidden size", 1, kMaxHidden);
     add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert intermediate size H'", 1, kMaxHidden);
     add_int(*cmd, "--tp", opt->tp, "token padding of every expert segment", 1, kMaxTokenPad);
-    add_int(*cmd, "--redundant", opt->redundant, "EPLB redundant slots per rank (-1: epn, EvenEP's bound)", -1,
-            kMaxExperts);
+    add_int(*cmd, "--redundant", opt->redundant, "EPLB redundant slots per rank (-1: epn, EvenEP's bound); with --workload/--trace only this value "
+            "(default there: 1 2 4 epn)", -1, kMaxExperts);
     add_real(*cmd, "--drift", opt->drift, "per-step std of each expert's log-popularity (EPLB's staleness)", 0, 100)
         ->capture_default_str();
     add_string(*cmd, "--eplb-sync", opt->eplb_sync,
@@ -329,11 +332,23 @@ void register_simulate(CLI::App& app) {
     add_input_files(*cmd, "--gpu-json", opt->gpu_json,
                     "GPU planner times: JSON files of `evenep bench gpu-plan --json` (plan_rank_cluster rows, else "
                     "plan_rank)");
-    add_output_file(*cmd, "--json", opt->json_file, "write every point as JSON (schema evenep.simulate/1)");
+    add_output_file(*cmd, "--json", opt->json_file,
+                    "write every point as JSON (schema evenep.simulate/1; evenep.workload_run/1 with --workload|--trace)");
     opt->limits.add_to(*cmd);
-    set_run(cmd, [opt, cmd] {
+    auto wl = std::make_shared<WorkloadOptions>();
+    add_workload_options(*cmd, *wl);
+    set_run(cmd, [opt, wl, cmd] {
         opt->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *opt);
+        check_workload_flags(*cmd, *wl);
+        if (wl->active())  // every system over a step sequence (simulate_workload.cpp)
+            return run_simulate_workload(
+                *wl, WorkloadShape{.ranks = opt->ranks, .ranks_given = cmd->count("--R") > 0,
+                                   .experts_given = cmd->count("--E") > 0, .E = opt->E, .K = opt->K, .S = opt->S,
+                                   .H = opt->H, .ffn_hidden = opt->ffn_hidden, .tp = opt->tp,
+                                   .redundant = opt->redundant, .redundant_given = cmd->count("--redundant") > 0,
+                                   .eplb_sync = opt->eplb_sync, .planner = opt->planner, .seed = opt->seed,
+                                   .json_file = opt->json_file});
         run_simulate(*opt);
     });
 }

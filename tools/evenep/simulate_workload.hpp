@@ -1,0 +1,50 @@
+// tools/evenep/simulate_workload.hpp — `evenep simulate --workload W | --trace F`: every system over T steps on the
+// same routings (perf/workload_run.hpp), the step table and JSON schema evenep.workload_run/1 (docs/benchmarks.md,
+// "Workloads"). simulate.cpp adds these options and calls run_simulate_workload when one of them is given.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace evenep::cli {
+
+struct WorkloadOptions {
+    std::string workload;  // a name of workload_list()
+    std::string trace;     // a router trace .npy (docs/traces.md)
+    int steps = 50;        // workload: steps generated; trace: the first `steps` (0: all)
+    int micro_batches = 1;
+    int eplb_interval = 10;
+    int eplb_window = 10;
+    std::string lplb_topology = "auto";
+    double llep_threshold = 1.0;
+    double plan_us = 50;
+    double gemm_tflops = 700;
+    double group_us = -1;
+    double link_gbps = 367;
+
+    bool active() const { return !workload.empty() || !trace.empty(); }
+};
+
+// The shape and shared flags of `simulate` the workload run uses.
+struct WorkloadShape {
+    std::vector<int> ranks;
+    bool ranks_given = false;  // --R on the command line (a trace's R must then match)
+    bool experts_given = false;
+    int E = 0, K = 0, S = 0, H = 0, ffn_hidden = 0, tp = 0;
+    int redundant = -1;
+    bool redundant_given = false;  // else EPLB runs with 1, 2, 4 and epn redundant slots per rank
+    std::string eplb_sync;
+    std::string planner;
+    uint64_t seed = 1;
+    std::string json_file;
+};
+
+void add_workload_options(CLI::App& cmd, WorkloadOptions& o);
+// Refuses (one line naming the flag) flags of the other mode: the grid's --maxvio, --drift, --slack, --repeat,
+// --gpu-json with --workload/--trace; the workload flags without them; --micro-batches with --trace.
+void check_workload_flags(const CLI::App& cmd, const WorkloadOptions& o);
+void run_simulate_workload(const WorkloadOptions& o, const WorkloadShape& shape);
+
+}  // namespace evenep::cli
