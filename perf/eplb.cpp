@@ -29,11 +29,25 @@ std::vector<int32_t> eplb_replicate(std::span<const double> load, int num_physic
     const int n = static_cast<int>(load.size());
     EVENEP_CHECK(n >= 1 && num_physical >= n, "eplb: ", num_physical, " physical slots cannot hold ", n, " experts");
     std::vector<int32_t> count(n, 1);
+    // Each extra replica goes to the largest load per replica, the lower id on ties: a max-heap of (load / count, id)
+    // makes the same choices as a scan over the items, in O(log n) per replica instead of O(n) (the scan was
+    // quadratic in E with epn spare slots: 90 % of `simulate --workload` at E = 65536).
+    struct Key {
+        double per_replica;
+        int32_t id;
+    };
+    const auto lower = [](const Key& a, const Key& b) {  // a is picked after b
+        return a.per_replica < b.per_replica || (a.per_replica == b.per_replica && a.id > b.id);
+    };
+    std::vector<Key> heap(n);
+    for (int i = 0; i < n; ++i) heap[i] = {load[i] / count[i], i};
+    std::make_heap(heap.begin(), heap.end(), lower);
     for (int extra = n; extra < num_physical; ++extra) {
-        int best = 0;  // the largest load per replica; the lower id on ties
-        for (int i = 1; i < n; ++i)
-            if (load[i] / count[i] > load[best] / count[best]) best = i;
+        std::pop_heap(heap.begin(), heap.end(), lower);
+        const int32_t best = heap.back().id;
         ++count[best];
+        heap.back() = {load[best] / count[best], best};
+        std::push_heap(heap.begin(), heap.end(), lower);
     }
     return count;
 }

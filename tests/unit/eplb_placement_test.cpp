@@ -4,6 +4,8 @@
 //   EplbReplicate.GreedyIsOptimal          replica counts minimise max load/replicas: equal to a brute force over
 //                                          every count vector on small random loads (seeds 1..40 printed on failure)
 //   EplbReplicate.TiesGoToLowerId          equal loads: the extra replicas go to the lowest ids first
+//   EplbReplicate.SameAsLinearScan         the heap picks what a scan for the largest load/replicas (lowest id on
+//                                          ties) picks, replica by replica: random loads with many ties, n up to 300
 //   EplbPacking.HandExample                weights {10,3,3,3,3,3} into 2 packs: the exact packs and ranks in pack
 //   EplbPacking.EveryPackFull              random weights: every pack gets exactly n/m items, ranks 0..n/m-1
 //   EplbPlace.HandExample                  E=4 R=2 3 slots, loads {60,30,20,10}: exact slots, rows 60/60
@@ -80,6 +82,24 @@ TEST(EplbReplicate, GreedyIsOptimal) {
 TEST(EplbReplicate, TiesGoToLowerId) {
     const std::vector<double> load{5, 5, 5, 5};
     EXPECT_EQ(eplb_replicate(load, 6), (std::vector<int32_t>{2, 2, 1, 1}));
+}
+
+TEST(EplbReplicate, SameAsLinearScan) {
+    for (uint64_t seed = 1; seed <= 30; ++seed) {
+        Rng rng(seed);
+        const int n = 1 + static_cast<int>(rng.uniform() * 300);
+        const int phys = n + static_cast<int>(rng.uniform() * 2 * n);
+        std::vector<double> load(n);
+        for (double& v : load) v = std::floor(8 * rng.uniform()) * (seed % 3 == 0 ? 1.0 : 1.0 + rng.uniform());
+        std::vector<int32_t> expected(n, 1);
+        for (int extra = n; extra < phys; ++extra) {
+            int best = 0;
+            for (int i = 1; i < n; ++i)
+                if (load[i] / expected[i] > load[best] / expected[best]) best = i;
+            ++expected[best];
+        }
+        EXPECT_EQ(eplb_replicate(load, phys), expected) << "seed " << seed << " n " << n << " phys " << phys;
+    }
 }
 
 TEST(EplbPacking, HandExample) {
