@@ -94,38 +94,33 @@ const char* to_string(EplbSync sync) {
     return "?";
 }
 
-TrafficReport eplb_traffic(
-    const EplbPlacement& p, const Routing& routing, int H, int ffn_hidden, bool training, EplbSync sync) {
-    const Config phys{.R = p.num_ranks, .E = p.num_ranks * p.slots_per_rank, .K = routing.K, .S = routing.S, .tp = 1};
-    TrafficReport rep = conventional_traffic(phys, eplb_slot_routing(p, routing), H, training);
-    if (!training || sync == EplbSync::kNone) return rep;
-    // The ranks holding each expert, ascending (several replicas on one rank sum locally first).
+std::vector<std::vector<int32_t>> eplb_holders(const EplbPlacement& p) {
     std::vector<std::vector<int32_t>> holders(p.num_experts);
     for (size_t slot = 0; slot < p.slot_expert.size(); ++slot) {
         std::vector<int32_t>& h = holders[p.slot_expert[slot]];
         const int r = p.rank_of_slot(static_cast<int>(slot));
         if (std::find(h.begin(), h.end(), r) == h.end()) h.push_back(r);
     }
+    return holders;
+}
+
+TrafficReport eplb_traffic(
+    const EplbPlacement& p, const Routing& routing, int H, int ffn_hidden, bool training, EplbSync sync) {
+    const Config phys{.R = p.num_ranks, .E = p.num_ranks * p.slots_per_rank, .K = routing.K, .S = routing.S, .tp = 1};
+    TrafficReport rep = conventional_traffic(phys, eplb_slot_routing(p, routing), H, training);
+    if (!training || sync == EplbSync::kNone) return rep;
     const int64_t grad_bytes = int64_t{detail::kNumProjections} * H * ffn_hidden * 4;
-    for (std::vector<int32_t>& h : holders) {
-        const int64_t n = static_cast<int64_t>(h.size());
-        if (n < 2) continue;
-        if (sync == EplbSync::kStar) {  // h[0] (the first slot's rank) is the primary
-            for (int64_t i = 1; i < n; ++i) {
+    for (const std::vector<int32_t>& h : eplb_holders(p))
+        for_each_replica_sync(
+            h, sync, grad_bytes, grad_bytes / 2,  // bf16 weights
+            [&](int32_t from, int32_t to, int64_t bytes) {
                 rep.reduce_grad.rows += 1;
-                rep.reduce_grad.move(h[i], h[0], grad_bytes);
+                rep.reduce_grad.move(from, to, bytes);
+            },
+            [&](int32_t from, int32_t to, int64_t bytes) {
                 rep.prefetch.rows += 1;
-                rep.prefetch.move(h[0], h[i], grad_bytes / 2);  // bf16 weights
-            }
-            continue;
-        }
-        std::sort(h.begin(), h.end());
-        const int64_t share = 2 * (n - 1) * grad_bytes / n;  // reduce-scatter + all-gather
-        for (int64_t i = 0; i < n; ++i) {
-            rep.reduce_grad.rows += 1;
-            rep.reduce_grad.move(h[i], h[(i + 1) % n], share);
-        }
-    }
+                rep.prefetch.move(from, to, bytes);
+            });
     return rep;
 }
 

@@ -8,6 +8,7 @@
 // "Rows" are (token, expert) entries, unpadded.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -44,6 +45,34 @@ std::vector<std::vector<int32_t>> eplb_slot_routing(const EplbPlacement& placeme
 enum class EplbSync { kStar, kRing, kNone };
 EplbSync parse_eplb_sync(const std::string& name);  // "star", "ring", "none"; throws naming the value
 const char* to_string(EplbSync sync);
+
+// The ranks holding each expert of `placement` [E], each rank once, in slot order (several replicas on one rank sum
+// locally first).
+std::vector<std::vector<int32_t>> eplb_holders(const EplbPlacement& placement);
+
+// The transfers that keep one expert's replicas on `holders` (distinct ranks) in sync under `sync`, as the rule above
+// says: calls reduce_grad(from, to, bytes) and prefetch(from, to, bytes) once per transfer (nothing for fewer than
+// two holders or kNone). grad_bytes: one expert's fp32 gradient; weight_bytes: its bf16 weights.
+template <class ReduceGrad, class Prefetch>
+void for_each_replica_sync(std::vector<int32_t> holders,
+                           EplbSync sync,
+                           int64_t grad_bytes,
+                           int64_t weight_bytes,
+                           ReduceGrad&& reduce_grad,
+                           Prefetch&& prefetch) {
+    const int64_t n = static_cast<int64_t>(holders.size());
+    if (n < 2 || sync == EplbSync::kNone) return;
+    if (sync == EplbSync::kStar) {  // holders[0] (the first slot's rank) is the primary
+        for (int64_t i = 1; i < n; ++i) {
+            reduce_grad(holders[i], holders[0], grad_bytes);
+            prefetch(holders[0], holders[i], weight_bytes);
+        }
+        return;
+    }
+    std::sort(holders.begin(), holders.end());
+    const int64_t share = 2 * (n - 1) * grad_bytes / n;  // reduce-scatter + all-gather
+    for (int64_t i = 0; i < n; ++i) reduce_grad(holders[i], holders[(i + 1) % n], share);
+}
 
 // EPLB link bytes: conventional_traffic over the physical slots (rank r holds slots [r*spr, (r+1)*spr)), plus with
 // `training` the replicas' synchronisation (`sync`).

@@ -18,16 +18,6 @@ std::vector<int64_t> loads_of(int R, int E, std::span<const int32_t> tpe) {
     return load;
 }
 
-std::vector<std::vector<int32_t>> eplb_holders(const EplbPlacement& p) {
-    std::vector<std::vector<int32_t>> holders(p.num_experts);
-    for (size_t slot = 0; slot < p.slot_expert.size(); ++slot) {
-        std::vector<int32_t>& h = holders[p.slot_expert[slot]];
-        const int r = p.rank_of_slot(static_cast<int>(slot));
-        if (std::find(h.begin(), h.end(), r) == h.end()) h.push_back(r);
-    }
-    return holders;
-}
-
 bool power_of_two(int R) { return R >= 1 && (R & (R - 1)) == 0; }
 
 }  // namespace
@@ -47,20 +37,11 @@ void WorkloadRunConfig::validate() const {
 
 void add_replica_sync_moves(const StepModel& model, const std::vector<std::vector<int32_t>>& holders, EplbSync sync,
                             std::vector<Move>& prefetch, std::vector<Move>& reduce_grad) {
-    for (std::vector<int32_t> h : holders) {
-        const int64_t n = static_cast<int64_t>(h.size());
-        if (n < 2 || sync == EplbSync::kNone) continue;
-        if (sync == EplbSync::kStar) {
-            for (int64_t i = 1; i < n; ++i) {
-                reduce_grad.push_back({h[i], h[0], model.grad_bytes()});
-                prefetch.push_back({h[0], h[i], model.weight_bytes()});
-            }
-            continue;
-        }
-        std::sort(h.begin(), h.end());
-        const int64_t share = 2 * (n - 1) * model.grad_bytes() / n;
-        for (int64_t i = 0; i < n; ++i) reduce_grad.push_back({h[i], h[(i + 1) % n], share});
-    }
+    for (const std::vector<int32_t>& h : holders)
+        for_each_replica_sync(
+            h, sync, model.grad_bytes(), model.weight_bytes(),
+            [&](int32_t from, int32_t to, int64_t bytes) { reduce_grad.push_back({from, to, bytes}); },
+            [&](int32_t from, int32_t to, int64_t bytes) { prefetch.push_back({from, to, bytes}); });
 }
 
 struct WorkloadRunner::State {

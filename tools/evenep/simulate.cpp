@@ -312,8 +312,10 @@ void register_simulate(CLI::App& app) {
     add_int(*cmd, "--H", opt->H, "hidden size", 1, kMaxHidden);
     add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert intermediate size H'", 1, kMaxHidden);
     add_int(*cmd, "--tp", opt->tp, "token padding of every expert segment", 1, kMaxTokenPad);
-    add_int(*cmd, "--redundant", opt->redundant, "EPLB redundant slots per rank (-1: epn, EvenEP's bound); with --workload/--trace only this value "
-            "(default there: 1 2 4 epn)", -1, kMaxExperts);
+    add_int(*cmd, "--redundant", opt->redundant,
+            "EPLB redundant slots per rank (-1: epn, EvenEP's bound); with --workload/--trace only this value "
+            "(default there: 1 2 4 epn)",
+            -1, kMaxExperts);
     add_real(*cmd, "--drift", opt->drift, "per-step std of each expert's log-popularity (EPLB's staleness)", 0, 100)
         ->capture_default_str();
     add_string(*cmd, "--eplb-sync", opt->eplb_sync,

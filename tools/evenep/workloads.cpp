@@ -65,9 +65,9 @@ void register_workloads(CLI::App& app) {
     add_int(*cmd, "--steps", opt->steps, "steps", 1, 1000000)->capture_default_str();
     add_int(*cmd, "--micro-batches", opt->micro_batches, "micro-batches per step (one trace row each)", 1, 1024)
         ->capture_default_str();
-    add_int(*cmd, "--R", opt->R, "ranks", 1, 1 << 20)->capture_default_str();
-    add_int(*cmd, "--E", opt->E, "experts", 1, 1 << 20)->capture_default_str();
-    add_int(*cmd, "--K", opt->K, "top-k", 1, 1 << 20)->capture_default_str();
+    add_int(*cmd, "--R", opt->R, "ranks", 1, kMaxRanks)->capture_default_str();
+    add_int(*cmd, "--E", opt->E, "experts", 1, kMaxExperts)->capture_default_str();
+    add_int(*cmd, "--K", opt->K, "top-k", 1, 32)->capture_default_str();
     add_int(*cmd, "--S", opt->S, "tokens per rank per micro-batch", 1, 1 << 30)->capture_default_str();
     add_u64(*cmd, "--seed", opt->seed, "workload seed")->capture_default_str();
     set_run(cmd, [opt] { run_workloads(*opt); });
