@@ -3,6 +3,7 @@
 
     python examples/train_moe.py --backend evenep --steps 50
     python examples/train_moe.py --backend reference --steps 50
+    python examples/train_moe.py --steps 50 --trace trace.npy   # record the router trace [T, L, R, E]
 
 The data: sequences of a fixed random "grammar" (next token = table[prev token], with 10% noise), so the loss
 falls well below log(vocab). Tokens of a batch are split evenly over the virtual ranks ([R, s, H] layout of
@@ -95,7 +96,13 @@ def parse(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--trace", metavar="F.npy",
+                   help="record every step's router histograms (int32 [steps, layers, ranks, experts], docs/traces.md;"
+                        " replay: evenep simulate --trace F.npy --K TOP_K --S BATCH*SEQ/RANKS)")
+    args = p.parse_args(argv)
+    if args.trace and args.backend != "evenep":
+        p.error("--trace records the plans of --backend evenep")
+    return args
 
 
 def main(argv=None):
@@ -106,6 +113,8 @@ def main(argv=None):
     if args.backend == "evenep":
         buffer = evenep.Buffer(args.experts, args.top_k, tokens_per_rank, args.hidden, virtual_ranks=args.ranks,
                                ffn_hidden=args.ffn, token_padding=args.token_padding, device=device)
+    if args.trace:
+        buffer.record_trace(args.trace, layers=args.layers)
     torch.manual_seed(args.seed)
     model = MoeLM(args, buffer).to(device)
     step_fn = torch.compile(model) if args.compile else model
@@ -126,6 +135,10 @@ def main(argv=None):
         losses.append(loss.item())
         if not args.quiet:
             print(f"step {step:3d}  loss {losses[-1]:.4f}  tokens/s {x.numel() / dt:9.0f}")
+    if args.trace:
+        written = buffer.stop_trace()
+        if not args.quiet:
+            print(f"trace: {written}")
     if not args.quiet and args.steps > 1:
         rate = x.numel() * (args.steps - 1) / (time.perf_counter() - t_start)
         print(f"{args.backend}: final loss {losses[-1]:.4f} (start {losses[0]:.4f}, log(vocab) "

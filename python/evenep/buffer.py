@@ -8,6 +8,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from . import _ops
+from . import trace as _trace
 from ._ops import ops
 
 
@@ -149,6 +150,7 @@ class Buffer:
         self._finish()
 
     def _finish(self):
+        self._trace = None
         self.info = _ops.info(self._id)
         self.layout = PlanLayout(self.info.E, self.info.G, self.info.B)
 
@@ -250,7 +252,9 @@ class Buffer:
         Returns the plan tensor (int32 [R, W], see PlanLayout).
         """
         self._on_device("plan", topk_idx=topk_idx)
-        return ops.plan(topk_idx, self._id, _tokens("plan", num_tokens, self.info.S))
+        plan = ops.plan(topk_idx, self._id, _tokens("plan", num_tokens, self.info.S))
+        _trace.record_plan(self._trace, plan, self.layout)
+        return plan
 
     def dispatch(
         self,
@@ -270,6 +274,7 @@ class Buffer:
         n = _tokens("dispatch", num_tokens, self.info.S)
         if plan is None:
             plan = ops.plan(topk_idx, self._id, n)
+            _trace.record_plan(self._trace, plan, self.layout)
         recv_x, recv_w, cu, dst = ops.dispatch(x, topk_idx, topk_weights, plan, self._id, n)
         return recv_x, recv_w, cu, Handle(plan, dst, topk_weights.detach(), recv_w)
 
@@ -323,6 +328,28 @@ class Buffer:
         has every copy's gradient reduced home in place, so the optimizer only ever sees home weights."""
         return _ops.ExpertLinear.apply(x, weight, plan, self._id, out_dtype)
 
+
+    # Router traces (evenep.trace) ------------------------------------------------------------------------
+    def record_trace(self, path, layers: Optional[int] = None) -> "_trace.TraceRecorder":
+        """Starts recording the histogram tpe [R, E] of every plan this buffer makes (plan(), and dispatch without
+        a plan) into the router trace `path` (docs/traces.md): int32 [T, R, E], or [T, L, R, E] with layers=L (L
+        consecutive plans make one step: the MoE layers of one forward). stop_trace() (or leaving the returned
+        recorder's `with` block, or the interpreter's exit) writes the file atomically. Virtual-rank buffers only:
+        a group= buffer's plan holds this rank's row alone (NotImplementedError)."""
+        if self.group is not None:
+            raise NotImplementedError("evenep.Buffer.record_trace: a group= buffer plans this rank's row only; "
+                                      "record a trace on virtual ranks (virtual_ranks=R) for now")
+        if self._trace is not None and not self._trace.closed:
+            raise RuntimeError(f"evenep.Buffer.record_trace: already recording into {self._trace.path!r} "
+                               "(stop_trace() first)")
+        self._trace = _trace.TraceRecorder(path, layers)
+        return self._trace
+
+    def stop_trace(self) -> Optional[str]:
+        """Writes the trace being recorded (every complete step) and stops; returns its path (None when nothing
+        was recording or no complete step was recorded)."""
+        rec, self._trace = self._trace, None
+        return None if rec is None or rec.closed else rec.close()
 
     def _on_device(self, op, **tensors):
         # The ops would dispatch a tensor of another device to that device's kernel (meta: shapes only).

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import trace as _trace
 from .buffer import Buffer
 
 
@@ -78,6 +79,8 @@ class MoE(_Experts):
         router: "softmax" or "sigmoid" scores; top-k weights renormalised to sum to 1.
         shared_expert: optional module applied to every token and added to the output.
         dtype: parameter dtype (fp32 master weights by default; the data path is bf16).
+        trace: optional path of a router trace to record: every forward's gathered histogram [R, E] (the plan's
+            tpe), written as int32 [T, R, E] by flush_trace() and at exit (evenep.trace, docs/traces.md).
 
     With a group= buffer (one rank per process) x is [1, s, H], the expert weights are this rank's E/R home experts
     (global ids rank*E/R ...) and the router weight is replicated (the framework reduces its gradient as usual).
@@ -89,14 +92,24 @@ class MoE(_Experts):
     """
 
     def __init__(self, hidden, ffn_hidden, num_experts, top_k, *, buffer: Buffer, router="softmax",
-                 shared_expert: Optional[nn.Module] = None, dtype=torch.float32):
+                 shared_expert: Optional[nn.Module] = None, dtype=torch.float32, trace=None):
         super().__init__(hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype, buffer.info.home)
+        if trace is not None and buffer.group is not None:
+            raise NotImplementedError("evenep.nn.MoE(trace=...): a group= buffer plans this rank's row only; record "
+                                      "a trace on virtual ranks for now")
         i = buffer.info
         if (i.E, i.K, i.H) != (num_experts, top_k, hidden):
             raise ValueError(
                 f"MoE(E={num_experts}, K={top_k}, H={hidden}) does not match the buffer's (E={i.E}, K={i.K}, H={i.H})"
             )
         self.buffer = buffer
+        # trace="F.npy": this layer's plans, one step each, written as a router trace [T, R, E] (evenep.trace)
+        self.trace = None if trace is None else _trace.TraceRecorder(trace)
+
+    def flush_trace(self):
+        """Writes this layer's trace (trace= given) with every step so far; returns its path (None: no trace or
+        no step yet). Also written when the interpreter exits."""
+        return None if self.trace is None else self.trace.flush()
 
     def forward(self, x: torch.Tensor, num_tokens: Optional[Sequence[int]] = None, routing=None) -> torch.Tensor:
         buf = self.buffer
@@ -111,6 +124,7 @@ class MoE(_Experts):
         topk_idx, topk_w = self._route(x, routing)
         xb = x.to(torch.bfloat16)
         plan = buf.plan(topk_idx, num_tokens)
+        _trace.record_plan(self.trace, plan, buf.layout)
         recv_x, _, _, handle = buf.dispatch(xb, topk_idx, topk_w, plan, num_tokens)
         # Gate and up projections as one GEMM ([H, 2H']): one dgrad, one bf16 rounding of grad x.
         w_gu = torch.cat([self.w_gate, self.w_up], dim=2)
