@@ -84,6 +84,8 @@ StepCost evaluate_step(const StepModel& model, int R, int E, std::span<const int
     const auto [red_max, red_total] = busiest(R, step.reduce_grad);
     c.rows_max_over_mean = imbalance(c.rows);
     c.compute_ms = *std::max_element(compute_us.begin(), compute_us.end()) * 1e-3;
+    c.rank_compute_ms.resize(R);
+    for (int r = 0; r < R; ++r) c.rank_compute_ms[r] = compute_us[r] * 1e-3;
     c.token_phase_ms = static_cast<double>(token_max) * row_bytes / bytes_per_ms;
     c.prefetch_ms = static_cast<double>(pre_max) / bytes_per_ms;
     c.reduce_ms = static_cast<double>(red_max) / bytes_per_ms;
@@ -94,6 +96,17 @@ StepCost evaluate_step(const StepModel& model, int R, int E, std::span<const int
     c.weight_bytes = pre_total;
     c.grad_bytes = red_total;
     return c;
+}
+
+std::vector<int64_t> rank_groups(const StepModel& model, int R, int E, std::span<const int64_t> alloc, int r) {
+    EVENEP_CHECK(alloc.size() == static_cast<size_t>(R) * E && r >= 0 && r < R, "rank_groups: alloc has ",
+                 alloc.size(), " values (R*E = ", static_cast<size_t>(R) * E, "), rank ", r);
+    std::vector<int64_t> groups;
+    for (int e = 0; e < E; ++e) {
+        const int64_t a = alloc[static_cast<size_t>(e) * R + r];
+        if (a > 0) groups.push_back((a + model.tp - 1) / model.tp * model.tp);
+    }
+    return groups;
 }
 
 void add_copy_moves(const StepModel& model, int R, int E, SystemStep& step) {

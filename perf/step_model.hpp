@@ -56,6 +56,7 @@ struct SystemStep {
 
 struct StepCost {
     std::vector<int64_t> rows;  // [R] entries computed per rank (unpadded)
+    std::vector<double> rank_compute_ms;  // [R] the compute term of each rank (compute_ms is their max)
     double rows_max_over_mean = 1;
     double compute_ms = 0, token_phase_ms = 0, prefetch_ms = 0, reduce_ms = 0, plan_ms = 0, step_ms = 0;
     int64_t token_bytes = 0;   // every token phase, all ranks' sent bytes
@@ -65,6 +66,10 @@ struct StepCost {
 
 // The cost of `step` on histogram tpe [R*E] (R ranks, E experts; checks alloc's size and per-expert sums).
 StepCost evaluate_step(const StepModel& model, int R, int E, std::span<const int32_t> tpe, const SystemStep& step);
+
+// The groups rank r computes under alloc [E*R]: one per expert with entries on r, in expert order, each its rows
+// padded to a multiple of model.tp (the groups evaluate_step's compute term counts; what a GPU timer runs).
+std::vector<int64_t> rank_groups(const StepModel& model, int R, int E, std::span<const int64_t> alloc, int r);
 
 // Copies of a dynamic system (EvenEP, LLEP): every (e, r) with alloc > 0 and r not e's home (e / (E/R)) fetches
 // e's bf16 weights from the home (prefetch) and returns its fp32 gradient there (reduce_grad).

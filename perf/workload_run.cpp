@@ -192,6 +192,7 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
         }
         for (size_t i = 0; i < num_systems; ++i) {
             const StepCost c = evaluate_step(model, R, E, u.tpe, sys[i]);
+            if (observer_) observer_(k, i, sys[i], c);
             step_ms[i] += c.step_ms;
             imb[i] += c.rows_max_over_mean;
             for (int r = 0; r < R; ++r) rows[i][r] += c.rows[r];

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -68,12 +69,18 @@ public:
     // Runs every system on one step's units (each layer's units in micro-batch order).
     void run_step(int64_t step, std::span<const StepUnit> units);
     const std::vector<SystemSeries>& series() const { return series_; }
+    // Called by run_step for every unit (its index in the step's list) and system (index in series()) with what
+    // the system does on that unit and the model's cost of it, before the step's totals are added: the hook of
+    // perf/workload_measure.hpp, which times the same rows on the GPU.
+    using UnitObserver = std::function<void(size_t unit, size_t system, const SystemStep& step, const StepCost& cost)>;
+    void set_unit_observer(UnitObserver observer) { observer_ = std::move(observer); }
 
 private:
     struct State;
     WorkloadRunConfig cfg_;
     std::vector<SystemSeries> series_;
     std::unique_ptr<State> state_;
+    UnitObserver observer_;
 };
 
 // Replica synchronisation moves of experts held by several ranks (holders[e], the first the primary): star sends

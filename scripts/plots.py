@@ -8,7 +8,9 @@ Inputs (each optional, at least one):
   --layer FILE      a GPU layer-step run (schema evenep.layer_step/1, below) ->
                       step_time_vs_maxvio.png  step time vs maxvio, three systems, each shape
   --workload-run FILE...  `evenep simulate --workload W | --trace F --json FILE` (schema evenep.workload_run/1) ->
-                      workload_<name>_R<R>.png  step time over the steps, every system (one picture per file)
+                      workload_<name>_R<R>.png  step time over the steps, every system (one picture per file);
+                      `evenep bench layer --workload W | --trace F --json FILE` (the same schema with "shape") ->
+                      workload_<name>_<shape>.png
 
 evenep.layer_step/1 (written by the GPU layer benchmark):
   {"schema": "evenep.layer_step/1",
@@ -260,11 +262,12 @@ def workload_run(plt, path, out_dir):
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for system in data["systems"]:
         steps = range(len(system["step_ms"]))
-        style = "-" if system["name"] == "evenep_exact" else "--"
-        ax.plot(steps, system["step_ms"], style, linewidth=2 if system["name"] == "evenep_exact" else 1,
+        ours = system["name"].startswith("evenep")
+        ax.plot(steps, system["step_ms"], "-" if ours else "--", linewidth=2 if ours else 1,
                 label=system.get("label", system["name"]))
     ax.set_xlabel("step")
-    ax.set_ylabel("modelled step (ms)")
+    # bench layer (it names the shape): measured compute, modelled link phases; simulate: the step model
+    ax.set_ylabel("step (ms): measured compute + modelled links" if data.get("shape") else "modelled step (ms)")
     ax.set_title("{}: R={} E={} K={} S={}, {} micro-batch(es), {} layer(s)".format(
         name, data.get("R"), data.get("E"), data.get("K"), data.get("S"), data.get("micro_batches"),
         data.get("layers")), fontsize=10)
@@ -272,7 +275,8 @@ def workload_run(plt, path, out_dir):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    out = os.path.join(out_dir, "workload_{}_R{}.png".format(name, data.get("R")))
+    tag = data.get("shape") or "R{}".format(data.get("R"))
+    out = os.path.join(out_dir, "workload_{}_{}.png".format(name, tag))
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return os.path.basename(out)
@@ -283,7 +287,7 @@ def main():
     ap.add_argument("--simulate", help="evenep simulate --json output (evenep.simulate/1)")
     ap.add_argument("--layer", help="GPU layer-step JSON (evenep.layer_step/1); the step-time plot needs it")
     ap.add_argument("--workload-run", nargs="+", default=[],
-                    help="evenep simulate --workload|--trace --json outputs (evenep.workload_run/1)")
+                    help="evenep simulate / bench layer --workload|--trace --json outputs (evenep.workload_run/1)")
     ap.add_argument("--out", default="docs/img", help="output folder (default docs/img)")
     ap.add_argument("--rows-R", type=int, default=64, help="R of the per-rank rows plot (default 64)")
     ap.add_argument("--rows-maxvio", type=float, default=10.0, help="maxvio of the per-rank rows plot (default 10)")

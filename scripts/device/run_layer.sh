@@ -29,16 +29,8 @@ for a in "$@"; do
 done
 t0=$(date +%s)
 left() { echo $(( TOTAL - ($(date +%s) - t0) )); }
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
-  cmake -S . -B "$BUILD" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF &&
-  cmake --build "$BUILD" -j "$JOBS" --target evenep
-} > "$OUT/build.log" 2>&1
-rc=$?
-echo "build rc=$rc ($(( $(date +%s) - t0 )) s)"
-if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
-EVENEP="$BUILD/tools/evenep/evenep"
+source scripts/device/build_cli.sh
+build_cli
 
 q=$(( $(left) < QUICK_TIMEOUT ? $(left) : QUICK_TIMEOUT ))
 echo "=== bench layer --quick --check (timeout ${q} s)" > "$OUT/layer.log"

@@ -7,13 +7,22 @@
 //   eplb_sync_twice, warm_seconds_negative, redundant_twice
 //   all_refused   --quick --max-seconds 1: no GPU ("no CUDA device is usable" / "needs a CUDA build") or, on a GPU
 //                 machine, every point refused by its time estimate — exit 2 either way, in seconds.
+// Cases (BenchLayerWorkloadRefuses/Flag.OneLineExitTwo/<case>), --workload W | --trace F.npy:
+//   with_maxvio, with_quick, with_check, steps_zero, two_sync_models, unknown_workload, workload_and_trace,
+//   steps_without_workload, timed_ranks_zero, micro_batches_with_trace, trace_missing, trace_R_mismatch (R = 4),
+//   trace_E_mismatch (E = 128), trace_float (<f4), trace_2d, trace_count_over_S (9000 > S = 8192),
+//   trace_row_over_SK (9 x 8192 > S K = 65536 at MoonEP), trace_k3_R_not_given (a K3 R = 16 trace, --k3-R 8),
+//   all_refused (--workload burst --max-seconds 1: no GPU, or every shape refused by its estimate)
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "common/cli_testing.hpp"
+#include "evenep/io.hpp"
+#include "evenep/trace.hpp"
 
 namespace evenep {
 namespace {
@@ -63,6 +72,67 @@ TEST_P(Flag, OneLineExitTwo) {
 INSTANTIATE_TEST_SUITE_P(BenchLayerRefuses, Flag, ::testing::ValuesIn(cases()), [](const auto& info) {
     return info.param.name;
 });
+
+// Trace files of the workload cases, written once per process: name -> path.
+std::string trace_file(const std::string& name) {
+    static const std::filesystem::path dir = testing::temp_dir("cli_bench_layer_test", "traces");
+    const std::string path = (dir / (name + ".npy")).string();
+    if (std::filesystem::exists(path)) return path;
+    const auto counts = [](int T, int R, int E, int32_t fill) {
+        return RouterTrace{.T = T, .L = 1, .R = R, .E = E, .layered = false,
+                           .counts = std::vector<int32_t>(static_cast<size_t>(T) * R * E, fill)};
+    };
+    if (name == "moonep") write_trace(path, counts(2, 8, 384, 100));
+    if (name == "r4") write_trace(path, counts(2, 4, 384, 100));
+    if (name == "e128") write_trace(path, counts(2, 8, 128, 100));
+    if (name == "k3_r16") write_trace(path, counts(2, 16, 896, 10));
+    if (name == "over_s") {
+        RouterTrace t = counts(2, 8, 384, 100);
+        t.counts[5] = 9000;
+        write_trace(path, t);
+    }
+    if (name == "over_sk") {
+        RouterTrace t = counts(1, 8, 384, 0);
+        for (int e = 0; e < 9; ++e) t.counts[e] = 8192;
+        write_trace(path, t);
+    }
+    if (name == "float") {
+        const std::vector<float> v(2 * 8 * 384, 1.0f);
+        write_npy(path, "<f4", {2, 8, 384}, v.data(), v.size() * sizeof(float));
+    }
+    if (name == "2d") {
+        const std::vector<int32_t> v(8 * 384, 1);
+        write_npy(path, "<i4", {8, 384}, v.data(), v.size() * sizeof(int32_t));
+    }
+    return path;
+}
+
+std::vector<Case> workload_cases() {
+    return {
+        {"with_maxvio", "--workload rotating --maxvio 1", {"--maxvio", "--workload"}},
+        {"with_quick", "--workload rotating --quick", {"--quick"}},
+        {"with_check", "--workload rotating --check", {"--check"}},
+        {"steps_zero", "--workload burst --steps 0", {"--steps", "0"}},
+        {"two_sync_models", "--workload burst --eplb-sync ring star", {"--eplb-sync", "one"}},
+        {"unknown_workload", "--workload hot", {"--workload", "hot"}},
+        {"workload_and_trace", "--workload burst --trace " + trace_file("moonep"), {"--trace"}},
+        {"steps_without_workload", "--steps 4", {"--steps", "--workload"}},
+        {"timed_ranks_zero", "--workload burst --timed-ranks 0", {"--timed-ranks"}},
+        {"micro_batches_with_trace", "--trace " + trace_file("moonep") + " --micro-batches 2", {"--micro-batches"}},
+        {"trace_missing", "--trace /nonexistent/t.npy", {"--trace"}},
+        {"trace_R_mismatch", "--trace " + trace_file("r4"), {"R = 4", "E = 384", "no shape"}},
+        {"trace_E_mismatch", "--trace " + trace_file("e128"), {"E = 128", "no shape"}},
+        {"trace_float", "--trace " + trace_file("float"), {"dtype", "<f4"}},
+        {"trace_2d", "--trace " + trace_file("2d"), {"2 dimensions"}},
+        {"trace_count_over_S", "--trace " + trace_file("over_s"), {"9000", "S = 8192"}},
+        {"trace_row_over_SK", "--trace " + trace_file("over_sk"), {"73728", "S*K = 65536"}},
+        {"trace_k3_R_not_given", "--trace " + trace_file("k3_r16") + " --points k3 --k3-R 8", {"R = 16", "k3_R8"}},
+        {"all_refused", "--workload burst --steps 2 --max-seconds 1", {"bench layer"}},
+    };
+}
+
+INSTANTIATE_TEST_SUITE_P(BenchLayerWorkloadRefuses, Flag, ::testing::ValuesIn(workload_cases()),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace evenep

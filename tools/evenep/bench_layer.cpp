@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_layer_workload.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 #include "evenep/config.hpp"
@@ -62,17 +63,39 @@ void apply_quick(const CLI::App& cmd, LayerOptions& o) {
     if (cmd.count("--maxvio") == 0) o.maxvios = {1, 20};
 }
 
-std::vector<Point> make_points(const LayerOptions& o) {
-    std::vector<Point> out;
+// The shapes of --points: MoonEP, and the K3-like point at every --k3-R (one name per R: plots.py draws one panel
+// per shape name).
+std::vector<LayerShape> layer_shapes(const LayerOptions& o) {
+    std::vector<LayerShape> out;
     for (const std::string& p : o.points) {
-        if (p == "moonep")
-            for (double mv : o.maxvios) out.push_back({"moonep", 8, 384, 8, 8192, 7168, 2048, mv});
+        if (p == "moonep") out.push_back({"moonep", 8, 384, 8, 8192, 7168, 2048});
         if (p == "k3")
-            for (int R : o.k3_ranks)
-                for (double mv : o.maxvios)  // one name per R: plots.py draws one panel per shape name
-                    out.push_back({fmt::format("k3_R{}", R), R, 896, 16, 8192, 3584, o.k3_ffn_hidden, mv});
+            for (int R : o.k3_ranks) out.push_back({fmt::format("k3_R{}", R), R, 896, 16, 8192, 3584, o.k3_ffn_hidden});
     }
     return out;
+}
+
+std::vector<Point> make_points(const LayerOptions& o) {
+    std::vector<Point> out;
+    for (const LayerShape& s : layer_shapes(o))
+        for (double mv : o.maxvios) out.push_back({s.shape, s.R, s.E, s.K, s.S, s.H, s.ffn_hidden, mv});
+    return out;
+}
+
+// --workload / --trace: bench layer's own flags into the workload run, every flag checked (bench_layer_workload.hpp).
+void prepare_workload(const CLI::App& cmd, const LayerOptions& o, LayerWorkloadOptions& w) {
+    w.shapes = layer_shapes(o);
+    w.seed = o.seed;
+    w.redundant = o.redundant;
+    EVENEP_CHECK(cmd.count("--eplb-sync") == 0 || o.eplb_syncs.size() == 1,
+                 "bench layer: --eplb-sync: --workload/--trace runs one replica sync model (got ", o.eplb_syncs.size(),
+                 ")");
+    w.eplb_sync = cmd.count("--eplb-sync") ? o.eplb_syncs[0] : "ring";
+    w.link_gbps = o.link_gbps;
+    w.warmup = o.warmup, w.iters = o.iters;
+    w.warm_seconds = o.warm_seconds, w.max_seconds = o.max_seconds;
+    w.json_file = o.json_file;
+    check_layer_workload(cmd, w);
 }
 
 // Every flag checked before any work: a bad one fails at once, one line naming it (exit 2).
@@ -305,10 +328,14 @@ void run(const LayerOptions& o) {
 
 void register_bench_layer(CLI::App& bench) {
     auto o = std::make_shared<LayerOptions>();
+    auto wo = std::make_shared<LayerWorkloadOptions>();
     CLI::App* cmd = bench.add_subcommand(
         "layer",
         "one MoE layer step (fwd+bwd) of EvenEP vs conventional EP and EPLB-style replication, R GPUs emulated on "
-        "one: per-rank expert compute alone on the GPU, modelled link time");
+        "one: per-rank expert compute alone on the GPU, modelled link time. With --workload W or --trace F.npy: "
+        "every system (evenep_auto, evenep_exact, conventional, eplb at 1, 2, 4, epn slots, lplb, llep) over "
+        "--steps steps of those routings, each unit's busiest rank(s) timed on the GPU (--json: "
+        "evenep.workload_run/1, one file per shape)");
     cmd->add_option("--points", o->points, "any of moonep (R=8 E=384 K=8 H=7168 H'=2048), k3 (E=896 K=16 H=3584)")
         ->capture_default_str();
     cmd->add_option("--k3-R", o->k3_ranks, "group sizes of the K3-like point")->capture_default_str();
@@ -338,8 +365,20 @@ void register_bench_layer(CLI::App& bench) {
     cmd->add_flag("--quick", o->quick, "the MoonEP point at maxvio 1 and 20 only");
     cmd->add_flag("--check", o->check, "verify the data movement (bitwise) and sample the timed GEMMs");
     cmd->add_flag("--no-measure", o->no_measure, "skip the one-GPU data-movement measurement (modelled only)");
-    add_output_file(*cmd, "--json", o->json_file, "write evenep.layer_step/1 JSON (scripts/plots.py --layer)");
-    set_run(cmd, [o, cmd] {
+    add_output_file(*cmd, "--json", o->json_file,
+                    "write evenep.layer_step/1 JSON (scripts/plots.py --layer); with --workload/--trace "
+                    "evenep.workload_run/1 (scripts/plots.py --workload-run), FILE_<shape>.json for several shapes");
+    add_layer_workload_options(*cmd, *wo);
+    set_run(cmd, [o, wo, cmd] {
+        if (wo->wl.active()) {  // every system over a step sequence (bench_layer_workload.cpp)
+            validate(*o);
+            prepare_workload(*cmd, *o, *wo);
+            require_cuda_device("bench layer");
+            return run_layer_workload(*wo);
+        }
+        for (const char* flag : {"--steps", "--micro-batches", "--eplb-interval", "--eplb-window", "--lplb-topology",
+                                 "--llep-threshold", "--plan-us", "--timed-ranks"})
+            EVENEP_CHECK(cmd->count(flag) == 0, "bench layer: ", flag, " applies to --workload or --trace");
         o->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *o);
         validate(*o);

@@ -338,7 +338,7 @@ void register_simulate(CLI::App& app) {
                     "write every point as JSON (schema evenep.simulate/1; evenep.workload_run/1 with --workload|--trace)");
     opt->limits.add_to(*cmd);
     auto wl = std::make_shared<WorkloadOptions>();
-    add_workload_options(*cmd, *wl);
+    add_workload_options(*cmd, *wl, /*model_flags=*/true);
     set_run(cmd, [opt, wl, cmd] {
         opt->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *opt);

@@ -8,24 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "workload_common.hpp"
+
 namespace evenep::cli {
-
-struct WorkloadOptions {
-    std::string workload;  // a name of workload_list()
-    std::string trace;     // a router trace .npy (docs/traces.md)
-    int steps = 50;        // workload: steps generated; trace: the first `steps` (0: all)
-    int micro_batches = 1;
-    int eplb_interval = 10;
-    int eplb_window = 10;
-    std::string lplb_topology = "auto";
-    double llep_threshold = 1.0;
-    double plan_us = 50;
-    double gemm_tflops = 700;
-    double group_us = -1;
-    double link_gbps = 367;
-
-    bool active() const { return !workload.empty() || !trace.empty(); }
-};
 
 // The shape and shared flags of `simulate` the workload run uses.
 struct WorkloadShape {
@@ -41,7 +26,6 @@ struct WorkloadShape {
     std::string json_file;
 };
 
-void add_workload_options(CLI::App& cmd, WorkloadOptions& o);
 // Refuses (one line naming the flag) flags of the other mode: the grid's --maxvio, --drift, --slack, --repeat,
 // --gpu-json with --workload/--trace; the workload flags without them; --micro-batches with --trace.
 void check_workload_flags(const CLI::App& cmd, const WorkloadOptions& o);
