@@ -49,6 +49,9 @@ class MeasuredWorkloadRun {
   public:
     // timed_ranks >= 1: ranks timed per (unit, system), the busiest by the model (min(timed_ranks, R)).
     MeasuredWorkloadRun(const WorkloadRunConfig& cfg, RankComputeFn time_rank, int timed_ranks);
+    // The runner's observer holds `this`: neither copied nor moved.
+    MeasuredWorkloadRun(const MeasuredWorkloadRun&) = delete;
+    MeasuredWorkloadRun& operator=(const MeasuredWorkloadRun&) = delete;
     void run_step(int64_t step, std::span<const StepUnit> units);
     // evenep_auto, then the runner's systems in its order (evenep_exact, conventional, eplb..., lplb, llep).
     std::vector<MeasuredSeries> series() const;
