@@ -37,12 +37,12 @@ const char* auto_policy();
 std::string auto_note();
 
 struct MeasuredSeries {
-    SystemSeries series;                    // step_ms: the measured steps (model step, compute measured)
-    std::vector<double> step_ms_model;      // [T] the model's step (perf/step_model.hpp), for comparison
-    std::vector<double> compute_ms_model;   // [T] sum over the step's units of the model's compute term
+    SystemSeries series;                      // step_ms: the measured steps (model step, compute measured)
+    std::vector<double> step_ms_model;        // [T] the model's step (perf/step_model.hpp), for comparison
+    std::vector<double> compute_ms_model;     // [T] sum over the step's units of the model's compute term
     std::vector<double> compute_ms_measured;  // [T] sum over the step's units of the measured compute
-    std::string policy;                     // evenep_* systems: the planner policy
-    std::string note;                       // evenep_auto: auto_note()
+    std::string policy;                       // evenep_* systems: the planner policy
+    std::string note;                         // evenep_auto: auto_note()
 };
 
 class MeasuredWorkloadRun {
@@ -55,7 +55,7 @@ class MeasuredWorkloadRun {
     void run_step(int64_t step, std::span<const StepUnit> units);
     // evenep_auto, then the runner's systems in its order (evenep_exact, conventional, eplb..., lplb, llep).
     std::vector<MeasuredSeries> series() const;
-    int64_t timed() const { return timed_; }      // time_rank calls
+    int64_t timed() const { return timed_; }     // time_rank calls
     int64_t memo_hits() const { return hits_; }  // group lists answered from the memo
     const WorkloadRunner& runner() const { return runner_; }
 

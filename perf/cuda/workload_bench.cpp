@@ -7,8 +7,8 @@
 
 namespace evenep::perf::cuda {
 
-GpuRankCompute::GpuRankCompute(int H, int ffn_hidden, int max_groups, int64_t max_rows, uint64_t seed, int warmup,
-                               int iters)
+GpuRankCompute::GpuRankCompute(
+    int H, int ffn_hidden, int max_groups, int64_t max_rows, uint64_t seed, int warmup, int iters)
     : timer_(std::make_unique<RankComputeTimer>(H, ffn_hidden, max_groups, max_rows, seed)),
       max_groups_(max_groups),
       warmup_(warmup),

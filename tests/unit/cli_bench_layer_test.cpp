@@ -12,6 +12,7 @@
 //   steps_without_workload, timed_ranks_zero, micro_batches_with_trace, trace_missing, trace_R_mismatch (R = 4),
 //   trace_E_mismatch (E = 128), trace_float (<f4), trace_2d, trace_count_over_S (9000 > S = 8192),
 //   trace_row_over_SK (9 x 8192 > S K = 65536 at MoonEP), trace_k3_R_not_given (a K3 R = 16 trace, --k3-R 8),
+//   json_is_dir (--json /tmp: every shape's FILE_<shape>.json checked before the device),
 //   all_refused (--workload burst --max-seconds 1: no GPU, or every shape refused by its estimate)
 #include <gtest/gtest.h>
 
@@ -127,6 +128,7 @@ std::vector<Case> workload_cases() {
         {"trace_count_over_S", "--trace " + trace_file("over_s"), {"9000", "S = 8192"}},
         {"trace_row_over_SK", "--trace " + trace_file("over_sk"), {"73728", "S*K = 65536"}},
         {"trace_k3_R_not_given", "--trace " + trace_file("k3_r16") + " --points k3 --k3-R 8", {"R = 16", "k3_R8"}},
+        {"json_is_dir", "--workload burst --json /tmp", {"--json"}},
         {"all_refused", "--workload burst --steps 2 --max-seconds 1", {"bench layer"}},
     };
 }

@@ -85,8 +85,8 @@ TEST(MeasuredRun, ModelTimerReproducesModel) {
                 ASSERT_EQ(b.series.label, a.label);
                 ASSERT_EQ(b.series.step_ms.size(), 4u);
                 for (size_t t = 0; t < 4; ++t) {
-                    EXPECT_NEAR(b.series.step_ms[t], a.step_ms[t], 1e-9) << a.label << " step " << t << " timed "
-                                                                         << timed;
+                    EXPECT_NEAR(b.series.step_ms[t], a.step_ms[t], 1e-9)
+                        << a.label << " step " << t << " timed " << timed;
                     EXPECT_NEAR(b.step_ms_model[t], a.step_ms[t], 1e-12) << a.label;
                     EXPECT_NEAR(b.compute_ms_measured[t], b.compute_ms_model[t], 1e-9) << a.label;
                     EXPECT_EQ(b.series.rows[t], a.rows[t]) << a.label;
@@ -98,7 +98,8 @@ TEST(MeasuredRun, ModelTimerReproducesModel) {
 TEST(MeasuredRun, ConstantTimerSwapsCompute) {
     const WorkloadRunConfig rc = tiny_config();
     WorkloadRunner model(rc);
-    MeasuredWorkloadRun measured(rc, [](std::span<const int64_t>) { return 1.0; }, 2);
+    MeasuredWorkloadRun measured(
+        rc, [](std::span<const int64_t>) { return 1.0; }, 2);
     run_both(Workload::kBurst, 3, model, measured);
     for (const MeasuredSeries& m : measured.series())
         for (size_t t = 0; t < 3; ++t) {
@@ -141,7 +142,8 @@ TEST(MeasuredRun, TimesTheBusiestRank) {
         << "conventional's busiest rank " << busiest << " was not timed";
     // With every rank timed, the measured compute is the model's max (the model timer).
     WorkloadRunner model_all(rc);
-    MeasuredWorkloadRun all(rc, [&](std::span<const int64_t> g) { return model_compute_ms(rc.model, g); }, 4);
+    MeasuredWorkloadRun all(
+        rc, [&](std::span<const int64_t> g) { return model_compute_ms(rc.model, g); }, 4);
     model_all.run_step(0, units);
     all.run_step(0, units);
     for (size_t i = 0; i < model_all.series().size(); ++i)
@@ -174,7 +176,9 @@ TEST(MeasuredRun, MemoAndAutoFlag) {
 
 TEST(MeasuredRun, BadInput) {
     const WorkloadRunConfig rc = tiny_config();
-    EXPECT_THROW(MeasuredWorkloadRun(rc, [](std::span<const int64_t>) { return 1.0; }, 0), Error);
+    EXPECT_THROW(MeasuredWorkloadRun(
+                     rc, [](std::span<const int64_t>) { return 1.0; }, 0),
+                 Error);
     EXPECT_THROW(MeasuredWorkloadRun(rc, RankComputeFn{}, 1), Error);
 }
 

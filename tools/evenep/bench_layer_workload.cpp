@@ -31,7 +31,8 @@ void add_layer_workload_options(CLI::App& cmd, LayerWorkloadOptions& o) {
 
 void check_layer_workload(const CLI::App& cmd, LayerWorkloadOptions& o) {
     for (const char* flag : {"--maxvio", "--drift", "--quick", "--check", "--no-measure"})
-        EVENEP_CHECK(cmd.count(flag) == 0, "bench layer: ", flag, " applies to the maxvio grid, not to --workload/--trace");
+        EVENEP_CHECK(cmd.count(flag) == 0, "bench layer: ", flag,
+                     " applies to the maxvio grid, not to --workload/--trace");
     EVENEP_CHECK(o.wl.trace.empty() || cmd.count("--micro-batches") == 0,
                  "bench layer: --micro-batches applies to --workload (a trace's steps are its rows)");
     EVENEP_CHECK(!o.wl.workload.empty() || o.wl.steps >= 0, "bench layer: --steps = ", o.wl.steps, " must be >= 0");
@@ -39,22 +40,25 @@ void check_layer_workload(const CLI::App& cmd, LayerWorkloadOptions& o) {
     if (!o.wl.workload.empty())
         EVENEP_CHECK(o.wl.steps >= 1, "bench layer: --steps = ", o.wl.steps, " must be >= 1 with --workload");
     if (cmd.count("--redundant") == 0) o.redundant.clear();  // EPLB at 1, 2, 4 and epn slots per rank
-    for (const LayerShape& s : o.shapes)  // the runner's own checks, before the device
-        workload_run_config(o.wl, Config{.R = s.R, .E = s.E, .K = s.K, .S = s.S, .B = -1, .tp = 128}, s.H,
-                            s.ffn_hidden, o.redundant, o.eplb_sync, "optimized", 1);
-    if (o.wl.trace.empty()) return;
-    // The trace's R and E pick the shape; its counts are checked against that shape's K and S.
-    o.trace = read_trace(o.wl.trace, 32, std::numeric_limits<int>::max());
-    std::vector<LayerShape> match;
-    std::string names;
-    for (const LayerShape& s : o.shapes) {
-        names += fmt::format("{}{} (R={}, E={})", names.empty() ? "" : ", ", s.shape, s.R, s.E);
-        if (s.R == o.trace.R && s.E == o.trace.E) match.push_back(s);
+    for (const LayerShape& s : o.shapes)                     // the runner's own checks, before the device
+        workload_run_config(o.wl, Config{.R = s.R, .E = s.E, .K = s.K, .S = s.S, .B = -1, .tp = 128}, s.H, s.ffn_hidden,
+                            o.redundant, o.eplb_sync, "optimized", 1);
+    if (!o.wl.trace.empty()) {
+        // The trace's R and E pick the shape; its counts are checked against that shape's K and S.
+        o.trace = read_trace(o.wl.trace, 32, std::numeric_limits<int>::max());
+        std::vector<LayerShape> match;
+        std::string names;
+        for (const LayerShape& s : o.shapes) {
+            names += fmt::format("{}{} (R={}, E={})", names.empty() ? "" : ", ", s.shape, s.R, s.E);
+            if (s.R == o.trace.R && s.E == o.trace.E) match.push_back(s);
+        }
+        EVENEP_CHECK(!match.empty(), "bench layer: --trace '", o.wl.trace, "' has R = ", o.trace.R, ", E = ", o.trace.E,
+                     "; no shape of --points/--k3-R matches: ", names);
+        for (const LayerShape& s : match) validate_trace(o.trace, s.K, s.S, "trace '" + o.wl.trace + "'");
+        o.shapes = match;
     }
-    EVENEP_CHECK(!match.empty(), "bench layer: --trace '", o.wl.trace, "' has R = ", o.trace.R, ", E = ", o.trace.E,
-                 "; no shape of --points/--k3-R matches: ", names);
-    for (const LayerShape& s : match) validate_trace(o.trace, s.K, s.S, "trace '" + o.wl.trace + "'");
-    o.shapes = match;
+    for (const LayerShape& s : o.shapes)  // checks each target now (writes nothing): a bad one fails before the run
+        OutputFile("--json", layer_workload_json_path(o.json_file, s.shape, o.shapes.size()));
 }
 
 std::string layer_workload_json_path(const std::string& json_file, const std::string& shape, size_t num_shapes) {
@@ -91,9 +95,8 @@ bool run_shape(const LayerWorkloadOptions& o, const LayerShape& sh, size_t num_s
     EVENEP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double usable = 0.85 * static_cast<double>(free_bytes);
     int max_groups = std::min(sh.E, std::max(3 * epn, 64));
-    while (max_groups > epn &&
-           static_cast<double>(perf::cuda::GpuRankCompute::bytes_needed(sh.H, sh.ffn_hidden, max_groups, max_rows)) >
-               usable)
+    while (max_groups > epn && static_cast<double>(perf::cuda::GpuRankCompute::bytes_needed(
+                                   sh.H, sh.ffn_hidden, max_groups, max_rows)) > usable)
         max_groups = std::max(epn, max_groups * 3 / 4);
     const double bytes =
         static_cast<double>(perf::cuda::GpuRankCompute::bytes_needed(sh.H, sh.ffn_hidden, max_groups, max_rows));
@@ -112,13 +115,13 @@ bool run_shape(const LayerWorkloadOptions& o, const LayerShape& sh, size_t num_s
     }
     const std::string json_path = layer_workload_json_path(o.json_file, sh.shape, num_shapes);
     OutputFile json("--json", json_path);
-    fmt::print("\n=== {} {} on {}: {} steps x {} unit(s); R={} E={} K={} S={} H={} H'={}; EPLB every {} steps on a "
-               "window of {}, sync {}; link {:g} GB/s (modelled); {} rank(s) timed per unit and system, warmup {}, "
-               "iters {}; groups per launch {}; estimated {:.0f} s\n",
-               from_trace ? "trace" : "workload", from_trace ? wl.trace : wl.workload, sh.shape, source.steps(),
-               source.layers() * source.micro_batches(), sh.R, sh.E, sh.K, sh.S, sh.H, sh.ffn_hidden,
-               wl.eplb_interval, wl.eplb_window, o.eplb_sync, o.link_gbps, o.timed_ranks, o.warmup, o.iters,
-               max_groups, estimate);
+    fmt::print(
+        "\n=== {} {} on {}: {} steps x {} unit(s); R={} E={} K={} S={} H={} H'={}; EPLB every {} steps on a "
+        "window of {}, sync {}; link {:g} GB/s (modelled); {} rank(s) timed per unit and system, warmup {}, "
+        "iters {}; groups per launch {}; estimated {:.0f} s\n",
+        from_trace ? "trace" : "workload", from_trace ? wl.trace : wl.workload, sh.shape, source.steps(),
+        source.layers() * source.micro_batches(), sh.R, sh.E, sh.K, sh.S, sh.H, sh.ffn_hidden, wl.eplb_interval,
+        wl.eplb_window, o.eplb_sync, o.link_gbps, o.timed_ranks, o.warmup, o.iters, max_groups, estimate);
     const double t0 = now_seconds();
     perf::cuda::GpuRankCompute gpu(sh.H, sh.ffn_hidden, max_groups, max_rows, o.seed, o.warmup, o.iters);
     {  // clocks out of the idle state: a balanced rank (epn groups of S K / epn rows each)
@@ -126,16 +129,18 @@ bool run_shape(const LayerWorkloadOptions& o, const LayerShape& sh, size_t num_s
         const std::vector<int64_t> balanced(static_cast<size_t>(std::min(epn, max_groups)), rows);
         gpu.warm_up(balanced, o.warm_seconds);
     }
-    perf::MeasuredWorkloadRun run(rc, [&gpu](std::span<const int64_t> g) { return gpu(g); }, o.timed_ranks);
+    perf::MeasuredWorkloadRun run(
+        rc, [&gpu](std::span<const int64_t> g) { return gpu(g); }, o.timed_ranks);
     for (int t = 0; t < source.steps(); ++t) run.run_step(t, source.units(t));
     const double seconds = now_seconds() - t0;
     const std::vector<perf::MeasuredSeries> series = run.series();
     std::vector<const perf::SystemSeries*> table;
     for (const perf::MeasuredSeries& m : series) table.push_back(&m.series);
-    print_workload_table(table, "step time (overlapped estimate: measured compute of the busiest rank(s), modelled "
-                                "link phases and weight moves)");
-    fmt::print("evenep_auto: {}\n", perf::auto_note().empty() ? std::string("planned with its own policy")
-                                                                : perf::auto_note());
+    print_workload_table(table,
+                         "step time (overlapped estimate: measured compute of the busiest rank(s), modelled "
+                         "link phases and weight moves)");
+    fmt::print("evenep_auto: {}\n",
+               perf::auto_note().empty() ? std::string("planned with its own policy") : perf::auto_note());
     fmt::print("{} rank timings, {} answered from the memo; {:.1f} s\n", run.timed(), run.memo_hits(), seconds);
     nlohmann::json systems = nlohmann::json::array();
     for (const perf::MeasuredSeries& m : series) {
@@ -147,9 +152,9 @@ bool run_shape(const LayerWorkloadOptions& o, const LayerShape& sh, size_t num_s
         if (!m.note.empty()) j["note"] = m.note;
         systems.push_back(std::move(j));
     }
-    nlohmann::json doc = workload_run_json(wl, source, rc, o.seed, "optimized",
-                                           perf::auto_note().empty() ? nlohmann::json("planned")
-                                                                     : nlohmann::json(perf::auto_note()));
+    nlohmann::json doc =
+        workload_run_json(wl, source, rc, o.seed, "optimized",
+                          perf::auto_note().empty() ? nlohmann::json("planned") : nlohmann::json(perf::auto_note()));
     doc["shape"] = sh.shape;
     doc["device"] = perf::device_summary();
     doc["method"] = fmt::format(

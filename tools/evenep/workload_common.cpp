@@ -81,17 +81,18 @@ nlohmann::json system_json(const perf::SystemSeries& s, const perf::WorkloadRunC
     if (s.name == "lplb") params["topology"] = s.topology;
     if (s.name == "llep") params["threshold"] = rc.llep_threshold;
     if (s.name != "conventional" && s.name != "eplb") params["plan_us"] = rc.plan_us;
-    return {{"name", s.name},
-            {"label", s.label},
-            {"params", params},
-            {"step_ms", s.step_ms},
-            {"rows_max_over_mean", s.rows_max_over_mean},
-            {"summary",
-             {{"median_ms", median(s.step_ms)}, {"p90_ms", quantile(s.step_ms, 0.9)}, {"max_ms", quantile(s.step_ms, 1)}}},
-            {"token_bytes", s.token_bytes},
-            {"weight_bytes", s.weight_bytes},
-            {"grad_bytes", s.grad_bytes},
-            {"rows", s.rows}};
+    return {
+        {"name", s.name},
+        {"label", s.label},
+        {"params", params},
+        {"step_ms", s.step_ms},
+        {"rows_max_over_mean", s.rows_max_over_mean},
+        {"summary",
+         {{"median_ms", median(s.step_ms)}, {"p90_ms", quantile(s.step_ms, 0.9)}, {"max_ms", quantile(s.step_ms, 1)}}},
+        {"token_bytes", s.token_bytes},
+        {"weight_bytes", s.weight_bytes},
+        {"grad_bytes", s.grad_bytes},
+        {"rows", s.rows}};
 }
 
 void print_workload_table(const std::vector<const perf::SystemSeries*>& series, const std::string& what) {
@@ -110,10 +111,11 @@ void print_workload_table(const std::vector<const perf::SystemSeries*>& series, 
         if (best_med == nullptr || med < median(best_med->step_ms)) best_med = s;
         if (best_p90 == nullptr || p90 < quantile(best_p90->step_ms, 0.9)) best_p90 = s;
     }
-    fmt::print("columns: median, p90 and max over the steps of the {}; rows imb = mean over steps of max/mean "
-               "per-rank rows; med/evn, p90/evn = the system's median (p90) over evenep_exact's (> 1: EvenEP "
-               "faster)\n",
-               what);
+    fmt::print(
+        "columns: median, p90 and max over the steps of the {}; rows imb = mean over steps of max/mean "
+        "per-rank rows; med/evn, p90/evn = the system's median (p90) over evenep_exact's (> 1: EvenEP "
+        "faster)\n",
+        what);
     if (best_med == nullptr) return;
     const double bm = median(best_med->step_ms), bp = quantile(best_p90->step_ms, 0.9);
     for (const perf::SystemSeries* s : series)
@@ -128,7 +130,8 @@ void add_workload_options(CLI::App& cmd, WorkloadOptions& o, bool model_flags) {
     for (const WorkloadInfo& w : workload_list()) names += (names.empty() ? "" : ", ") + std::string(w.name);
     cmd.add_option("--workload", o.workload,
                    "run every system (evenep_exact, conventional, eplb, lplb, llep) over --steps steps of this "
-                   "workload (`evenep workloads`): " + names)
+                   "workload (`evenep workloads`): " +
+                       names)
         ->check(CLI::IsMember([] {
             std::vector<std::string> v;
             for (const WorkloadInfo& w : workload_list()) v.emplace_back(w.name);
@@ -167,10 +170,14 @@ void add_workload_options(CLI::App& cmd, WorkloadOptions& o, bool model_flags) {
         ->capture_default_str();
 }
 
-
-perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o, const Config& cfg, int H, int ffn_hidden,
-                                            const std::vector<int>& redundant, const std::string& eplb_sync,
-                                            const std::string& planner, int layers) {
+perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o,
+                                            const Config& cfg,
+                                            int H,
+                                            int ffn_hidden,
+                                            const std::vector<int>& redundant,
+                                            const std::string& eplb_sync,
+                                            const std::string& planner,
+                                            int layers) {
     perf::WorkloadRunConfig rc;
     rc.cfg = cfg;
     rc.cfg.validate();
@@ -192,8 +199,12 @@ perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o, const Conf
     return rc;
 }
 
-nlohmann::json workload_run_json(const WorkloadOptions& o, const StepSource& source, const perf::WorkloadRunConfig& rc,
-                                 uint64_t seed, const std::string& planner, nlohmann::json evenep_auto) {
+nlohmann::json workload_run_json(const WorkloadOptions& o,
+                                 const StepSource& source,
+                                 const perf::WorkloadRunConfig& rc,
+                                 uint64_t seed,
+                                 const std::string& planner,
+                                 nlohmann::json evenep_auto) {
     const bool from_trace = !o.trace.empty();
     return {{"schema", "evenep.workload_run/1"},
             {"workload", from_trace ? nlohmann::json(nullptr) : nlohmann::json(o.workload)},

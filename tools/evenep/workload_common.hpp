@@ -38,9 +38,14 @@ struct WorkloadOptions {
 void add_workload_options(CLI::App& cmd, WorkloadOptions& o, bool model_flags);
 
 // The run configuration of both commands (validated): redundant empty = EPLB at 1, 2, 4 and epn slots per rank.
-perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o, const Config& cfg, int H, int ffn_hidden,
-                                            const std::vector<int>& redundant, const std::string& eplb_sync,
-                                            const std::string& planner, int layers);
+perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o,
+                                            const Config& cfg,
+                                            int H,
+                                            int ffn_hidden,
+                                            const std::vector<int>& redundant,
+                                            const std::string& eplb_sync,
+                                            const std::string& planner,
+                                            int layers);
 
 // The q-quantile of v (nearest rank: the smallest value with at least q of the values at or below it); 0 if empty.
 double quantile(std::vector<double> v, double q);
@@ -69,8 +74,12 @@ class StepSource {
 };
 
 // The top level of evenep.workload_run/1 without "systems" and "seconds" (the caller adds them).
-nlohmann::json workload_run_json(const WorkloadOptions& o, const StepSource& source, const perf::WorkloadRunConfig& rc,
-                                 uint64_t seed, const std::string& planner, nlohmann::json evenep_auto);
+nlohmann::json workload_run_json(const WorkloadOptions& o,
+                                 const StepSource& source,
+                                 const perf::WorkloadRunConfig& rc,
+                                 uint64_t seed,
+                                 const std::string& planner,
+                                 nlohmann::json evenep_auto);
 
 // One system's JSON object of evenep.workload_run/1 (name, label, params, step_ms, rows_max_over_mean, summary,
 // bytes, rows).
