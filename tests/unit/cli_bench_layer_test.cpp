@@ -74,9 +74,21 @@ INSTANTIATE_TEST_SUITE_P(BenchLayerRefuses, Flag, ::testing::ValuesIn(cases()), 
     return info.param.name;
 });
 
+const std::filesystem::path& trace_dir() {
+    static const std::filesystem::path dir = testing::temp_dir("cli_bench_layer_test", "traces");
+    return dir;
+}
+
+// Removes the trace files when the tests end.
+class TraceDirCleanup : public ::testing::Environment {
+  public:
+    void TearDown() override { std::filesystem::remove_all(trace_dir()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TraceDirCleanup);
+
 // Trace files of the workload cases, written once per process: name -> path.
 std::string trace_file(const std::string& name) {
-    static const std::filesystem::path dir = testing::temp_dir("cli_bench_layer_test", "traces");
+    const std::filesystem::path& dir = trace_dir();
     const std::string path = (dir / (name + ".npy")).string();
     if (std::filesystem::exists(path)) return path;
     const auto counts = [](int T, int R, int E, int32_t fill) {
