@@ -18,24 +18,15 @@
 #include "evenep/cpu/local_team.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
+#include "evenep/plan_tensor.hpp"
 #include "handle_record.hpp"
 
 namespace evenep::python {
 
-// Plan tensor: int32 [R, plan_width], row r = [s_r, tpe[r][0..E), cu_seqlens[G], group_count[G], group_expert[G],
-// group_source[G], group_slot[G], copies[B]] (rank r's part of the Plan; the whole Plan is a pure function of the
-// gathered (s, tpe), SPEC invariant 5, and is rebuilt from them). Mirrored by PlanLayout in python/evenep/buffer.py.
-struct PlanLayout {
-    int E, G, B;
-    int tpe() const { return 1; }
-    int cu_seqlens() const { return 1 + E; }
-    int group_count() const { return cu_seqlens() + G; }
-    int group_expert() const { return group_count() + G; }
-    int group_source() const { return group_expert() + G; }
-    int group_slot() const { return group_source() + G; }
-    int copies() const { return group_slot() + G; }
-    int width() const { return copies() + B; }
-};
+// Plan tensor: int32 [R, plan width], row r = rank r's share of the Plan (evenep::plan_columns: the columns are
+// derived from the library's one list of plan arrays and exported by the plan_columns op, from which
+// python/evenep/buffer.py builds its PlanLayout). The whole Plan is a pure function of the gathered (s, tpe), SPEC
+// invariant 5, and is rebuilt from them.
 // Handle tensor: int32 [R, s*K], rank r's encoded destinations dst (SPEC §3.4; tokens past s_r hold kMaskedDst).
 // The buffers remember which (plan, handle, topk_weights) they hold, by value, so no op depends on call history.
 
@@ -139,13 +130,12 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
 // home experts (the weights' dim 0) are E*L/R.
 inline std::vector<int64_t> buffer_info_of(const BufferConfig& b, int local_ranks, int rank_begin) {
     const Config& c = b.cfg;
-    const PlanLayout L{c.E, c.num_groups(), c.num_slots()};
     return {c.R,           c.E,
             c.K,           c.S,
             b.H,           b.ffn_hidden,
             c.num_slots(), c.tp,
             c.recv_rows(), c.num_groups(),
-            L.width(),     local_ranks,
+            plan_row_width(c), local_ranks,
             rank_begin,    c.E / c.R * local_ranks};
 }
 
@@ -180,7 +170,12 @@ inline int64_t group_total(const std::vector<int32_t>& s) {
 class Context {
   public:
     Context(const BufferConfig& cfg, PlannerMode mode)
-        : cfg_(cfg), group_(cfg.cfg.R), planner_(cfg.cfg, mode), buffers_(cfg.cfg.R), cur_(cfg.cfg.R) {
+        : cfg_(cfg),
+          layout_(PlanRowLayout::make(cfg.cfg)),
+          group_(cfg.cfg.R),
+          planner_(cfg.cfg, mode),
+          buffers_(cfg.cfg.R),
+          cur_(cfg.cfg.R) {
         cpu::run_ranks_or_throw(group_,
                                 [&](Team& t) { buffers_[t.rank()] = std::make_unique<cpu::Buffer>(t, cfg_, mode); });
     }
@@ -190,7 +185,7 @@ class Context {
     int H() const { return cfg_.H; }
     int ffn_hidden() const { return cfg_.ffn_hidden; }
     int64_t nvs() const { return cfg_.cfg.recv_rows(); }
-    PlanLayout plan_layout() const { return {cfg().E, cfg().num_groups(), cfg().num_slots()}; }
+    const PlanRowLayout& plan_layout() const { return layout_; }
     std::mutex& mutex() { return mutex_; }
 
     // Plans from every rank's topk_idx (int32 [R, s, K]) with s_r tokens each; returns the plan tensor.
@@ -205,32 +200,21 @@ class Context {
                         std::span(tpe).subspan(static_cast<size_t>(r) * E, E));
         check_group_tokens(c, s, group_total(s));
         const Plan& p = full_plan(s, tpe);
-        const PlanLayout L = plan_layout();
-        const int G = L.G, B = L.B;
-        at::Tensor out = at::zeros({R, L.width()}, at::kInt);
-        for (int r = 0; r < R; ++r) {
-            int32_t* row = out.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
-            row[0] = s[r];
-            std::copy_n(p.tpe.begin() + static_cast<int64_t>(r) * E, E, row + L.tpe());
-            std::copy_n(p.cu_seqlens.begin() + r * G, G, row + L.cu_seqlens());
-            std::copy_n(p.group_count.begin() + r * G, G, row + L.group_count());
-            std::copy_n(p.group_expert.begin() + r * G, G, row + L.group_expert());
-            for (int g = 0; g < G; ++g) row[L.group_source() + g] = static_cast<int32_t>(p.group_source[r * G + g]);
-            std::copy_n(p.group_slot.begin() + r * G, G, row + L.group_slot());
-            std::copy_n(p.copies.begin() + r * B, B, row + L.copies());
-        }
+        const int64_t W = plan_layout().width;
+        at::Tensor out = at::empty({R, W}, at::kInt);
+        for (int r = 0; r < R; ++r) pack_plan_row(p, r, {out.data_ptr<int32_t>() + r * W, static_cast<size_t>(W)});
         return out;
     }
 
     // The Plan a plan tensor stands for (checked: [R, width], s_r in [1, S]).
     const Plan& plan_of(const at::Tensor& plan, const char* op) {
-        const PlanLayout L = plan_layout();
-        check_tensor(plan, op, "plan", at::kInt, {cfg().R, L.width()});
+        const PlanRowLayout& L = plan_layout();
+        check_tensor(plan, op, "plan", at::kInt, {cfg().R, L.width});
         std::vector<int32_t> s(cfg().R), tpe(static_cast<size_t>(cfg().R) * cfg().E);
         for (int r = 0; r < cfg().R; ++r) {
-            const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
-            s[r] = row[0];
-            std::copy_n(row + L.tpe(), cfg().E, tpe.begin() + static_cast<int64_t>(r) * cfg().E);
+            const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width;
+            s[r] = row[L.s];
+            std::copy_n(row + L.tpe, cfg().E, tpe.begin() + static_cast<int64_t>(r) * cfg().E);
         }
         check_group_tokens(cfg(), s, group_total(s));
         return full_plan(s, tpe);
@@ -287,7 +271,7 @@ class Context {
                           handle.size(1), " columns, expected s*K");
         const int64_t s_pad = handle.size(1) / K;
         check_tensor(topk_w, op, "topk_weights", at::kFloat, {R, s_pad, K});
-        check_tensor(plan, op, "plan", at::kInt, {R, plan_layout().width()});
+        check_tensor(plan, op, "plan", at::kInt, {R, plan_layout().width});
         handles_.check(handle, plan, false, op);  // never a destination dispatch did not make (handle_record.hpp)
         if (holds(plan, handle, topk_w)) return cur_;
         const Plan& p = plan_of(plan, op);
@@ -327,6 +311,7 @@ class Context {
     }
 
     BufferConfig cfg_;
+    PlanRowLayout layout_;
     cpu::LocalTeamGroup group_;
     Planner planner_;
     std::vector<std::unique_ptr<cpu::Buffer>> buffers_;

@@ -20,7 +20,7 @@ namespace evenep::python {
 
 CudaContext::CudaContext(
     const BufferConfig& cfg, PlannerMode mode, int device, int num_sms, const cuda::NcclBootstrap* boot)
-    : cfg_(cfg), device_(device) {
+    : cfg_(cfg), device_(device), layout_(PlanRowLayout::make(cfg.cfg)) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     cuda::TeamOptions to;
     to.device = device;
@@ -41,27 +41,6 @@ CudaContext::CudaContext(
     eo.sm_budget = num_sms;
     eo.team = to;
     ep_ = std::make_unique<cuda::Ep>(*team_, cfg.cfg, cfg.H, eo);
-    const cuda::EpLayout& l = ep_->layout();
-    off_ = {l.plan.s,
-            l.tpe,
-            l.dst,
-            l.plan.cu_seqlens,
-            l.plan.group_count,
-            l.plan.group_expert,
-            l.plan.group_source,
-            l.plan.group_slot,
-            l.plan.copies,
-            l.recv_x(),
-            l.recv_w(),
-            l.R,
-            l.E,
-            l.K,
-            l.G,
-            l.B,
-            l.H,
-            l.nvs,
-            team_->rank_begin(),
-            team_->num_local_ranks()};
     const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA, device);
     zero_rows_ = at::zeros({L(), cfg.cfg.S, cfg.H}, opts);
     scratch_ = at::zeros({L(), cfg.cfg.S, cfg.H}, opts);
@@ -145,7 +124,7 @@ std::shared_ptr<PlanEntry> CudaContext::find_plan(const at::Tensor& t, bool capt
 }
 
 std::shared_ptr<PlanEntry> CudaContext::plan_of(const at::Tensor& t, bool capturing, const char* op) {
-    check_tensor(t, op, "plan", at::kInt, {L(), plan_layout().width()}, c10::DeviceType::CUDA);
+    check_tensor(t, op, "plan", at::kInt, {L(), plan_layout().width}, c10::DeviceType::CUDA);
     std::shared_ptr<PlanEntry> p = find_plan(t, capturing);
     TORCH_CHECK_VALUE(p != nullptr, "evenep.", op,
                       ": the plan tensor was not made by this buffer's plan op (or that plan is gone)",

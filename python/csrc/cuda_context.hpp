@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "context.hpp"
-#include "cuda_kernels.hpp"
 #include "evenep/cuda/ep.hpp"
+#include "evenep/cuda/expert_ops.hpp"
 #include "evenep/cuda/experts.hpp"
 #include "evenep/cuda/nccl_team.hpp"
 #include "evenep/cuda/team.hpp"
@@ -60,7 +60,11 @@ class CudaContext {
     bool multi_process() const { return nccl_; }              // the NCCL team (group=), also with a group of one
     int num_home() const { return cfg().E / cfg().R * L(); }  // home experts of the served ranks (weights' dim 0)
     int expert_base() const { return cfg().E / cfg().R * rank_begin(); }  // global id of the first of them
-    PlanLayout plan_layout() const { return {cfg().E, cfg().num_groups(), cfg().num_slots()}; }
+    const PlanRowLayout& plan_layout() const { return layout_; }
+    // A plan tensor [rows, width] on the device as the library's device functions take it (evenep/cuda/expert_ops.hpp).
+    cuda::PlanRows plan_rows(const at::Tensor& plan, int rows) const {
+        return {static_cast<const int32_t*>(plan.data_ptr()), rows, layout_};
+    }
     std::mutex& mutex() { return mutex_; }
     cuda::Ep& ep() { return *ep_; }
     cuda::Team& team() { return *team_; }
@@ -71,8 +75,6 @@ class CudaContext {
     // write in the previous call of that channel (a slow peer may still pull this rank's receive rows from the
     // previous combine, or push into its slots); the local team needs none (one launch serves every rank).
     void peer_barrier(cudaStream_t stream, int channel);
-    char* const* bases() const { return ep_->window().d_peers; }
-    const cukernels::BufferOffsets& offsets() const { return off_; }
     const at::Tensor& zero_rows() const { return zero_rows_; }   // bf16 [L, S, H] zeros (re-dispatch input)
     const at::Tensor& scratch_rows() const { return scratch_; }  // bf16 [L, S, H] (unused pointer slots)
 
@@ -104,7 +106,7 @@ class CudaContext {
     std::unique_ptr<cuda::Team> team_;  // before ep_: the Ep's window belongs to the team
     std::unique_ptr<cuda::Ep> ep_;
     std::map<std::pair<int64_t, bool>, std::unique_ptr<cuda::Experts>> experts_;  // after ep_: windows of the team
-    cukernels::BufferOffsets off_{};
+    PlanRowLayout layout_;
     at::Tensor zero_rows_, scratch_;
     std::vector<std::shared_ptr<PlanEntry>> plans_;
     std::weak_ptr<PlanEntry> held_plan_;

@@ -5,7 +5,7 @@
 //
 // State: a Context per evenep.Buffer (context.hpp, looked up by an int id passed to every op) owns the
 // LocalTeamGroup, one cpu::Buffer per virtual rank and a Planner. Every op is a function of its tensor arguments:
-// the plan and the dispatch handle are tensors (PlanLayout in context.hpp, docs/python.md), so the op that finds the
+// the plan and the dispatch handle are tensors (evenep::plan_columns, docs/python.md), so the op that finds the
 // communication buffer holding another dispatch's rows first dispatches its own handle again (re-dispatch, no
 // planning). Normal call orders (dispatch → combine, combine_backward → dispatch_backward) never re-dispatch.
 //
@@ -18,6 +18,7 @@
 #include <torch/library.h>
 // clang-format on
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -26,6 +27,7 @@
 #include "context.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
 #include "evenep/detail/layout.hpp"
+#include "evenep/detail/row_grad.hpp"
 
 namespace evenep::python {
 namespace {
@@ -106,6 +108,26 @@ std::vector<int64_t> buffer_info(int64_t id) {
     }
     const BufferConfig& b = context(id)->buffer_config();
     return buffer_info_of(b, b.cfg.R, 0);
+}
+
+// The plan tensor's columns (evenep::plan_columns of the buffer's configuration): names, first columns, counts.
+std::tuple<std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>> plan_columns_op(int64_t id) {
+    const std::vector<int64_t> info = buffer_info(id);  // [R, E, K, S, H, H', B, tp, ...]
+    Config c;
+    c.R = static_cast<int>(info[0]);
+    c.E = static_cast<int>(info[1]);
+    c.K = static_cast<int>(info[2]);
+    c.S = static_cast<int>(info[3]);
+    c.B = static_cast<int>(info[6]);
+    c.tp = static_cast<int>(info[7]);
+    std::vector<std::string> names;
+    std::vector<int64_t> offsets, counts;
+    for (const PlanColumn& col : plan_columns(c)) {
+        names.emplace_back(col.name);
+        offsets.push_back(col.offset);
+        counts.push_back(col.count);
+    }
+    return {names, offsets, counts};
 }
 
 at::Tensor plan_op(const at::Tensor& topk_idx, int64_t buffer, std::optional<at::IntArrayRef> num_tokens) {
@@ -243,7 +265,8 @@ at::Tensor combine_backward_op(const at::Tensor& grad_out,
 }
 
 // The backward of a weighted combine (out_t = sum over t's entries n of w_n * y_n) in one op: rows = combine_backward
-// (grad_out), then per receive row n: grad_y_n = bf16(w_n * rows_n) and grad_w_n = <rows_n, y_n> (fp32).
+// (grad_out), then per receive row n of the groups: grad_y_n = bf16(w_n * rows_n) and grad_w_n = <rows_n, y_n> (fp32,
+// the order of evenep/detail/row_grad.hpp, bit for bit the CUDA op's); grad_w_n = 0 past the groups.
 std::tuple<at::Tensor, at::Tensor> combine_backward_weighted_op(const at::Tensor& grad_out,
                                                                 const at::Tensor& expert_out,
                                                                 const at::Tensor& recv_w,
@@ -257,9 +280,20 @@ std::tuple<at::Tensor, at::Tensor> combine_backward_weighted_op(const at::Tensor
         const int R = ctx->cfg().R;
         check_tensor(expert_out, "combine_backward_weighted", "expert_out", at::kBFloat16, {R, ctx->nvs(), ctx->H()});
         check_tensor(recv_w, "combine_backward_weighted", "recv_w", at::kFloat, {R, ctx->nvs()});
-        const at::Tensor rows32 = rows.to(at::kFloat);
-        return std::make_tuple((rows32 * recv_w.unsqueeze(-1)).to(at::kBFloat16),
-                               (rows32 * expert_out.to(at::kFloat)).sum(-1));
+        // Per row of the groups, the library's row backward (evenep/detail/row_grad.hpp: the CUDA op's order).
+        const PlanRowLayout& L = ctx->plan_layout();
+        const int64_t nvs = ctx->nvs(), H = ctx->H();
+        at::Tensor grad_w = at::zeros({R, nvs}, at::kFloat);
+        Bf16* g = reinterpret_cast<Bf16*>(rows.data_ptr());
+        const Bf16* y = reinterpret_cast<const Bf16*>(expert_out.data_ptr());
+        const float* w = recv_w.data_ptr<float>();
+        for (int r = 0; r < R; ++r) {
+            const int64_t used =
+                std::clamp<int64_t>(plan.data_ptr<int32_t>()[r * L.width + L.cu_seqlens + L.G - 1], 0, nvs);
+            for (int64_t n = r * nvs; n < r * nvs + used; ++n)
+                grad_w.data_ptr<float>()[n] = detail::row_grad(g + n * H, y + n * H, w[n], g + n * H, H);
+        }
+        return std::make_tuple(rows, grad_w);
     });
 }
 
@@ -268,11 +302,11 @@ std::tuple<at::Tensor, at::Tensor> combine_backward_weighted_op(const at::Tensor
 template <typename F>
 void for_each_copy(const Context& ctx, const at::Tensor& plan, const char* op, F&& fn) {
     const Config& c = ctx.cfg();
-    const PlanLayout L = ctx.plan_layout();
-    check_tensor(plan, op, "plan", at::kInt, {c.R, L.width()});
+    const PlanRowLayout& L = ctx.plan_layout();
+    check_tensor(plan, op, "plan", at::kInt, {c.R, L.width});
     for (int r = 0; r < c.R; ++r)
         for (int b = 0; b < L.B; ++b) {
-            const int32_t e = plan.data_ptr<int32_t>()[r * L.width() + L.copies() + b];
+            const int32_t e = plan.data_ptr<int32_t>()[r * L.width + L.copies + b];
             TORCH_CHECK_VALUE(e >= -1 && e < c.E, "evenep.", op, ": plan copies[", r, "][", b, "] = ", e);
             if (e >= 0) fn(r, b, e);
         }
@@ -333,15 +367,15 @@ void reduce_grad_add_op(at::Tensor& grad, const at::Tensor& slot_grads, const at
 // Per-group pointers of rank r into the home weights w [E, a, b] or the slots [R, B, a, b] (by group source).
 template <typename T>
 std::vector<T*> group_table(const Context& ctx, const at::Tensor& plan, int r, T* w, T* slots, int64_t mat) {
-    const PlanLayout L = ctx.plan_layout();
-    const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
+    const PlanRowLayout& L = ctx.plan_layout();
+    const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width;
     std::vector<T*> table(L.G, nullptr);
     for (int g = 0; g < L.G; ++g) {
-        const auto src = static_cast<WeightSource>(row[L.group_source() + g]);
+        const auto src = static_cast<WeightSource>(row[L.group_source + g]);
         if (src == WeightSource::kLocal || src == WeightSource::kPeer)
-            table[g] = w + static_cast<int64_t>(row[L.group_expert() + g]) * mat;
+            table[g] = w + static_cast<int64_t>(row[L.group_expert + g]) * mat;
         else if (src == WeightSource::kSlot)
-            table[g] = slots + (static_cast<int64_t>(r) * L.B + row[L.group_slot() + g]) * mat;
+            table[g] = slots + (static_cast<int64_t>(r) * L.B + row[L.group_slot + g]) * mat;
     }
     return table;
 }
@@ -362,18 +396,18 @@ at::Tensor grouped_gemm_impl(const char* op,
         const Config& c = ctx->cfg();
         const at::ScalarType dtype = gemm_out_dtype(out_dtype, op);
         check_gemm_weights(c, op, w, slots);
-        check_tensor(plan, op, "plan", at::kInt, {c.R, ctx->plan_layout().width()});
+        check_tensor(plan, op, "plan", at::kInt, {c.R, ctx->plan_layout().width});
         const int64_t a = w.size(1), b = w.size(2), in = transposed ? b : a, out_dim = transposed ? a : b;
         check_tensor(x, op, "x", at::kBFloat16, {c.R, ctx->nvs(), in});
         at::Tensor wb = w.to(at::kBFloat16).contiguous(), sb = slots.to(at::kBFloat16).contiguous();
         at::Tensor out = at::zeros({c.R, ctx->nvs(), out_dim}, at::kFloat);
-        const PlanLayout L = ctx->plan_layout();
+        const PlanRowLayout& L = ctx->plan_layout();
         for (int r = 0; r < c.R; ++r) {
-            const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
+            const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width;
             auto table = group_table<const Bf16>(*ctx, plan, r, reinterpret_cast<const Bf16*>(wb.data_ptr()),
                                                  reinterpret_cast<const Bf16*>(sb.data_ptr()), a * b);
-            cpu::GroupedGemmShape shape{{row + L.cu_seqlens(), static_cast<size_t>(L.G)},
-                                        {row + L.group_count(), static_cast<size_t>(L.G)},
+            cpu::GroupedGemmShape shape{{row + L.cu_seqlens, static_cast<size_t>(L.G)},
+                                        {row + L.group_count, static_cast<size_t>(L.G)},
                                         static_cast<int>(in),
                                         static_cast<int>(out_dim)};
             cpu::grouped_gemm(
@@ -412,18 +446,18 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_op(const at::Tensor& x,
     auto ctx = context(buffer);
     return translate([&] {
         const Config& c = ctx->cfg();
-        const PlanLayout L = ctx->plan_layout();
-        check_tensor(plan, "grouped_gemm_wgrad", "plan", at::kInt, {c.R, L.width()});
+        const PlanRowLayout& L = ctx->plan_layout();
+        check_tensor(plan, "grouped_gemm_wgrad", "plan", at::kInt, {c.R, L.width});
         const int64_t a = x.dim() == 3 ? x.size(2) : -1, b = dy.dim() == 3 ? dy.size(2) : -1;
         check_tensor(x, "grouped_gemm_wgrad", "x", at::kBFloat16, {c.R, ctx->nvs(), a});
         check_tensor(dy, "grouped_gemm_wgrad", "dy", at::kBFloat16, {c.R, ctx->nvs(), b});
         at::Tensor gw = at::zeros({c.E, a, b}, at::kFloat);
         at::Tensor gs = at::zeros({c.R, L.B, a, b}, at::kFloat);
         for (int r = 0; r < c.R; ++r) {  // ranks in order: peer groups of one expert add up deterministically
-            const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width();
+            const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width;
             auto table = group_table<float>(*ctx, plan, r, gw.data_ptr<float>(), gs.data_ptr<float>(), a * b);
-            cpu::GroupedGemmShape shape{{row + L.cu_seqlens(), static_cast<size_t>(L.G)},
-                                        {row + L.group_count(), static_cast<size_t>(L.G)},
+            cpu::GroupedGemmShape shape{{row + L.cu_seqlens, static_cast<size_t>(L.G)},
+                                        {row + L.group_count, static_cast<size_t>(L.G)},
                                         static_cast<int>(a),
                                         static_cast<int>(b)};
             cpu::grouped_gemm_wgrad(
@@ -452,6 +486,7 @@ TORCH_LIBRARY(evenep, m) {
         &create_buffer);
     m.def("release_buffer(int buffer) -> ()", &release_buffer);
     m.def("buffer_info(int buffer) -> int[]", &buffer_info);
+    m.def("plan_columns(int buffer) -> (str[] names, int[] offsets, int[] counts)", &plan_columns_op);
     m.def("plan(Tensor topk_idx, int buffer, int[]? num_tokens=None) -> Tensor");
     m.def(
         "dispatch(Tensor x, Tensor topk_idx, Tensor topk_weights, Tensor plan, int buffer, "

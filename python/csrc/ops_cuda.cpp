@@ -73,13 +73,13 @@ std::shared_ptr<PlanEntry> new_plan(
     OpScope& sc, const at::Tensor& idx, const std::vector<int32_t>& s, const at::Tensor& key, at::Tensor* packed) {
     CudaContext& ctx = *sc.ctx;
     const int L = ctx.L(), K = ctx.cfg().K;
-    const int64_t s_pad = idx.size(1), W = ctx.plan_layout().width();
+    const int64_t s_pad = idx.size(1), W = ctx.plan_layout().width;
     std::vector<cuda::RankIo> io(L);
     for (int i = 0; i < L; ++i) io[i].topk_idx = ptr<const int32_t>(idx) + i * s_pad * K;
     ctx.prune_plans();
     cuda::EpPlan p = ctx.ep().plan(io, s, sc.stream, group_total(s));
     at::Tensor t = at::empty({L, W}, on(ctx, at::kInt));
-    cukernels::pack_plan(ctx.offsets(), ctx.bases(), ptr<int32_t>(t), W, sc.stream);
+    cuda::pack_plan(ctx.ep(), ptr<int32_t>(t), sc.stream);
     if (packed) *packed = t;
     return ctx.add_plan(key.defined() ? key : t, std::move(p));
 }
@@ -139,12 +139,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
         OpScope sc(buffer, "dispatch");
         CudaContext& ctx = *sc.ctx;
         const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H(), r0 = ctx.rank_begin();  // R: the served ranks (L)
-        const PlanLayout L = ctx.plan_layout();
+        const PlanRowLayout& L = ctx.plan_layout();
         const int64_t s_pad = x.dim() == 3 ? x.size(1) : -1, nvs = ctx.nvs();
         check_cuda(ctx, x, "dispatch", "x", at::kBFloat16, {R, s_pad, H});
         at::Tensor idx = topk_int32(ctx, topk_idx, "dispatch");
         check_cuda(ctx, topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
-        check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {R, L.width()});
+        check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {R, L.width});
         const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch", r0, R);
         std::shared_ptr<PlanEntry> p = ctx.find_plan(plan, sc.capturing);
         // A plan tensor this buffer did not make (a copy): the plan is a pure function of the routing, plan again.
@@ -162,11 +162,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
             io[r].rows = rows_of(ctx, recv_x, r);
         }
         ctx.ep().dispatch(p->plan, io, sc.stream);
-        cukernels::gather_recv(ctx.offsets(), ctx.bases(), ctx.multi_process() ? ptr<uint16_t>(recv_x) : nullptr,
-                               ptr<float>(recv_w), sc.stream);
-        at::Tensor cu = plan.narrow(1, L.cu_seqlens(), L.G).clone(at::MemoryFormat::Contiguous);
+        cuda::gather_recv(ctx.ep(), ctx.multi_process() ? ptr<uint16_t>(recv_x) : nullptr, ptr<float>(recv_w),
+                          sc.stream);
+        at::Tensor cu = plan.narrow(1, L.cu_seqlens, L.G).clone(at::MemoryFormat::Contiguous);
         at::Tensor handle = at::empty({R, s_pad * K}, on(ctx, at::kInt));
-        cukernels::pack_handle(ctx.offsets(), ctx.bases(), ptr<int32_t>(handle), s_pad, sc.stream);
+        cuda::pack_handle(ctx.ep(), ptr<int32_t>(handle), s_pad, sc.stream);
         ctx.set_held(p, handle, topk_weights);
         ctx.handles().add(handle, plan, p->value);
         return std::make_tuple(recv_x, recv_w, cu, handle);
@@ -191,7 +191,7 @@ at::Tensor combine_cuda(const at::Tensor& expert_out,
         hold(sc, p, handle, topk_weights);
         if (ctx.multi_process()) {
             ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
-            cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(expert_out), sc.stream);
+            cuda::scatter_recv(ctx.ep(), ptr<const uint16_t>(expert_out), sc.stream);
         }
         at::Tensor out = at::empty({R, s_pad, H}, on(ctx, at::kBFloat16));
         zero_tails(ctx, p->plan, out);
@@ -230,7 +230,7 @@ at::Tensor combine_backward_cuda(const at::Tensor& grad_out,
         }
         ctx.ep().combine_backward(p->plan, io, sc.stream);
         if (ctx.multi_process())
-            cukernels::gather_recv(ctx.offsets(), ctx.bases(), ptr<uint16_t>(out), nullptr, sc.stream);
+            cuda::gather_recv(ctx.ep(), ptr<uint16_t>(out), nullptr, sc.stream);
         ctx.set_held(p, handle, topk_weights);
         return out;
     });
@@ -249,15 +249,19 @@ std::tuple<at::Tensor, at::Tensor> combine_backward_weighted_cuda(const at::Tens
     return translate([&] {
         OpScope sc(buffer, "combine_backward_weighted");
         const CudaContext& ctx = *sc.ctx;
-        const Config& c = ctx.cfg();
-        const PlanLayout L = ctx.plan_layout();
         check_cuda(ctx, expert_out, "combine_backward_weighted", "expert_out", at::kBFloat16,
                    {ctx.L(), ctx.nvs(), ctx.H()});
         check_cuda(ctx, recv_w, "combine_backward_weighted", "recv_w", at::kFloat, {ctx.L(), ctx.nvs()});
         at::Tensor grad_w = at::empty({ctx.L(), ctx.nvs()}, on(ctx, at::kFloat));
-        cukernels::weight_rows(ptr<const int32_t>(plan), L.width(), ctx.L(), c.E, L.G, ctx.nvs(), ctx.H(),
-                               ptr<uint16_t>(rows), ptr<const uint16_t>(expert_out), ptr<const float>(recv_w),
-                               ptr<float>(grad_w), sc.stream);
+        cuda::WeightRowsArgs args;
+        args.plan = ctx.plan_rows(plan, ctx.L());
+        args.nvs = ctx.nvs();
+        args.H = ctx.H();
+        args.rows = ptr<uint16_t>(rows);
+        args.y = ptr<const uint16_t>(expert_out);
+        args.recv_w = ptr<const float>(recv_w);
+        args.grad_w = ptr<float>(grad_w);
+        cuda::weight_rows(args, sc.stream);
         return std::make_tuple(rows, grad_w);
     });
 }
@@ -281,7 +285,7 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
         hold(sc, p, handle, topk_weights);
         if (ctx.multi_process()) {
             ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
-            cukernels::scatter_recv(ctx.offsets(), ctx.bases(), ptr<const uint16_t>(grad_recv_x), sc.stream);
+            cuda::scatter_recv(ctx.ep(), ptr<const uint16_t>(grad_recv_x), sc.stream);
         }
         at::Tensor grad_x = at::empty({R, s_pad, H}, on(ctx, at::kBFloat16));
         zero_tails(ctx, p->plan, grad_x);
@@ -306,7 +310,7 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
 // (cuda::Experts of CudaContext::experts, shared by every layer) ----
 
 void check_plan(const CudaContext& ctx, const at::Tensor& plan, const char* op) {
-    check_cuda(ctx, plan, op, "plan", at::kInt, {ctx.L(), ctx.plan_layout().width()});
+    check_cuda(ctx, plan, op, "plan", at::kInt, {ctx.L(), ctx.plan_layout().width});
 }
 
 // Home weights [E*L/R, in, out]: every expert with virtual ranks, this rank's E/R with group=.
@@ -322,14 +326,14 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
         OpScope sc(buffer, "prefetch_weight");
         CudaContext& ctx = *sc.ctx;
         const Config& c = ctx.cfg();
-        const PlanLayout L = ctx.plan_layout();
+        const PlanRowLayout& L = ctx.plan_layout();
         check_home(ctx, w, "prefetch_weight", "weight", w.scalar_type());
         check_plan(ctx, plan, "prefetch_weight");
         const int64_t mat_bytes = w.size(1) * w.size(2) * w.element_size();
         at::Tensor slots = at::empty({ctx.L(), L.B, w.size(1), w.size(2)}, w.options());
         if (!ctx.multi_process()) {
-            cukernels::prefetch(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const char>(w),
-                                ptr<char>(slots), mat_bytes, unwritten_zero(), sc.stream);
+            cuda::prefetch_from_home(ctx.plan_rows(plan, c.R), w.data_ptr(), slots.data_ptr(), mat_bytes,
+                                     unwritten_zero(), sc.stream);
             return slots;
         }
         // group=: the owners push their weights (raw bytes of w's dtype) into the holders' slots.
@@ -342,9 +346,7 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
         EVENEP_CUDA_CHECK(cudaMemcpyAsync(ex.weight(r, 0, 0), w.data_ptr(), mat_bytes * ctx.num_home(),
                                           cudaMemcpyDeviceToDevice, sc.stream));
         ex.prefetch_weight(ctx.ep(), p->plan, sc.stream);
-        cukernels::select_slots(ptr<const int32_t>(plan), L.width(), 1, c.E, L.G, L.B,
-                                reinterpret_cast<const char*>(ex.slot(r, 0, 0)), ptr<char>(slots), mat_bytes,
-                                sc.stream);
+        cuda::select_slots(ctx.plan_rows(plan, 1), ex.slot(r, 0, 0), slots.data_ptr(), mat_bytes, sc.stream);
         return slots;
     });
 }
@@ -356,7 +358,7 @@ void reduce_into(
     OpScope& sc, const char* op, const at::Tensor& sg, const at::Tensor& plan, at::Tensor& grad, bool accumulate) {
     CudaContext& ctx = *sc.ctx;
     const Config& c = ctx.cfg();
-    const PlanLayout L = ctx.plan_layout();
+    const PlanRowLayout& L = ctx.plan_layout();
     TORCH_CHECK_VALUE(sg.dim() == 4, "evenep.", op, ": slot_grads has shape ", sg.sizes(), ", expected [L, B, in, out]");
     check_cuda(ctx, sg, op, "slot_grads", at::kFloat, {ctx.L(), L.B, sg.size(2), sg.size(3)});
     check_plan(ctx, plan, op);
@@ -364,8 +366,8 @@ void reduce_into(
     check_cuda(ctx, grad, op, "grad", at::kFloat, {ctx.num_home(), sg.size(2), sg.size(3)});
     const int64_t n = sg.size(2) * sg.size(3);
     if (!ctx.multi_process()) {
-        cukernels::reduce_grad(ptr<const int32_t>(plan), L.width(), c.R, c.E, L.G, L.B, ptr<const float>(sg),
-                               ptr<float>(grad), n, accumulate, sc.stream);
+        cuda::reduce_to_home(ctx.plan_rows(plan, c.R), ptr<const float>(sg), ptr<float>(grad), n, accumulate,
+                             sc.stream);
         return;
     }
     // group=: slot gradients into the reduce buffer, the home ranks pull them (cuda::Experts::reduce_grad adds them
@@ -409,7 +411,7 @@ void reduce_grad_add_cuda(at::Tensor& grad, const at::Tensor& sg, const at::Tens
 // ---- grouped GEMM (EvenEP's: the Hopper kernel on H100/H200, mma.sync elsewhere) ----
 
 // Per-call device scratch (torch's allocator): the pointer table and the shifted cu_seqlens of `groups` groups
-// (cukernels::group_table), then `calls` GEMM workspaces.
+// (cuda::build_group_table), then `calls` GEMM workspaces.
 struct GemmScratch {
     at::Tensor bytes;
     size_t cu_off = 0, ws_off = 0, ws_bytes = 0;
@@ -430,10 +432,32 @@ struct GemmScratch {
     void* workspace(int i) const { return base() + ws_off + i * ws_bytes; }
 };
 
+// The pointer table and shifted cu_seqlens of one grouped GEMM over every served rank's groups
+// (cuda::build_group_table): home = the served ranks' home matrices, slots = their slots.
+void group_table(const CudaContext& ctx,
+                 const at::Tensor& plan,
+                 const at::Tensor& home,
+                 const at::Tensor& slots,
+                 int64_t mat_bytes,
+                 const GemmScratch& scratch,
+                 cudaStream_t stream) {
+    cuda::GroupTableArgs t;
+    t.plan = ctx.plan_rows(plan, ctx.L());
+    t.nvs = ctx.nvs();
+    t.expert_base = ctx.expert_base();
+    t.num_home = ctx.num_home();
+    t.home = home.data_ptr();
+    t.slots = slots.data_ptr();
+    t.mat_bytes = mat_bytes;
+    t.table = scratch.table();
+    t.cu = scratch.cu();
+    cuda::build_group_table(t, stream);
+}
+
 // fwd (transposed = false): out[i] = x[i] · W_g per group, x [L, NvS, a] -> [L, NvS, b] fp32 (or bf16: out_dtype,
 // rounded in the epilogue). dgrad (transposed = true): out[i] = x[i] · W_g^T, x [L, NvS, b] -> [L, NvS, a]. Padding
 // rows are 0; rows past the groups are not written (unwritten_zero: 0).
-// One GEMM launch for the groups of every served rank (cukernels::group_table).
+// One GEMM launch for the groups of every served rank (cuda::build_group_table).
 at::Tensor grouped_gemm_impl(const char* op,
                              const at::Tensor& x,
                              const at::Tensor& w,
@@ -446,8 +470,7 @@ at::Tensor grouped_gemm_impl(const char* op,
         OpScope sc(buffer, op);
         const at::ScalarType dtype = gemm_out_dtype(out_dtype, op);
         const CudaContext& ctx = *sc.ctx;
-        const Config& c = ctx.cfg();
-        const PlanLayout L = ctx.plan_layout();
+        const PlanRowLayout& L = ctx.plan_layout();
         check_home(ctx, w, op, "weight", w.scalar_type());
         check_cuda(ctx, slots, op, "slots", w.scalar_type(), {ctx.L(), L.B, w.size(1), w.size(2)});
         check_plan(ctx, plan, op);
@@ -458,9 +481,7 @@ at::Tensor grouped_gemm_impl(const char* op,
         at::Tensor out = output(ctx, {ctx.L(), nvs, out_dim}, dtype);
         const int groups = ctx.L() * (L.G + 1);
         GemmScratch scratch(ctx, groups, 1);
-        cukernels::group_table(ptr<const int32_t>(plan), L.width(), ctx.L(), c.E, L.G, L.B, nvs, ctx.expert_base(),
-                               ctx.num_home(), ptr<const char>(wb), ptr<const char>(sb), a * b * 2, scratch.table(),
-                               scratch.cu(), sc.stream);
+        group_table(ctx, plan, wb, sb, a * b * 2, scratch, sc.stream);
         cuda::GroupedGemmArgs g;
         g.x = ptr<const uint16_t>(x);
         g.cu_seqlens = scratch.cu();
@@ -507,7 +528,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_cuda(const at::Tensor& x,
         OpScope sc(buffer, "grouped_gemm_wgrad");
         const CudaContext& ctx = *sc.ctx;
         const Config& c = ctx.cfg();
-        const PlanLayout L = ctx.plan_layout();
+        const PlanRowLayout& L = ctx.plan_layout();
         check_plan(ctx, plan, "grouped_gemm_wgrad");
         const int64_t a = x.dim() == 3 ? x.size(2) : -1, b = dy.dim() == 3 ? dy.size(2) : -1, nvs = ctx.nvs();
         check_cuda(ctx, x, "grouped_gemm_wgrad", "x", at::kBFloat16, {ctx.L(), nvs, a});
@@ -519,9 +540,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_cuda(const at::Tensor& x,
                                    : at::zeros({ctx.L(), L.B, a, b}, on(ctx, at::kFloat));
         const int groups = ctx.L() * (L.G + 1);
         GemmScratch scratch(ctx, groups, one_launch ? 1 : ctx.L());
-        cukernels::group_table(ptr<const int32_t>(plan), L.width(), ctx.L(), c.E, L.G, L.B, nvs, ctx.expert_base(),
-                               ctx.num_home(), ptr<const char>(gw), ptr<const char>(gs), a * b * 4, scratch.table(),
-                               scratch.cu(), sc.stream);
+        group_table(ctx, plan, gw, gs, a * b * 4, scratch, sc.stream);
         cuda::GroupedWgradArgs g;
         g.in_dim = static_cast<int>(a);
         g.out_dim = static_cast<int>(b);
@@ -540,7 +559,7 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_cuda(const at::Tensor& x,
         for (int i = 0; i < ctx.L(); ++i) {  // ranks in order: peer groups of one expert add up deterministically
             g.x = ptr<const uint16_t>(x) + i * nvs * a;
             g.dy = ptr<const uint16_t>(dy) + i * nvs * b;
-            g.cu_seqlens = ptr<const int32_t>(plan) + i * L.width() + L.cu_seqlens();
+            g.cu_seqlens = ptr<const int32_t>(plan) + i * L.width + L.cu_seqlens;
             g.grads = scratch.table_as<float>(static_cast<int64_t>(i) * (L.G + 1));
             g.num_groups = L.G;
             g.schedule = cuda::GemmSchedule::kFixed;

@@ -13,29 +13,29 @@ from ._ops import ops
 
 
 class PlanLayout(NamedTuple):
-    """Columns of one rank's row of the plan tensor (int32 [R, width]); mirrors PlanLayout in python/csrc/ops.cpp.
+    """Columns of one rank's row of the plan tensor (int32 [R, width]), as the library defines them.
 
-    Row r = [s_r, tpe[r] (E), cu_seqlens (G), group_count (G), group_expert (G), group_source (G),
-    group_slot (G), copies (B)]. The whole plan is a pure function of the gathered (s, tpe) (SPEC invariant 5).
+    Row r holds rank r's share of every per-rank array of the plan (s, tpe[r], the group arrays, copies, ...);
+    the columns come from the C++ core (evenep::plan_columns, through torch.ops.evenep.plan_columns), never
+    written out here. The whole plan is a pure function of the gathered (s, tpe) (SPEC invariant 5).
     """
 
-    E: int
-    G: int
-    B: int
+    columns: dict  # name -> (first column, count)
+    width: int
+
+    @staticmethod
+    def of(buffer: int) -> "PlanLayout":
+        names, offsets, counts = ops.plan_columns(buffer)
+        columns = {n: (o, c) for n, o, c in zip(names, offsets, counts)}
+        return PlanLayout(columns, max((o + c for o, c in columns.values()), default=0))
 
     def field(self, plan: torch.Tensor, name: str) -> torch.Tensor:
-        E, G, B = self.E, self.G, self.B
-        start = {
-            "s": (0, 1),
-            "tpe": (1, E),
-            "cu_seqlens": (1 + E, G),
-            "group_count": (1 + E + G, G),
-            "group_expert": (1 + E + 2 * G, G),
-            "group_source": (1 + E + 3 * G, G),
-            "group_slot": (1 + E + 4 * G, G),
-            "copies": (1 + E + 5 * G, B),
-        }[name]
-        return plan[:, start[0] : start[0] + start[1]]
+        """The columns of array `name` of every row: [R, count] (a view of `plan`)."""
+        if name not in self.columns:
+            raise ValueError(f"evenep.PlanLayout.field: the plan tensor has no column {name!r} "
+                             f"(it has {', '.join(self.columns)})")
+        start, count = self.columns[name]
+        return plan[:, start : start + count]
 
 
 class Handle(NamedTuple):
@@ -152,7 +152,7 @@ class Buffer:
     def _finish(self):
         self._trace = None
         self.info = _ops.info(self._id)
-        self.layout = PlanLayout(self.info.E, self.info.G, self.info.B)
+        self.layout = PlanLayout.of(self._id)
 
     def _init_group(self, group, virtual_ranks, device, num_sms, E, K, S, H, slots, ffn_hidden, tp, planner):
         """group=: this process is rank group.rank() of an EP group of group.size() processes, one GPU each, over

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "evenep/cpu/grouped_gemm.hpp"
+#include "evenep/detail/row_grad.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cpu {
@@ -143,15 +144,10 @@ void MoeLayer::backward(std::span<const Bf16> grad_out, std::span<Bf16> grad_x, 
     std::vector<Bf16> dy(static_cast<size_t>(nvs * H)), dg(static_cast<size_t>(nvs * F)),
         du(static_cast<size_t>(nvs * F));
     std::vector<float> dw(static_cast<size_t>(nvs), 0.0f);
+    // dy = bf16(w * grad_row), dw = <grad_row, y> in the CUDA layer's summation order (evenep/detail/row_grad.hpp).
     for_each_used_row(handle_, [&](int32_t row) {
-        const float w = w_rows[row];
-        float dot = 0.0f;
-        for (int64_t i = row * H; i < (row + 1) * H; ++i) {
-            const float gr = bf16_to_float(grad_rows[i]);
-            dot += gr * bf16_to_float(y_rows_[i]);
-            dy[i] = float_to_bf16(w * gr);
-        }
-        dw[row] = dot;
+        dw[row] = detail::row_grad(grad_rows.data() + row * H, y_rows_.data() + row * H, w_rows[row],
+                                   dy.data() + row * H, H);
     });
     std::vector<const Bf16*> wg, wu, wd;
     std::vector<float*> gg, gu, gd;

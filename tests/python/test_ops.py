@@ -86,11 +86,13 @@ def test_backward_identities(small):
     ent = _entry_rows(small, h)
     ref_gw = torch.where(ent >= 0, gw_rows.reshape(-1)[ent.clamp_min(0)], torch.zeros(()))
     assert torch.equal(gtw, ref_gw)
-    # the weighted combine's backward: bf16(w * rows) and <rows, y> per receive row
+    # the weighted combine's backward: bf16(w * rows) and <rows, y> per receive row (the library's order; rows past
+    # the groups are zero, so their <rows, y> is too)
     y = torch.randn(i.R, i.nvs, i.H).bfloat16()
     gy, gwr = ops.combine_backward_weighted(g, y, h.recv_w, h.topk_weights, h.plan, h.dst, small.id)
     assert torch.equal(gy, (rows.float() * h.recv_w.unsqueeze(-1)).bfloat16())
-    assert torch.equal(gwr, (rows.float() * y.float()).sum(-1))
+    assert torch.equal(gwr, _row_grad_reference(rows.reshape(-1, i.H), y.reshape(-1, i.H)).reshape(i.R, i.nvs))
+    assert rel_err(gwr, (rows.float() * y.float()).sum(-1)) <= 1e-5
     # the GEMM's bf16 output is its fp32 output rounded once
     W = torch.randn(i.E, i.H, 8)
     slots = small.prefetch_weight(W, h.plan)
@@ -216,3 +218,60 @@ def test_opcheck_autograd(small):
     _opcheck(ops.grouped_gemm.default, (recv_x.clone().requires_grad_(), W, slots, plan, small.id))
     _opcheck(ops.prefetch_weight.default, (W, plan, small.id))
     _opcheck(ops.reduce_grad.default, (torch.randn(i.R, i.B, i.H, 8, requires_grad=True), plan, small.id))
+
+
+def test_plan_columns(small):
+    """The plan tensor's columns come from the library (evenep::plan_columns): contiguous, covering the row, and
+    holding what they name."""
+    i = small.info
+    cols = small.layout.columns
+    assert list(cols)[:2] == ["s", "tpe"] and "copies" in cols and "cu_seqlens" in cols
+    at = 0
+    for name, (start, count) in cols.items():
+        assert start == at, name
+        at += count
+    assert at == small.layout.width == i.plan_width
+    assert cols["tpe"][1] == i.E and cols["cu_seqlens"][1] == i.G and cols["copies"][1] == i.B
+    x, idx, w = _inputs(small, "hot_expert")
+    plan = small.plan(idx)
+    assert plan.shape == (i.R, small.layout.width)
+    hist = torch.stack([torch.bincount(idx[r][idx[r] >= 0].flatten(), minlength=i.E) for r in range(i.R)])
+    assert torch.equal(small.layout.field(plan, "tpe"), hist.int())
+    with pytest.raises(ValueError, match="no column 'alloc'"):
+        small.layout.field(plan, "alloc")
+
+
+def _row_grad_reference(g, y):
+    """<g, y> per row in the order of evenep/detail/row_grad.hpp: lane l of 32 sums its 8-value vectors l, l+32, ...
+    in order (fp32, each product and sum rounded), then a xor butterfly over the lanes."""
+    rows, H = g.shape
+    prod = (g.float() * y.float()).reshape(rows, H // 8, 8)
+    nvec = H // 8
+    lanes = torch.zeros(rows, 32)
+    for base in range(0, nvec, 32):
+        for j in range(8):
+            for lane in range(32):
+                if base + lane < nvec:
+                    lanes[:, lane] = lanes[:, lane] + prod[:, base + lane, j]
+    idx = torch.arange(32)
+    for m in (16, 8, 4, 2, 1):
+        lanes = lanes + lanes[:, idx ^ m]
+    return lanes[:, 0]
+
+
+def test_combine_backward_weighted_order():
+    """grad_w of combine_backward_weighted is the library's row order, bit for bit (the CUDA op's too); 0 past the
+    groups; the rows are bf16(w * rows)."""
+    buf = evenep.Buffer(8, 2, 16, 512, virtual_ranks=4, token_padding=8)
+    i = buf.info
+    x, idx, w = _inputs(buf, "random", seed=5)
+    recv_x, recv_w, cu, h = buf.dispatch(x, idx, w)
+    y = (recv_x.float() * 0.75).bfloat16()
+    g = torch.randn(i.R, i.S, i.H, generator=torch.Generator().manual_seed(6)).bfloat16()
+    rows = ops.combine_backward(g, h.topk_weights, h.plan, h.dst, buf.id)
+    gy, gw = ops.combine_backward_weighted(g, y, recv_w, h.topk_weights, h.plan, h.dst, buf.id)
+    assert torch.equal(gy, (rows.float() * recv_w.unsqueeze(-1)).bfloat16())
+    for r in range(i.R):
+        used = int(cu[r, -1])
+        assert torch.equal(gw[r, :used], _row_grad_reference(rows[r, :used], y[r, :used]))
+        assert gw[r, used:].abs().sum() == 0

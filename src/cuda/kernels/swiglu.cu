@@ -14,6 +14,8 @@
 #include "cuda/device/vec.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "cuda/kernels/swiglu.hpp"
+#include "evenep/cuda/expert_ops.hpp"
+#include "evenep/detail/row_grad.hpp"
 #include "evenep/plan.hpp"
 
 namespace evenep::cuda::kernels {
@@ -123,8 +125,30 @@ __global__ void __launch_bounds__(kThreads) moe_place_output_kernel(const MoeKer
 // ---------------------------------------------------------------------------------------------------------
 // Backward
 // ---------------------------------------------------------------------------------------------------------
-// One warp per row: lane l takes vectors l, l+32, ...; the partial dot products meet in a xor butterfly (the same
-// sum on every lane, independent of the launch shape).
+// One receive row of the weighted combine's backward by the calling warp (evenep/detail/row_grad.hpp, whose host form
+// the CPU computes): dy = bf16(w * grad) (dy may alias grad: each lane reads its vectors before writing them) and
+// the returned dw = <grad, y>. Lane l takes vectors l, l+32, ...; the partial dot products meet in a xor butterfly
+// (the same sum on every lane, independent of the launch shape).
+__device__ __forceinline__ float row_grad_warp(
+    const uint4* grad, const uint4* y, uint4* dy, float w, int row_vec, int lane) {
+    float dot = 0.0f;
+    for (int c = lane; c < row_vec; c += kWarpSize) {
+        float gf[8], yf[8], df[8];
+        unpack_bf16x8(grad[c], gf);
+        unpack_bf16x8(y[c], yf);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            dot = detail::add_product_rn(dot, gf[j], yf[j]);
+            df[j] = __fmul_rn(w, gf[j]);
+        }
+        dy[c] = pack_bf16x8(df);
+    }
+#pragma unroll
+    for (int m = kWarpSize / 2; m >= 1; m /= 2) dot = detail::add_rn(dot, __shfl_xor_sync(0xffffffffu, dot, m));
+    return dot;
+}
+
+// A warp per used row.
 __global__ void __launch_bounds__(kThreads) moe_grad_rows_kernel(const MoeKernelParams p) {
     const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -134,26 +158,34 @@ __global__ void __launch_bounds__(kThreads) moe_grad_rows_kernel(const MoeKernel
     const int64_t base = static_cast<int64_t>(rank - p.rank_begin) * p.nvs * p.H;
     for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
          row += static_cast<int64_t>(gridDim.x) * kWarps) {
-        const float w = v.recv_w[row];
-        const uint4* grad = reinterpret_cast<const uint4*>(v.recv_x + row * p.H);
-        const uint4* y = reinterpret_cast<const uint4*>(p.y + base + row * p.H);
-        uint4* dy = reinterpret_cast<uint4*>(p.dy + base + row * p.H);
-        float dot = 0.0f;
-        for (int c = lane; c < row_vec; c += kWarpSize) {
-            float gf[8], yf[8], df[8];
-            unpack_bf16x8(grad[c], gf);
-            unpack_bf16x8(y[c], yf);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                dot = __fadd_rn(dot, __fmul_rn(gf[j], yf[j]));
-                df[j] = __fmul_rn(w, gf[j]);
-            }
-            dy[c] = pack_bf16x8(df);
-        }
-#pragma unroll
-        for (int m = kWarpSize / 2; m >= 1; m /= 2) dot = __fadd_rn(dot, __shfl_xor_sync(0xffffffffu, dot, m));
+        const float dot = row_grad_warp(reinterpret_cast<const uint4*>(v.recv_x + row * p.H),
+                                        reinterpret_cast<const uint4*>(p.y + base + row * p.H),
+                                        reinterpret_cast<uint4*>(p.dy + base + row * p.H), v.recv_w[row], row_vec,
+                                        lane);
         __syncwarp();  // every lane has read recv_w[row] before lane 0 overwrites it
         if (lane == 0) v.recv_w[row] = dot;
+    }
+}
+
+// The same rows over the plan tensor and caller tensors (cuda::weight_rows): grid (blocks, plan rows), a warp per
+// row; dy in place of the gradient rows, dw into grad_w (0 past the groups).
+__global__ void __launch_bounds__(kThreads) weight_rows_kernel(const WeightRowsArgs a) {
+    const int i = blockIdx.y, warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    const PlanRowLayout& c = a.plan.layout;
+    const int64_t end = a.plan.data[static_cast<int64_t>(i) * c.width + c.cu_seqlens + c.G - 1];
+    const int64_t used = end < 0 ? 0 : (end > a.nvs ? a.nvs : end);
+    const int row_vec = a.H / kBf16PerVec;
+    for (int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + warp; n < a.nvs;
+         n += static_cast<int64_t>(gridDim.x) * kWarps) {
+        const int64_t row = static_cast<int64_t>(i) * a.nvs + n;
+        if (n >= used) {
+            if (lane == 0) a.grad_w[row] = 0.0f;
+            continue;
+        }
+        uint4* g = reinterpret_cast<uint4*>(a.rows + row * a.H);
+        const float dot =
+            row_grad_warp(g, reinterpret_cast<const uint4*>(a.y + row * a.H), g, a.recv_w[row], row_vec, lane);
+        if (lane == 0) a.grad_w[row] = dot;
     }
 }
 
@@ -251,3 +283,20 @@ void launch_moe_sum_dx(const MoeKernelParams& p, cudaStream_t stream) {
 }
 
 }  // namespace evenep::cuda::kernels
+
+namespace evenep::cuda {
+
+void weight_rows(const WeightRowsArgs& a, cudaStream_t stream) {
+    EVENEP_CHECK(a.plan.data != nullptr && a.plan.rows >= 1 && a.nvs >= 0, "weight_rows: plan tensor ",
+                 a.plan.data ? "set" : "null", " with ", a.plan.rows, " rows, NvS = ", a.nvs);
+    EVENEP_CHECK(a.H > 0 && a.H % kernels::kBf16PerVec == 0, "weight_rows: H = ", a.H, " is not a positive multiple of ",
+                 kernels::kBf16PerVec);
+    EVENEP_CHECK(a.rows && a.y && a.recv_w && a.grad_w, "weight_rows: rows, y, recv_w and grad_w required");
+    if (a.nvs == 0) return;
+    const int64_t blocks = (a.nvs + kernels::kWarps - 1) / kernels::kWarps;
+    const dim3 grid(static_cast<unsigned>(blocks < 512 ? blocks : 512), static_cast<unsigned>(a.plan.rows));
+    kernels::weight_rows_kernel<<<grid, kernels::kThreads, 0, stream>>>(a);
+    check_launch(stream);
+}
+
+}  // namespace evenep::cuda

@@ -1,0 +1,109 @@
+// evenep/cuda/expert_ops.hpp — functional device operations over caller-owned memory and the plan as a tensor: what
+// a framework binding (the PyTorch package, python/csrc) needs around cuda::Ep and cuda::Experts to keep its own
+// tensors — packing the plan and the handle, moving receive rows, the grouped GEMM's weight tables with the copies,
+// prefetch and reduction of copies for ranks that hold every home weight, and the weighted combine's row backward.
+//
+// The plan tensor: int32 [rows, width], row i = one rank's share of the plan in the columns of evenep::plan_columns
+// (evenep/plan_tensor.hpp; PlanRowLayout names the ones read here). A PlanRows names such a tensor on the device. The
+// functions read it on the device: nothing is synchronised with the host.
+//
+// Contract of every function: asynchronous on `stream` (last parameter), allocates nothing, graph capturable,
+// checks its arguments on the host (throws evenep::Error naming the value) and the launch (cudaGetLastError). The
+// functions that take an Ep act for its served ranks [ep.rank_begin(), + ep.num_local_ranks()) = L ranks: row i of
+// their outputs is rank rank_begin + i.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "evenep/cuda/ep.hpp"
+#include "evenep/plan_tensor.hpp"
+
+namespace evenep::cuda {
+
+// A plan tensor on the device: [rows, layout.width] int32.
+struct PlanRows {
+    const int32_t* data = nullptr;
+    int rows = 0;
+    PlanRowLayout layout{};
+};
+
+// ---- the Ep's resident plan and receive buffers ----
+
+// plan [L, plan_row_width] int32 from each served rank's copy of the resident plan (int8 values sign-extended):
+// bit-identical to evenep::pack_plan_row of the same plan.
+void pack_plan(const Ep& ep, int32_t* plan, cudaStream_t stream);
+
+// handle [L, s_pad*K] int32: each served rank's encoded destinations (SPEC §3.4) for its first s_r tokens of the
+// resident plan, INT32_MIN (detail::kMaskedDst) after them.
+void pack_handle(const Ep& ep, int32_t* handle, int64_t s_pad, cudaStream_t stream);
+
+// recv_x [L, NvS, H] bf16 and recv_w [L, NvS] fp32 (each when non-null) from the served ranks' buffers: the rows
+// before the resident plan's last group end (cu_seqlens[G-1]) are copied, the others are zero.
+void gather_recv(const Ep& ep, uint16_t* recv_x, float* recv_w, cudaStream_t stream);
+
+// rows [L, NvS, H] bf16 into the served ranks' receive rows (all NvS: expert outputs, row gradients).
+void scatter_recv(const Ep& ep, const uint16_t* rows, cudaStream_t stream);
+
+// ---- the grouped GEMM's tables (evenep/cuda/grouped_gemm.hpp) ----
+
+// One grouped GEMM over the receive rows of all plan rows at once: rows*(G+1) groups, row i's G groups, then one
+// gap group (rows cu_seqlens[G-1] .. NvS, a null pointer: not computed).
+struct GroupTableArgs {
+    PlanRows plan;
+    int64_t nvs = 0;              // receive rows per rank (x is [rows*NvS, in])
+    int expert_base = 0;          // global id of home[0] (0 with every expert's weights in home; rank*E/R with one)
+    int num_home = 0;             // matrices in home
+    const void* home = nullptr;   // [num_home] matrices of mat_bytes: the home experts' weights (or gradients)
+    const void* slots = nullptr;  // [rows, B] matrices: the prefetch slots (or their gradients)
+    int64_t mat_bytes = 0;
+    const void** table = nullptr;  // out: device [rows*(G+1)]
+    int32_t* cu = nullptr;         // out: device [rows*(G+1)]
+};
+//   table[i*(G+1) + g]  kLocal, kPeer -> home + (expert - expert_base) * mat_bytes when that index is in
+//                       [0, num_home), kSlot -> slots + (i*B + slot) * mat_bytes, kEmpty and the gap -> null;
+//   cu[i*(G+1) + g]     i*NvS + cu_seqlens[i][g]; the gap group's end (i+1)*NvS.
+void build_group_table(const GroupTableArgs& args, cudaStream_t stream);
+
+// ---- copies (prefetch slots) of ranks that hold every home weight (one process, virtual ranks) ----
+
+// out[i, b] = copies[i][b] >= 0 ? in[i, b] : 0 for the plan's rows (mat_bytes per slot, a multiple of 16).
+void select_slots(const PlanRows& plan, const void* in, void* out, int64_t mat_bytes, cudaStream_t stream);
+
+// slots[r, b] = weight[copies[r][b]] (mat_bytes each) for every row r of the plan (every rank); where copies = -1
+// zero with zero_empty, else not written. weight: [E] matrices.
+void prefetch_from_home(const PlanRows& plan,
+                        const void* weight,
+                        void* slots,
+                        int64_t mat_bytes,
+                        bool zero_empty,
+                        cudaStream_t stream);
+
+// grad[e] = (accumulate ? grad[e] : 0) + the sum over r ascending, b ascending with copies[r][b] == e of
+// slot_grads[r, b] (fp32, that order: cuda::Experts::reduce_grad's and the CPU backend's, bit for bit); with
+// accumulate the experts without copies are not touched. mat_elems fp32 per matrix; grad: [E] matrices.
+void reduce_to_home(const PlanRows& plan,
+                    const float* slot_grads,
+                    float* grad,
+                    int64_t mat_elems,
+                    bool accumulate,
+                    cudaStream_t stream);
+
+// ---- the weighted combine's backward ----
+
+// Per receive row n of each plan row i before its groups' end (cu_seqlens[G-1]), in the order of
+// evenep/detail/row_grad.hpp (the MoE layer's kernel, src/cuda/kernels/swiglu.cu): rows = bf16(recv_w * rows) in
+// place and grad_w = <rows, y> (fp32); grad_w = 0 past the groups, where rows are left as they are.
+struct WeightRowsArgs {
+    PlanRows plan;
+    int64_t nvs = 0;
+    int H = 0;                    // multiple of 8
+    uint16_t* rows = nullptr;     // [rows, NvS, H] bf16, in/out
+    const uint16_t* y = nullptr;  // [rows, NvS, H] bf16
+    const float* recv_w = nullptr;  // [rows, NvS]
+    float* grad_w = nullptr;        // [rows, NvS] out
+};
+void weight_rows(const WeightRowsArgs& args, cudaStream_t stream);
+
+}  // namespace evenep::cuda

@@ -1,0 +1,348 @@
+// The functional device operations of evenep/cuda/expert_ops.hpp over the plan tensor and caller memory: plan and
+// handle packing, receive rows in and out of the Ep's buffers, the grouped GEMM's tables, the copies of ranks that
+// hold every home weight. (weight_rows is with the MoE layer's row kernel in swiglu.cu.)
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "cuda/kernels/launch.cuh"
+#include "evenep/cuda/expert_ops.hpp"
+#include "evenep/detail/layout.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kMaxPlanColumns = 24;        // plan_columns has 16 today
+inline constexpr size_t kMaxCopyListSmem = 200 * 1024;  // the copies tables staged in shared memory
+
+int blocks_for(int64_t n, int cap = 1024) {
+    const int64_t b = (n + kThreads - 1) / kThreads;
+    return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+// What the kernels read of the Ep's buffers: byte offsets inside one rank's buffer (EpLayout) and the served ranks.
+struct RankBuffers {
+    char* const* bases;  // device [R] (Window::d_peers)
+    size_t s, dst, cu_seqlens, recv_x, recv_w;
+    int K, G, H;
+    int64_t nvs;
+    int rank_begin, L;
+};
+
+RankBuffers rank_buffers(const Ep& ep) {
+    const EpLayout& l = ep.layout();
+    return RankBuffers{ep.window().d_peers, l.plan.s, l.dst, l.plan.cu_seqlens, l.recv_x(), l.recv_w(), l.K, l.G,
+                       l.H, l.nvs, ep.rank_begin(), ep.num_local_ranks()};
+}
+
+__device__ __forceinline__ const int32_t* i32(const char* base, size_t off) {
+    return reinterpret_cast<const int32_t*>(base + off);
+}
+
+// One plan column: where rank r's share lies in the rank's buffer, where it goes in the row.
+struct PackColumn {
+    size_t src;  // byte offset of the array
+    int64_t dst, count;
+    int bytes;  // 1 (int8) or 4
+};
+struct PackColumns {
+    PackColumn c[kMaxPlanColumns];
+    int n;
+    int64_t width;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Packing
+// ---------------------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(kThreads) pack_plan_kernel(RankBuffers o, PackColumns cols, int32_t* plan) {
+    const int r = o.rank_begin + static_cast<int>(blockIdx.x);  // row blockIdx.x: served rank r
+    const char* b = o.bases[r];
+    int32_t* row = plan + blockIdx.x * cols.width;
+    for (int k = 0; k < cols.n; ++k) {
+        const PackColumn& c = cols.c[k];
+        for (int64_t j = threadIdx.x; j < c.count; j += blockDim.x) {
+            const int64_t at = static_cast<int64_t>(r) * c.count + j;
+            row[c.dst + j] = c.bytes == 1 ? static_cast<int32_t>(reinterpret_cast<const int8_t*>(b + c.src)[at])
+                                          : i32(b, c.src)[at];
+        }
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) pack_handle_kernel(RankBuffers o, int32_t* handle, int64_t s_pad) {
+    const int i_row = blockIdx.y, r = o.rank_begin + i_row;
+    const char* b = o.bases[r];
+    const int64_t n = s_pad * o.K, used = static_cast<int64_t>(i32(b, o.s)[r]) * o.K;
+    const int32_t* dst = i32(b, o.dst);
+    for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        handle[i_row * n + i] = i < used ? dst[i] : detail::kMaskedDst;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Receive rows
+// ---------------------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(kThreads) gather_recv_kernel(RankBuffers o, uint16_t* recv_x, float* recv_w) {
+    const int i_row = blockIdx.y, r = o.rank_begin + i_row;
+    const char* b = o.bases[r];
+    const int64_t used = i32(b, o.cu_seqlens)[static_cast<int64_t>(r) * o.G + o.G - 1];
+    const int64_t vec_per_row = o.H / 8, n = o.nvs * vec_per_row;
+    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    if (recv_x) {
+        const uint4* src = reinterpret_cast<const uint4*>(b + o.recv_x);
+        uint4* dst = reinterpret_cast<uint4*>(recv_x) + i_row * n;
+        for (int64_t i = tid; i < n; i += step) dst[i] = i / vec_per_row < used ? src[i] : make_uint4(0, 0, 0, 0);
+    }
+    if (recv_w) {
+        const float* w = reinterpret_cast<const float*>(b + o.recv_w);
+        for (int64_t i = tid; i < o.nvs; i += step) recv_w[i_row * o.nvs + i] = i < used ? w[i] : 0.0f;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) scatter_recv_kernel(RankBuffers o, const uint16_t* rows) {
+    const int i_row = blockIdx.y;
+    const int64_t n = o.nvs * (o.H / 8);
+    const uint4* src = reinterpret_cast<const uint4*>(rows) + i_row * n;
+    uint4* dst = reinterpret_cast<uint4*>(o.bases[o.rank_begin + i_row] + o.recv_x);
+    for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Grouped GEMM tables
+// ---------------------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(kThreads) group_table_kernel(GroupTableArgs a) {
+    const PlanRowLayout& c = a.plan.layout;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, G1 = c.G + 1;
+    if (i >= a.plan.rows * G1) return;
+    const int r = i / G1, g = i % G1;
+    const int32_t* row = a.plan.data + r * c.width;
+    const void* p = nullptr;
+    if (g == c.G) {  // the gap after the rank's last group: not computed
+        a.cu[i] = static_cast<int32_t>((r + 1) * a.nvs);
+    } else {
+        a.cu[i] = static_cast<int32_t>(r * a.nvs + row[c.cu_seqlens + g]);
+        switch (static_cast<WeightSource>(row[c.group_source + g])) {
+            case WeightSource::kLocal:
+            case WeightSource::kPeer: {
+                const int32_t e = row[c.group_expert + g] - a.expert_base;
+                if (e >= 0 && e < a.num_home) p = static_cast<const char*>(a.home) + e * a.mat_bytes;
+                break;
+            }
+            case WeightSource::kSlot: {
+                const int32_t b = row[c.group_slot + g];
+                if (b >= 0 && b < c.B)
+                    p = static_cast<const char*>(a.slots) + (static_cast<int64_t>(r) * c.B + b) * a.mat_bytes;
+                break;
+            }
+            case WeightSource::kEmpty:
+                break;
+        }
+    }
+    a.table[i] = p;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Copies
+// ---------------------------------------------------------------------------------------------------------
+__global__ void __launch_bounds__(kThreads) select_slots_kernel(PlanRows plan, const char* in, char* out,
+                                                                int64_t mat_bytes) {
+    const PlanRowLayout& c = plan.layout;
+    const int rb = blockIdx.y, r = rb / c.B, b = rb % c.B;
+    const int32_t e = plan.data[r * c.width + c.copies + b];
+    const bool have = e >= 0 && e < c.E;
+    const int64_t n = mat_bytes / 16, tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    const uint4* src = reinterpret_cast<const uint4*>(in + rb * mat_bytes);
+    uint4* dst = reinterpret_cast<uint4*>(out + rb * mat_bytes);
+    for (int64_t i = tid; i < n; i += step) dst[i] = have ? src[i] : make_uint4(0, 0, 0, 0);
+}
+
+// The plan's copies tables staged into shared memory: cp[j] = copies of row j / B, slot j % B (j < rows*B).
+__device__ void stage_copies(const PlanRows& plan, int32_t* cp) {
+    const PlanRowLayout& c = plan.layout;
+    for (int j = threadIdx.x; j < plan.rows * c.B; j += blockDim.x)
+        cp[j] = plan.data[static_cast<int64_t>(j / c.B) * c.width + c.copies + j % c.B];
+    __syncthreads();
+}
+
+// Every block walks the slots (from shared memory) and copies its share of each used one: the grid is sized by one
+// matrix, not by R*B matrices, so empty slots cost nothing.
+__global__ void __launch_bounds__(kThreads)
+    prefetch_kernel(PlanRows plan, const char* weight, char* slots, int64_t mat_bytes, bool zero_empty) {
+    extern __shared__ int32_t cp[];
+    stage_copies(plan, cp);
+    const int E = plan.layout.E;
+    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    for (int j = 0; j < plan.rows * plan.layout.B; ++j) {
+        const int32_t e = cp[j];
+        const bool have = e >= 0 && e < E;
+        if (!have && !zero_empty) continue;
+        char* dst = slots + j * mat_bytes;
+        const char* src = weight + (have ? e : 0) * mat_bytes;
+        if (mat_bytes % 16 == 0) {
+            const int64_t n = mat_bytes / 16;
+            for (int64_t i = tid; i < n; i += step)
+                reinterpret_cast<uint4*>(dst)[i] =
+                    have ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
+        } else {
+            for (int64_t i = tid; i < mat_bytes; i += step) dst[i] = have ? src[i] : 0;
+        }
+    }
+}
+
+// Every block lists each expert's copies in shared memory (head[e] -> next[j] ..., slots ascending: one thread per
+// expert scans the staged table), then walks the experts and sums its share of each: the grid is sized by one
+// matrix, and with accumulate the experts without copies cost nothing.
+__global__ void __launch_bounds__(kThreads)
+    reduce_kernel(PlanRows plan, const float* sg, float* grad, int64_t n, bool vec, bool accumulate) {
+    extern __shared__ int32_t lists[];
+    const int E = plan.layout.E, RB = plan.rows * plan.layout.B;
+    int32_t *cp = lists, *next = lists + RB, *head = lists + 2 * RB;
+    stage_copies(plan, cp);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t prev = -1;
+        head[e] = -1;
+        for (int j = 0; j < RB; ++j) {
+            if (cp[j] != e) continue;
+            if (prev < 0) head[e] = j;
+            else next[prev] = j;
+            prev = j;
+        }
+        if (prev >= 0) next[prev] = -1;
+    }
+    __syncthreads();
+    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    for (int e = 0; e < E; ++e) {
+        const int32_t first = head[e];
+        if (accumulate && first < 0) continue;  // nothing to add: grad[e] stays as it is
+        if (vec) {  // n % 4 == 0, 16-byte aligned: the same fp32 sums, four lanes at a time
+            const int64_t n4 = n / 4;
+            const float4* s4 = reinterpret_cast<const float4*>(sg);
+            float4* g4 = reinterpret_cast<float4*>(grad) + e * n4;
+            for (int64_t i = tid; i < n4; i += step) {
+                float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                for (int32_t j = first; j >= 0; j = next[j]) {
+                    const float4 v = s4[j * n4 + i];
+                    acc.x += v.x;
+                    acc.y += v.y;
+                    acc.z += v.z;
+                    acc.w += v.w;
+                }
+                if (accumulate) {
+                    const float4 g = g4[i];
+                    acc = make_float4(g.x + acc.x, g.y + acc.y, g.z + acc.z, g.w + acc.w);
+                }
+                g4[i] = acc;
+            }
+        } else {
+            for (int64_t i = tid; i < n; i += step) {
+                float acc = 0.0f;
+                for (int32_t j = first; j >= 0; j = next[j]) acc += sg[j * n + i];
+                grad[e * n + i] = accumulate ? grad[e * n + i] + acc : acc;
+            }
+        }
+    }
+}
+
+void check_plan_rows(const PlanRows& p, const char* what) {
+    EVENEP_CHECK(p.data != nullptr && p.rows >= 1 && p.layout.width > 0, what, ": plan tensor ",
+                 p.data ? "set" : "null", " with ", p.rows, " rows of ", p.layout.width, " columns");
+}
+
+size_t checked_smem(size_t bytes, const char* what) {
+    EVENEP_CHECK(bytes <= kMaxCopyListSmem, what, ": the plan's copy lists need ", bytes,
+                 " bytes of shared memory, at most ", kMaxCopyListSmem, " supported");
+    return bytes;
+}
+
+}  // namespace
+
+void pack_plan(const Ep& ep, int32_t* plan, cudaStream_t stream) {
+    EVENEP_CHECK(plan != nullptr, "pack_plan: null plan tensor");
+    PackColumns cols{};
+    PlanOffsets offsets = ep.layout().plan;
+    for_each_plan_column(ep.config(), offsets, [&](const PlanColumn& c, const auto& off) {
+        EVENEP_CHECK_KIND(ErrorKind::kInternal, cols.n < kMaxPlanColumns, "pack_plan: more than ", kMaxPlanColumns,
+                          " plan columns");
+        cols.c[cols.n++] = PackColumn{off.at, c.offset, c.count, c.value_bytes};
+        cols.width = c.offset + c.count;
+    });
+    pack_plan_kernel<<<ep.num_local_ranks(), kThreads, 0, stream>>>(rank_buffers(ep), cols, plan);
+    check_launch(stream);
+}
+
+void pack_handle(const Ep& ep, int32_t* handle, int64_t s_pad, cudaStream_t stream) {
+    EVENEP_CHECK(handle != nullptr && s_pad >= 1, "pack_handle: handle ", handle ? "set" : "null", ", s = ", s_pad);
+    const RankBuffers o = rank_buffers(ep);
+    pack_handle_kernel<<<dim3(blocks_for(s_pad * o.K, 64), o.L), kThreads, 0, stream>>>(o, handle, s_pad);
+    check_launch(stream);
+}
+
+void gather_recv(const Ep& ep, uint16_t* recv_x, float* recv_w, cudaStream_t stream) {
+    if (!recv_x && !recv_w) return;
+    const RankBuffers o = rank_buffers(ep);
+    const int64_t work = recv_x ? o.nvs * (o.H / 8) : o.nvs;  // recv_w alone: one thread per row
+    gather_recv_kernel<<<dim3(blocks_for(work, 128), o.L), kThreads, 0, stream>>>(o, recv_x, recv_w);
+    check_launch(stream);
+}
+
+void scatter_recv(const Ep& ep, const uint16_t* rows, cudaStream_t stream) {
+    EVENEP_CHECK(rows != nullptr, "scatter_recv: null rows");
+    const RankBuffers o = rank_buffers(ep);
+    scatter_recv_kernel<<<dim3(blocks_for(o.nvs * (o.H / 8), 128), o.L), kThreads, 0, stream>>>(o, rows);
+    check_launch(stream);
+}
+
+void build_group_table(const GroupTableArgs& a, cudaStream_t stream) {
+    check_plan_rows(a.plan, "build_group_table");
+    EVENEP_CHECK(a.table != nullptr && a.cu != nullptr && a.nvs >= 0 && a.mat_bytes >= 0 && a.num_home >= 0,
+                 "build_group_table: tables ", a.table && a.cu ? "set" : "null", ", NvS = ", a.nvs,
+                 ", matrix bytes = ", a.mat_bytes, ", home matrices = ", a.num_home);
+    group_table_kernel<<<blocks_for(static_cast<int64_t>(a.plan.rows) * (a.plan.layout.G + 1)), kThreads, 0,
+                         stream>>>(a);
+    check_launch(stream);
+}
+
+void select_slots(const PlanRows& plan, const void* in, void* out, int64_t mat_bytes, cudaStream_t stream) {
+    check_plan_rows(plan, "select_slots");
+    if (static_cast<int64_t>(plan.rows) * plan.layout.B == 0 || mat_bytes == 0) return;
+    EVENEP_CHECK(mat_bytes % 16 == 0, "select_slots: ", mat_bytes, " bytes per slot, expected a multiple of 16");
+    select_slots_kernel<<<dim3(blocks_for(mat_bytes / 16, 64), plan.rows * plan.layout.B), kThreads, 0, stream>>>(
+        plan, static_cast<const char*>(in), static_cast<char*>(out), mat_bytes);
+    check_launch(stream);
+}
+
+void prefetch_from_home(const PlanRows& plan,
+                        const void* weight,
+                        void* slots,
+                        int64_t mat_bytes,
+                        bool zero_empty,
+                        cudaStream_t stream) {
+    check_plan_rows(plan, "prefetch_from_home");
+    if (static_cast<int64_t>(plan.rows) * plan.layout.B == 0 || mat_bytes == 0) return;
+    const size_t smem =
+        checked_smem(static_cast<size_t>(plan.rows) * plan.layout.B * sizeof(int32_t), "prefetch_from_home");
+    allow_dynamic_smem(prefetch_kernel, smem);
+    prefetch_kernel<<<blocks_for(mat_bytes % 16 == 0 ? mat_bytes / 16 : mat_bytes, 1024), kThreads, smem, stream>>>(
+        plan, static_cast<const char*>(weight), static_cast<char*>(slots), mat_bytes, zero_empty);
+    check_launch(stream);
+}
+
+void reduce_to_home(const PlanRows& plan,
+                    const float* slot_grads,
+                    float* grad,
+                    int64_t mat_elems,
+                    bool accumulate,
+                    cudaStream_t stream) {
+    check_plan_rows(plan, "reduce_to_home");
+    if (plan.layout.E == 0 || mat_elems == 0) return;
+    const size_t smem = checked_smem(
+        (2 * static_cast<size_t>(plan.rows) * plan.layout.B + plan.layout.E) * sizeof(int32_t), "reduce_to_home");
+    allow_dynamic_smem(reduce_kernel, smem);
+    const bool vec = mat_elems % 4 == 0 && reinterpret_cast<uintptr_t>(slot_grads) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+    reduce_kernel<<<blocks_for(vec ? mat_elems / 4 : mat_elems, 1024), kThreads, smem, stream>>>(
+        plan, slot_grads, grad, mat_elems, vec, accumulate);
+    check_launch(stream);
+}
+
+}  // namespace evenep::cuda
