@@ -15,3 +15,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The pinned CUTLASS headers of the CUDA grouped GEMMs (.deps/, git-ignored; nothing to do when present).
+"$(dirname "$0")/fetch-cutlass.sh"
