@@ -35,10 +35,10 @@ using cuda::GemmOp;
 using cuda::GemmSchedule;
 using testing::DeviceArray;
 
-#define EVENEP_SKIP_WITHOUT_CUTLASS()                                                                \
-    do {                                                                                             \
-        EVENEP_SKIP_WITHOUT_DEVICE();                                                                \
-        if (!cuda::grouped_gemm_has_cutlass())                                                       \
+#define EVENEP_SKIP_WITHOUT_CUTLASS()                                                                 \
+    do {                                                                                              \
+        EVENEP_SKIP_WITHOUT_DEVICE();                                                                 \
+        if (!cuda::grouped_gemm_has_cutlass())                                                        \
             GTEST_SKIP() << "CUTLASS grouped GEMM not built (EVENEP_CUTLASS) or not a Hopper device"; \
     } while (0)
 
@@ -103,7 +103,8 @@ TEST_P(GroupedGemmFp8Test, MatchesReference) {
         std::vector<uint8_t> dev = hw[g];
         if (fwd)  // W^T [out][in]
             for (int i = 0; i < in; ++i)
-                for (int o = 0; o < out; ++o) dev[static_cast<size_t>(o) * in + i] = hw[g][static_cast<size_t>(i) * out + o];
+                for (int o = 0; o < out; ++o)
+                    dev[static_cast<size_t>(o) * in + i] = hw[g][static_cast<size_t>(i) * out + o];
         dw.emplace_back(welems);
         dw.back().upload(dev);
         dws.emplace_back(selems);
@@ -125,10 +126,19 @@ TEST_P(GroupedGemmFp8Test, MatchesReference) {
     EVENEP_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, dy.size() * 2));
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
 
-    const cuda::GroupedGemmFp8Args a{.x = dx.get(), .x_scales = dxs.get(), .cu_seqlens = dcu.get(),
-                                     .weights = dwtab.get(), .weight_scales = dstab.get(), .y = dy.get(),
-                                     .num_groups = G, .in_dim = in, .out_dim = out, .op = c.op,
-                                     .schedule = c.schedule, .block_scaled = c.scaled, .workspace = ws.get()};
+    const cuda::GroupedGemmFp8Args a{.x = dx.get(),
+                                     .x_scales = dxs.get(),
+                                     .cu_seqlens = dcu.get(),
+                                     .weights = dwtab.get(),
+                                     .weight_scales = dstab.get(),
+                                     .y = dy.get(),
+                                     .num_groups = G,
+                                     .in_dim = in,
+                                     .out_dim = out,
+                                     .op = c.op,
+                                     .schedule = c.schedule,
+                                     .block_scaled = c.scaled,
+                                     .workspace = ws.get()};
     cuda::grouped_gemm_fp8(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> hy = dy.download();
@@ -195,9 +205,15 @@ TEST(GroupedGemmFp8ArgsTest, RejectsBadArguments) {
     DeviceArray<const float*> stab(1);
     DeviceArray<float> xs(64);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(1));
-    cuda::GroupedGemmFp8Args a{.x = buf.get(), .x_scales = xs.get(), .cu_seqlens = cu.get(), .weights = tab.get(),
-                               .weight_scales = stab.get(), .y = reinterpret_cast<uint16_t*>(buf.get()),
-                               .num_groups = 1, .in_dim = 192 /*not a multiple of 128*/, .out_dim = 128,
+    cuda::GroupedGemmFp8Args a{.x = buf.get(),
+                               .x_scales = xs.get(),
+                               .cu_seqlens = cu.get(),
+                               .weights = tab.get(),
+                               .weight_scales = stab.get(),
+                               .y = reinterpret_cast<uint16_t*>(buf.get()),
+                               .num_groups = 1,
+                               .in_dim = 192 /*not a multiple of 128*/,
+                               .out_dim = 128,
                                .workspace = ws.get()};
     EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
     a.in_dim = 128;

@@ -73,9 +73,9 @@ bool is_cutlass(cuda::GemmKernel k) {
     return k == cuda::GemmKernel::kCutlass || k == cuda::GemmKernel::kCutlassPingpong;
 }
 // The CUTLASS kernels run where they are built in (EVENEP_CUTLASS) and the device is an H100/H200.
-#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                          \
-    do {                                                                                            \
-        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass())                                \
+#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                            \
+    do {                                                                                              \
+        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass())                                  \
             GTEST_SKIP() << "CUTLASS grouped GEMM not built (EVENEP_CUTLASS) or not a Hopper device"; \
     } while (0)
 
@@ -309,7 +309,7 @@ std::vector<Case> wgrad_cases() {
     std::vector<Case> out;
     for (const Case& c : all_cases())
         if (c.op == GemmOp::kForward && (c.fp32_out || is_cutlass(c.kernel))) {  // one per shape x schedule x
-                                                                                // kernel, both wgrad modes
+                                                                                 // kernel, both wgrad modes
             out.push_back(c);
             Case set = c;
             set.accumulate = false;

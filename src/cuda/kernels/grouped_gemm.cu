@@ -472,8 +472,8 @@ namespace {
 // Whether this call runs a CUTLASS kernel (kCutlass, kCutlassPingpong; throws where they cannot run).
 bool use_cutlass(GemmKernel kernel, const char* what) {
     if (kernel != GemmKernel::kCutlass && kernel != GemmKernel::kCutlassPingpong) return false;
-    EVENEP_CHECK(grouped_gemm_has_cutlass(), what, ": kernel = ",
-                 kernel == GemmKernel::kCutlass ? "kCutlass" : "kCutlassPingpong",
+    EVENEP_CHECK(grouped_gemm_has_cutlass(), what,
+                 ": kernel = ", kernel == GemmKernel::kCutlass ? "kCutlass" : "kCutlassPingpong",
                  " needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
     return true;
 }
@@ -526,18 +526,23 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
 #if defined(EVENEP_HAVE_CUTLASS)
     if (cutlass) {
         const cutlass_gemm::LaunchArgs l{.op = fwd ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
-                                         .x = a.x, .cu = a.cu_seqlens, .ptrs = ptrs, .y = a.y, .num_groups = G,
-                                         .in_dim = a.in_dim, .out_dim = a.out_dim,
+                                         .x = a.x,
+                                         .cu = a.cu_seqlens,
+                                         .ptrs = ptrs,
+                                         .y = a.y,
+                                         .num_groups = G,
+                                         .in_dim = a.in_dim,
+                                         .out_dim = a.out_dim,
                                          .load_aware = a.schedule == GemmSchedule::kLoadAware,
-                                         .cost = grouped_gemm_cost_model(), .workspace = a.workspace};
+                                         .cost = grouped_gemm_cost_model(),
+                                         .workspace = a.workspace};
         cutlass_gemm::launch(cutlass_schedule(a.kernel), l, stream);
         return;
     }
 #endif
     (void)cutlass;
-    const GemmKernel hand = a.kernel == GemmKernel::kCutlass || a.kernel == GemmKernel::kCutlassPingpong
-                                ? GemmKernel::kWgmma
-                                : a.kernel;
+    const GemmKernel hand =
+        a.kernel == GemmKernel::kCutlass || a.kernel == GemmKernel::kCutlassPingpong ? GemmKernel::kWgmma : a.kernel;
     if (use_wgmma(hand, "grouped_gemm")) {
         sm90::LaunchArgs l;
         l.mode = fwd ? 0 : 1;
@@ -579,15 +584,24 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
                  "grouped_gemm_fp8: null pointer among x, cu_seqlens, weights, y");
     EVENEP_CHECK(!a.block_scaled || (a.x_scales != nullptr && a.weight_scales != nullptr),
                  "grouped_gemm_fp8: block_scaled needs x_scales and weight_scales");
-    EVENEP_CHECK(grouped_gemm_has_cutlass(),
-                 "grouped_gemm_fp8: needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
+    EVENEP_CHECK(
+        grouped_gemm_has_cutlass(),
+        "grouped_gemm_fp8: needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
 #if defined(EVENEP_HAVE_CUTLASS)
     const cutlass_gemm::Fp8LaunchArgs l{
         .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
-        .block_scaled = a.block_scaled, .x = a.x, .x_scales = a.x_scales, .cu = a.cu_seqlens,
-        .ptrs = reinterpret_cast<const void* const*>(a.weights), .weight_scales = a.weight_scales, .y = a.y,
-        .num_groups = a.num_groups, .in_dim = a.in_dim, .out_dim = a.out_dim,
-        .load_aware = a.schedule == GemmSchedule::kLoadAware, .cost = grouped_gemm_cost_model(),
+        .block_scaled = a.block_scaled,
+        .x = a.x,
+        .x_scales = a.x_scales,
+        .cu = a.cu_seqlens,
+        .ptrs = reinterpret_cast<const void* const*>(a.weights),
+        .weight_scales = a.weight_scales,
+        .y = a.y,
+        .num_groups = a.num_groups,
+        .in_dim = a.in_dim,
+        .out_dim = a.out_dim,
+        .load_aware = a.schedule == GemmSchedule::kLoadAware,
+        .cost = grouped_gemm_cost_model(),
         .workspace = a.workspace};
     cutlass_gemm::launch_fp8(l, stream);
 #else
@@ -602,10 +616,17 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& a, cudaStream_t stream) {
     const auto* ptrs = reinterpret_cast<const void* const*>(a.grads);
     if (use_cutlass(a.kernel, "grouped_gemm_wgrad")) {
 #if defined(EVENEP_HAVE_CUTLASS)
-        const cutlass_gemm::LaunchArgs l{.op = cutlass_gemm::Op::kWgrad, .x = a.x, .dy = a.dy, .cu = a.cu_seqlens,
-                                         .ptrs = ptrs, .num_groups = a.num_groups, .in_dim = a.in_dim,
-                                         .out_dim = a.out_dim, .load_aware = a.schedule == GemmSchedule::kLoadAware,
-                                         .accumulate = a.accumulate, .cost = grouped_gemm_cost_model(),
+        const cutlass_gemm::LaunchArgs l{.op = cutlass_gemm::Op::kWgrad,
+                                         .x = a.x,
+                                         .dy = a.dy,
+                                         .cu = a.cu_seqlens,
+                                         .ptrs = ptrs,
+                                         .num_groups = a.num_groups,
+                                         .in_dim = a.in_dim,
+                                         .out_dim = a.out_dim,
+                                         .load_aware = a.schedule == GemmSchedule::kLoadAware,
+                                         .accumulate = a.accumulate,
+                                         .cost = grouped_gemm_cost_model(),
                                          .workspace = a.workspace};
         cutlass_gemm::launch(cutlass_schedule(a.kernel), l, stream);
 #endif

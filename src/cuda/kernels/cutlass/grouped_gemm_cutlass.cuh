@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/kernels/cutlass/grouped_gemm_cutlass.hpp"
+#include "cuda/kernels/grouped_gemm_sm90.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -37,8 +39,6 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
-#include "cuda/kernels/cutlass/grouped_gemm_cutlass.hpp"
-#include "cuda/kernels/grouped_gemm_sm90.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/detail/align.hpp"
 #include "evenep/detail/gemm_cost.hpp"
@@ -60,7 +60,8 @@ struct OpTypesOf {
 template <Op kOp>
 struct OpTypes;
 template <>
-struct OpTypes<Op::kForward> : OpTypesOf<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, cutlass::bfloat16_t> {};
+struct OpTypes<Op::kForward>
+    : OpTypesOf<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, cutlass::bfloat16_t> {};
 template <>
 struct OpTypes<Op::kDgrad>
     : OpTypesOf<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, cutlass::bfloat16_t> {};
@@ -99,7 +100,7 @@ inline constexpr size_t kTableAlign = 128;  // CUtensorMap needs 64; CUTLASS's w
 // Consecutive device tables at the front of the workspace, each aligned to kTableAlign. The base may be null
 // (sizing only: the offsets are what counts).
 class TableCarver {
-public:
+  public:
     explicit TableCarver(void* base) : base_(reinterpret_cast<uintptr_t>(base)) {}
     template <class T>
     T* take(int n) {
@@ -110,7 +111,7 @@ public:
     uint8_t* end() const { return reinterpret_cast<uint8_t*>(base_ + off_); }
     size_t bytes() const { return off_; }
 
-private:
+  private:
     uintptr_t base_;
     size_t off_ = 0;
 };
@@ -151,15 +152,34 @@ struct Instance {
     static constexpr int kAlignC = alignment_of<ElementC>(kAlignD);
 
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Sched::Tile, ClusterShape,
-        cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, ElementC, LayoutCD*, kAlignC,
-        ElementD, LayoutCD*, kAlignD, typename Sched::Epilogue,
+        cutlass::arch::Sm90,
+        cutlass::arch::OpClassTensorOp,
+        typename Sched::Tile,
+        ClusterShape,
+        cutlass::epilogue::collective::EpilogueTileAuto,
+        ElementAcc,
+        ElementAcc,
+        ElementC,
+        LayoutCD*,
+        kAlignC,
+        ElementD,
+        LayoutCD*,
+        kAlignD,
+        typename Sched::Epilogue,
         cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc, ElementC, ElementAcc>>::CollectiveOp;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, typename Types::LayoutA*, kAlignAB, ElementAB,
-        typename Types::LayoutB*, kAlignAB, ElementAcc, typename Sched::Tile, ClusterShape,
-        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-            sizeof(typename Epilogue::SharedStorage))>,
+        cutlass::arch::Sm90,
+        cutlass::arch::OpClassTensorOp,
+        ElementAB,
+        typename Types::LayoutA*,
+        kAlignAB,
+        ElementAB,
+        typename Types::LayoutB*,
+        kAlignAB,
+        ElementAcc,
+        typename Sched::Tile,
+        ClusterShape,
+        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
         typename Sched::Kernel>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -248,7 +268,12 @@ struct GroupOrder {
 };
 
 // `inner`: the inner dimension of forward / dgrad (k-blocks of the cost model).
-GroupOrder make_group_order(const int32_t* cu, const void* const* ptrs, int G, int inner, bool wgrad, bool load_aware,
+GroupOrder make_group_order(const int32_t* cu,
+                            const void* const* ptrs,
+                            int G,
+                            int inner,
+                            bool wgrad,
+                            bool load_aware,
                             const GemmCostModel& cost) {
     return GroupOrder{cu,
                       ptrs,
@@ -354,8 +379,8 @@ void instance_launch(const LaunchArgs& a, int sm_count, cudaStream_t stream) {
     // Strides: the same for every group (in and out are the call's).
     const int in = a.in_dim, out = a.out_dim;
     PrepareParams<I> p{};
-    p.order = make_group_order(a.cu, a.ptrs, G, kOp == Op::kForward ? in : out, kOp == Op::kWgrad, a.load_aware,
-                               a.cost);
+    p.order =
+        make_group_order(a.cu, a.ptrs, G, kOp == Op::kForward ? in : out, kOp == Op::kWgrad, a.load_aware, a.cost);
     p.x = a.x;
     p.dy = a.dy;
     p.y = a.y;

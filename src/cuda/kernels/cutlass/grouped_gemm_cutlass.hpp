@@ -24,9 +24,9 @@ enum class Schedule : int { kCooperative = 0, kPingpong = 1 };
 
 struct LaunchArgs {
     Op op = Op::kForward;
-    const uint16_t* x = nullptr;   // forward: x [rows][in]; dgrad: dY [rows][out]; wgrad: x [rows][in] (bf16 bits)
-    const uint16_t* dy = nullptr;  // wgrad: dY [rows][out]
-    const int32_t* cu = nullptr;   // [G] inclusive padded end rows
+    const uint16_t* x = nullptr;        // forward: x [rows][in]; dgrad: dY [rows][out]; wgrad: x [rows][in] (bf16 bits)
+    const uint16_t* dy = nullptr;       // wgrad: dY [rows][out]
+    const int32_t* cu = nullptr;        // [G] inclusive padded end rows
     const void* const* ptrs = nullptr;  // [G] weights W_g [in][out] bf16, or (wgrad) gradients dW_g [in][out] fp32
     void* y = nullptr;                  // forward [rows][out] / dgrad [rows][in], bf16 bits
     int num_groups = 0;
@@ -55,12 +55,12 @@ enum class Fp8Kind : int { kBlockwiseForward = 0, kBlockwiseDgrad = 1, kUnscaled
 struct Fp8LaunchArgs {
     Op op = Op::kForward;  // kForward or kDgrad
     bool block_scaled = true;
-    const uint8_t* x = nullptr;         // [rows][K] e4m3
-    const float* x_scales = nullptr;    // [rows][K / 128]
+    const uint8_t* x = nullptr;       // [rows][K] e4m3
+    const float* x_scales = nullptr;  // [rows][K / 128]
     const int32_t* cu = nullptr;
-    const void* const* ptrs = nullptr;  // [G] e4m3 weights: forward W^T [out][in], dgrad W [in][out]
+    const void* const* ptrs = nullptr;            // [G] e4m3 weights: forward W^T [out][in], dgrad W [in][out]
     const float* const* weight_scales = nullptr;  // [G] [in / 128][out / 128]
-    uint16_t* y = nullptr;              // [rows][N] bf16
+    uint16_t* y = nullptr;                        // [rows][N] bf16
     int num_groups = 0;
     int in_dim = 0;
     int out_dim = 0;

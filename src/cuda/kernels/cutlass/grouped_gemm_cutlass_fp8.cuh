@@ -15,8 +15,8 @@
 // Problem list, order and the error word as in grouped_gemm_cutlass.cuh (GroupOrder).
 #pragma once
 
-#include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass.cuh"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
 
 namespace evenep::cuda::cutlass_gemm {
 namespace {
@@ -32,30 +32,55 @@ struct Fp8Instance {
     using LayoutB = cutlass::layout::ColumnMajor;  // K-major weights
     using LayoutD = cutlass::layout::RowMajor;
     using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-    using Tile = std::conditional_t<kScaled, cute::Shape<cute::_128, cute::_128, cute::_128>,
+    using Tile = std::conditional_t<kScaled,
+                                    cute::Shape<cute::_128, cute::_128, cute::_128>,
                                     cute::Shape<cute::_128, cute::_256, cute::_128>>;
-    using KernelSchedule = std::conditional_t<kScaled, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
+    using KernelSchedule = std::conditional_t<kScaled,
+                                              cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
                                               cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum>;
-    using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<
-        1, 128, 128, cute::GMMA::Major::K,
-        kKind == Fp8Kind::kBlockwiseDgrad ? cute::GMMA::Major::K : cute::GMMA::Major::MN>;
+    using ScaleConfig =
+        cutlass::detail::Sm90BlockwiseScaleConfig<1,
+                                                  128,
+                                                  128,
+                                                  cute::GMMA::Major::K,
+                                                  kKind == Fp8Kind::kBlockwiseDgrad ? cute::GMMA::Major::K
+                                                                                    : cute::GMMA::Major::MN>;
     using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
     using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
     static constexpr int kAlignAB = 16;  // 16 bytes of e4m3
     static constexpr int kAlignD = 8;    // 16 bytes of bf16
 
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, ClusterShape,
-        cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, void, LayoutD*, kAlignD, ElementD,
-        LayoutD*, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        cutlass::arch::Sm90,
+        cutlass::arch::OpClassTensorOp,
+        Tile,
+        ClusterShape,
+        cutlass::epilogue::collective::EpilogueTileAuto,
+        ElementAcc,
+        ElementAcc,
+        void,
+        LayoutD*,
+        kAlignD,
+        ElementD,
+        LayoutD*,
+        kAlignD,
+        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
         cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc, void, ElementAcc>>::CollectiveOp;
     using GmemA = std::conditional_t<kScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
     using GmemB = std::conditional_t<kScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-        cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, GmemA, kAlignAB, ElementAB, GmemB, kAlignAB,
-        ElementAcc, Tile, ClusterShape,
-        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-            sizeof(typename Epilogue::SharedStorage))>,
+        cutlass::arch::Sm90,
+        cutlass::arch::OpClassTensorOp,
+        ElementAB,
+        GmemA,
+        kAlignAB,
+        ElementAB,
+        GmemB,
+        kAlignAB,
+        ElementAcc,
+        Tile,
+        ClusterShape,
+        cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
         KernelSchedule>::CollectiveOp;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -182,8 +207,8 @@ void fp8_instance_launch(const Fp8LaunchArgs& a, int sm_count, cudaStream_t stre
     p.error_word = gemm_error_word(a.workspace, G);
     fp8_prepare_kernel<kKind><<<1, 1024, 0, stream>>>(p);
     EVENEP_CUDA_CHECK(cudaGetLastError());
-    run_gemm<typename I::Gemm>(I::arguments(t, G, current_device(), sm_count), t.cutlass_workspace,
-                               "grouped_gemm_fp8", stream);
+    run_gemm<typename I::Gemm>(I::arguments(t, G, current_device(), sm_count), t.cutlass_workspace, "grouped_gemm_fp8",
+                               stream);
 }
 
 }  // namespace evenep::cuda::cutlass_gemm
