@@ -253,9 +253,46 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
             have_fixed = true;
         } else if (k == "mma") {
             variants.push_back({"mma/load_aware", cuda::GemmKernel::kMmaSync, cuda::GemmSchedule::kLoadAware});
+        } else if (k == "cutlass" && cuda::grouped_gemm_has_cutlass()) {
+            // fixed first: load_aware's y2 is compared with its y bitwise (same tiles, only the order differs).
+            variants.push_back({"cutlass/fixed", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kFixed});
+            variants.push_back({"cutlass/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
+            have_fixed = true;
+        } else if (k == "cutlass_pingpong" && cuda::grouped_gemm_has_cutlass()) {
+            variants.push_back(
+                {"cutlass_pingpong/load_aware", cuda::GemmKernel::kCutlassPingpong, cuda::GemmSchedule::kLoadAware});
         }
     }
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !variants.empty(), "bench gemm: no kernel to run on this device");
+    // FP8 ops (fp8_fwd, fp8_dgrad): CUTLASS's block-scaled FP8 grouped GEMM and its unscaled FP8 anchor, whatever
+    // --kernels says; e4m3 operands from fill_random_e4m3, every scale 2^-4 (timing only: no --check).
+    const bool with_fp8 =
+        std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("fp8_", 0) == 0; });
+    EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8 || cuda::grouped_gemm_has_cutlass(),
+                      "bench gemm: the fp8 ops need the CUTLASS kernels (EVENEP_CUTLASS) on a Hopper device");
+    const std::vector<Variant> fp8_variants = {
+        {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware},
+        {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
+    const size_t fp8_x = with_fp8 ? xy_elems : 1, fp8_w = with_fp8 ? welems * G : 1;
+    DeviceArray<uint8_t> x8(fp8_x), w8(fp8_w);
+    DeviceArray<float> x8_scales(fp8_x / 128 + 1), w8_scales(fp8_w / (128 * 128) + 1);
+    DeviceArray<const uint8_t*> d8table(G);
+    DeviceArray<const float*> d8scales(G);
+    if (with_fp8) {
+        cuda::fill_random_e4m3(x8.get(), fp8_x, o.seed + 3, 448.f, nullptr);
+        cuda::fill_random_e4m3(w8.get(), fp8_w, o.seed + 4, 448.f, nullptr);
+        const std::vector<float> xs(x8_scales.size(), 1.f / 16), wsc(w8_scales.size(), 1.f / 16);
+        EVENEP_CUDA_CHECK(cudaMemcpy(x8_scales.get(), xs.data(), sizeof(float) * xs.size(), cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(w8_scales.get(), wsc.data(), sizeof(float) * wsc.size(), cudaMemcpyHostToDevice));
+        std::vector<const uint8_t*> t8(G);
+        std::vector<const float*> s8(G);
+        for (int g = 0; g < G; ++g) {
+            t8[g] = w8.get() + welems * g;
+            s8[g] = w8_scales.get() + welems / (128 * 128) * g;
+        }
+        EVENEP_CUDA_CHECK(cudaMemcpy(d8table.get(), t8.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(d8scales.get(), s8.data(), sizeof(void*) * G, cudaMemcpyHostToDevice));
+    }
     if (on_start) on_start(info);
     std::vector<GemmBenchRow> rows_out;
     bool warmed = false;  // the GPU is warmed once, before the first timed call
@@ -268,7 +305,10 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
         };
         for (const Proj& p : {Proj{"gate_up", o.H, o.ffn_hidden}, Proj{"down", o.ffn_hidden, o.H}}) {
             for (const std::string& op_name : o.ops) {
-                const cuda::GemmOp op = op_name == "dgrad" ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
+                const bool fp8 = op_name.rfind("fp8_", 0) == 0;
+                const cuda::GemmOp op =
+                    op_name == "dgrad" || op_name == "fp8_dgrad" ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
+                const std::vector<Variant>& op_variants = fp8 ? fp8_variants : variants;
                 const int kdim = op == cuda::GemmOp::kForward ? p.in : p.out;
                 const int ndim = op == cuda::GemmOp::kForward ? p.out : p.in;
                 // Every variant's arguments and its --check first (in variant order), then the variants timed
@@ -276,20 +316,23 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                 struct Call {
                     cuda::GroupedGemmArgs a;
                     cuda::GroupedWgradArgs wa;
+                    cuda::GroupedGemmFp8Args fa;
                     bool into_y2 = false;
                     double wgrad_err = -1;
                     double check_err = -1;  // forward/dgrad --check
                     std::string check;
                 };
                 const bool wgrad = op_name.rfind("wgrad", 0) == 0;
-                std::vector<Call> calls(variants.size());
+                std::vector<Call> calls(op_variants.size());
                 std::vector<std::function<void()>> timed;
-                for (size_t v = 0; v < variants.size(); ++v) {
-                    const Variant& var = variants[v];
+                for (size_t v = 0; v < op_variants.size(); ++v) {
+                    const Variant& var = op_variants[v];
                     const cuda::GemmSchedule sch = var.schedule;
                     Call& c = calls[v];
-                    // fixed writes y, load_aware y2 (compared bitwise); the mma.sync kernel writes y (sampled only).
-                    c.into_y2 = sch == cuda::GemmSchedule::kLoadAware && var.kernel != cuda::GemmKernel::kMmaSync;
+                    // A kernel's fixed schedule writes y, its load_aware y2 (compared bitwise); the mma.sync and
+                    // the CUTLASS ping-pong kernels (one schedule each here) write y (sampled only).
+                    c.into_y2 = sch == cuda::GemmSchedule::kLoadAware && var.kernel != cuda::GemmKernel::kMmaSync &&
+                                var.kernel != cuda::GemmKernel::kCutlassPingpong;
                     c.a.x = x.get(), c.a.cu_seqlens = dcu.get(), c.a.weights = dtable.get();
                     c.a.y = c.into_y2 ? y2.get() : y.get();
                     c.a.num_groups = G, c.a.in_dim = p.in, c.a.out_dim = p.out, c.a.op = op, c.a.schedule = sch;
@@ -300,8 +343,13 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     c.wa.workspace = ws.get();
                     c.wa.kernel = var.kernel;
                     c.wa.accumulate = op_name != "wgrad_set";
+                    c.fa.x = x8.get(), c.fa.x_scales = x8_scales.get(), c.fa.cu_seqlens = dcu.get();
+                    c.fa.weights = d8table.get(), c.fa.weight_scales = d8scales.get(), c.fa.y = y.get();
+                    c.fa.num_groups = G, c.fa.in_dim = p.in, c.fa.out_dim = p.out, c.fa.op = op, c.fa.schedule = sch;
+                    c.fa.block_scaled = var.name.find("unscaled") == std::string::npos;
+                    c.fa.workspace = ws.get();
                     if (wgrad && o.check) c.wgrad_err = check_wgrad(c.wa, d.cu, p.in, p.out, grads.get(), o.seed);
-                    if (o.check && !wgrad) {
+                    if (o.check && !wgrad && !fp8) {
                         // One call, then its output: the Hopper kernel's schedules share tiles and the order inside
                         // a tile, so load_aware's y2 must equal fixed's y (written just before) bitwise.
                         cuda::grouped_gemm(c.a, nullptr);
@@ -316,8 +364,10 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                                           " ", p.name, " ", op_name, " ", var.name,
                                           ": schedules differ or sampled error ", c.check_err);
                     }
-                    timed.push_back([&c, wgrad] {
-                        if (wgrad)
+                    timed.push_back([&c, wgrad, fp8] {
+                        if (fp8)
+                            cuda::grouped_gemm_fp8(c.fa, nullptr);
+                        else if (wgrad)
                             cuda::grouped_gemm_wgrad(c.wa, nullptr);
                         else
                             cuda::grouped_gemm(c.a, nullptr);
@@ -328,12 +378,12 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     warmed = true;
                 }
                 const std::vector<Stats> stats = time_interleaved(timed, nullptr, o.warmup, std::max(o.iters, 1));
-                for (size_t v = 0; v < variants.size(); ++v) {
-                    const Variant& var = variants[v];
+                for (size_t v = 0; v < op_variants.size(); ++v) {
+                    const Variant& var = op_variants[v];
                     const Call& c = calls[v];
                     GemmBenchRow row;
                     row.dist = d.name, row.proj = p.name, row.op = op_name, row.schedule = var.name;
-                    row.kernel = var.kernel == cuda::GemmKernel::kMmaSync ? "mma" : "wgmma";
+                    row.kernel = var.name.substr(0, var.name.find('/'));
                     row.rows = rows, row.in = p.in, row.out = p.out;
                     row.median_us = stats[v].p50_us;
                     row.tflops = 2.0 * rows * p.in * p.out / (row.median_us * 1e-6) / 1e12;
@@ -344,7 +394,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                                           " wgrad ", var.name, ": sampled error ", c.wgrad_err);
                     }
                     if (c.check_err >= 0) row.max_rel_err = c.check_err, row.check = c.check;
-                    row.model_us = predict_us(d.cu, p.in, p.out, op_name, info.sms);
+                    row.model_us = fp8 ? 0.0 : predict_us(d.cu, p.in, p.out, op_name, info.sms);  // bf16 model
                     if (on_row) on_row(row);
                     rows_out.push_back(std::move(row));
                 }

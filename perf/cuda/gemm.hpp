@@ -25,7 +25,9 @@ struct GemmBenchConfig {
     double warm_seconds = 1;  // GPU warm-up before the first timed row (perf::warm_gpu)
     bool check = false;  // schedules compared bitwise, 16 sampled elements (wgrad: 8) against a host dot product
     std::vector<std::string> ops{"fwd", "dgrad", "wgrad", "wgrad_set"};
-    std::vector<std::string> kernels{"wgmma", "mma"};
+    // wgmma: the hand-written Hopper kernel (fixed, load_aware); mma: the portable one; cutlass / cutlass_pingpong:
+    // CUTLASS's grouped GEMM (fixed and load_aware / load_aware), where built (EVENEP_CUTLASS) and on Hopper.
+    std::vector<std::string> kernels{"wgmma", "mma", "cutlass", "cutlass_pingpong"};
 };
 
 struct GemmDistribution {
@@ -34,7 +36,8 @@ struct GemmDistribution {
 };
 
 struct GemmBenchRow {
-    std::string dist, proj, op, schedule, kernel;  // kernel: wgmma or mma; schedule: "<kernel>/<schedule>"
+    std::string dist, proj, op, schedule, kernel;  // kernel: wgmma, mma, cutlass, cutlass_pingpong;
+                                                   // schedule: "<kernel>/<schedule>"
     int64_t rows = 0;
     int in = 0, out = 0;
     double median_us = 0, tflops = 0;

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Grouped GEMM (issue 5) in one device call: build grouped_gemm_test + evenep, run the GPU test, `evenep bench gemm`
-# and the PyTorch anchors (scripts/device/gemm_anchor.py) on the same offsets. Logs go to $OUT:
-# build.log gemm_test.log gemm_bench.log gemm_bench.json gemm_offsets.json gemm_anchor.json gemm_anchor.log.
+# Grouped GEMM (issues 5, 34) in one device call: build grouped_gemm_test, grouped_gemm_fp8_test and evenep, run the
+# GPU tests, `evenep bench gemm` and the PyTorch anchors (scripts/device/gemm_anchor.py) on the same offsets. Logs
+# go to $OUT: build.log gemm_test.log gemm_fp8_test.log gemm_bench.log gemm_bench.json gemm_offsets.json
+# gemm_anchor.json gemm_anchor.log.
 #
+# The CUTLASS kernels (issue 34) are built when the pinned headers are in .deps/ (scripts/fetch-cutlass.sh; the
+# device machine has no network: carry .deps with .devdeps); the bench then has their rows (--kernels).
 # On the device machine, from the repository root, with the Debian dev packages carried in .devdeps:
 #   source .devdeps/unpack.sh && scripts/device/run_gemm.sh [--no-bench] [--no-test] [--calibrate]
 #                                                          [extra `evenep bench gemm` args...]
@@ -32,16 +35,18 @@ t0=$(date +%s)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv || true
   cmake -S . -B "$BUILD" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF &&
-  cmake --build "$BUILD" -j "$JOBS" --target grouped_gemm_test evenep
+  cmake --build "$BUILD" -j "$JOBS" --target grouped_gemm_test grouped_gemm_fp8_test evenep
 } > "$OUT/build.log" 2>&1
+grep -E "EvenEP: CUTLASS" "$OUT/build.log"
 rc=$?
 echo "build rc=$rc ($(( $(date +%s) - t0 )) s)"
 if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit 1; fi
 
 if [ $run_test -eq 1 ]; then
   timeout 300 "$BUILD/tests/grouped_gemm_test" --gtest_brief=1 > "$OUT/gemm_test.log" 2>&1 || status=1
+  timeout 120 "$BUILD/tests/grouped_gemm_fp8_test" --gtest_brief=1 > "$OUT/gemm_fp8_test.log" 2>&1 || status=1
   echo "test ($(( $(date +%s) - t0 )) s):"
-  grep -E "PASSED|FAILED|SKIPPED \]|tests ran|Failure|got" "$OUT/gemm_test.log" | head -30
+  grep -E "PASSED|FAILED|SKIPPED \]|tests ran|Failure|got" "$OUT/gemm_test.log" "$OUT/gemm_fp8_test.log" | head -40
 fi
 
 if [ $calibrate -eq 1 ]; then

@@ -16,7 +16,10 @@
 // reference).
 // GroupedGemmArgsTest.RejectsBadArguments: in not a multiple of 8, G = 0, a null gradient table -> evenep::Error.
 // GroupedGemmArgsTest.GraphCaptureMatchesEagerCall: the forward call captured in a CUDA graph and replayed twice
-// gives the eager call's result bitwise.
+// gives the eager call's result bitwise (hand-written and CUTLASS kernels).
+// Kernels: kAuto (the Hopper kernel on an H100/H200), kMmaSync, and the CUTLASS kernels kCutlass / kCutlassPingpong
+// (bf16 output only; skipped where not built or not Hopper). Shapes also cover Zipf-skewed group sizes ("zipf") and
+// the planner's equal rows per group ("planner").
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -54,7 +57,27 @@ struct Case {
     bool accumulate = true;                             // wgrad: dW += (true) or dW = (false)
 };
 
-std::string kernel_suffix(cuda::GemmKernel k) { return k == cuda::GemmKernel::kMmaSync ? "_mma" : ""; }
+std::string kernel_suffix(cuda::GemmKernel k) {
+    switch (k) {
+        case cuda::GemmKernel::kMmaSync:
+            return "_mma";
+        case cuda::GemmKernel::kCutlass:
+            return "_cutlass";
+        case cuda::GemmKernel::kCutlassPingpong:
+            return "_cutlass_pingpong";
+        default:
+            return "";
+    }
+}
+bool is_cutlass(cuda::GemmKernel k) {
+    return k == cuda::GemmKernel::kCutlass || k == cuda::GemmKernel::kCutlassPingpong;
+}
+// The CUTLASS kernels run where they are built in (EVENEP_CUTLASS) and the device is an H100/H200.
+#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                            \
+    do {                                                                                              \
+        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass())                                  \
+            GTEST_SKIP() << "CUTLASS grouped GEMM not built (EVENEP_CUTLASS) or not a Hopper device"; \
+    } while (0)
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
     const Case& c = info.param;
@@ -85,6 +108,7 @@ class GroupedGemmTest : public ::testing::TestWithParam<Case> {};
 TEST_P(GroupedGemmTest, MatchesReference) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     const Case& c = GetParam();
+    EVENEP_SKIP_WITHOUT_KERNEL(c.kernel);
     const uint64_t seed = std::hash<std::string>{}(case_name({c, 0})) & 0xFFFF;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
@@ -182,14 +206,20 @@ std::vector<Case> all_cases() {
         {"tiny", 8, 8, 5, {3, 0, 130, 1, 17}},
         // Several k-blocks and column tiles, a long group (wgrad splits it into row chunks when load-aware).
         {"skewed_in264_out392", 264, 392, 6, {1100, 3, 0, 150, 64, 1}},
+        // Zipf-skewed group sizes (rows_g ~ 1800 / (g + 1)^1.2) and the planner's equal rows per group.
+        {"zipf", 256, 384, 10, {1800, 784, 482, 341, 261, 210, 175, 149, 130, 115}},
+        {"planner", 256, 384, 8, std::vector<int>(8, 320)},
     };
     std::vector<Case> out;
     for (const Shape& s : shapes)
         for (GemmOp op : {GemmOp::kForward, GemmOp::kDgrad})
             for (bool f32 : {false, true})
                 for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware})
-                    for (auto k : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync})
+                    for (auto k : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync, cuda::GemmKernel::kCutlass,
+                                   cuda::GemmKernel::kCutlassPingpong}) {
+                        if (is_cutlass(k) && f32) continue;  // fp32 output runs kWgmma (see GemmKernel)
                         out.push_back({s, op, f32, sch, k});
+                    }
     return out;
 }
 
@@ -200,6 +230,7 @@ class GroupedWgradTest : public ::testing::TestWithParam<Case> {};
 TEST_P(GroupedWgradTest, MatchesReference) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     const Case& c = GetParam();
+    EVENEP_SKIP_WITHOUT_KERNEL(c.kernel);
     const uint64_t seed = (std::hash<std::string>{}(case_name({c, 0})) & 0xFFFF) + 1000;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
@@ -277,7 +308,8 @@ TEST_P(GroupedWgradTest, MatchesReference) {
 std::vector<Case> wgrad_cases() {
     std::vector<Case> out;
     for (const Case& c : all_cases())
-        if (c.op == GemmOp::kForward && c.fp32_out) {  // one per shape x schedule x kernel, both wgrad modes
+        if (c.op == GemmOp::kForward && (c.fp32_out || is_cutlass(c.kernel))) {  // one per shape x schedule x
+                                                                                 // kernel, both wgrad modes
             out.push_back(c);
             Case set = c;
             set.accumulate = false;
@@ -330,27 +362,32 @@ TEST(GroupedGemmArgsTest, GraphCaptureMatchesEagerCall) {
     dtab.upload(table);
     DeviceArray<int32_t> dcu(G);
     dcu.upload(cu);
-    DeviceArray<uint16_t> y1(static_cast<size_t>(rows) * out), y2(static_cast<size_t>(rows) * out);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
-    cuda::GroupedGemmArgs a = gemm_args(x.get(), dcu.get(), dtab.get(), y1.get(), G, in, out, ws.get());
-    cuda::grouped_gemm(a, nullptr);
-    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaStream_t s;
-    EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    a.y = y2.get();
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    EVENEP_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    cuda::grouped_gemm(a, s);
-    EVENEP_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    EVENEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    EVENEP_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    EVENEP_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    EVENEP_CUDA_CHECK(cudaStreamSynchronize(s));
-    EXPECT_EQ(y1.download(), y2.download());  // same tile decomposition: bitwise equal
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(s);
+    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kCutlass, cuda::GemmKernel::kCutlassPingpong}) {
+        SCOPED_TRACE(kernel_suffix(kernel));
+        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass()) continue;
+        DeviceArray<uint16_t> y1(static_cast<size_t>(rows) * out), y2(static_cast<size_t>(rows) * out);
+        cuda::GroupedGemmArgs a = gemm_args(x.get(), dcu.get(), dtab.get(), y1.get(), G, in, out, ws.get());
+        a.kernel = kernel;
+        cuda::grouped_gemm(a, nullptr);
+        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+        cudaStream_t s;
+        EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        a.y = y2.get();
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        EVENEP_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        cuda::grouped_gemm(a, s);
+        EVENEP_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        EVENEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        EVENEP_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        EVENEP_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        EVENEP_CUDA_CHECK(cudaStreamSynchronize(s));
+        EXPECT_EQ(y1.download(), y2.download());  // same tile decomposition: bitwise equal
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaStreamDestroy(s);
+    }
 }
 
 // A weight (or gradient) pointer that is not 16-byte aligned is rejected on the device: the group is skipped, the
@@ -366,8 +403,9 @@ TEST(GroupedGemmArgsTest, MisalignedPointerIsReportedAndSkipped) {
     DeviceArray<int32_t> dcu(G);
     dcu.upload(cu);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
-    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync}) {
+    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync, cuda::GemmKernel::kCutlass}) {
         SCOPED_TRACE(kernel_suffix(kernel));
+        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass()) continue;
         std::vector<const uint16_t*> table(G);
         for (int g = 0; g < G; ++g) table[g] = w.get() + static_cast<size_t>(g) * in * out;
         table[1] += 1;  // 2 bytes off: rejected

@@ -54,7 +54,7 @@ void run_gemm_bench(const GemmCliOptions& o) {
                    info.G, cfg.H, cfg.ffn_hidden, info.grid_fwd, info.grid_dgrad);
         fmt::print("cost model ({}): c_tile {} us, c_tile_wgrad {} us, c_kblock {} us, c_kblock_wgrad {} us\n",
                    info.model_source, info.c_tile, info.c_tile_wgrad, info.c_kblock, info.c_kblock_wgrad);
-        fmt::print("{:<20} {:<8} {:<6} {:<17} {:>8} {:>10} {:>9} {:>9} {:>10}\n", "dist", "proj", "op",
+        fmt::print("{:<20} {:<8} {:<9} {:<27} {:>8} {:>10} {:>9} {:>9} {:>10}\n", "dist", "proj", "op",
                    "kernel/schedule", "rows", "p50 us", "TFLOP/s", "model us", "check");
         for (const perf::GemmDistribution& d : dists) {
             int32_t prev = 0, biggest = 0, smallest = d.cu.back();
@@ -66,7 +66,7 @@ void run_gemm_bench(const GemmCliOptions& o) {
         out["G"] = info.G;
     };
     auto on_row = [&](const perf::GemmBenchRow& r) {
-        fmt::print("{:<20} {:<8} {:<6} {:<17} {:>8} {:>10.1f} {:>9.1f} {:>9.1f} {:>10}\n", r.dist, r.proj, r.op,
+        fmt::print("{:<20} {:<8} {:<9} {:<27} {:>8} {:>10.1f} {:>9.1f} {:>9.1f} {:>10}\n", r.dist, r.proj, r.op,
                    r.schedule, r.rows, r.median_us, r.tflops, r.kernel == "mma" ? 0.0 : r.model_us, r.check);
         std::fflush(stdout);
         out["rows"].push_back({{"dist", r.dist},
@@ -163,7 +163,8 @@ void register_bench_gemm(CLI::App& bench) {
     add_u64(*cmd, "--seed", o->bench.seed, "routing and data seed");
     cmd->add_option("--ops", o->bench.ops,
                     "any of fwd, dgrad, wgrad (dW += x^T dy into fp32), wgrad_set (dW = x^T dy, no read); wgrad "
-                    "--check: 8 sampled elements")
+                    "--check: 8 sampled elements; fp8_fwd, fp8_dgrad (CUTLASS FP8 grouped GEMM, 1x128 / 128x128 "
+                    "block-scaled, beside CUTLASS's unscaled FP8 anchor; timing only, not checked)")
         ->capture_default_str();
     add_int(*cmd, "--warmup", o->bench.warmup, "untimed runs", 0, 1000000);
     add_int(*cmd, "--iters", o->bench.iters, "timed runs (median reported)", 1, 1000000);
@@ -176,7 +177,9 @@ void register_bench_gemm(CLI::App& bench) {
     add_output_file(*cmd, "--offsets-json", o->offsets_file,
                     "write each distribution's cu_seqlens (for gemm_anchor.py)");
     cmd->add_option("--kernels", o->bench.kernels,
-                    "any of wgmma (Hopper kernel, fixed and load-aware schedules), mma (portable kernel)")
+                    "any of wgmma (Hopper kernel, fixed and load-aware schedules), mma (portable kernel), cutlass "
+                    "(CUTLASS cooperative grouped GEMM, fixed and load-aware), cutlass_pingpong (CUTLASS ping-pong, "
+                    "load-aware); kernels not built or not supported by the device are left out")
         ->capture_default_str();
     cmd->add_flag("--calibrate", o->calibrate,
                   "fit the scheduler's cost model (us per tile = c_tile + c_kblock * k-blocks) on this GPU");
@@ -185,10 +188,13 @@ void register_bench_gemm(CLI::App& bench) {
     o->limits.add_to(*cmd);
     set_run(cmd, [o]() {
         for (const std::string& op : o->bench.ops)
-            EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad" || op == "wgrad_set",
-                         "bench gemm: --ops entry '", op, "' must be fwd, dgrad, wgrad or wgrad_set");
+            EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad" || op == "wgrad_set" || op == "fp8_fwd" ||
+                             op == "fp8_dgrad",
+                         "bench gemm: --ops entry '", op,
+                         "' must be fwd, dgrad, wgrad, wgrad_set, fp8_fwd or fp8_dgrad");
         for (const std::string& k : o->bench.kernels)
-            EVENEP_CHECK(k == "wgmma" || k == "mma", "bench gemm: --kernels entry '", k, "' must be wgmma or mma");
+            EVENEP_CHECK(k == "wgmma" || k == "mma" || k == "cutlass" || k == "cutlass_pingpong",
+                         "bench gemm: --kernels entry '", k, "' must be wgmma, mma, cutlass or cutlass_pingpong");
         check_estimate("bench gemm", gemm_host_estimate(o->bench), o->limits);
         require_cuda_device("bench gemm");
 #if defined(EVENEP_HAVE_CUDA)

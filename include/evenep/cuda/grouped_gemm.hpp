@@ -15,7 +15,8 @@
 // Kernels (GemmKernel): on compute capability 9.0 (H100/H200) kAuto runs the Hopper kernel — TMA tile loads,
 // wgmma m64n256k16, a warp-specialised persistent block per SM (one producer warpgroup, two consumer warpgroups),
 // 128 x 256 x 64 tiles, per-group tensor maps written on the device; elsewhere, or with kMmaSync, a portable
-// mma.sync m16n8k16 + cp.async kernel (128 x 128 x 32 tiles).
+// mma.sync m16n8k16 + cp.async kernel (128 x 128 x 32 tiles). kCutlass / kCutlassPingpong pick CUTLASS's grouped
+// GEMM (below, at GemmKernel).
 //
 // Scheduling: the kernels are persistent. A one-block scheduler kernel, launched first on the same stream, reads
 // cu_seqlens and the pointer table and writes the work order into `workspace`:
@@ -39,7 +40,14 @@ namespace evenep::cuda {
 
 enum class GemmOp : int { kForward = 0, kDgrad = 1 };
 enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
-enum class GemmKernel : int { kAuto = 0, kWgmma = 1, kMmaSync = 2 };  // kWgmma throws where unsupported
+// kWgmma, kCutlass and kCutlassPingpong throw where unsupported (grouped_gemm_has_wgmma / grouped_gemm_has_cutlass).
+// kCutlass / kCutlassPingpong: CUTLASS 3.x's Hopper ptr-array grouped GEMM (TMA, warp-specialised wgmma, TMA
+// epilogue; cooperative 128 x 256 tiles, or ping-pong 128 x 128 tiles whose epilogue overlaps the other warpgroup's
+// mainloop), built when EVENEP_CUTLASS is ON (the pinned headers of scripts/fetch-cutlass.sh). kLoadAware hands the
+// groups to CUTLASS's group scheduler (tiles dealt round-robin in list order) permuted by the cost model; kFixed in
+// index order; wgrad groups are never split (deterministic either way). Forward / dgrad with fp32 output (y_fp32)
+// run the kWgmma kernel instead (no fp32-output CUTLASS instantiation is built).
+enum class GemmKernel : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kCutlass = 3, kCutlassPingpong = 4 };
 
 // The scheduler's cost model (µs per 128 x 256 tile on one SM = c_tile + c_kblock * k-blocks of 64).
 struct GemmCostModel {
@@ -57,6 +65,8 @@ GemmCostModel grouped_gemm_cost_model();
 float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, int rows, int in, int out);
 // True when grouped_gemm's kAuto picks the Hopper kernel on the current device.
 bool grouped_gemm_has_wgmma();
+// True when the CUTLASS kernels (kCutlass, kCutlassPingpong) are built in and run on the current device.
+bool grouped_gemm_has_cutlass();
 
 struct GroupedGemmArgs {
     const uint16_t* x = nullptr;               // [rows, in] (kForward) or [rows, out] (kDgrad), bf16 bits
@@ -109,6 +119,43 @@ struct GroupedWgradArgs {
 };
 void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
 
+// FP8 grouped GEMM (issue 34; DeepSeek-V3 style: e4m3 inputs with fp32 block scales, fp32 accumulation, bf16
+// output), forward and dgrad, on CUTLASS (EVENEP_CUTLASS, compute capability 9.0; grouped_gemm_has_cutlass()).
+// The formats are those of evenep/detail/fp8.hpp: OCP e4m3, x' = e4m3 * scale.
+//   block_scaled (default)  y[row, n] = sum_k (x[row, k] * sx[row, k / 128]) * (W[k, n] * sw[k / 128, n / 128]),
+//                           the scales applied per 128-deep k-block to the fp32 partial sums (CUTLASS's blockwise
+//                           scaling); activations 1 x 128, weights 128 x 128 blocks.
+//   !block_scaled           y = x W with every scale taken as 1 (the scales are not read): CUTLASS's unscaled FP8
+//                           grouped GEMM (fast accumulation), the in-run speed anchor of the scaled kernel.
+// Operands (K = in, N = out for kForward; K = out, N = in for kDgrad), all 16-byte aligned:
+//   x              [rows, K] e4m3 bytes: the dispatched rows (kForward) or dY (kDgrad)
+//   x_scales       [rows, K / 128] fp32, row-major
+//   weights        [G] device table: kForward reads W_g^T [out][in] e4m3 (K-major: fp8 wgmma reads only K-major
+//                  operands, so the forward needs the transposed copy the FP8 weight cast writes); kDgrad reads W_g
+//                  [in][out] e4m3 as it is
+//   weight_scales  [G] device table of fp32 [in / 128][out / 128] row-major (the same array for both ops)
+//   y              [rows, N] bf16 (round to nearest even)
+// in and out must be multiples of 128. Groups are scheduled as in grouped_gemm with kernel = kCutlass (empty, null
+// or misaligned weight pointers: no tile; grouped_gemm_check reports misaligned ones). Same workspace.
+struct GroupedGemmFp8Args {
+    const uint8_t* x = nullptr;
+    const float* x_scales = nullptr;
+    const int32_t* cu_seqlens = nullptr;
+    const uint8_t* const* weights = nullptr;
+    const float* const* weight_scales = nullptr;
+    uint16_t* y = nullptr;
+    int num_groups = 0;
+    int in_dim = 0;   // multiple of 128
+    int out_dim = 0;  // multiple of 128
+    GemmOp op = GemmOp::kForward;
+    GemmSchedule schedule = GemmSchedule::kLoadAware;
+    bool block_scaled = true;
+    void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
+};
+// Throws evenep::Error(kInvalidArgument) naming the field for a null pointer, G outside 1..kMaxGemmGroups, or in/out
+// not positive multiples of 128; without the CUTLASS kernels (grouped_gemm_has_cutlass() false) it throws too.
+void grouped_gemm_fp8(const GroupedGemmFp8Args& args, cudaStream_t stream);
+
 // Synchronises `stream` and throws evenep::Error(kInvalidArgument) naming the first group of the last call on
 // `workspace` whose pointer (weight or gradient) was rejected: a group with rows and a non-null pointer that is not
 // 16-byte aligned (TMA and cp.async need it). A rejected group is skipped by the GEMM (its output rows or gradient
@@ -121,5 +168,8 @@ int grouped_gemm_grid_blocks(GemmOp op);
 // Fills p[0, n) with bf16 values uniform in [-scale, scale): element i is
 // detail::random_bf16(detail::hash64(seed, i), scale) (evenep/detail/hash.hpp), deterministic (benchmarks, tests).
 void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, float scale, cudaStream_t stream);
+// The same values (element i: detail::random_bf16(detail::hash64(seed, i), scale)) rounded to e4m3 (nearest even,
+// saturating at 448: CUDA's __nv_cvt_float_to_fp8 with __NV_SATFINITE): FP8 operands of benchmarks and tests.
+void fill_random_e4m3(uint8_t* p, size_t n, uint64_t seed, float scale, cudaStream_t stream);
 
 }  // namespace evenep::cuda

@@ -8,6 +8,7 @@
 // Tiles: kBm x kBn output rows x columns of one group, kBk inner elements per pipeline stage; 8 warps as 2 (M) x 4
 // (N), each a 64 x 32 warp tile (4 x 4 mma tiles). Shared-memory rows are padded by 8 elements (16 bytes) so that
 // ldmatrix's eight 16-byte rows fall in distinct banks.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -15,6 +16,9 @@
 #include <mutex>
 
 #include "cuda/kernels/grouped_gemm_sm90.hpp"
+#if defined(EVENEP_HAVE_CUTLASS)
+#include "cuda/kernels/cutlass/grouped_gemm_cutlass.hpp"
+#endif
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
 #include "evenep/detail/align.hpp"
@@ -351,6 +355,14 @@ __global__ void fill_random_kernel(uint16_t* p, size_t n, uint64_t seed, float s
     }
 }
 
+__global__ void fill_random_e4m3_kernel(uint8_t* p, size_t n, uint64_t seed, float scale) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        const float v = bf16_to_float(detail::random_bf16(detail::hash64(seed, i), scale));
+        p[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+    }
+}
+
 template <int kMode, bool kOutF32>
 int kernel_blocks() {
     static std::mutex mutex;
@@ -411,8 +423,12 @@ void check_common(int G, int in, int out, const void* workspace, const char* wha
 
 size_t grouped_gemm_workspace_bytes(int num_groups) {
     const size_t fallback = sizeof(int32_t) * (static_cast<size_t>(kWsOrder) + 2 * static_cast<size_t>(num_groups) + 1);
-    const size_t hopper = sm90::workspace_bytes(num_groups);
-    return (fallback > hopper ? fallback : hopper) + kErrorWordBytes;
+    size_t bytes = fallback > sm90::workspace_bytes(num_groups) ? fallback : sm90::workspace_bytes(num_groups);
+#if defined(EVENEP_HAVE_CUTLASS)
+    const size_t cutlass = cutlass_gemm::workspace_bytes(num_groups);
+    bytes = bytes > cutlass ? bytes : cutlass;
+#endif
+    return bytes + kErrorWordBytes;
 }
 
 void grouped_gemm_check(const void* workspace, int num_groups, cudaStream_t stream) {
@@ -428,6 +444,14 @@ void grouped_gemm_check(const void* workspace, int num_groups, cudaStream_t stre
 }
 
 bool grouped_gemm_has_wgmma() { return sm90::supported(); }
+
+bool grouped_gemm_has_cutlass() {
+#if defined(EVENEP_HAVE_CUTLASS)
+    return cutlass_gemm::supported();
+#else
+    return false;
+#endif
+}
 
 GemmCostModel grouped_gemm_cost_model() { return sm90::cost_model(); }
 
@@ -445,6 +469,22 @@ float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, 
 }
 
 namespace {
+// Whether this call runs a CUTLASS kernel (kCutlass, kCutlassPingpong; throws where they cannot run).
+bool use_cutlass(GemmKernel kernel, const char* what) {
+    if (kernel != GemmKernel::kCutlass && kernel != GemmKernel::kCutlassPingpong) return false;
+    EVENEP_CHECK(grouped_gemm_has_cutlass(), what,
+                 ": kernel = ", kernel == GemmKernel::kCutlass ? "kCutlass" : "kCutlassPingpong",
+                 " needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
+    return true;
+}
+
+#if defined(EVENEP_HAVE_CUTLASS)
+cutlass_gemm::Schedule cutlass_schedule(GemmKernel kernel) {
+    return kernel == GemmKernel::kCutlassPingpong ? cutlass_gemm::Schedule::kPingpong
+                                                  : cutlass_gemm::Schedule::kCooperative;
+}
+#endif
+
 // Whether this call runs the Hopper kernel.
 bool use_wgmma(GemmKernel kernel, const char* what) {
     if (kernel == GemmKernel::kMmaSync) return false;
@@ -466,6 +506,12 @@ void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, float scale, cudaStr
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
+void fill_random_e4m3(uint8_t* p, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
+    if (n == 0) return;
+    fill_random_e4m3_kernel<<<1024, 256, 0, stream>>>(p, n, seed, scale);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
 void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     check_common(a.num_groups, a.in_dim, a.out_dim, a.workspace, "grouped_gemm");
     EVENEP_CHECK(a.x != nullptr && a.cu_seqlens != nullptr && a.weights != nullptr && a.y != nullptr,
@@ -475,7 +521,29 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     const int N = fwd ? a.out_dim : a.in_dim;
     const auto* ptrs = reinterpret_cast<const void* const*>(a.weights);
     const int G = a.num_groups;
-    if (use_wgmma(a.kernel, "grouped_gemm")) {
+    // fp32 output: no CUTLASS instantiation; the hand-written Hopper kernel (see GemmKernel).
+    const bool cutlass = use_cutlass(a.kernel, "grouped_gemm") && !a.y_fp32;
+#if defined(EVENEP_HAVE_CUTLASS)
+    if (cutlass) {
+        const cutlass_gemm::LaunchArgs l{.op = fwd ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
+                                         .x = a.x,
+                                         .cu = a.cu_seqlens,
+                                         .ptrs = ptrs,
+                                         .y = a.y,
+                                         .num_groups = G,
+                                         .in_dim = a.in_dim,
+                                         .out_dim = a.out_dim,
+                                         .load_aware = a.schedule == GemmSchedule::kLoadAware,
+                                         .cost = grouped_gemm_cost_model(),
+                                         .workspace = a.workspace};
+        cutlass_gemm::launch(cutlass_schedule(a.kernel), l, stream);
+        return;
+    }
+#endif
+    (void)cutlass;
+    const GemmKernel hand =
+        a.kernel == GemmKernel::kCutlass || a.kernel == GemmKernel::kCutlassPingpong ? GemmKernel::kWgmma : a.kernel;
+    if (use_wgmma(hand, "grouped_gemm")) {
         sm90::LaunchArgs l;
         l.mode = fwd ? 0 : 1;
         l.x = a.x;
@@ -504,11 +572,66 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     }
 }
 
+void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
+    EVENEP_CHECK(a.num_groups >= 1 && a.num_groups <= kMaxGemmGroups, "grouped_gemm_fp8: num_groups = ", a.num_groups,
+                 " must be in [1, ", kMaxGemmGroups, "]");
+    EVENEP_CHECK(a.in_dim > 0 && a.in_dim % 128 == 0, "grouped_gemm_fp8: in_dim = ", a.in_dim,
+                 " must be a positive multiple of 128 (the scale block)");
+    EVENEP_CHECK(a.out_dim > 0 && a.out_dim % 128 == 0, "grouped_gemm_fp8: out_dim = ", a.out_dim,
+                 " must be a positive multiple of 128 (the scale block)");
+    EVENEP_CHECK(a.workspace != nullptr, "grouped_gemm_fp8: workspace is null");
+    EVENEP_CHECK(a.x != nullptr && a.cu_seqlens != nullptr && a.weights != nullptr && a.y != nullptr,
+                 "grouped_gemm_fp8: null pointer among x, cu_seqlens, weights, y");
+    EVENEP_CHECK(!a.block_scaled || (a.x_scales != nullptr && a.weight_scales != nullptr),
+                 "grouped_gemm_fp8: block_scaled needs x_scales and weight_scales");
+    EVENEP_CHECK(
+        grouped_gemm_has_cutlass(),
+        "grouped_gemm_fp8: needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
+#if defined(EVENEP_HAVE_CUTLASS)
+    const cutlass_gemm::Fp8LaunchArgs l{
+        .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
+        .block_scaled = a.block_scaled,
+        .x = a.x,
+        .x_scales = a.x_scales,
+        .cu = a.cu_seqlens,
+        .ptrs = reinterpret_cast<const void* const*>(a.weights),
+        .weight_scales = a.weight_scales,
+        .y = a.y,
+        .num_groups = a.num_groups,
+        .in_dim = a.in_dim,
+        .out_dim = a.out_dim,
+        .load_aware = a.schedule == GemmSchedule::kLoadAware,
+        .cost = grouped_gemm_cost_model(),
+        .workspace = a.workspace};
+    cutlass_gemm::launch_fp8(l, stream);
+#else
+    (void)stream;
+#endif
+}
+
 void grouped_gemm_wgrad(const GroupedWgradArgs& a, cudaStream_t stream) {
     check_common(a.num_groups, a.in_dim, a.out_dim, a.workspace, "grouped_gemm_wgrad");
     EVENEP_CHECK(a.x != nullptr && a.dy != nullptr && a.cu_seqlens != nullptr && a.grads != nullptr,
                  "grouped_gemm_wgrad: null pointer among x, dy, cu_seqlens, grads");
     const auto* ptrs = reinterpret_cast<const void* const*>(a.grads);
+    if (use_cutlass(a.kernel, "grouped_gemm_wgrad")) {
+#if defined(EVENEP_HAVE_CUTLASS)
+        const cutlass_gemm::LaunchArgs l{.op = cutlass_gemm::Op::kWgrad,
+                                         .x = a.x,
+                                         .dy = a.dy,
+                                         .cu = a.cu_seqlens,
+                                         .ptrs = ptrs,
+                                         .num_groups = a.num_groups,
+                                         .in_dim = a.in_dim,
+                                         .out_dim = a.out_dim,
+                                         .load_aware = a.schedule == GemmSchedule::kLoadAware,
+                                         .accumulate = a.accumulate,
+                                         .cost = grouped_gemm_cost_model(),
+                                         .workspace = a.workspace};
+        cutlass_gemm::launch(cutlass_schedule(a.kernel), l, stream);
+#endif
+        return;
+    }
     if (use_wgmma(a.kernel, "grouped_gemm_wgrad")) {
         sm90::LaunchArgs l;
         l.mode = 2;

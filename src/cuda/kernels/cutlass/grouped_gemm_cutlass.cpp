@@ -1,0 +1,113 @@
+// The CUTLASS grouped GEMM backend's dispatch (grouped_gemm_cutlass.hpp): picks the instantiation of (op, schedule),
+// sizes the workspace over all of them. No CUTLASS header here: the instantiations live in their own .cu files.
+#include "cuda/kernels/cutlass/grouped_gemm_cutlass.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "evenep/cuda/check.hpp"
+#include "evenep/error.hpp"
+
+namespace evenep::cuda::cutlass_gemm {
+namespace {
+
+// Multiprocessors of the current device (cached per device); 0 without a device.
+int sm_count() {
+    static std::mutex mutex;
+    static std::map<int, int> cache;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(device);
+    if (it != cache.end()) return it->second;
+    int sms = 0;
+    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    cache[device] = sms;
+    return sms;
+}
+
+template <Op kOp>
+void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t stream) {
+    if (schedule == Schedule::kPingpong)
+        instance_launch<kOp, Schedule::kPingpong>(a, sms, stream);
+    else
+        instance_launch<kOp, Schedule::kCooperative>(a, sms, stream);
+}
+
+}  // namespace
+
+bool supported() {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    int major = 0, minor = 0;
+    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major == 9 && minor == 0;
+}
+
+size_t workspace_bytes(int num_groups) {
+    // Without a device, size for the largest Hopper part (the CUTLASS workspace grows with the SM count).
+    constexpr int kMaxSms = 144;
+    const int sms = std::max(sm_count(), kMaxSms);
+    size_t bytes = 0;
+    for (size_t b : {instance_workspace_bytes<Op::kForward, Schedule::kCooperative>(num_groups, sms),
+                     instance_workspace_bytes<Op::kForward, Schedule::kPingpong>(num_groups, sms),
+                     instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative>(num_groups, sms),
+                     instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
+                     instance_workspace_bytes<Op::kWgrad, Schedule::kCooperative>(num_groups, sms),
+                     instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms)}) {
+        bytes = std::max(bytes, b);
+    }
+    return bytes;
+}
+
+void launch(Schedule schedule, const LaunchArgs& a, cudaStream_t stream) {
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
+                 "grouped_gemm (CUTLASS): workspace must be 128-byte aligned");
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm (CUTLASS): x must be 16-byte aligned");
+    EVENEP_CHECK(a.op != Op::kWgrad || reinterpret_cast<uintptr_t>(a.dy) % 16 == 0,
+                 "grouped_gemm_wgrad (CUTLASS): dy must be 16-byte aligned");
+    EVENEP_CHECK(a.op == Op::kWgrad || reinterpret_cast<uintptr_t>(a.y) % 16 == 0,
+                 "grouped_gemm (CUTLASS): y must be 16-byte aligned");
+    const int sms = sm_count();
+    switch (a.op) {
+        case Op::kForward:
+            launch_op<Op::kForward>(schedule, a, sms, stream);
+            break;
+        case Op::kDgrad:
+            launch_op<Op::kDgrad>(schedule, a, sms, stream);
+            break;
+        case Op::kWgrad:
+            launch_op<Op::kWgrad>(schedule, a, sms, stream);
+            break;
+    }
+}
+
+void launch_fp8(const Fp8LaunchArgs& a, cudaStream_t stream) {
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
+                 "grouped_gemm_fp8: workspace must be 128-byte aligned");
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm_fp8: x must be 16-byte aligned");
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.y) % 16 == 0, "grouped_gemm_fp8: y must be 16-byte aligned");
+    EVENEP_CHECK(a.op == Op::kForward || a.op == Op::kDgrad, "grouped_gemm_fp8: op must be forward or dgrad");
+    const int sms = sm_count();
+    if (!a.block_scaled)
+        fp8_instance_launch<Fp8Kind::kUnscaled>(a, sms, stream);
+    else if (a.op == Op::kForward)
+        fp8_instance_launch<Fp8Kind::kBlockwiseForward>(a, sms, stream);
+    else
+        fp8_instance_launch<Fp8Kind::kBlockwiseDgrad>(a, sms, stream);
+}
+
+}  // namespace evenep::cuda::cutlass_gemm

@@ -1,0 +1,7 @@
+// One CUTLASS grouped GEMM instantiation (grouped_gemm_cutlass.cuh): dgrad, pingpong schedule.
+#include "cuda/kernels/cutlass/grouped_gemm_cutlass.cuh"
+
+namespace evenep::cuda::cutlass_gemm {
+template size_t instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(int, int);
+template void instance_launch<Op::kDgrad, Schedule::kPingpong>(const LaunchArgs&, int, cudaStream_t);
+}  // namespace evenep::cuda::cutlass_gemm
