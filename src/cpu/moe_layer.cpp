@@ -66,6 +66,8 @@ MoeLayer::MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights)
     EVENEP_CHECK(weights.config().H == c.H && weights.config().ffn_hidden == c.ffn_hidden &&
                      weights.config().cfg.E == c.cfg.E && weights.config().cfg.R == c.cfg.R,
                  "moe layer: weights are ", weights.config().to_string(), ", the buffer ", c.to_string());
+    EVENEP_CHECK(weights.config().precision == c.precision, "moe layer: weights are ", weights.config().to_string(),
+                 ", the buffer ", c.to_string(), " (precision differs)");
     const size_t nvs = static_cast<size_t>(c.cfg.recv_rows());
     x_rows_.resize(nvs * c.H);
     g_rows_.resize(nvs * c.ffn_hidden);

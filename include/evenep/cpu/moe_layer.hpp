@@ -131,6 +131,6 @@ struct Fp8Tolerance {
     double max_rel;
     double mean_rel;
 };
-inline constexpr Fp8Tolerance kFp8LayerTolerance{0.15, 0.08};
+inline constexpr Fp8Tolerance kFp8LayerTolerance{0.15, 0.10};
 
 }  // namespace evenep::cpu
