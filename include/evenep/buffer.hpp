@@ -46,7 +46,8 @@ struct BufferConfig {
     Config cfg;
     int H = 256;           // hidden size (bf16 elements per token row); H % 8 == 0
     int ffn_hidden = 128;  // H': expert intermediate size (sizes the expert pools)
-    DataPrecision precision{};  // {}: designated initialisers may leave it out without -Wmissing-field-initializers
+    // {}: designated initialisers may leave it out without -Wmissing-field-initializers (GCC 12).
+    DataPrecision precision{};
 
     // Throws evenep::Error naming the bad value (Config::validate plus H, H'; with fp8 both multiples of 128).
     void validate() const;
