@@ -175,6 +175,14 @@ std::span<Bf16> ExpertPool::slot_weight(int proj, int slot) {
             static_cast<size_t>(layout_.expert_elems())};
 }
 
+Fp8Weight ExpertPool::slot_weight_fp8(int proj, int slot) const {
+    EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && slot >= 0 && slot < layout_.B && layout_.fp8,
+                 "expert pool: projection ", proj, ", slot ", slot, " out of range (B = ", layout_.B,
+                 ") or no FP8 slots (", cfg_.to_string(), ")");
+    return {reinterpret_cast<const Fp8E4m3*>(peers_[rank_] + layout_.slot_w8(proj, slot)),
+            reinterpret_cast<const float*>(peers_[rank_] + layout_.slot_scale(proj, slot))};
+}
+
 std::span<float> ExpertPool::slot_grad(int proj, int slot) {
     EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && slot >= 0 && slot < layout_.B,
                  "expert pool: projection ", proj, ", slot ", slot, " out of range (B = ", layout_.B, ")");

@@ -15,6 +15,12 @@
 //                                         names rank, token and channel.
 //   CpuFp8Path.Bf16PartialsCombine        knob on: output = the reference formula with bf16-rounded multi-entry
 //                                         partials, bit for bit; no fp32 partial crosses; bytes drop by fp32_rows*2H.
+//   CpuFp8Path.PrefetchE4m3/<direct|relay>  hot-expert plan (8 ranks, relay tree off/on): after cast_fp8, every slot
+//                                         holds its expert's e4m3 codes and scales = quantize_weight_fp8 of the home's
+//                                         master weights, bit for bit (relayed slots via their relay's e4m3 slot);
+//                                         bytes = copies*3*(H*H' + scales*4); a second prefetch moves nothing and
+//                                         casts nothing; a weight change at one home re-casts and re-copies its
+//                                         experts.
 //   CpuFp8Path.GemmWithinDerivedBound     grouped_gemm_fp8 (plain, transposed, accumulate; fp32 and UE8M0 scales;
 //                                         an outlier block and a zero row) against the float64 product of the
 //                                         unquantised operands, element by element within the bound of docs/fp8.md.
@@ -26,12 +32,15 @@
 //                                         as bf16, dispatch and prefetch bytes below bf16's, gradients finite.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "common/cpu_testing.hpp"
+#include "evenep/cpu/expert_pool.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
+#include "evenep/cpu/local_team.hpp"
 #include "evenep/cpu/moe_layer.hpp"
 #include "evenep/cpu/oracle.hpp"
 #include "evenep/detail/fp8.hpp"
@@ -211,6 +220,99 @@ TEST(CpuFp8Path, Bf16PartialsCombine) {
     EXPECT_EQ(got.traffic.rows, wide.traffic.rows);
     EXPECT_EQ(wide.traffic.bytes - got.traffic.bytes, wide.traffic.fp32_rows * cfg.H * 2);
 }
+
+// ---- weight prefetch -----------------------------------------------------------------------------------
+class PrefetchE4m3 : public ::testing::TestWithParam<bool> {};
+
+TEST_P(PrefetchE4m3, SlotsHoldTheHomeCast) {
+    using namespace std::chrono_literals;
+    const bool relay = GetParam();
+    const BufferConfig cfg = fp8_config(buffer_config(8, 32, 4, 64, 4, 128, 128));
+    const Config& c = cfg.cfg;
+    const Routing routing = make_adversarial({c.R, c.E, c.K, c.S, 3}, Adversarial::kSingleHotExpert);
+    Planner planner(c, PlannerMode::kReference);
+    planner.set_relay(relay);
+    Plan plan;
+    planner.plan(routing.tpe(), routing.s, plan);
+    const int B = c.num_slots(), epn = c.epn();
+    int64_t copies = 0, relayed = 0;
+    for (size_t i = 0; i < plan.copies.size(); ++i)
+        if (plan.copies[i] >= 0) {
+            ++copies;
+            relayed += plan.relay_src[i] != plan.copies[i] / epn ? 1 : 0;
+        }
+    ASSERT_GT(copies, 0);
+    if (relay) {
+        ASSERT_GT(relayed, 0) << "the plan has no relayed copy: the test would not cover the relay path";
+    }
+    const int64_t n = 128 * 128, per_copy = 3 * (n + 1 * 4);
+    const auto master = [](int e, int p, int64_t i, int salt) {
+        return detail::random_bf16(detail::hash64(static_cast<uint64_t>(e * 3 + p) * 7919 + salt, i), 0.1f);
+    };
+    std::vector<int64_t> bytes(3 * 8, 0);
+    cpu::LocalTeamGroup group(8, 20000ms);
+    cpu::run_ranks_or_throw(group, [&](Team& team) {
+        const int r = team.rank();
+        cpu::ExpertWeights layer(team, cfg);
+        cpu::ExpertPool pool(team, cfg);
+        const auto fill = [&](int salt) {
+            for (int p = 0; p < 3; ++p)
+                for (int le = 0; le < epn; ++le) {
+                    auto w = layer.weight(p, le);
+                    for (size_t i = 0; i < w.size(); ++i) w[i] = master(r * epn + le, p, static_cast<int64_t>(i), salt);
+                }
+        };
+        fill(0);
+        int step = 0;
+        const auto check_slots = [&](int salt_of_home0) {
+            std::vector<Bf16> w(n);
+            std::vector<Fp8E4m3> q(n);
+            float s = 0;
+            for (int b = 0; b < B; ++b) {
+                const int32_t e = plan.copies[static_cast<size_t>(r) * B + b];
+                if (e < 0) continue;
+                const int salt = e / epn == 0 ? salt_of_home0 : 0;
+                for (int p = 0; p < 3; ++p) {
+                    for (int64_t i = 0; i < n; ++i) w[i] = master(e, p, i, salt);
+                    cpu::quantize_weight_fp8(w.data(), 128, 128, cfg.precision.ue8m0, q.data(), &s);
+                    const cpu::Fp8Weight got = pool.slot_weight_fp8(p, b);
+                    ASSERT_EQ(got.scales[0], s) << "rank " << r << " slot " << b << " expert " << e << " proj " << p;
+                    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got.codes[i].bits, q[i].bits) << i;
+                }
+            }
+        };
+        layer.cast_fp8();
+        pool.prefetch_weight(plan, layer);
+        bytes[step++ * 8 + r] = pool.last_traffic().recv_bytes[r];
+        check_slots(0);
+        layer.cast_fp8();  // nothing changed: no cast, no copy
+        pool.prefetch_weight(plan, layer);
+        bytes[step++ * 8 + r] = pool.last_traffic().recv_bytes[r];
+        team.barrier("before the update");
+        if (r == 0) fill(1);  // home 0 changes its weights
+        team.barrier("updated");
+        layer.cast_fp8();
+        pool.prefetch_weight(plan, layer);
+        bytes[step++ * 8 + r] = pool.last_traffic().recv_bytes[r];
+        check_slots(1);
+        team.barrier("checked");
+    });
+    int64_t first = 0, second = 0, third = 0;
+    for (int r = 0; r < 8; ++r) first += bytes[r], second += bytes[8 + r], third += bytes[16 + r];
+    int64_t remote = 0, of_home0 = 0;
+    for (size_t i = 0; i < plan.copies.size(); ++i)
+        if (plan.copies[i] >= 0) {
+            remote += 1;
+            of_home0 += plan.copies[i] / epn == 0 ? 1 : 0;
+        }
+    EXPECT_EQ(first, remote * per_copy);
+    EXPECT_EQ(second, 0);
+    EXPECT_EQ(third, of_home0 * per_copy);
+}
+
+INSTANTIATE_TEST_SUITE_P(CpuFp8Path, PrefetchE4m3, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
+    return std::string(info.param ? "relay" : "direct");
+});
 
 // ---- GEMM ----------------------------------------------------------------------------------------------
 struct GemmCase {

@@ -103,6 +103,8 @@ class ExpertPool {
     void reduce_grad(const Plan& plan, ExpertWeights& layer);
 
     std::span<Bf16> slot_weight(int proj, int slot);
+    // The e4m3 slot (precision.fp8): codes [in*out] and scales [in/128 * out/128] as last prefetched.
+    Fp8Weight slot_weight_fp8(int proj, int slot) const;
     std::span<float> slot_grad(int proj, int slot);
     std::span<const float> slot_grad(int proj, int slot) const;
 
