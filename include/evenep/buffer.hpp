@@ -31,12 +31,25 @@
 
 namespace evenep {
 
+// Precision of the data path (docs/fp8.md). Every field false: the bf16 path, bit for bit as without it.
+struct DataPrecision {
+    // FP8 (e4m3) dispatch rows with one scale per 128 channels, e4m3 copies of the experts' weights with one scale
+    // per 128 x 128 block, block-scaled expert GEMMs forward and dgrad (wgrad stays bf16). Needs H and H'
+    // multiples of 128 (evenep/detail/fp8.hpp).
+    bool fp8 = false;
+    bool ue8m0 = false;          // with fp8: every scale a power of two (UE8M0)
+    bool bf16_partials = false;  // combine: partials of >= 2 entries cross as bf16 (one more rounding, half the bytes)
+    friend bool operator==(const DataPrecision&, const DataPrecision&) = default;
+};
+
 struct BufferConfig {
     Config cfg;
     int H = 256;           // hidden size (bf16 elements per token row); H % 8 == 0
     int ffn_hidden = 128;  // H': expert intermediate size (sizes the expert pools)
+    // {}: designated initialisers may leave it out without -Wmissing-field-initializers (GCC 12).
+    DataPrecision precision{};
 
-    // Throws evenep::Error naming the bad value (Config::validate plus H, H').
+    // Throws evenep::Error naming the bad value (Config::validate plus H, H'; with fp8 both multiples of 128).
     void validate() const;
     detail::BufferLayout layout() const;
     detail::ExpertPoolLayout pool_layout() const;
@@ -57,9 +70,9 @@ struct BufferSizes {
     // Process-wide expert pool (symmetric), shared by all MoE layers.
     int64_t pool_slots = 0;   // B * 3 * H * H' * 2 (bf16 prefetch slots)
     int64_t pool_reduce = 0;  // B * 3 * H * H' * 4 (fp32 slot gradients)
-    int64_t pool_total = 0;
+    int64_t pool_total = 0;   // with fp8 also the e4m3 slots and their scales
     // Per MoE layer.
-    int64_t layer_weights = 0;  // epn * 3 * H * H' * 2 (bf16, symmetric)
+    int64_t layer_weights = 0;  // epn * 3 * H * H' * 2 (bf16, symmetric; with fp8 plus the e4m3 cast and scales)
     int64_t layer_grads = 0;    // epn * 3 * H * H' * 4 (fp32, local)
     // DeepEP-style worst-case receive buffer: any rank may receive all R*S tokens, R * S * H * 2.
     int64_t deepep_recv_x = 0;

@@ -28,23 +28,32 @@ void BufferConfig::validate() const {
     EVENEP_CHECK(H >= detail::kHiddenAlign && H % detail::kHiddenAlign == 0, "buffer: H = ", H,
                  " must be a positive multiple of ", detail::kHiddenAlign, " (16-byte rows)");
     EVENEP_CHECK(ffn_hidden >= 1, "buffer: ffn_hidden (H') = ", ffn_hidden, " must be >= 1");
+    if (precision.fp8) {
+        EVENEP_CHECK(H % kFp8Block == 0, "buffer: fp8 needs H a multiple of ", kFp8Block, " (one scale per ", kFp8Block,
+                     " channels), got H = ", H);
+        EVENEP_CHECK(ffn_hidden % kFp8Block == 0, "buffer: fp8 needs H' a multiple of ", kFp8Block, " (one scale per ",
+                     kFp8Block, " channels), got H' = ", ffn_hidden);
+    }
+    EVENEP_CHECK(!precision.ue8m0 || precision.fp8, "buffer: ue8m0 scales need fp8");
 }
 
 detail::BufferLayout BufferConfig::layout() const {
-    return detail::BufferLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, H, cfg.slack_ppm());
+    return detail::BufferLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, H, cfg.slack_ppm(), precision.fp8);
 }
 
 detail::ExpertPoolLayout BufferConfig::pool_layout() const {
-    return detail::ExpertPoolLayout::make(cfg.num_slots(), H, ffn_hidden);
+    return detail::ExpertPoolLayout::make(cfg.num_slots(), H, ffn_hidden, precision.fp8);
 }
 
 detail::ExpertWeightsLayout BufferConfig::weights_layout() const {
-    return detail::ExpertWeightsLayout::make(cfg.epn(), H, ffn_hidden);
+    return detail::ExpertWeightsLayout::make(cfg.epn(), H, ffn_hidden, precision.fp8);
 }
 
 std::string BufferConfig::to_string() const {
     std::ostringstream os;
     os << cfg.to_string() << " H=" << H << " H'=" << ffn_hidden;
+    if (precision.fp8) os << (precision.ue8m0 ? " fp8(ue8m0)" : " fp8");
+    if (precision.bf16_partials) os << " bf16-partials";
     return os.str();
 }
 

@@ -117,6 +117,10 @@ Buffer::Buffer(Team& team, const BufferConfig& cfg, PlannerMode mode)
     tpe_scratch_.resize(static_cast<size_t>(cfg_.cfg.R) * cfg_.cfg.E);
     s_scratch_.resize(cfg_.cfg.R);
     acc_scratch_.resize(cfg_.H);
+    if (layout_.fp8) {
+        x8_scratch_.resize(cfg_.H);
+        scale_scratch_.resize(static_cast<size_t>(layout_.scales_per_row()));
+    }
 }
 
 Buffer::~Buffer() { team_.free_symmetric(window_); }
@@ -126,6 +130,12 @@ std::span<Bf16> Buffer::recv_x() {
 }
 std::span<float> Buffer::recv_w() {
     return {at<float>(rank_, layout_.recv_w_offset), static_cast<size_t>(layout_.num_recv_rows)};
+}
+std::span<Fp8E4m3> Buffer::recv_x8() {
+    return {at<Fp8E4m3>(rank_, layout_.recv_x8_offset), static_cast<size_t>(layout_.recv_x8_bytes())};
+}
+std::span<float> Buffer::recv_scale() {
+    return {at<float>(rank_, layout_.recv_scale_offset), static_cast<size_t>(layout_.recv_scale_bytes() / 4)};
 }
 std::span<const int32_t> Buffer::recv_next() const {
     return {at<int32_t>(rank_, layout_.recv_next_offset), static_cast<size_t>(layout_.num_recv_rows)};
@@ -163,6 +173,11 @@ DispatchHandle Buffer::dispatch(const DispatchArgs& a) {
                 EVENEP_CHECK(a.tpe[e] == my_tpe[e], "dispatch: rank ", rank_, ": caller histogram says ", a.tpe[e],
                              " entries for expert ", e, " but topk_idx routes ", my_tpe[e]);
         }
+        if (layout_.fp8)
+            for (size_t i = 0; i < a.x.size(); ++i)
+                EVENEP_CHECK(bf16_is_finite(a.x[i]), "dispatch: rank ", rank_, ": x[", i / H, ", ", i % H,
+                             "] = ", bf16_to_float(a.x[i]), " (token ", i / H, ", channel ", i % H,
+                             ") is not finite; the FP8 dispatch quantises each 128-channel block by its amax");
     });
     if (status.ok) {
         const int64_t row_ints = layout_.gather_row_ints();
@@ -190,9 +205,9 @@ DispatchHandle Buffer::dispatch(const DispatchArgs& a) {
     }
     plan_seconds_ = seconds_since(t_plan);
 
-    write_payloads(h, a.x);
+    write_payloads(h, a.x, layout_.fp8);
     team_.barrier("dispatch: rows written");
-    fill_local_rows(h);
+    fill_local_rows(h, layout_.fp8);
     h.id = g_next_handle_id.fetch_add(1);
     filled_id_ = h.id;
     return h;
@@ -210,9 +225,9 @@ void Buffer::dispatch(DispatchHandle& h, std::span<const Bf16> x) {
     });
     const int bad = team_.barrier("dispatch (plan reused): start", status.ok);
     status.throw_if_failed(bad, "dispatch (plan reused)", "nothing was sent");
-    write_payloads(h, x);
+    write_payloads(h, x, false);
     team_.barrier("dispatch (plan reused): rows written");
-    fill_local_rows(h);
+    fill_local_rows(h, false);
     h.id = g_next_handle_id.fetch_add(1);
     filled_id_ = h.id;
 }
@@ -242,15 +257,20 @@ void Buffer::plan_from_gather(const DispatchArgs& a, DispatchHandle& h) {
 }
 
 // Source side of dispatch: every entry's record, and the token row once per destination rank.
-void Buffer::write_payloads(const DispatchHandle& h, std::span<const Bf16> x) {
+void Buffer::write_payloads(const DispatchHandle& h, std::span<const Bf16> x, bool fp8) {
     const int K = cfg_.cfg.K;
-    const int64_t H = cfg_.H, nvs = layout_.num_recv_rows;
+    const int64_t H = cfg_.H, nvs = layout_.num_recv_rows, spr = layout_.scales_per_row();
     const int64_t units_per_token = layout_.units_per_token, units_per_rank = layout_.stage_units();
-    const int64_t row_bytes = H * 2;
+    const int64_t row_bytes = fp8 ? H + spr * 4 : H * 2;
+    const bool ue8m0 = cfg_.precision.ue8m0;
     TokenDests td;
     for (int t = 0; t < h.s; ++t) {
         const int32_t* codes = h.dst.data() + static_cast<int64_t>(t) * K;
         td.build(codes, K, nvs);
+        if (fp8 && td.n > 0)  // once per token, whatever the number of destinations
+            for (int64_t b = 0; b < spr; ++b)
+                scale_scratch_[b] = fp8_quantize_act_block(x.data() + static_cast<int64_t>(t) * H + b * kFp8Block,
+                                                           x8_scratch_.data() + b * kFp8Block, ue8m0);
         for (int k = 0; k < K; ++k) {
             const int32_t code = codes[k];
             if (detail::is_masked(code)) continue;
@@ -270,8 +290,15 @@ void Buffer::write_payloads(const DispatchHandle& h, std::span<const Bf16> x) {
             if (detail::is_payload(code)) {
                 const int j = td.index_of(d);
                 ret = detail::encode_ret(rank_, static_cast<int64_t>(t) * units_per_token + td.unit[j], units_per_rank);
-                std::memcpy(at<Bf16>(d, layout_.recv_x_offset) + row * H, x.data() + static_cast<int64_t>(t) * H,
-                            static_cast<size_t>(row_bytes));
+                if (fp8) {
+                    std::memcpy(at<Fp8E4m3>(d, layout_.recv_x8_offset) + row * H, x8_scratch_.data(),
+                                static_cast<size_t>(H));
+                    std::memcpy(at<float>(d, layout_.recv_scale_offset) + row * spr, scale_scratch_.data(),
+                                static_cast<size_t>(spr) * 4);
+                } else {
+                    std::memcpy(at<Bf16>(d, layout_.recv_x_offset) + row * H, x.data() + static_cast<int64_t>(t) * H,
+                                static_cast<size_t>(row_bytes));
+                }
                 if (d != rank_) {
                     traffic_.rows += 1;
                     traffic_.move(rank_, d, row_bytes);
@@ -287,10 +314,12 @@ void Buffer::write_payloads(const DispatchHandle& h, std::span<const Bf16> x) {
 }
 
 // Destination side of dispatch, after every source has written: padding rows zero, duplicates from their head.
-void Buffer::fill_local_rows(const DispatchHandle& h) {
+void Buffer::fill_local_rows(const DispatchHandle& h, bool fp8) {
     const int G = h.plan.G();
-    const int64_t H = cfg_.H;
+    const int64_t H = cfg_.H, spr = layout_.scales_per_row();
     Bf16* x = at<Bf16>(rank_, layout_.recv_x_offset);
+    Fp8E4m3* x8 = at<Fp8E4m3>(rank_, layout_.recv_x8_offset);
+    float* sc = at<float>(rank_, layout_.recv_scale_offset);
     float* w = at<float>(rank_, layout_.recv_w_offset);
     int32_t* next = at<int32_t>(rank_, layout_.recv_next_offset);
     int32_t* ret = at<int32_t>(rank_, layout_.recv_ret_offset);
@@ -299,7 +328,12 @@ void Buffer::fill_local_rows(const DispatchHandle& h) {
         const int32_t begin = h.plan.group_begin(rank_, g), end = h.plan.group_end(rank_, g);
         const int32_t used_end = begin + h.plan.group_count[static_cast<size_t>(rank_) * G + g];
         for (int32_t row = used_end; row < end; ++row) {
-            std::fill(x + row * H, x + (row + 1) * H, Bf16{0});
+            if (fp8) {
+                std::fill(x8 + row * H, x8 + (row + 1) * H, Fp8E4m3{0});
+                std::fill(sc + row * spr, sc + (row + 1) * spr, 0.0f);
+            } else {
+                std::fill(x + row * H, x + (row + 1) * H, Bf16{0});
+            }
             w[row] = 0.0f;
             next[row] = detail::kChainEnd;
             ret[row] = detail::kRetPadding;
@@ -309,7 +343,12 @@ void Buffer::fill_local_rows(const DispatchHandle& h) {
             for (int32_t n = next[row]; n != detail::kChainEnd; n = next[n]) {
                 EVENEP_ASSERT(n >= 0 && n < rows_used && ret[n] == detail::kRetDuplicate, "rank ", rank_,
                               ": chain from row ", row, " reaches row ", n, " which is not a duplicate row");
-                std::memcpy(x + n * H, x + row * H, static_cast<size_t>(H) * 2);
+                if (fp8) {
+                    std::memcpy(x8 + n * H, x8 + row * H, static_cast<size_t>(H));
+                    std::memcpy(sc + n * spr, sc + row * spr, static_cast<size_t>(spr) * 4);
+                } else {
+                    std::memcpy(x + n * H, x + row * H, static_cast<size_t>(H) * 2);
+                }
             }
         }
     }
@@ -339,6 +378,7 @@ void Buffer::combine_impl(const DispatchHandle& h,
     const int64_t H = cfg_.H, nvs = layout_.num_recv_rows;
     const int64_t units_per_token = layout_.units_per_token, units_per_rank = layout_.stage_units();
     const int64_t unit_bytes = layout_.stage_unit_bytes();
+    const bool bf16_partials = cfg_.precision.bf16_partials;
     traffic_ = PhaseTraffic(R);
 
     LocalStatus status;
@@ -385,12 +425,18 @@ void Buffer::combine_impl(const DispatchHandle& h,
                 std::fill(acc, acc + H, 0.0f);
                 for (int32_t n = row; n != detail::kChainEnd; n = next[n])
                     add_row_terms(acc, y + static_cast<int64_t>(n) * H, H, w[n], a.apply_weights);
-                std::memcpy(slot, acc, static_cast<size_t>(2 * unit_bytes));
+                if (bf16_partials) {
+                    Bf16* p = reinterpret_cast<Bf16*>(slot);
+                    for (int64_t i = 0; i < H; ++i) p[i] = float_to_bf16(acc[i]);
+                } else {
+                    std::memcpy(slot, acc, static_cast<size_t>(2 * unit_bytes));
+                }
             }
             if (src != rank_) {
+                const bool wide = !single && !bf16_partials;
                 traffic_.rows += 1;
-                traffic_.fp32_rows += single ? 0 : 1;
-                traffic_.move(rank_, src, single ? unit_bytes : 2 * unit_bytes);
+                traffic_.fp32_rows += wide ? 1 : 0;
+                traffic_.move(rank_, src, wide ? 2 * unit_bytes : unit_bytes);
             }
         }
     }
@@ -410,6 +456,8 @@ void Buffer::combine_impl(const DispatchHandle& h,
             if (td.count[j] == 1) {
                 add_row_terms(acc, reinterpret_cast<const Bf16*>(slot), H, h.topk_w[static_cast<size_t>(t) * K + k],
                               a.apply_weights);
+            } else if (bf16_partials) {
+                add_row_terms(acc, reinterpret_cast<const Bf16*>(slot), H, 1.0f, false);  // weights already applied
             } else {
                 const float* p = reinterpret_cast<const float*>(slot);
                 for (int64_t i = 0; i < H; ++i) acc[i] += p[i];

@@ -34,7 +34,6 @@ namespace {
 using internal::LocalStatus;
 using internal::validated;
 
-
 void check_plan(const Plan& plan, const BufferConfig& cfg, int rank, const char* call) {
     const Config& a = plan.cfg;
     const Config& b = cfg.cfg;
@@ -133,6 +132,26 @@ std::span<const float> ExpertWeights::grad(int proj, int local_expert) const {
     return const_cast<ExpertWeights*>(this)->grad(proj, local_expert);
 }
 
+void ExpertWeights::cast_fp8() {
+    EVENEP_CHECK(layout_.fp8, "expert weights: cast_fp8 needs precision.fp8 (", cfg_.to_string(), ")");
+    const uint64_t v = version(rank_);
+    if (v == fp8_version_) return;
+    for (int p = 0; p < detail::kNumProjections; ++p)
+        for (int le = 0; le < layout_.epn; ++le)
+            quantize_weight_fp8(peer_weight(p, rank_, le), detail::proj_in_dim(p, layout_.H, layout_.F),
+                                detail::proj_out_dim(p, layout_.H, layout_.F), cfg_.precision.ue8m0,
+                                reinterpret_cast<Fp8E4m3*>(peers_[rank_] + layout_.weight8(p, le)),
+                                reinterpret_cast<float*>(peers_[rank_] + layout_.scale(p, le)));
+    fp8_version_ = v;
+}
+
+Fp8Weight ExpertWeights::peer_weight_fp8(int proj, int peer, int local_expert) const {
+    (void)peer_weight(proj, peer, local_expert);  // range checks
+    EVENEP_CHECK(layout_.fp8, "expert weights: no FP8 cast without precision.fp8 (", cfg_.to_string(), ")");
+    return {reinterpret_cast<const Fp8E4m3*>(peers_[peer] + layout_.weight8(proj, local_expert)),
+            reinterpret_cast<const float*>(peers_[peer] + layout_.scale(proj, local_expert))};
+}
+
 void ExpertWeights::zero_grad() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -154,6 +173,14 @@ std::span<Bf16> ExpertPool::slot_weight(int proj, int slot) {
                  "expert pool: projection ", proj, ", slot ", slot, " out of range (B = ", layout_.B, ")");
     return {reinterpret_cast<Bf16*>(peers_[rank_] + layout_.slot_w(proj, slot)),
             static_cast<size_t>(layout_.expert_elems())};
+}
+
+Fp8Weight ExpertPool::slot_weight_fp8(int proj, int slot) const {
+    EVENEP_CHECK(proj >= 0 && proj < detail::kNumProjections && slot >= 0 && slot < layout_.B && layout_.fp8,
+                 "expert pool: projection ", proj, ", slot ", slot, " out of range (B = ", layout_.B,
+                 ") or no FP8 slots (", cfg_.to_string(), ")");
+    return {reinterpret_cast<const Fp8E4m3*>(peers_[rank_] + layout_.slot_w8(proj, slot)),
+            reinterpret_cast<const float*>(peers_[rank_] + layout_.slot_scale(proj, slot))};
 }
 
 std::span<float> ExpertPool::slot_grad(int proj, int slot) {
@@ -199,13 +226,24 @@ void ExpertPool::prefetch_weight(const Plan& plan, const ExpertWeights& layer) {
             EVENEP_ASSERT(home != rank_, "prefetch_weight: rank ", rank_, " slot ", b, " holds its own expert ", e);
             const int from = src == home ? -1 : detail::relay_slot_of(plan.copies.data(), B, src, e);
             for (int p = 0; p < detail::kNumProjections; ++p) {
+                if (layout_.fp8) {  // the home's e4m3 cast (cast_fp8) or the relay's e4m3 slot
+                    const Fp8Weight w =
+                        from < 0 ? layer.peer_weight_fp8(p, home, e % epn)
+                                 : Fp8Weight{reinterpret_cast<const Fp8E4m3*>(peers_[src] + layout_.slot_w8(p, from)),
+                                             reinterpret_cast<const float*>(peers_[src] + layout_.slot_scale(p, from))};
+                    std::memcpy(peers_[rank_] + layout_.slot_w8(p, b), w.codes, static_cast<size_t>(n));
+                    std::memcpy(peers_[rank_] + layout_.slot_scale(p, b), w.scales,
+                                static_cast<size_t>(layout_.expert_scales()) * 4);
+                    continue;
+                }
                 const void* w = from < 0 ? static_cast<const void*>(layer.peer_weight(p, home, e % epn))
                                          : static_cast<const void*>(peers_[src] + layout_.slot_w(p, from));
                 std::memcpy(slot_weight(p, b).data(), w, static_cast<size_t>(n) * 2);
             }
             sc = SlotContent{e, &layer, version};
             traffic_.rows += 1;
-            traffic_.move(src, rank_, detail::kNumProjections * n * 2);
+            traffic_.move(src, rank_,
+                          detail::kNumProjections * (layout_.fp8 ? n + layout_.expert_scales() * 4 : n * 2));
         }
     }
 }
@@ -241,17 +279,14 @@ void ExpertPool::reduce_grad(const Plan& plan, ExpertWeights& layer) {
         }
         team_.barrier("reduce_grad: relay level");
     }
-    for (int le = 0; le < epn; ++le)
-        pull_children(rank_ * epn + le, [&](int p) { return layer.grad(p, le).data(); });
+    for (int le = 0; le < epn; ++le) pull_children(rank_ * epn + le, [&](int p) { return layer.grad(p, le).data(); });
     team_.barrier("reduce_grad: slots consumed");
 }
 
-void ExpertPool::weight_table(const Plan& plan,
-                              const ExpertWeights& layer,
-                              int proj,
-                              std::vector<const Bf16*>& out) const {
+template <typename T, typename Pick>
+void ExpertPool::table(const Plan& plan, const ExpertWeights& layer, std::vector<T>& out, Pick&& pick) const {
     const int G = plan.G(), epn = cfg_.cfg.epn();
-    out.assign(G, nullptr);
+    out.assign(G, T{});
     for (int g = 0; g < G; ++g) {
         const size_t i = static_cast<size_t>(rank_) * G + g;
         const int32_t e = plan.group_expert[i];
@@ -259,7 +294,7 @@ void ExpertPool::weight_table(const Plan& plan,
             case WeightSource::kEmpty:
                 break;
             case WeightSource::kLocal:
-                out[g] = layer.weight(proj, e - rank_ * epn).data();
+                out[g] = pick(WeightSource::kLocal, rank_, e - rank_ * epn);
                 break;
             case WeightSource::kSlot: {
                 const int b = plan.group_slot[i];
@@ -269,14 +304,38 @@ void ExpertPool::weight_table(const Plan& plan,
                 EVENEP_CHECK(sc.expert == e && sc.layer == &layer && sc.version == layer.version(e / epn),
                              "weight table: rank ", rank_, ", group ", g, ": slot ", b, " does not hold expert ", e,
                              " of this layer (call prefetch_weight with this plan and layer first)");
-                out[g] = reinterpret_cast<const Bf16*>(peers_[rank_] + layout_.slot_w(proj, b));
+                out[g] = pick(WeightSource::kSlot, rank_, b);
                 break;
             }
             case WeightSource::kPeer:
-                out[g] = layer.peer_weight(proj, e / epn, e % epn);
+                out[g] = pick(WeightSource::kPeer, e / epn, e % epn);
                 break;
         }
     }
+}
+
+void ExpertPool::weight_table(const Plan& plan,
+                              const ExpertWeights& layer,
+                              int proj,
+                              std::vector<const Bf16*>& out) const {
+    table(plan, layer, out, [&](WeightSource src, int rank, int index) -> const Bf16* {
+        if (src == WeightSource::kSlot)
+            return reinterpret_cast<const Bf16*>(peers_[rank_] + layout_.slot_w(proj, index));
+        return rank == rank_ ? layer.weight(proj, index).data() : layer.peer_weight(proj, rank, index);
+    });
+}
+
+void ExpertPool::weight_table_fp8(const Plan& plan,
+                                  const ExpertWeights& layer,
+                                  int proj,
+                                  std::vector<Fp8Weight>& out) const {
+    EVENEP_CHECK(layout_.fp8, "weight_table_fp8: rank ", rank_, ": the pool has no FP8 slots (", cfg_.to_string(), ")");
+    table(plan, layer, out, [&](WeightSource src, int rank, int index) -> Fp8Weight {
+        if (src == WeightSource::kSlot)
+            return {reinterpret_cast<const Fp8E4m3*>(peers_[rank_] + layout_.slot_w8(proj, index)),
+                    reinterpret_cast<const float*>(peers_[rank_] + layout_.slot_scale(proj, index))};
+        return layer.peer_weight_fp8(proj, rank, index);
+    });
 }
 
 void ExpertPool::grad_table(const Plan& plan, ExpertWeights& layer, int proj, std::vector<float*>& out) {

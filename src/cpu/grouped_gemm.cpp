@@ -133,4 +133,105 @@ void grouped_gemm_wgrad(const GroupedGemmShape& shape,
     }
 }
 
+// ---- FP8 ----------------------------------------------------------------------------------------------------
+
+namespace {
+
+void check_finite(const Bf16* v, int64_t rows, int64_t cols, int64_t ld, const char* what) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+            EVENEP_CHECK(bf16_is_finite(v[r * ld + c]), what, ": value [", r, ", ", c,
+                         "] = ", bf16_to_float(v[r * ld + c]), " is not finite; FP8 quantises each block by its amax");
+}
+
+void check_fp8_dims(int64_t a, int64_t b, const char* what) {
+    EVENEP_CHECK(a % kFp8Block == 0 && b % kFp8Block == 0, what, ": dims ", a, " x ", b, " must be multiples of ",
+                 kFp8Block, " (FP8 block scaling)");
+}
+
+}  // namespace
+
+void quantize_rows_fp8(std::span<const Bf16> in,
+                       int64_t rows,
+                       int64_t dim,
+                       bool ue8m0,
+                       std::span<Fp8E4m3> codes,
+                       std::span<float> scales) {
+    check_fp8_dims(dim, kFp8Block, "quantize_rows_fp8");
+    const int64_t spr = dim / kFp8Block;
+    EVENEP_CHECK(in.size() >= static_cast<size_t>(rows * dim) && codes.size() >= static_cast<size_t>(rows * dim) &&
+                     scales.size() >= static_cast<size_t>(rows * spr),
+                 "quantize_rows_fp8: ", rows, " rows of ", dim, " need ", rows * dim, " values and ", rows * spr,
+                 " scales; got ", in.size(), ", ", codes.size(), " and ", scales.size());
+    check_finite(in.data(), rows, dim, dim, "quantize_rows_fp8");
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < spr; ++b)
+            scales[r * spr + b] = fp8_quantize_act_block(in.data() + r * dim + b * kFp8Block,
+                                                         codes.data() + r * dim + b * kFp8Block, ue8m0);
+}
+
+void quantize_weight_fp8(const Bf16* w, int64_t in, int64_t out, bool ue8m0, Fp8E4m3* codes, float* scales) {
+    check_fp8_dims(in, out, "quantize_weight_fp8");
+    check_finite(w, in, out, out, "quantize_weight_fp8");
+    const int64_t ob = out / kFp8Block;
+    for (int64_t i = 0; i < in / kFp8Block; ++i)
+        for (int64_t o = 0; o < ob; ++o) {
+            const int64_t at = i * kFp8Block * out + o * kFp8Block;
+            scales[i * ob + o] = fp8_quantize_weight_block(w + at, out, codes + at, ue8m0);
+        }
+}
+
+void grouped_gemm_fp8(const GroupedGemmShape& shape,
+                      std::span<const Fp8Weight> weights,
+                      bool transposed,
+                      std::span<const Fp8E4m3> in,
+                      std::span<const float> in_scales,
+                      std::span<float> out,
+                      bool accumulate) {
+    check_shape(shape, weights.size(), "grouped_gemm_fp8");
+    const int G = static_cast<int>(shape.cu_seqlens.size());
+    const int64_t kin = shape.in_dim, kout = shape.out_dim;
+    check_fp8_dims(kin, kout, "grouped_gemm_fp8");
+    const int64_t nkb = kin / kFp8Block, nob = kout / kFp8Block;
+    const int64_t rows = G == 0 ? 0 : shape.cu_seqlens[G - 1];
+    EVENEP_CHECK(in.size() >= static_cast<size_t>(rows * kin) && in_scales.size() >= static_cast<size_t>(rows * nkb),
+                 "grouped_gemm_fp8: input has ", in.size(), " codes and ", in_scales.size(),
+                 " scales, expected >= rows*in_dim = ", rows * kin, " and rows*in_dim/128 = ", rows * nkb);
+    EVENEP_CHECK(out.size() >= static_cast<size_t>(rows * kout), "grouped_gemm_fp8: output has ", out.size(),
+                 " values, expected >= rows*out_dim = ", rows * kout);
+    std::vector<float> wf(static_cast<size_t>(kin * kout)), af, part;
+    for (int g = 0; g < G; ++g) {
+        const int64_t count = shape.group_count[g];
+        if (count == 0) continue;
+        const Fp8Weight w = weights[g];
+        EVENEP_CHECK(w.codes != nullptr && w.scales != nullptr, "grouped_gemm_fp8: group ", g, " has ", count,
+                     " rows but no weight");
+        // Unscaled e4m3 values of W as the product uses it ([in, out]); the scales are applied per block below.
+        for (int64_t i = 0; i < kin; ++i)
+            for (int64_t o = 0; o < kout; ++o)
+                wf[i * kout + o] = e4m3_to_float(transposed ? w.codes[o * kin + i] : w.codes[i * kout + o]);
+        const int64_t begin = group_begin(shape, g);
+        af.resize(static_cast<size_t>(count * kFp8Block));
+        part.resize(static_cast<size_t>(count * kout));
+        float* acc = out.data() + begin * kout;
+        if (!accumulate) std::fill(acc, acc + count * kout, 0.0f);
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+            for (int64_t r = 0; r < count; ++r)
+                for (int64_t i = 0; i < kFp8Block; ++i)
+                    af[r * kFp8Block + i] = e4m3_to_float(in[(begin + r) * kin + kb * kFp8Block + i]);
+            gemm_f32(af.data(), wf.data() + kb * kFp8Block * kout, part.data(), count, kFp8Block, kout, false);
+            for (int64_t r = 0; r < count; ++r) {
+                const float sa = in_scales[(begin + r) * nkb + kb];
+                for (int64_t ob = 0; ob < nob; ++ob) {
+                    const float sw = transposed ? w.scales[ob * nkb + kb] : w.scales[kb * nob + ob];
+                    const float s = sa * sw;
+                    float* __restrict c = acc + r * kout + ob * kFp8Block;
+                    const float* __restrict p = part.data() + r * kout + ob * kFp8Block;
+                    for (int64_t o = 0; o < kFp8Block; ++o) c[o] += p[o] * s;
+                }
+            }
+        }
+    }
+}
+
 }  // namespace evenep::cpu

@@ -317,7 +317,52 @@ DenseResult dense_moe_reference(const MoeProblem& p, bool backward, int num_thre
     return res;
 }
 
+std::vector<std::vector<float>> dense_moe_forward_f64(const MoeProblem& p) {
+    check_problem(p);
+    const Config& c = p.cfg.cfg;
+    const int R = c.R, K = c.K, E = c.E;
+    const int64_t H = p.cfg.H, F = p.cfg.ffn_hidden, n = H * F;
+    std::vector<std::vector<double>> acc(R);
+    for (int r = 0; r < R; ++r) acc[r].assign(static_cast<size_t>(p.s[r]) * H, 0.0);
+    std::vector<double> wg(n), wu(n), wd(n), x(H), g(F), u(F), y(H);
+    for (int e = 0; e < E; ++e) {
+        bool used = false;
+        for (int r = 0; r < R; ++r)
+            for (int32_t id : p.topk_idx[r]) used = used || id == e;
+        if (!used) continue;
+        for (int64_t i = 0; i < n; ++i) {
+            wg[i] = bf16_to_float(p.w_gate[e * n + i]);
+            wu[i] = bf16_to_float(p.w_up[e * n + i]);
+            wd[i] = bf16_to_float(p.w_down[e * n + i]);
+        }
+        for (int r = 0; r < R; ++r)
+            for (int64_t t = 0; t < p.s[r]; ++t)
+                for (int k = 0; k < K; ++k) {
+                    if (p.topk_idx[r][t * K + k] != e) continue;
+                    for (int64_t i = 0; i < H; ++i) x[i] = bf16_to_float(p.x[r][t * H + i]);
+                    std::fill(g.begin(), g.end(), 0.0);
+                    std::fill(u.begin(), u.end(), 0.0);
+                    for (int64_t i = 0; i < H; ++i)
+                        for (int64_t o = 0; o < F; ++o) {
+                            g[o] += x[i] * wg[i * F + o];
+                            u[o] += x[i] * wu[i * F + o];
+                        }
+                    std::fill(y.begin(), y.end(), 0.0);
+                    for (int64_t o = 0; o < F; ++o) {
+                        const double h = g[o] / (1.0 + std::exp(-g[o])) * u[o];
+                        for (int64_t i = 0; i < H; ++i) y[i] += h * wd[o * H + i];
+                    }
+                    const double w = p.topk_w[r][t * K + k];
+                    for (int64_t i = 0; i < H; ++i) acc[r][t * H + i] += w * y[i];
+                }
+    }
+    std::vector<std::vector<float>> out(R);
+    for (int r = 0; r < R; ++r) out[r].assign(acc[r].begin(), acc[r].end());
+    return out;
+}
+
 double ErrorStats::rel() const { return max_abs / std::max(max_ref, 1e-30); }
+double ErrorStats::mean_rel() const { return sum_abs / std::max(sum_ref, 1e-30); }
 
 ErrorStats compare(std::span<const float> got, std::span<const float> ref) {
     EVENEP_CHECK(got.size() == ref.size(), "compare: sizes ", got.size(), " and ", ref.size(), " differ");
@@ -327,6 +372,8 @@ ErrorStats compare(std::span<const float> got, std::span<const float> ref) {
         if (std::isfinite(r) && !std::isfinite(g)) st.nonfinite = true;
         st.max_abs = std::max(st.max_abs, std::abs(g - r));
         st.max_ref = std::max(st.max_ref, std::abs(r));
+        st.sum_abs += std::abs(g - r);
+        st.sum_ref += std::abs(r);
     }
     if (st.nonfinite) st.max_abs = std::numeric_limits<double>::infinity();
     return st;
@@ -347,6 +394,8 @@ ErrorStats compare_ranks(const std::vector<std::vector<T>>& got, const std::vect
         const ErrorStats st = compare(std::span<const T>(got[r]), std::span<const float>(ref[r]));
         all.max_abs = std::max(all.max_abs, st.max_abs);
         all.max_ref = std::max(all.max_ref, st.max_ref);
+        all.sum_abs += st.sum_abs;
+        all.sum_ref += st.sum_ref;
         all.nonfinite = all.nonfinite || st.nonfinite;
     }
     return all;

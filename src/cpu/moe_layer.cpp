@@ -40,6 +40,23 @@ void for_each_used_row(const DispatchHandle& h, F&& fn) {
     }
 }
 
+// FP8 operand of the rows [0, rows) of `in` ([rows, dim] bf16): the 1 x 128 cast (evenep/detail/fp8.hpp).
+struct Fp8Rows {
+    std::vector<Fp8E4m3> codes;
+    std::vector<float> scales;
+    Fp8Rows(std::span<const Bf16> in, int64_t rows, int64_t dim, bool ue8m0)
+        : codes(static_cast<size_t>(rows * dim)), scales(static_cast<size_t>(rows * dim / kFp8Block)) {
+        quantize_rows_fp8(in, rows, dim, ue8m0, codes, scales);
+    }
+};
+
+void fp8_tables(const ExpertPool& pool,
+                const DispatchHandle& h,
+                const ExpertWeights& w,
+                std::vector<Fp8Weight> (&out)[detail::kNumProjections]) {
+    for (int p = 0; p < detail::kNumProjections; ++p) pool.weight_table_fp8(h.plan, w, p, out[p]);
+}
+
 }  // namespace
 
 MoeLayer::MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights)
@@ -50,6 +67,8 @@ MoeLayer::MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights)
     EVENEP_CHECK(weights.config().H == c.H && weights.config().ffn_hidden == c.ffn_hidden &&
                      weights.config().cfg.E == c.cfg.E && weights.config().cfg.R == c.cfg.R,
                  "moe layer: weights are ", weights.config().to_string(), ", the buffer ", c.to_string());
+    EVENEP_CHECK(weights.config().precision == c.precision, "moe layer: weights are ", weights.config().to_string(),
+                 ", the buffer ", c.to_string(), " (precision differs)");
     const size_t nvs = static_cast<size_t>(c.cfg.recv_rows());
     x_rows_.resize(nvs * c.H);
     g_rows_.resize(nvs * c.ffn_hidden);
@@ -61,6 +80,7 @@ MoeLayer::MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights)
 void MoeLayer::forward(const DispatchArgs& args, std::span<Bf16> out) {
     const BufferConfig& c = buffer_.config();
     const int64_t H = c.H, F = c.ffn_hidden, nvs = c.cfg.recv_rows();
+    const bool fp8 = c.precision.fp8, ue8m0 = c.precision.ue8m0;
     times_ = LayerTimes{};
     traffic_ = TrafficReport(c.cfg.R);
     has_forward_ = false;
@@ -75,6 +95,7 @@ void MoeLayer::forward(const DispatchArgs& args, std::span<Bf16> out) {
     traffic_.total_entries = handle_.plan.total_entries();
 
     t0 = Clock::now();
+    if (fp8) weights_.cast_fp8();  // before the prefetch's start barrier: copies read the casts
     pool_.prefetch_weight(handle_.plan, weights_);
     times_.prefetch = seconds_since(t0);
     traffic_.prefetch = pool_.last_traffic();
@@ -82,17 +103,29 @@ void MoeLayer::forward(const DispatchArgs& args, std::span<Bf16> out) {
     // Expert computation on this rank's receive buffer (zero-copy input; the rows are saved for backward).
     t0 = Clock::now();
     const int32_t rows = handle_.rows_used();
-    const auto recv = buffer_.recv_x();
-    std::copy(recv.begin(), recv.begin() + static_cast<int64_t>(rows) * H, x_rows_.begin());
-    std::vector<const Bf16*> wg, wu, wd;
-    pool_.weight_table(handle_.plan, weights_, detail::kProjGate, wg);
-    pool_.weight_table(handle_.plan, weights_, detail::kProjUp, wu);
-    pool_.weight_table(handle_.plan, weights_, detail::kProjDown, wd);
     const GroupedGemmShape hf{handle_.cu_seqlens(), handle_.group_count(), static_cast<int>(H), static_cast<int>(F)};
     const GroupedGemmShape fh{handle_.cu_seqlens(), handle_.group_count(), static_cast<int>(F), static_cast<int>(H)};
     std::vector<float> gf(static_cast<size_t>(nvs * F)), uf(static_cast<size_t>(nvs * F));
-    grouped_gemm(hf, wg, false, x_rows_, gf, false);
-    grouped_gemm(hf, wu, false, x_rows_, uf, false);
+    std::vector<const Bf16*> wg, wu, wd;
+    std::vector<Fp8Weight> w8[detail::kNumProjections];
+    if (fp8) {
+        // The e4m3 rows feed the GEMMs; their bf16 dequantisation bf16(float(q) * s) is saved for the bf16 wgrad.
+        const auto x8 = buffer_.recv_x8();
+        const auto xs = buffer_.recv_scale();
+        for (int64_t i = 0; i < static_cast<int64_t>(rows) * H; ++i)
+            x_rows_[i] = float_to_bf16(fp8_dequantize(x8[i], xs[i / kFp8Block]));
+        fp8_tables(pool_, handle_, weights_, w8);
+        grouped_gemm_fp8(hf, w8[detail::kProjGate], false, x8, xs, gf, false);
+        grouped_gemm_fp8(hf, w8[detail::kProjUp], false, x8, xs, uf, false);
+    } else {
+        const auto recv = buffer_.recv_x();
+        std::copy(recv.begin(), recv.begin() + static_cast<int64_t>(rows) * H, x_rows_.begin());
+        pool_.weight_table(handle_.plan, weights_, detail::kProjGate, wg);
+        pool_.weight_table(handle_.plan, weights_, detail::kProjUp, wu);
+        pool_.weight_table(handle_.plan, weights_, detail::kProjDown, wd);
+        grouped_gemm(hf, wg, false, x_rows_, gf, false);
+        grouped_gemm(hf, wu, false, x_rows_, uf, false);
+    }
     for_each_used_row(handle_, [&](int32_t row) {
         for (int64_t i = row * F; i < (row + 1) * F; ++i) {
             const Bf16 g = float_to_bf16(gf[i]), u = float_to_bf16(uf[i]);
@@ -102,7 +135,12 @@ void MoeLayer::forward(const DispatchArgs& args, std::span<Bf16> out) {
         }
     });
     std::vector<float> yf(static_cast<size_t>(nvs * H));
-    grouped_gemm(fh, wd, false, h_rows_, yf, false);
+    if (fp8) {
+        const Fp8Rows h8(h_rows_, rows, F, ue8m0);
+        grouped_gemm_fp8(fh, w8[detail::kProjDown], false, h8.codes, h8.scales, yf, false);
+    } else {
+        grouped_gemm(fh, wd, false, h_rows_, yf, false);
+    }
     for_each_used_row(handle_, [&](int32_t row) {
         for (int64_t i = row * H; i < (row + 1) * H; ++i) y_rows_[i] = float_to_bf16(yf[i]);
     });
@@ -122,6 +160,8 @@ void MoeLayer::forward(const DispatchArgs& args, std::span<Bf16> out) {
 void MoeLayer::backward(std::span<const Bf16> grad_out, std::span<Bf16> grad_x, std::span<float> grad_topk_w) {
     const BufferConfig& c = buffer_.config();
     const int64_t H = c.H, F = c.ffn_hidden, nvs = c.cfg.recv_rows();
+    const bool fp8 = c.precision.fp8, ue8m0 = c.precision.ue8m0;
+    const int32_t rows = handle_.rows_used();
     // Same decision on every rank (same config and call sequence), so no rank is left at a barrier.
     EVENEP_CHECK(has_forward_, "moe layer: rank ", buffer_.rank(), ": backward without a forward");
     EVENEP_CHECK(c.cfg.num_slots() == c.cfg.epn(), "moe layer: training needs B = epn (B = ", c.cfg.num_slots(),
@@ -134,6 +174,7 @@ void MoeLayer::backward(std::span<const Bf16> grad_out, std::span<Bf16> grad_x, 
 
     // Other layers may have used the shared pool since forward: prefetch again (copies only what changed).
     t0 = Clock::now();
+    if (fp8) weights_.cast_fp8();  // a no-op unless the weights changed since forward
     pool_.prefetch_weight(handle_.plan, weights_);
     times_.prefetch += seconds_since(t0);
     traffic_.prefetch.add(pool_.last_traffic());
@@ -150,10 +191,15 @@ void MoeLayer::backward(std::span<const Bf16> grad_out, std::span<Bf16> grad_x, 
                                    dy.data() + row * H, H);
     });
     std::vector<const Bf16*> wg, wu, wd;
+    std::vector<Fp8Weight> w8[detail::kNumProjections];
     std::vector<float*> gg, gu, gd;
-    pool_.weight_table(handle_.plan, weights_, detail::kProjGate, wg);
-    pool_.weight_table(handle_.plan, weights_, detail::kProjUp, wu);
-    pool_.weight_table(handle_.plan, weights_, detail::kProjDown, wd);
+    if (fp8) {
+        fp8_tables(pool_, handle_, weights_, w8);
+    } else {
+        pool_.weight_table(handle_.plan, weights_, detail::kProjGate, wg);
+        pool_.weight_table(handle_.plan, weights_, detail::kProjUp, wu);
+        pool_.weight_table(handle_.plan, weights_, detail::kProjDown, wd);
+    }
     pool_.grad_table(handle_.plan, weights_, detail::kProjGate, gg);
     pool_.grad_table(handle_.plan, weights_, detail::kProjUp, gu);
     pool_.grad_table(handle_.plan, weights_, detail::kProjDown, gd);
@@ -163,7 +209,12 @@ void MoeLayer::backward(std::span<const Bf16> grad_out, std::span<Bf16> grad_x, 
     const GroupedGemmShape fh{cu, cnt, static_cast<int>(F), static_cast<int>(H)};
     grouped_gemm_wgrad(fh, h_rows_, dy, gd);  // dWd += h^T · dy
     std::vector<float> dh(static_cast<size_t>(nvs * F));
-    grouped_gemm(hf, wd, true, dy, dh, false);  // dh = dy · Wd^T
+    if (fp8) {
+        const Fp8Rows dy8(dy, rows, H, ue8m0);
+        grouped_gemm_fp8(hf, w8[detail::kProjDown], true, dy8.codes, dy8.scales, dh, false);
+    } else {
+        grouped_gemm(hf, wd, true, dy, dh, false);  // dh = dy · Wd^T
+    }
     for_each_used_row(handle_, [&](int32_t row) {
         for (int64_t i = row * F; i < (row + 1) * F; ++i) {
             const float g = bf16_to_float(g_rows_[i]), u = bf16_to_float(u_rows_[i]);
@@ -174,8 +225,14 @@ void MoeLayer::backward(std::span<const Bf16> grad_out, std::span<Bf16> grad_x, 
     grouped_gemm_wgrad(hf, x_rows_, dg, gg);  // dWg += x^T · dg
     grouped_gemm_wgrad(hf, x_rows_, du, gu);  // dWu += x^T · du
     std::vector<float> dxf(static_cast<size_t>(nvs * H));
-    grouped_gemm(fh, wg, true, dg, dxf, false);  // dx = dg · Wg^T
-    grouped_gemm(fh, wu, true, du, dxf, true);   //    + du · Wu^T
+    if (fp8) {
+        const Fp8Rows dg8(dg, rows, F, ue8m0), du8(du, rows, F, ue8m0);
+        grouped_gemm_fp8(fh, w8[detail::kProjGate], true, dg8.codes, dg8.scales, dxf, false);
+        grouped_gemm_fp8(fh, w8[detail::kProjUp], true, du8.codes, du8.scales, dxf, true);
+    } else {
+        grouped_gemm(fh, wg, true, dg, dxf, false);  // dx = dg · Wg^T
+        grouped_gemm(fh, wu, true, du, dxf, true);   //    + du · Wu^T
+    }
     // The input gradient rows go into the receive buffer in place (zero-copy for dispatch_backward).
     const auto dx_rows = buffer_.recv_x();
     for_each_used_row(handle_, [&](int32_t row) {

@@ -38,6 +38,8 @@ GroupDispatchResult dispatch_group(const BufferConfig& cfg,
     res.recv_w.resize(R);
     res.recv_next.resize(R);
     res.recv_ret.resize(R);
+    res.recv_x8.resize(R);
+    res.recv_scale.resize(R);
     std::vector<PhaseTraffic> traffic(R), gather(R);
     LocalTeamGroup group(R, options.barrier_timeout);
     run_ranks_or_throw(group, [&](Team& team) {
@@ -49,6 +51,8 @@ GroupDispatchResult dispatch_group(const BufferConfig& cfg,
         res.recv_w[r].assign(buffer.recv_w().begin(), buffer.recv_w().end());
         res.recv_next[r].assign(buffer.recv_next().begin(), buffer.recv_next().end());
         res.recv_ret[r].assign(buffer.recv_ret().begin(), buffer.recv_ret().end());
+        res.recv_x8[r].assign(buffer.recv_x8().begin(), buffer.recv_x8().end());
+        res.recv_scale[r].assign(buffer.recv_scale().begin(), buffer.recv_scale().end());
         traffic[r] = buffer.last_traffic();
         gather[r] = buffer.last_gather_traffic();
         if (r == 0) res.plan = std::move(h.plan);

@@ -116,12 +116,14 @@ inline std::vector<std::vector<int>> row_kinds(const Plan& plan) {
 // SPEC §4.2 written out loop by loop: per token, the entries on each destination rank pre-summed in fp32 in k
 // order (p = 0; p += v_k), then acc = 0; acc += partial in the order of the destinations' first k; a partial of
 // one entry is the bf16 value itself (times w in fp32 with apply_weights). y[d]: [NvS*H] on rank d.
+// bf16_partials (DataPrecision::bf16_partials): a partial of >= 2 entries is rounded to bf16 before it is added.
 inline std::vector<std::vector<Bf16>> reference_combine(const Plan& plan,
                                                         const std::vector<std::vector<int32_t>>& dst,
                                                         const std::vector<std::vector<Bf16>>& y,
                                                         const std::vector<std::vector<float>>& topk_w,
                                                         int H,
-                                                        bool apply_weights) {
+                                                        bool apply_weights,
+                                                        bool bf16_partials = false) {
     const int R = plan.R(), K = plan.cfg.K;
     const int64_t nvs = plan.cfg.recv_rows();
     std::vector<std::vector<Bf16>> out(R);
@@ -159,7 +161,7 @@ inline std::vector<std::vector<Bf16>> reference_combine(const Plan& plan,
                             part += apply_weights ? topk_w[r][static_cast<size_t>(t) * K + k] * v : v;
                         }
                     }
-                    acc[i] += part;
+                    acc[i] += bf16_partials && ks.size() > 1 ? round_to_bf16(part) : part;
                 }
             }
             for (int i = 0; i < H; ++i) out[r][static_cast<size_t>(t) * H + i] = float_to_bf16(acc[i]);

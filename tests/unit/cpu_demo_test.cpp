@@ -9,6 +9,10 @@
 //   CpuDemo.PlanOnlyAtLargeShape       --plan-only at E=384 K=8 H=7168 prints the byte table without running.
 //   CpuDemo.RoutingFile                --routing FILE.npy (int32 [R,S,K]) is used as given.
 //   CpuDemo.BadInputExitsTwo           E % R != 0, H % 8 != 0, a float32 routing file, a histogram file: exit 2.
+//   CpuDemo.Fp8RunReportsBothPaths     --fp8 (fp32 and UE8M0 scales, bf16 partials): exit 0, the FP8 and bf16 errors
+//                                      vs float64 in --json (FP8 within its tolerance, above bf16's), FP8 dispatch
+//                                      and prefetch bytes below 0.53x bf16's, out_fp8/out_f64 dumped; --fp8 with
+//                                      H = 200, --ue8m0 without --fp8: exit 2 naming the value.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,9 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "common/cli_testing.hpp"
 #include "evenep/io.hpp"
 #include "evenep/routing.hpp"
-#include "common/cli_testing.hpp"
 
 namespace evenep {
 namespace {
@@ -152,6 +156,40 @@ TEST(CpuDemo, BadInputExitsTwo) {
         EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.output;
         EXPECT_NE(run.output.find("error"), std::string::npos) << args << "\n" << run.output;
     }
+    fs::remove_all(dir);
+}
+
+TEST(CpuDemo, Fp8RunReportsBothPaths) {
+    const fs::path dir = temp_dir("fp8");
+    for (const std::string& extra : std::vector<std::string>{"", " --ue8m0 --bf16-partials"}) {
+        const CliRun run =
+            run_cli("demo --R 4 --E 8 --K 2 --S 16 --H 256 --ffn-hidden 128 --maxvio 1.5 --seed 3 --fp8" + extra +
+                    " --json " + (dir / "demo.json").string() + " --dump " + (dir / "arrays").string());
+        ASSERT_EQ(run.exit_code, 0) << extra << "\n" << run.output;
+        EXPECT_NE(run.output.find("FP8 path"), std::string::npos) << run.output;
+        std::ifstream jf(dir / "demo.json");
+        const nlohmann::json j = nlohmann::json::parse(jf);
+        const nlohmann::json& f = j["fp8"];
+        EXPECT_TRUE(f["pass"].get<bool>()) << f.dump();
+        EXPECT_LE(f["fp8_rel"].get<double>(), f["tolerance"]["max_rel"].get<double>());
+        EXPECT_GT(f["fp8_rel"].get<double>(), f["bf16_rel"].get<double>());
+        for (const char* phase : {"dispatch (fwd)", "prefetch_weight"}) {
+            const double b = f["bytes"][phase]["bf16"].get<double>(), e = f["bytes"][phase]["fp8"].get<double>();
+            EXPECT_GT(b, 0) << phase;
+            EXPECT_LE(e, 0.53 * b) << phase;
+        }
+        std::vector<int64_t> shape;
+        const auto out8 = load_f32(dir / "arrays" / "out_fp8.npy", &shape);
+        EXPECT_EQ(shape, (std::vector<int64_t>{4, 16, 256}));
+        EXPECT_TRUE(fs::exists(dir / "arrays" / "out_f64.npy"));
+        fs::remove_all(dir / "arrays");
+    }
+    for (const std::string& args : std::vector<std::string>{"demo --R 4 --E 8 --K 2 --S 16 --H 200 --fp8",
+                                                            "demo --R 4 --E 8 --K 2 --S 16 --ue8m0"}) {
+        const CliRun run = run_cli(args);
+        EXPECT_EQ(run.exit_code, 2) << args << "\n" << run.output;
+    }
+    EXPECT_NE(run_cli("demo --R 4 --E 8 --K 2 --S 16 --H 200 --fp8").output.find("H = 200"), std::string::npos);
     fs::remove_all(dir);
 }
 

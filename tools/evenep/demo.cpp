@@ -18,6 +18,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "demo_cuda.hpp"
+#include "demo_fp8.hpp"
 #include "evenep/buffer.hpp"
 #include "evenep/cpu/moe_layer.hpp"
 #include "evenep/error.hpp"
@@ -38,6 +39,7 @@ struct DemoOptions {
     int warmup = 1;                // cuda: untimed steps before the reported one
     std::string json_file;
     std::string dump_dir;
+    DataPrecision precision;  // --fp8, --ue8m0, --bf16-partials: the extra FP8 run (docs/fp8.md)
 };
 
 struct Check {
@@ -147,10 +149,13 @@ Estimate demo_estimate(const DemoOptions& opt, const BufferConfig& bc, bool on_g
     e.add_bytes(static_cast<double>(c.E) * 3 * bc.H * bc.ffn_hidden * 11, "expert weights and gradients");
     e.add_seconds((on_gpu ? 18.0 : 36.0) * bc.H * bc.ffn_hidden * entries / 12e9,
                   fmt::format("{}*H*H' flops for each of R*S*K = {:.3g} entries", on_gpu ? 18 : 36, entries));
+    if (opt.precision.fp8)
+        e.add_seconds((36.0 / 12e9 + 6.0 / 1e9) * bc.H * bc.ffn_hidden * entries,
+                      "--fp8: the FP8 step again and the float64 forward reference (~1 GFLOP/s)");
     if (on_gpu) return e;
     e.add_bytes(0.76 * R * buffers, fmt::format("R={} ranks x {} of buffers", c.R, human_bytes(buffers)));
-    e.add_bytes(R * act, fmt::format("R={} ranks x {} of expert activations (NvS = {:.0f} rows)", c.R,
-                                     human_bytes(act), rows));
+    e.add_bytes(R * act,
+                fmt::format("R={} ranks x {} of expert activations (NvS = {:.0f} rows)", c.R, human_bytes(act), rows));
     e.add_bytes(73 * R * pairs, fmt::format("R={} rank plans of R*E = {:.3g} pairs each", c.R, pairs));
     e.add_seconds(1.3e-9 * R * (buffers + act), "touching every rank's buffers and activations");
     e.add_seconds(R * plan_seconds(c.R, c.E), fmt::format("R={} ranks each planning the whole group", c.R));
@@ -164,12 +169,17 @@ void run_demo(const DemoOptions& opt) {
     EVENEP_CHECK(opt.backend == "cpu" || opt.backend == "cuda" || opt.backend == "auto", "--backend '", opt.backend,
                  "': expected cpu, cuda or auto");
     EVENEP_CHECK(opt.warmup >= 0, "--warmup = ", opt.warmup, " must be >= 0");
+    const bool fp8 = opt.precision.fp8;
+    EVENEP_CHECK(fp8 || (!opt.precision.ue8m0 && !opt.precision.bf16_partials),
+                 "--ue8m0 and --bf16-partials apply to the FP8 run: they need --fp8");
+    EVENEP_CHECK(!fp8 || opt.backend != "cuda",
+                 "--fp8 --backend cuda: the CUDA backend has no FP8 path yet (the CPU oracle has: --backend cpu)");
     std::string no_cuda;
-    const bool cuda_ok = opt.backend != "cpu" && demo_cuda_available(&no_cuda);
+    const bool cuda_ok = opt.backend != "cpu" && !fp8 && demo_cuda_available(&no_cuda);
     EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda: ", no_cuda);
-    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU
+    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU (always with --fp8)
     RoutingInput in = resolve_routing(opt.routing, "demo", [&](const Config& c, bool) {
-        const BufferConfig probe{.cfg = c, .H = opt.H, .ffn_hidden = opt.ffn_hidden};
+        const BufferConfig probe{.cfg = c, .H = opt.H, .ffn_hidden = opt.ffn_hidden, .precision = opt.precision};
         probe.validate();
         return demo_estimate(opt, probe, on_gpu);
     });
@@ -367,6 +377,11 @@ void run_demo(const DemoOptions& opt) {
         fmt::print("{:<27} {}\n\n", on_gpu ? "device plan bytes = model" : "counted bytes = model",
                    traffic_ok ? "PASS" : "FAIL");
         pass = pass && same_plan && traffic_ok;
+        Fp8DemoResult fp8_res;
+        if (fp8) {
+            fp8_res = run_fp8_demo(problem, opt.precision, ro, res, ref, j);
+            pass = pass && fp8_res.pass;
+        }
 
         const cpu::LayerTimes& t = res.times;
         auto ms = [on_gpu](double s) {
@@ -420,11 +435,16 @@ void run_demo(const DemoOptions& opt) {
         }
         if (!opt.dump_dir.empty()) {
             dump(dump_dir, problem, res);
+            if (fp8) {
+                const int S = cfg.S, H = bc.H;
+                write_npy_f32(dump_dir.file("out_fp8.npy"), {R, S, H}, pad_bf16(fp8_res.out, S, H));
+                write_npy_f32(dump_dir.file("out_f64.npy"), {R, S, H}, pad_f32(fp8_res.ref_f64, S, H));
+            }
             dump_dir.close();
             fmt::print(
                 "  arrays written to {}/ (x, topk_idx, topk_w, w_gate, w_up, w_down, out, grad_out, grad_x, "
-                "grad_topk_w: .npy)\n",
-                opt.dump_dir);
+                "grad_topk_w{}: .npy)\n",
+                opt.dump_dir, fp8 ? ", out_fp8, out_f64" : "");
         }
     }
     j["pass"] = pass;
@@ -453,26 +473,35 @@ void register_demo(CLI::App& app) {
         "one GPU with --backend cuda (auto: the GPU when this build has CUDA and a device is present; GPU phase\n"
         "times from CUDA events). Exit 0 = correct, 1 = a check failed, 2 = bad input (including a run whose\n"
         "memory or time estimate passes --max-memory / --max-time). --plan-only prints the plan figures without\n"
-        "running the layer.");
+        "running the layer. --fp8 runs the step again on the FP8 path (CPU) and reports both paths against a\n"
+        "dense float64 reference (docs/fp8.md).");
     opt->routing.add_to(*cmd);
     add_int(*cmd, "--H", opt->H, "hidden size (multiple of 8)", 8, kMaxHidden);
     add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H'", 1, kMaxHidden);
     add_int(*cmd, "--threads", opt->threads, "threads of the dense reference", 1, 4096);
     add_int(*cmd, "--timeout-ms", opt->timeout_ms, "barrier timeout of the virtual ranks", 1, 86400000);
     add_string(*cmd, "--backend", opt->backend,
-                    "cpu (threads), cuda (one GPU; exit 2 without one) or auto (cuda when built with CUDA and a "
-                    "device is present, else cpu)")
+               "cpu (threads), cuda (one GPU; exit 2 without one) or auto (cuda when built with CUDA and a "
+               "device is present, else cpu)")
         ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
         ->capture_default_str();
     add_int(*cmd, "--warmup", opt->warmup, "cuda: untimed layer steps before the reported one", 0, 1000000);
     cmd->add_flag("--plan-only", opt->plan_only,
                   "plan, balance and byte figures only: no data, no GEMMs (e.g. the MoonEP point "
                   "--E 384 --K 8 --S 8192 --H 7168 --ffn-hidden 2048)");
-    add_output_file(*cmd, "--json", opt->json_file, "write the figures as JSON (written whole at the end; the old file stays on any error)");
+    cmd->add_flag("--fp8", opt->precision.fp8,
+                  "also run the FP8 path (CPU): e4m3 dispatch rows with 1x128 scales, e4m3 weight copies with "
+                  "128x128 scales, block-scaled GEMMs; report it and the bf16 path against a float64 reference "
+                  "(H and H' multiples of 128; docs/fp8.md)");
+    cmd->add_flag("--ue8m0", opt->precision.ue8m0, "with --fp8: power-of-two (UE8M0) scales");
+    cmd->add_flag("--bf16-partials", opt->precision.bf16_partials,
+                  "with --fp8: the FP8 run's combine sends multi-entry partials as bf16 (one more rounding)");
+    add_output_file(*cmd, "--json", opt->json_file,
+                    "write the figures as JSON (written whole at the end; the old file stays on any error)");
     add_output_dir(*cmd, "--dump", opt->dump_dir,
-                    "write x, topk_idx, topk_w, w_gate, w_up, w_down, out (and grad_out, grad_x, grad_topk_w) as .npy "
-                    "into this directory (created with its parents; written into a temporary folder beside it and moved "
-                    "into place at the end)");
+                   "write x, topk_idx, topk_w, w_gate, w_up, w_down, out (and grad_out, grad_x, grad_topk_w) as .npy "
+                   "(with --fp8 also out_fp8, out_f64) into this directory (created with its parents; written into a "
+                   "temporary folder beside it and moved into place at the end)");
     set_run(cmd, [opt] { run_demo(*opt); });
 }
 

@@ -20,6 +20,15 @@
 //              acc = 0.0f; acc += partial_j for its destinations j in the order of their first k (a bf16 partial
 //              is widened exactly and, with apply_weights, multiplied by the entry's weight first),
 //              and writes bf16_rn(acc). A token with no unmasked entry gets +0.
+//   FP8 (cfg.precision.fp8; docs/fp8.md)   the planning dispatch sends each token row once per destination rank as
+//              e4m3 codes + one fp32 scale per 128 channels (evenep/detail/fp8.hpp, quantised once per token at
+//              the source) into recv_x8/recv_scale instead of recv_x; padding rows get codes +0 and scale 0,
+//              duplicates copy their head's codes and scales; recv_x is not written. A non-finite x is refused
+//              before any payload moves (the message names rank, token and channel). The plan-reusing dispatch
+//              (combine_backward: gradients) stays bf16 into recv_x.
+//   bf16 partials (cfg.precision.bf16_partials)   combine sends a chain of >= 2 entries as bf16_rn(p) in one
+//              unit (the same staging address) instead of fp32 p; the source adds it widened, unweighted. One
+//              more rounding per such partial; half its bytes.
 //   gathered weights   gathered_w[t*K + k] = recv_w[row(t, k)] on the entry's destination; 0 for masked entries.
 //   backward   combine_backward(h, g) = dispatch(h, g) (plan reused, no planning);
 //              dispatch_backward(h, gx, gw) = combine(h, gx, apply_weights = false) plus the gathered gw.
@@ -37,6 +46,7 @@
 
 #include "evenep/buffer.hpp"
 #include "evenep/detail/bf16.hpp"
+#include "evenep/detail/fp8.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/team.hpp"
 
@@ -116,6 +126,9 @@ class Buffer {
     // Zero-copy views of this rank's receive buffer: [NvS*H] rows and [NvS] weights in group order.
     std::span<Bf16> recv_x();
     std::span<float> recv_w();
+    // FP8 receive rows: [NvS*H] e4m3 codes and [NvS*H/128] scales (empty spans without precision.fp8).
+    std::span<Fp8E4m3> recv_x8();
+    std::span<float> recv_scale();
     // Chain metadata (for tests and backend ports): [NvS] each, see buffer_layout.hpp.
     std::span<const int32_t> recv_next() const;
     std::span<const int32_t> recv_ret() const;
@@ -134,8 +147,9 @@ class Buffer {
         return reinterpret_cast<T*>(peers_[static_cast<size_t>(peer)] + offset);
     }
     void plan_from_gather(const DispatchArgs& a, DispatchHandle& h);
-    void write_payloads(const DispatchHandle& h, std::span<const Bf16> x);
-    void fill_local_rows(const DispatchHandle& h);
+    // fp8: the rows go as e4m3 + scales (the planning dispatch with precision.fp8), else bf16.
+    void write_payloads(const DispatchHandle& h, std::span<const Bf16> x, bool fp8);
+    void fill_local_rows(const DispatchHandle& h, bool fp8);
     // combine; with new_recv_w non-empty, first replaces this rank's recv_w rows (dispatch_backward).
     void combine_impl(const DispatchHandle& h,
                       const CombineArgs& a,
@@ -157,6 +171,8 @@ class Buffer {
     std::vector<int32_t> tpe_scratch_;  // [R*E]
     std::vector<int32_t> s_scratch_;    // [R]
     std::vector<float> acc_scratch_;    // [H]
+    std::vector<Fp8E4m3> x8_scratch_;   // [H] one token row in e4m3 (fp8)
+    std::vector<float> scale_scratch_;  // [H/128] its scales (fp8)
 };
 
 }  // namespace evenep::cpu

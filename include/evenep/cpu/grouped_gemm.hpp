@@ -11,6 +11,7 @@
 #include <span>
 
 #include "evenep/detail/bf16.hpp"
+#include "evenep/detail/fp8.hpp"
 
 namespace evenep::cpu {
 
@@ -38,6 +39,40 @@ void grouped_gemm_wgrad(const GroupedGemmShape& shape,
                         std::span<const Bf16> a,
                         std::span<const Bf16> b,
                         std::span<float* const> grads);
+
+// ---- FP8 block-scaled (docs/fp8.md) -------------------------------------------------------------------------
+// One expert's e4m3 weight matrix: codes [in, out] row-major (or [out, in] when used transposed) and its
+// 128 x 128 block scales [in/128, out/128] (resp. [out/128, in/128]), both for the matrix as stored.
+struct Fp8Weight {
+    const Fp8E4m3* codes = nullptr;
+    const float* scales = nullptr;
+};
+
+// The FP8 grouped GEMM reference. in: [rows, in_dim] e4m3 codes with in_scales [rows, in_dim/128] (1 x 128 blocks);
+// W_g = weights[g] as in grouped_gemm (transposed: stored [out_dim, in_dim]); in_dim, out_dim multiples of 128.
+// The accumulation order (the contract the GPU matches within the tolerance of docs/fp8.md):
+//   for each used row and output o, with ob = o / 128 and kb = 0, 1, ... ascending over the K blocks:
+//     p_kb = 0.0f; p_kb += float(a[row, i]) * float(w(i, o)) for i over block kb ascending (products of two e4m3
+//            values are exact in fp32; each sum rounded);
+//     acc += p_kb * (sa[row, kb] * sw(kb, ob))   (the scale product first, each product and sum rounded);
+//   acc starts at out[row, o] when `accumulate`, else at +0; out[row, o] = acc (fp32).
+void grouped_gemm_fp8(const GroupedGemmShape& shape,
+                      std::span<const Fp8Weight> weights,
+                      bool transposed,
+                      std::span<const Fp8E4m3> in,
+                      std::span<const float> in_scales,
+                      std::span<float> out,
+                      bool accumulate);
+
+// Activation cast: rows [0, rows) of in ([rows, dim] bf16, dim a multiple of 128) into codes [rows, dim] and
+// scales [rows, dim/128] by fp8_quantize_act_block (evenep/detail/fp8.hpp). Every value must be finite (checked:
+// throws evenep::Error naming the row and column).
+void quantize_rows_fp8(
+    std::span<const Bf16> in, int64_t rows, int64_t dim, bool ue8m0, std::span<Fp8E4m3> codes, std::span<float> scales);
+
+// Weight cast: w [in, out] bf16 (multiples of 128) into codes [in, out] and scales [in/128, out/128] by
+// fp8_quantize_weight_block. Every value must be finite (checked, as above).
+void quantize_weight_fp8(const Bf16* w, int64_t in, int64_t out, bool ue8m0, Fp8E4m3* codes, float* scales);
 
 // Dense helpers on fp32 (the building blocks; exposed for the dense reference and tests):
 // c[m, n] = (accumulate ? c : 0) + a[m, k] · b[k, n]; each c element sums over k ascending.

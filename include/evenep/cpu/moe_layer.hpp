@@ -13,6 +13,10 @@
 //             dx_b = bf16(dg_b·Wg^T + du_b·Wu^T); grad_x, grad_topk_w = dispatch_backward(dx_b, dw).
 //   Weight gradients accumulate in fp32: local experts into ExpertWeights::grad, copies into the pool's reduce
 //   buffer, then reduce_grad adds them home.
+// FP8 path (BufferConfig::precision.fp8; docs/fp8.md): the dispatched rows arrive as e4m3 + 1x128 scales and feed
+// the gate/up GEMMs directly; h_b, dy_b and dg_b/du_b are cast 1x128 before the down, dh and dx GEMMs; every
+// weight is the e4m3 cast with 128x128 scales (grouped_gemm_fp8); wgrad stays bf16 (x as bf16(float(q) * s));
+// combine stays bf16 (with precision.bf16_partials, multi-entry partials cross as bf16).
 // The dense reference does the same mathematics in fp32 without any intermediate rounding, on the same
 // bf16-valued inputs; kTolerances states how far the two may differ.
 #pragma once
@@ -91,11 +95,20 @@ struct DenseResult {
 // on `num_threads` threads (results independent of it).
 DenseResult dense_moe_reference(const MoeProblem& problem, bool backward, int num_threads = 2);
 
-// max |got - ref| and max |ref| over a tensor; rel = max_abs / max(max_ref, tiny).
+// The dense forward in float64: every product and sum in double (no intermediate rounding) on the bf16-valued
+// inputs of `problem`, out[r] = [s_r*H] rounded to fp32 once at the end. The yardstick of the FP8 path
+// (docs/fp8.md), where the fp32 reference's own rounding would be visible next to the bf16 path's error.
+std::vector<std::vector<float>> dense_moe_forward_f64(const MoeProblem& problem);
+
+// max |got - ref| and max |ref| over a tensor; rel = max_abs / max(max_ref, tiny); mean_rel = the mean |got - ref|
+// over the mean |ref| (sum_abs / sum_ref).
 struct ErrorStats {
     double max_abs = 0;
     double max_ref = 0;
+    double sum_abs = 0;
+    double sum_ref = 0;
     double rel() const;
+    double mean_rel() const;
     bool nonfinite = false;  // got has a NaN/inf where ref is finite
 };
 ErrorStats compare(std::span<const Bf16> got, std::span<const float> ref);
@@ -111,5 +124,13 @@ struct Tolerances {
     double grad_w = 0;  // each of the three expert weight gradients
 };
 Tolerances default_tolerances();
+
+// The FP8 layer's forward output against dense_moe_forward_f64 (docs/fp8.md, "Layer tolerance"): max_rel bounds
+// ErrorStats::rel(), mean_rel ErrorStats::mean_rel(). Derived from the per-GEMM bound with the measured margin.
+struct Fp8Tolerance {
+    double max_rel;
+    double mean_rel;
+};
+inline constexpr Fp8Tolerance kFp8LayerTolerance{0.15, 0.10};
 
 }  // namespace evenep::cpu

@@ -13,6 +13,7 @@
 #include "evenep/buffer.hpp"
 #include "evenep/cpu/local_team.hpp"
 #include "evenep/detail/bf16.hpp"
+#include "evenep/detail/fp8.hpp"
 #include "evenep/plan.hpp"
 
 namespace evenep::cpu {
@@ -32,6 +33,8 @@ struct GroupDispatchResult {
     std::vector<std::vector<float>> recv_w;       // [R][NvS]
     std::vector<std::vector<int32_t>> recv_next;  // [R][NvS]
     std::vector<std::vector<int32_t>> recv_ret;   // [R][NvS]
+    std::vector<std::vector<Fp8E4m3>> recv_x8;    // [R][NvS*H] with precision.fp8 (recv_x then untouched), else empty
+    std::vector<std::vector<float>> recv_scale;   // [R][NvS*H/128] with precision.fp8, else empty
     PhaseTraffic traffic;                         // dispatch, summed over ranks
     PhaseTraffic gather_traffic;                  // histogram all-gather
 };

@@ -1,0 +1,44 @@
+// evenep/cuda/detail/fp8_cast.hpp — launchers of the FP8 cast kernels (src/cuda/kernels/fp8.cu): not a contract of
+// the library; for the FP8 data path of the CUDA backend and the tests.
+//
+// Both casts call the functions of evenep/detail/fp8.hpp (fp8_block_scale, fp8_quantize), so their bytes equal the
+// CPU oracle's cpu::quantize_rows_fp8 / cpu::quantize_weight_fp8 bit for bit (docs/fp8.md); the amax is a max, so
+// the device's reduction order does not matter. Device pointers; stream last; no allocation, no synchronisation
+// (graph capturable); cudaGetLastError() checked.
+//
+// Non-finite inputs: the CPU refuses them before casting; a kernel cannot throw, so it raises *nonfinite (device
+// uint32, nullable; set to 1, never cleared) when its block holds a NaN or an inf, and the caller checks the flag
+// at its API boundary. The block's output is then undefined.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "evenep/detail/fp8.hpp"
+
+namespace evenep::cuda {
+
+// Activations: rows [0, rows) of in ([rows, dim] bf16, dim a positive multiple of 128) -> codes [rows, dim] and
+// scales [rows, dim/128] (1 x 128 blocks). rows = 0 launches nothing.
+void launch_fp8_cast_rows(const Bf16* in,
+                          int64_t rows,
+                          int dim,
+                          bool ue8m0,
+                          Fp8E4m3* codes,
+                          float* scales,
+                          uint32_t* nonfinite,
+                          cudaStream_t stream);
+
+// Weights: w [in, out] bf16 (both positive multiples of 128) -> codes [in, out] and scales [in/128, out/128]
+// (128 x 128 blocks, row-major).
+void launch_fp8_cast_weight(const Bf16* w,
+                            int in,
+                            int out,
+                            bool ue8m0,
+                            Fp8E4m3* codes,
+                            float* scales,
+                            uint32_t* nonfinite,
+                            cudaStream_t stream);
+
+}  // namespace evenep::cuda

@@ -1,0 +1,144 @@
+// tests/cuda/fp8_cast_test.cu — the FP8 cast kernels (src/cuda/kernels/fp8.cu) against the CPU oracle's casts
+// (cpu::quantize_rows_fp8, cpu::quantize_weight_fp8): codes and scales bit for bit (docs/fp8.md).
+//
+// Cases:
+//   Fp8CastTest.RowsBitwise/<scales>    37 rows x 384 (3 blocks): random values, an outlier block, a zero block, a
+//   block
+//                                       of values around the e4m3 subnormal range, a block of -0: codes and scales
+//                                       equal the CPU's; the non-finite flag stays 0. fp32 and UE8M0 scales.
+//   Fp8CastTest.WeightBitwise/<scales>  a 256 x 384 matrix (2 x 3 blocks) with an outlier in one block and a zero
+//                                       block: codes and scales equal the CPU's.
+//   Fp8CastFlags.FlagsNonFinite          a NaN in a row, an inf in a weight: the flag is raised; finite input leaves it
+//   0. Fp8CastFlags.RejectsBadShapes        dim 200, weight 128 x 100: evenep::Error naming the value; rows = 0:
+//   nothing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda/gpu_testing.hpp"
+#include "evenep/cpu/grouped_gemm.hpp"
+#include "evenep/cuda/detail/fp8_cast.hpp"
+#include "evenep/detail/hash.hpp"
+#include "evenep/error.hpp"
+
+namespace evenep {
+namespace {
+
+using cuda::DeviceArray;
+
+std::vector<Bf16> random_values(size_t n, uint64_t seed, float scale) {
+    std::vector<Bf16> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = detail::random_bf16(detail::hash64(seed, i), scale);
+    return v;
+}
+
+std::vector<uint8_t> bytes_of(const std::vector<Fp8E4m3>& v) {
+    std::vector<uint8_t> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = v[i].bits;
+    return b;
+}
+
+class Fp8CastTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Fp8CastTest, RowsBitwise) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const bool ue8m0 = GetParam();
+    const int64_t rows = 37;
+    const int dim = 384, spr = dim / kFp8Block;
+    std::vector<Bf16> x = random_values(static_cast<size_t>(rows) * dim, 101, 2.0f);
+    x[5 * dim + 7] = float_to_bf16(-5000.0f);                                  // outlier in row 5, block 0
+    for (int i = 0; i < kFp8Block; ++i) x[9 * dim + 128 + i] = Bf16{0};        // zero block
+    for (int i = 0; i < kFp8Block; ++i) x[11 * dim + 256 + i] = Bf16{0x8000};  // -0 block
+    for (int i = 0; i < kFp8Block; ++i)                                        // tiny values
+        x[13 * dim + i] = float_to_bf16(std::ldexp(static_cast<float>(i % 17) - 8.0f, -120));
+    std::vector<Fp8E4m3> want(x.size());
+    std::vector<float> want_s(static_cast<size_t>(rows) * spr);
+    cpu::quantize_rows_fp8(x, rows, dim, ue8m0, want, want_s);
+
+    DeviceArray<Bf16> d_x(x.size());
+    DeviceArray<Fp8E4m3> d_q(x.size());
+    DeviceArray<float> d_s(want_s.size());
+    DeviceArray<uint32_t> d_flag(1);
+    d_x.upload(x.data(), x.size());
+    cuda::launch_fp8_cast_rows(d_x.get(), rows, dim, ue8m0, d_q.get(), d_s.get(), d_flag.get(), nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = d_q.download(x.size());
+    const auto got_s = d_s.download(want_s.size());
+    EXPECT_EQ(bytes_of(got), bytes_of(want));
+    for (size_t i = 0; i < want_s.size(); ++i)
+        ASSERT_EQ(float_as_bits(got_s[i]), float_as_bits(want_s[i])) << "scale " << i;
+    EXPECT_EQ(d_flag.download(1)[0], 0u);
+}
+
+TEST_P(Fp8CastTest, WeightBitwise) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const bool ue8m0 = GetParam();
+    const int in = 256, out = 384;
+    std::vector<Bf16> w = random_values(static_cast<size_t>(in) * out, 103, 0.05f);
+    w[130 * out + 200] = float_to_bf16(30.0f);  // outlier in block (1, 1)
+    for (int r = 0; r < kFp8Block; ++r)
+        for (int c = 0; c < kFp8Block; ++c) w[r * out + 256 + c] = Bf16{0};  // block (0, 2) zero
+    std::vector<Fp8E4m3> want(w.size());
+    std::vector<float> want_s(2 * 3);
+    cpu::quantize_weight_fp8(w.data(), in, out, ue8m0, want.data(), want_s.data());
+
+    DeviceArray<Bf16> d_w(w.size());
+    DeviceArray<Fp8E4m3> d_q(w.size());
+    DeviceArray<float> d_s(want_s.size());
+    d_w.upload(w.data(), w.size());
+    cuda::launch_fp8_cast_weight(d_w.get(), in, out, ue8m0, d_q.get(), d_s.get(), nullptr, nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(bytes_of(d_q.download(w.size())), bytes_of(want));
+    const auto got_s = d_s.download(want_s.size());
+    for (size_t i = 0; i < want_s.size(); ++i)
+        ASSERT_EQ(float_as_bits(got_s[i]), float_as_bits(want_s[i])) << "scale " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Scales, Fp8CastTest, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
+    return std::string(info.param ? "ue8m0" : "fp32");
+});
+
+TEST(Fp8CastFlags, FlagsNonFinite) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    std::vector<Bf16> x = random_values(2 * 128, 107, 1.0f);
+    x[200] = float_to_bf16(std::nanf(""));
+    DeviceArray<Bf16> d_x(x.size());
+    DeviceArray<Fp8E4m3> d_q(x.size());
+    DeviceArray<float> d_s(2);
+    DeviceArray<uint32_t> d_flag(1);
+    d_x.upload(x.data(), x.size());
+    cuda::launch_fp8_cast_rows(d_x.get(), 2, 128, false, d_q.get(), d_s.get(), d_flag.get(), nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(d_flag.download(1)[0], 1u);
+
+    std::vector<Bf16> w = random_values(128 * 128, 109, 1.0f);
+    w[77] = float_to_bf16(INFINITY);
+    DeviceArray<Bf16> d_w(w.size());
+    DeviceArray<Fp8E4m3> d_wq(w.size());
+    DeviceArray<float> d_ws(1);
+    DeviceArray<uint32_t> d_wflag(1);
+    d_w.upload(w.data(), w.size());
+    cuda::launch_fp8_cast_weight(d_w.get(), 128, 128, false, d_wq.get(), d_ws.get(), d_wflag.get(), nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(d_wflag.download(1)[0], 1u);
+}
+
+TEST(Fp8CastFlags, RejectsBadShapes) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    DeviceArray<Bf16> d(128 * 256);
+    DeviceArray<Fp8E4m3> q(128 * 256);
+    DeviceArray<float> s(4);
+    try {
+        cuda::launch_fp8_cast_rows(d.get(), 1, 200, false, q.get(), s.get(), nullptr, nullptr);
+        ADD_FAILURE() << "dim 200 accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("dim = 200"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(cuda::launch_fp8_cast_weight(d.get(), 128, 100, false, q.get(), s.get(), nullptr, nullptr), Error);
+    cuda::launch_fp8_cast_rows(nullptr, 0, 128, false, nullptr, nullptr, nullptr, nullptr);  // nothing to do
+}
+
+}  // namespace
+}  // namespace evenep
