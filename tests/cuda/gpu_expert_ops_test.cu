@@ -12,9 +12,6 @@
 //   ExpertOpsFlowTest.GroupTablePerRowSources  the same with separate allocations per rank (cuda::MoeLayer's use):
 //       homes[i] for the row's own experts, row_slots[i], peers[e / epn] for experts outside the row's range, cu null;
 //       with gradient sources (no peers) kPeer groups get null.
-//   EpPlanBytesTest.LoadedPlanActsAsTheOriginal  Ep::copy_plan_out of plan A, A released, plan B made resident,
-//       Ep::load_plan of A's bytes: the loaded plan downloads as A (every plan-tensor column, the encoded
-//       destinations), and dispatch + combine with it give A's combine output bit for bit.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -226,55 +223,6 @@ TEST(ExpertOpsFlowTest, GroupTablePerRowSources) {
             EXPECT_EQ(t[r * (L.G + 1) + L.G], nullptr);
         }
     }
-}
-
-TEST(EpPlanBytesTest, LoadedPlanActsAsTheOriginal) {
-    EVENEP_SKIP_WITHOUT_DEVICE();
-    const BufferConfig bc = testing::buffer_config(4, 16, 4, 32, 8, 16);
-    const RoutingSpec spec{4, 16, 4, 32, 3};
-    const Routing ra = make_lognormal(spec, 1.5);
-    Planned p(bc, ra);  // plan A, dispatched
-    const int R = bc.cfg.R, S = bc.cfg.S, H = bc.H;
-    const int64_t W = plan_row_width(bc.cfg);
-    auto rows_and_dst = [&](const EpPlan& plan) {
-        std::vector<int32_t> v;
-        for (int r = 0; r < R; ++r) {
-            std::vector<int32_t> row(W);
-            pack_plan_row(p.ep.download_plan(plan, r), r, row);
-            const std::vector<int32_t> dst = p.ep.download_dst(plan, r);
-            v.insert(v.end(), row.begin(), row.end());
-            v.insert(v.end(), dst.begin(), dst.end());
-        }
-        return v;
-    };
-    auto combined = [&](const EpPlan& plan) {
-        p.ep.combine(plan, p.io.io, true, CombineMode::kPull, nullptr);
-        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<uint16_t> v;
-        for (int r = 0; r < R; ++r) {
-            const std::vector<uint16_t> o = p.io.out[r].download(static_cast<size_t>(ra.s[r]) * H);
-            v.insert(v.end(), o.begin(), o.end());
-        }
-        return v;
-    };
-    const std::vector<int32_t> want_plan = rows_and_dst(p.plan);
-    const std::vector<uint16_t> want_out = combined(p.plan);
-    DeviceArray<char> bytes(static_cast<size_t>(R) * p.ep.plan_region_bytes());
-    p.ep.copy_plan_out(p.plan, bytes.get(), nullptr);
-    p.plan = EpPlan{};  // A is gone from the Ep: only the bytes hold it
-
-    const Routing rb = make_round_robin(spec);
-    testing::GroupIo io_b(R, S, bc.cfg.K, H);
-    const auto tokens_b = testing::random_tokens(bc, rb, 11);
-    for (int r = 0; r < R; ++r) io_b.idx[r].upload(tokens_b[r].topk_idx);
-    EpPlan b = p.ep.plan(io_b.io, rb.s, nullptr);  // B resident
-    ASSERT_NE(rows_and_dst(b), want_plan);
-
-    const EpPlan a = p.ep.load_plan(bytes.get(), ra.s, nullptr);
-    EXPECT_EQ(rows_and_dst(a), want_plan);
-    for (int r = 0; r < R; ++r) p.io.out[r].upload(std::vector<uint16_t>(static_cast<size_t>(S) * H, 0));
-    p.ep.dispatch(a, p.io.io, nullptr);
-    EXPECT_EQ(combined(a), want_out);
 }
 
 }  // namespace

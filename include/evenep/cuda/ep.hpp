@@ -142,20 +142,6 @@ class Ep {
     // it themselves; the views below show the resident plan.
     void use(const EpPlan& plan, cudaStream_t stream);
 
-    // The plan as caller-owned device bytes (what a framework's plan tensor can carry instead of a reference to the
-    // Ep's state): plan_region_bytes() per served rank, the region the data-path kernels read (per-block
-    // histograms, encoded destinations, every plan array; EpLayout [plan_begin, plan.work64)).
-    size_t plan_region_bytes() const;
-    // Copies `plan`'s region of every served rank into dst [num_local][plan_region_bytes()] (device memory, on
-    // `stream`, no host synchronisation; graph capturable when the plan is resident).
-    void copy_plan_out(const EpPlan& plan, void* dst, cudaStream_t stream) const;
-    // Makes the plan in src [num_local][plan_region_bytes()] (what copy_plan_out wrote, by an Ep of this
-    // configuration) resident and returns it as a new EpPlan: device-to-device copies on `stream`, no planning, no
-    // host synchronisation, graph capturable (the resident plan it replaces is saved as by plan()). s and s_total:
-    // that plan's token counts as given to plan(), checked on the host as there; src is not read on the host.
-    // Collective on the NCCL team (every rank loads its own region of the same plan).
-    EpPlan load_plan(const void* src, std::span<const int32_t> s, cudaStream_t stream, int64_t s_total = -1);
-
     // Synchronises `stream` and throws evenep::Error for anything the device recorded (Team::check).
     void check(cudaStream_t stream) const { team_.check(stream); }
     int last_blocks_per_rank() const { return last_blocks_; }

@@ -215,30 +215,6 @@ void Ep::use(const EpPlan& plan, cudaStream_t stream) {
     resident_ = plan.state_;
 }
 
-size_t Ep::plan_region_bytes() const { return plan_bytes(layout_); }
-
-void Ep::copy_plan_out(const EpPlan& plan, void* dst, cudaStream_t stream) const {
-    EVENEP_CHECK(dst != nullptr, "cuda ep: copy_plan_out into a null pointer");
-    const size_t n = plan_bytes(layout_);
-    for (int i = 0; i < num_local_ranks(); ++i) {
-        const char* src = plan_source(plan, rank_begin() + i, 0) + plan_begin(layout_);
-        EVENEP_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + i * n, src, n, cudaMemcpyDeviceToDevice, stream));
-    }
-}
-
-EpPlan Ep::load_plan(const void* src, std::span<const int32_t> s, cudaStream_t stream, int64_t s_total) {
-    EVENEP_CHECK(src != nullptr, "cuda ep: load_plan from a null pointer");
-    EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "cuda ep: load_plan: s has ", s.size(),
-                 " values, expected R = ", cfg_.R);
-    check_group_tokens(cfg_, s, s_total);
-    EpPlan plan = new_resident_plan(s, s_total, stream);
-    const size_t n = plan_bytes(layout_);
-    for (int i = 0; i < num_local_ranks(); ++i)
-        EVENEP_CUDA_CHECK(cudaMemcpyAsync(base(rank_begin() + i) + plan_begin(layout_),
-                                          static_cast<const char*>(src) + i * n, n, cudaMemcpyDeviceToDevice, stream));
-    return plan;
-}
-
 std::span<const int32_t> Ep::checked_s(const EpPlan& plan, const char* call) const {
     EVENEP_CHECK(plan.state_ != nullptr, "cuda ep: ", call, " with an empty plan (use the value returned by plan())");
     return plan.state_->s;
