@@ -9,6 +9,9 @@
 //       vectors), grad_w = 0 and rows untouched past each rank's groups.
 //   ExpertOpsFlowTest.GroupTableFromPlan  cuda::build_group_table: cu = i*NvS + cu_seqlens, gap group ends at (i+1)*NvS,
 //       pointers of kLocal groups into home, kSlot into slots (rank, slot), null for empty groups and the gap.
+//   ExpertOpsFlowTest.GroupTablePerRowSources  the same with separate allocations per rank (cuda::MoeLayer's use):
+//       homes[i] for the row's own experts, row_slots[i], peers[e / epn] for experts outside the row's range, cu null;
+//       with gradient sources (no peers) kPeer groups get null.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -168,6 +171,57 @@ TEST(ExpertOpsFlowTest, GroupTableFromPlan) {
         }
         EXPECT_EQ(c[r * (L.G + 1) + L.G], (r + 1) * nvs);
         EXPECT_EQ(t[r * (L.G + 1) + L.G], nullptr);
+    }
+}
+
+TEST(ExpertOpsFlowTest, GroupTablePerRowSources) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const BufferConfig bc = testing::buffer_config(4, 16, 4, 32, 8, 16);
+    Planned p(bc, make_lognormal(RoutingSpec{4, 16, 4, 32, 3}, 1.5));
+    const int R = bc.cfg.R, epn = bc.cfg.epn(), B = bc.cfg.num_slots();
+    const int64_t W = plan_row_width(bc.cfg), mat = 64;
+    const std::vector<int32_t> host_plan = p.packed();
+    DeviceArray<int32_t> plan(host_plan.size());
+    plan.upload(host_plan);
+    const PlanRowLayout L = PlanRowLayout::make(bc.cfg);
+    DeviceArray<char> mem(static_cast<size_t>(R) * (epn + B) * mat);
+    std::vector<const void*> src(3 * static_cast<size_t>(R));  // homes | slots | peers (= homes)
+    for (int r = 0; r < R; ++r) {
+        src[r] = src[2 * R + r] = mem.get() + static_cast<int64_t>(r) * (epn + B) * mat;
+        src[R + r] = mem.get() + (static_cast<int64_t>(r) * (epn + B) + epn) * mat;
+    }
+    DeviceArray<const void*> d_src(src.size());
+    d_src.upload(src);
+    const int groups = R * (L.G + 1);
+    for (const bool with_peers : {true, false}) {
+        DeviceArray<const void*> table(groups);
+        GroupTableArgs a;
+        a.plan = PlanRows{plan.get(), R, L};
+        a.nvs = bc.cfg.recv_rows();
+        a.num_home = epn;
+        a.mat_bytes = mat;
+        a.table = table.get();
+        a.homes = d_src.get();
+        a.row_slots = d_src.get() + R;
+        a.peers = with_peers ? d_src.get() + 2 * R : nullptr;
+        a.num_peers = with_peers ? R : 0;
+        build_group_table(a, nullptr);
+        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<const void*> t = table.download();
+        for (int r = 0; r < R; ++r) {
+            const int32_t* row = host_plan.data() + r * W;
+            for (int g = 0; g < L.G; ++g) {
+                const int32_t e = row[L.group_expert + g];
+                const auto s = static_cast<WeightSource>(row[L.group_source + g]);
+                const char* want = nullptr;
+                if ((s == WeightSource::kLocal || s == WeightSource::kPeer) && (e / epn == r || with_peers))
+                    want = static_cast<const char*>(src[e / epn]) + (e % epn) * mat;
+                else if (s == WeightSource::kSlot)
+                    want = static_cast<const char*>(src[R + r]) + row[L.group_slot + g] * mat;
+                EXPECT_EQ(t[r * (L.G + 1) + g], want) << "rank " << r << " group " << g << " peers " << with_peers;
+            }
+            EXPECT_EQ(t[r * (L.G + 1) + L.G], nullptr);
+        }
     }
 }
 

@@ -59,11 +59,24 @@ struct GroupTableArgs {
     const void* slots = nullptr;  // [rows, B] matrices: the prefetch slots (or their gradients)
     int64_t mat_bytes = 0;
     const void** table = nullptr;  // out: device [rows*(G+1)]
-    int32_t* cu = nullptr;         // out: device [rows*(G+1)]
+    int32_t* cu = nullptr;         // out: device [rows*(G+1)]; null: not written
+    // Ranks whose matrices are separate allocations (cuda::MoeLayer): device arrays replacing home and slots per
+    // row — row i's home matrices homes[i] (global ids expert_base + i*num_home, ...) and its slots row_slots[i]
+    // (either may hold null: that row's groups get null) — and, optionally, peers [num_peers]: every rank's home
+    // matrices, for the groups whose expert lies outside the row's home range (kPeer reads of ranks with B < E/R).
+    const void* const* homes = nullptr;
+    const void* const* row_slots = nullptr;
+    const void* const* peers = nullptr;
+    int num_peers = 0;
 };
 //   table[i*(G+1) + g]  kLocal, kPeer -> home + (expert - expert_base) * mat_bytes when that index is in
-//                       [0, num_home), kSlot -> slots + (i*B + slot) * mat_bytes, kEmpty and the gap -> null;
+//                       [0, num_home) (homes: homes[i] + (expert - expert_base - i*num_home) * mat_bytes), else
+//                       with peers peers[expert / num_home] + (expert % num_home) * mat_bytes, else null;
+//                       kSlot -> slots + (i*B + slot) * mat_bytes (row_slots: row_slots[i] + slot * mat_bytes)
+//                       for a slot in [0, B); kEmpty and the gap -> null;
 //   cu[i*(G+1) + g]     i*NvS + cu_seqlens[i][g]; the gap group's end (i+1)*NvS.
+// The grouped GEMM of the PyTorch ops (one launch over every row) and the MoE layer (one per rank: row i's first
+// G entries with its own cu_seqlens) both take their tables from here.
 void build_group_table(const GroupTableArgs& args, cudaStream_t stream);
 
 // ---- copies (prefetch slots) of ranks that hold every home weight (one process, virtual ranks) ----

@@ -58,6 +58,7 @@
 #include "evenep/cuda/grouped_gemm.hpp"
 #include "evenep/cuda/types.hpp"
 #include "evenep/moe.hpp"
+#include "evenep/plan_tensor.hpp"
 
 namespace evenep::cuda {
 
@@ -139,6 +140,8 @@ class MoeLayer {
     uint16_t* bf16_at(size_t region, int rank, int dim) const;
     float* f32_at(size_t region, int rank, size_t dim) const;
     kernels::MoeKernelParams kernel_params() const;
+    size_t table_index(int rank, int proj) const;  // the first of rank's G+1 entries of projection proj's table
+    void build_tables(cudaStream_t stream);
 
     Ep& ep_;
     Experts& experts_;
@@ -154,10 +157,13 @@ class MoeLayer {
         size_t dy, dg, du;          // backward operands, bf16
         size_t f32a, f32b;          // fp32 scratch: dh [NvS, H'] in f32a; dx partials [NvS, H] in f32a and f32b
         size_t f32a_dim, f32b_dim;  // row widths of the fp32 regions (elements)
-        size_t tables, workspace, views, total;
+        size_t tables, sources, plan_rows, workspace, views, total;
     } regions_{};
-    const uint16_t** weight_tables_ = nullptr;  // device [R][3][G]
-    float** grad_tables_ = nullptr;             // device [R][3][G] (null entries without gradients)
+    const uint16_t** weight_tables_ = nullptr;    // device [3][num_local][G+1] (cuda::build_group_table)
+    float** grad_tables_ = nullptr;               // device [3][num_local][G+1] (null entries without gradients)
+    const void* const* table_sources_ = nullptr;  // device: the tables' sources (MoeLayer::build_tables)
+    int32_t* plan_rows_ = nullptr;                // device [num_local, W]: the resident plan as a tensor
+    PlanRowLayout plan_layout_{};
     void* gemm_workspace_ = nullptr;
     void* rank_views_ = nullptr;  // device [R] kernels::MoeRankView
     size_t allocated_bytes_ = 0;

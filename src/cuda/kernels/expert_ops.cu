@@ -118,20 +118,32 @@ __global__ void __launch_bounds__(kThreads) group_table_kernel(GroupTableArgs a)
     const int32_t* row = a.plan.data + r * c.width;
     const void* p = nullptr;
     if (g == c.G) {  // the gap after the rank's last group: not computed
-        a.cu[i] = static_cast<int32_t>((r + 1) * a.nvs);
+        if (a.cu) a.cu[i] = static_cast<int32_t>((r + 1) * a.nvs);
     } else {
-        a.cu[i] = static_cast<int32_t>(r * a.nvs + row[c.cu_seqlens + g]);
+        if (a.cu) a.cu[i] = static_cast<int32_t>(r * a.nvs + row[c.cu_seqlens + g]);
         switch (static_cast<WeightSource>(row[c.group_source + g])) {
             case WeightSource::kLocal:
             case WeightSource::kPeer: {
-                const int32_t e = row[c.group_expert + g] - a.expert_base;
-                if (e >= 0 && e < a.num_home) p = static_cast<const char*>(a.home) + e * a.mat_bytes;
+                const int32_t e = row[c.group_expert + g];
+                const int64_t first = a.expert_base + (a.homes ? static_cast<int64_t>(r) * a.num_home : 0);
+                const char* home = static_cast<const char*>(a.homes ? a.homes[r] : a.home);
+                if (e - first >= 0 && e - first < a.num_home) {
+                    if (home) p = home + (e - first) * a.mat_bytes;
+                } else if (a.peers && a.num_home > 0 && e >= 0 && e / a.num_home < a.num_peers) {
+                    const char* peer = static_cast<const char*>(a.peers[e / a.num_home]);
+                    if (peer) p = peer + static_cast<int64_t>(e % a.num_home) * a.mat_bytes;
+                }
                 break;
             }
             case WeightSource::kSlot: {
                 const int32_t b = row[c.group_slot + g];
-                if (b >= 0 && b < c.B)
-                    p = static_cast<const char*>(a.slots) + (static_cast<int64_t>(r) * c.B + b) * a.mat_bytes;
+                if (b >= 0 && b < c.B) {
+                    if (a.row_slots) {
+                        if (a.row_slots[r]) p = static_cast<const char*>(a.row_slots[r]) + b * a.mat_bytes;
+                    } else {
+                        p = static_cast<const char*>(a.slots) + (static_cast<int64_t>(r) * c.B + b) * a.mat_bytes;
+                    }
+                }
                 break;
             }
             case WeightSource::kEmpty:
@@ -294,9 +306,10 @@ void scatter_recv(const Ep& ep, const uint16_t* rows, cudaStream_t stream) {
 
 void build_group_table(const GroupTableArgs& a, cudaStream_t stream) {
     check_plan_rows(a.plan, "build_group_table");
-    EVENEP_CHECK(a.table != nullptr && a.cu != nullptr && a.nvs >= 0 && a.mat_bytes >= 0 && a.num_home >= 0,
-                 "build_group_table: tables ", a.table && a.cu ? "set" : "null", ", NvS = ", a.nvs,
-                 ", matrix bytes = ", a.mat_bytes, ", home matrices = ", a.num_home);
+    EVENEP_CHECK(a.table != nullptr && a.nvs >= 0 && a.mat_bytes >= 0 && a.num_home >= 0 && a.num_peers >= 0 &&
+                     (a.peers == nullptr || a.num_home > 0),
+                 "build_group_table: table ", a.table ? "set" : "null", ", NvS = ", a.nvs, ", matrix bytes = ",
+                 a.mat_bytes, ", home matrices = ", a.num_home, ", peers = ", a.num_peers);
     group_table_kernel<<<blocks_for(static_cast<int64_t>(a.plan.rows) * (a.plan.layout.G + 1)), kThreads, 0,
                          stream>>>(a);
     check_launch(stream);

@@ -1,6 +1,6 @@
 // The elementwise kernels of the GPU MoE layer: SwiGLU forward and backward, the backward row prologue (route
-// weight gradient and dy), the dx sum, moving the expert output into the receive buffer, and the per-group
-// weight/gradient tables of the grouped GEMM (declarations and contracts in swiglu.hpp).
+// weight gradient and dy), the dx sum and moving the expert output into the receive buffer (declarations and
+// contracts in swiglu.hpp; the grouped GEMM's tables are cuda::build_group_table's, expert_ops.cu).
 //
 // Arithmetic mirrors src/cpu/moe_layer.cpp operation for operation: every product and sum is rounded on its own
 // (__fmul_rn/__fadd_rn: nvcc would otherwise contract a*b+c into an FMA, which the CPU build forbids), the
@@ -28,8 +28,6 @@ using device::unpack_bf16x8;
 
 inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / kWarpSize;
-inline constexpr int kTableThreads = 128;
-inline constexpr int kProjections = 3;
 
 // Rows of rank `rank` the experts compute: the end of its last group (padding included), clamped to NvS.
 __device__ __forceinline__ int64_t used_rows(const MoeKernelParams& p, int rank) {
@@ -52,41 +50,6 @@ __device__ __forceinline__ void load_f32x8(const float* p, float (&f)[8]) {
     const float4 a = reinterpret_cast<const float4*>(p)[0];
     const float4 b = reinterpret_cast<const float4*>(p)[1];
     f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// Weight and gradient tables
-// ---------------------------------------------------------------------------------------------------------
-__global__ void __launch_bounds__(kTableThreads) moe_weight_tables_kernel(const MoeKernelParams p) {
-    const int rank = p.rank_begin + static_cast<int>(blockIdx.x);
-    const MoeRankView& v = p.ranks[rank];
-    for (int i = threadIdx.x; i < kProjections * p.G; i += blockDim.x) {
-        const int proj = i / p.G, g = i % p.G;
-        const int32_t e = v.group_expert[g];
-        const uint16_t* w = nullptr;
-        float* grad = nullptr;
-        switch (static_cast<WeightSource>(v.group_source[g])) {
-            case WeightSource::kLocal:
-                w = v.weights[proj] + static_cast<int64_t>(e - rank * p.epn) * p.elems;
-                if (v.grads[proj] != nullptr) grad = v.grads[proj] + static_cast<int64_t>(e - rank * p.epn) * p.elems;
-                break;
-            case WeightSource::kSlot: {
-                const int32_t b = v.group_slot[g];
-                w = v.slots[proj] + static_cast<int64_t>(b) * p.elems;
-                if (v.slot_grads[proj] != nullptr) grad = v.slot_grads[proj] + static_cast<int64_t>(b) * p.elems;
-                break;
-            }
-            case WeightSource::kPeer:
-                // NOTE: no gradient target: training requires B = epn, where no group is read through a peer.
-                w = p.ranks[e / p.epn].weights[proj] + static_cast<int64_t>(e % p.epn) * p.elems;
-                break;
-            case WeightSource::kEmpty:
-                break;
-        }
-        const int64_t t = (static_cast<int64_t>(rank) * kProjections + proj) * p.G + g;
-        p.weight_tables[t] = w;
-        p.grad_tables[t] = grad;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -248,14 +211,6 @@ void launch_per_rank(Kernel kernel, const MoeKernelParams& p, const char* name, 
 }
 
 }  // namespace
-
-void launch_moe_weight_tables(const MoeKernelParams& p, cudaStream_t stream) {
-    check_params(p, "moe weight tables");
-    EVENEP_CHECK(p.weight_tables != nullptr && p.grad_tables != nullptr && p.epn >= 1 && p.elems > 0,
-                 "moe weight tables: tables, epn = ", p.epn, " and elements per matrix = ", p.elems, " required");
-    moe_weight_tables_kernel<<<static_cast<unsigned>(p.num_local), kTableThreads, 0, stream>>>(p);
-    check_launch(stream);
-}
 
 void launch_swiglu_forward(const MoeKernelParams& p, cudaStream_t stream) {
     EVENEP_CHECK(p.g && p.u && p.h, "swiglu forward: g, u and h buffers required");

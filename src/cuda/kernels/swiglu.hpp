@@ -14,20 +14,13 @@ namespace evenep::cuda::kernels {
 
 // Device pointers of one virtual rank, fixed for the life of the layer (one [R] table in device memory).
 struct MoeRankView {
-    uint16_t* recv_x;             // [NvS, H] bf16 receive buffer (Ep::recv_x)
-    float* recv_w;                // [NvS] route weight of each receive row (Ep::recv_w)
-    const int32_t* cu_seqlens;    // [G] the rank's inclusive padded group ends (its own plan copy)
-    const int8_t* group_source;   // [G] WeightSource of each group
-    const int32_t* group_expert;  // [G] global expert id, -1 for an empty group
-    const int32_t* group_slot;    // [G] prefetch slot of a kSlot group
-    const uint16_t* weights[3];   // [epn][elems] bf16 local experts of each projection
-    const uint16_t* slots[3];     // [B][elems] bf16 prefetch slots
-    float* grads[3];              // [epn][elems] fp32 local gradients (null: no gradients)
-    float* slot_grads[3];         // [B][elems] fp32 reduce buffer (null: no gradients)
+    uint16_t* recv_x;           // [NvS, H] bf16 receive buffer (Ep::recv_x)
+    float* recv_w;              // [NvS] route weight of each receive row (Ep::recv_w)
+    const int32_t* cu_seqlens;  // [G] the rank's inclusive padded group ends (its own plan copy)
 };
 
 struct MoeKernelParams {
-    const MoeRankView* ranks = nullptr;  // device [R] (other processes' ranks: only weights, peer addresses)
+    const MoeRankView* ranks = nullptr;  // device [R] (entries of other processes' ranks unused)
     int R = 0, G = 0, epn = 0, B = 0;
     int rank_begin = 0, num_local = 0;  // the ranks this process serves
     int H = 0, F = 0;                   // hidden and expert intermediate sizes (multiples of 8)
@@ -45,15 +38,9 @@ struct MoeKernelParams {
     float* f32a = nullptr;   // dim f32a_dim: dh [rows, F], later dg·Wg^T [rows, H]
     float* f32b = nullptr;   // dim f32b_dim: du·Wu^T [rows, H]
     int64_t f32a_dim = 0, f32b_dim = 0;
-    const uint16_t** weight_tables = nullptr;  // device [R][3][G]
-    float** grad_tables = nullptr;             // device [R][3][G]
-    int blocks_per_rank = 1;                   // grid.x of the elementwise launches
+    int blocks_per_rank = 1;  // grid.x of the elementwise launches
 };
 
-// Per rank and projection, the grouped GEMM's weight table (local expert, prefetch slot, or the home rank's
-// matrix for a kPeer group; null for an empty group) and gradient table (local gradient, the slot's row of the
-// reduce buffer; null for empty and kPeer groups), from the rank's plan copy.
-void launch_moe_weight_tables(const MoeKernelParams& p, cudaStream_t stream);
 // h = bf16(silu(g) * u) on the used rows.
 void launch_swiglu_forward(const MoeKernelParams& p, cudaStream_t stream);
 // x ← recv_x (saved for backward), then recv_x ← y (combine reads the expert output in place).

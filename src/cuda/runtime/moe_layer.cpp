@@ -7,6 +7,7 @@
 
 #include "cuda/kernels/swiglu.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/expert_ops.hpp"
 #include "evenep/detail/align.hpp"
 #include "evenep/detail/buffer_layout.hpp"
 #include "evenep/error.hpp"
@@ -28,7 +29,7 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
     : ep_(ep), experts_(experts), ffn_hidden_(ffn_hidden), options_(options) {
     const Config& cfg = ep.config();
     const int R = cfg.R, H = ep.hidden(), F = ffn_hidden, G = ep.layout().G, epn = cfg.epn(), B = cfg.num_slots();
-    const int NL = ep.num_local_ranks();
+    const int NL = ep.num_local_ranks(), L0 = ep.rank_begin();
     const int64_t nvs = ep.layout().nvs;
     const ExpertsShape& es = experts.shape();
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, F > 0 && F % 8 == 0, "moe layer: H' = ", F,
@@ -65,36 +66,39 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
         g.f32a = take(rows * g.f32a_dim * 4);
         g.f32b = take(rows * g.f32b_dim * 4);
     }
-    const size_t num_tables = static_cast<size_t>(R) * kProjections * G;
+    // Grouped GEMM tables [3][num_local][G+1] (cuda::build_group_table's rows: G groups, then the gap), their
+    // sources per projection (homes [num_local], slots [num_local], gradient homes and slots, peers [R]) and the
+    // plan tensor they are built from.
+    const size_t num_tables = static_cast<size_t>(kProjections) * NL * (G + 1);
+    const size_t sources_per_proj = 4 * static_cast<size_t>(NL) + R;
     g.tables = take(2 * num_tables * sizeof(void*));
+    g.sources = take(kProjections * sources_per_proj * sizeof(void*));
+    plan_layout_ = PlanRowLayout::make(cfg);
+    g.plan_rows = take(static_cast<size_t>(NL) * plan_layout_.width * sizeof(int32_t));
     g.workspace = take(grouped_gemm_workspace_bytes(G));
     g.views = take(static_cast<size_t>(R) * sizeof(MoeRankView));
     g.total = o;
 
-    // Every served rank's fixed pointers: receive buffer, its own plan copy's group arrays, expert regions; for the
-    // ranks of other processes only their weights (peer addresses: kPeer groups read them).
-    const EpLayout& L = ep.layout();
+    // Every served rank's fixed pointers: receive buffer and its own plan copy's group ends. The tables' sources:
+    // the served ranks' expert regions and every rank's weights (peer addresses: kPeer groups read them).
     std::vector<MoeRankView> views(R);
-    for (int r = 0; r < R; ++r) {
+    std::vector<const void*> sources(kProjections * sources_per_proj, nullptr);
+    for (int r = L0; r < L0 + NL; ++r) {
         MoeRankView& v = views[r];
-        if (!ep.team().serves(r)) {
-            for (int p = 0; p < kProjections; ++p) v.weights[p] = experts.weight(r, p, 0);
-            continue;
-        }
-        char* base = ep.base(r);
-        const size_t own = static_cast<size_t>(r) * G;
         v.recv_x = ep.recv_x(r);
         v.recv_w = ep.recv_w(r);
         v.cu_seqlens = ep.cu_seqlens(r);
-        v.group_source = EpLayout::at<int8_t>(base, L.plan.group_source) + own;
-        v.group_expert = EpLayout::at<int32_t>(base, L.plan.group_expert) + own;
-        v.group_slot = EpLayout::at<int32_t>(base, L.plan.group_slot) + own;
-        for (int p = 0; p < kProjections; ++p) {
-            v.weights[p] = experts.weight(r, p, 0);
-            v.slots[p] = B > 0 ? experts.slot(r, p, 0) : nullptr;
-            v.grads[p] = es.with_grads ? experts.grad(r, p, 0) : nullptr;
-            v.slot_grads[p] = es.with_grads && B > 0 ? experts.slot_grad(r, p, 0) : nullptr;
+    }
+    for (int p = 0; p < kProjections; ++p) {
+        const void** s = sources.data() + p * sources_per_proj;  // homes | slots | grad homes | grad slots | peers
+        for (int i = 0; i < NL; ++i) {
+            const int r = L0 + i;
+            s[i] = experts.weight(r, p, 0);
+            s[NL + i] = B > 0 ? experts.slot(r, p, 0) : nullptr;
+            s[2 * NL + i] = es.with_grads ? experts.grad(r, p, 0) : nullptr;
+            s[3 * NL + i] = es.with_grads && B > 0 ? experts.slot_grad(r, p, 0) : nullptr;
         }
+        for (int r = 0; r < R; ++r) s[4 * NL + r] = experts.weight(r, p, 0);
     }
 
     int device = 0, num_sms = 0;
@@ -103,6 +107,8 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
     arena_ = DeviceArray<char>(g.total);
     try {
         EVENEP_CUDA_CHECK(cudaMemcpy(arena_.get() + g.views, views.data(), views.size() * sizeof(MoeRankView),
+                                     cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(arena_.get() + g.sources, sources.data(), sources.size() * sizeof(void*),
                                      cudaMemcpyHostToDevice));
         if (options_.timing)
             for (cudaEvent_t& e : events_) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
@@ -116,6 +122,8 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
     char* arena = arena_.get();
     weight_tables_ = reinterpret_cast<const uint16_t**>(arena + g.tables);
     grad_tables_ = reinterpret_cast<float**>(arena + g.tables + num_tables * sizeof(void*));
+    table_sources_ = reinterpret_cast<const void* const*>(arena + g.sources);
+    plan_rows_ = reinterpret_cast<int32_t*>(arena + g.plan_rows);
     gemm_workspace_ = arena + g.workspace;
     rank_views_ = arena + g.views;
     allocated_bytes_ = g.total;
@@ -173,8 +181,6 @@ kernels::MoeKernelParams MoeLayer::kernel_params() const {
         p.f32a_dim = static_cast<int64_t>(regions_.f32a_dim);
         p.f32b_dim = static_cast<int64_t>(regions_.f32b_dim);
     }
-    p.weight_tables = weight_tables_;
-    p.grad_tables = grad_tables_;
     p.blocks_per_rank = blocks_per_rank_;
     return p;
 }
@@ -183,12 +189,50 @@ void MoeLayer::record(Event e, cudaStream_t stream) {
     if (options_.timing) EVENEP_CUDA_CHECK(cudaEventRecord(events_[e], stream));
 }
 
+size_t MoeLayer::table_index(int rank, int proj) const {
+    const int G = ep_.layout().G;
+    return (static_cast<size_t>(proj) * ep_.num_local_ranks() + (rank - ep_.rank_begin())) * (G + 1);
+}
+
+// The grouped GEMM's weight and gradient tables of the resident plan, by the library's cuda::build_group_table
+// (the PyTorch ops' tables): the plan as a tensor, then per projection one launch over the served ranks for the
+// weights (homes, slots, peers) and, with gradients, one for the gradients (kPeer groups: null).
+void MoeLayer::build_tables(cudaStream_t stream) {
+    const Config& cfg = ep_.config();
+    const int NL = ep_.num_local_ranks();
+    const size_t per_proj = 4 * static_cast<size_t>(NL) + cfg.R;
+    pack_plan(ep_, plan_rows_, stream);
+    for (int proj = 0; proj < kProjections; ++proj) {
+        const void* const* s = table_sources_ + proj * per_proj;
+        GroupTableArgs a;
+        a.plan = PlanRows{plan_rows_, NL, plan_layout_};
+        a.nvs = ep_.layout().nvs;
+        a.expert_base = ep_.rank_begin() * cfg.epn();
+        a.num_home = cfg.epn();
+        a.mat_bytes = experts_.shape().elems * 2;
+        a.table = reinterpret_cast<const void**>(weight_tables_) + table_index(ep_.rank_begin(), proj);
+        a.homes = s;
+        a.row_slots = s + NL;
+        a.peers = s + 4 * NL;
+        a.num_peers = cfg.R;
+        build_group_table(a, stream);
+        if (!experts_.shape().with_grads) continue;  // the gradient tables stay null (zeroed arena)
+        a.mat_bytes = experts_.shape().elems * 4;
+        a.table = static_cast<const void**>(static_cast<void*>(grad_tables_)) + table_index(ep_.rank_begin(), proj);
+        a.homes = s + 2 * NL;
+        a.row_slots = s + 3 * NL;
+        a.peers = nullptr;
+        a.num_peers = 0;
+        build_group_table(a, stream);
+    }
+}
+
 void MoeLayer::gemm(int rank, int proj, GemmOp op, const uint16_t* x, void* y, bool y_fp32, cudaStream_t stream) {
     const int H = ep_.hidden(), F = ffn_hidden_, G = ep_.layout().G;
     GroupedGemmArgs a;
     a.x = x;
     a.cu_seqlens = ep_.cu_seqlens(rank);
-    a.weights = weight_tables_ + (static_cast<size_t>(rank) * kProjections + proj) * G;
+    a.weights = weight_tables_ + table_index(rank, proj);
     a.y = y;
     a.y_fp32 = y_fp32;
     a.num_groups = G;
@@ -206,7 +250,7 @@ void MoeLayer::wgrad(int rank, int proj, const uint16_t* x, const uint16_t* dy, 
     a.x = x;
     a.dy = dy;
     a.cu_seqlens = ep_.cu_seqlens(rank);
-    a.grads = grad_tables_ + (static_cast<size_t>(rank) * kProjections + proj) * G;
+    a.grads = grad_tables_ + table_index(rank, proj);
     a.num_groups = G;
     a.in_dim = proj == detail::kProjDown ? F : H;
     a.out_dim = proj == detail::kProjDown ? H : F;
@@ -235,7 +279,7 @@ MoeForward MoeLayer::forward(std::span<const RankIo> io,
     record(kFwdPrefetched, stream);
 
     // Expert forward: tables from the new plan, g and u straight from the receive buffer (zero-copy input).
-    kernels::launch_moe_weight_tables(p, stream);
+    build_tables(stream);
     for (int r = L0; r < L0 + NL; ++r) {
         gemm(r, detail::kProjGate, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.g, r, F), false, stream);
         gemm(r, detail::kProjUp, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.u, r, F), false, stream);
