@@ -1,7 +1,7 @@
 // GPU FP8 weight prefetch (ExpertsShape::fp8, evenep/cuda/experts.hpp) bit-identical to the CPU pool's cast.
 //
 // Cases:
-//   Fp8ExpertsTest.PrefetchE4m3/<direct|relay|ue8m0>  R = 4, E = 16, H = 256, H' = 128, three projections (gate/up
+//   Fp8ExpertsTest.PrefetchE4m3/<direct|relay|ue8m0>  R = 8, E = 32, H = 256, H' = 128, three projections (gate/up
 //       [H, H'], down [H', H]); weights random with an outlier block, an all-zero block and a tiny block. After
 //       prefetch_weight every home's weights8 / weight_scale equal cpu::quantize_weight_fp8 of its bf16 master
 //       weights (the function cpu::ExpertWeights::cast_fp8 calls), and every slot holding expert e holds e's bf16
@@ -41,7 +41,7 @@ class Fp8ExpertsTest : public ::testing::TestWithParam<Case> {};
 TEST_P(Fp8ExpertsTest, PrefetchE4m3) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     const Case c = GetParam();
-    constexpr int R = 4, E = 16, H = 256, F = 128, P = 3;
+    constexpr int R = 8, E = 32, H = 256, F = 128, P = 3;  // the relay tree of gpu_experts_test's R8_E32 case
     Config cfg;
     cfg.R = R, cfg.E = E, cfg.K = 4, cfg.S = 64, cfg.tp = 8;
     EpOptions options;
