@@ -29,6 +29,7 @@
 #include "evenep/cuda/ep.hpp"
 #include "evenep/detail/bf16.hpp"
 #include "evenep/error.hpp"
+#include "gpu_combine_testing.hpp"
 #include "gpu_testing.hpp"
 
 namespace evenep::cuda {
@@ -115,30 +116,7 @@ void expect_combine_equal(GpuGroup& g,
                           const std::vector<std::vector<Bf16>>& y,
                           const cpu::OracleOptions& oo,
                           const std::string& what) {
-    const Config& cfg = bc.cfg;
-    for (bool apply : {false, true}) {
-        const cpu::GroupCombineResult oc = cpu::combine_group(bc, tokens, y, apply, oo);
-        for (CombineMode mode : {CombineMode::kPull, CombineMode::kPushPartials}) {
-            for (int r = 0; r < cfg.R; ++r) {
-                EVENEP_CUDA_CHECK(cudaMemset(g.io.out[r].get(), 0xff, g.io.out[r].size() * 2));
-                EVENEP_CUDA_CHECK(cudaMemset(g.io.out_w[r].get(), 0xff, g.io.out_w[r].size() * 4));
-            }
-            g.ep.combine(g.plan, g.io.io, apply, mode, nullptr);
-            g.ep.check(nullptr);
-            const std::string w =
-                cat(what, mode == CombineMode::kPull ? " pull" : " push", apply ? " weighted" : " unweighted");
-            for (int r = 0; r < cfg.R; ++r) {
-                const int s = tokens[r].s;
-                const std::vector<uint16_t> out = g.io.out[r].download(static_cast<size_t>(s) * bc.H);
-                for (size_t i = 0; i < out.size(); ++i)
-                    ASSERT_EQ(out[i], oc.out[r][i].bits)
-                        << w << ": out rank " << r << " token " << i / bc.H << " col " << i % bc.H;
-                const std::vector<float> ow = g.io.out_w[r].download(static_cast<size_t>(s) * cfg.K);
-                for (size_t i = 0; i < ow.size(); ++i)
-                    ASSERT_EQ(ow[i], oc.gathered_w[r][i]) << w << ": gathered w rank " << r << " entry " << i;
-            }
-        }
-    }
+    testing::expect_combine_equal(g.ep, g.io, g.plan, tokens, bc, y, oo, what);
 }
 
 // Full check of one (config, routing): dispatch rows, then combine after the expert placeholder.

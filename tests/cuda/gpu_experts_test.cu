@@ -56,16 +56,8 @@ struct Fixture {
 std::vector<float> host_floats(size_t n, uint64_t seed) { return testing::random_floats(n, seed); }
 std::vector<uint16_t> host_bf16(size_t n, uint64_t seed) { return testing::random_bf16_bits(n, seed); }
 
-template <typename T>
-void put(T* dev, const std::vector<T>& v) {
-    EVENEP_CUDA_CHECK(cudaMemcpy(dev, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-template <typename T>
-std::vector<T> get(const T* dev, size_t n) {
-    std::vector<T> v(n);
-    EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-}
+using testing::get;
+using testing::put;
 
 Fixture make_fixture(const Shape& sh) {
     Fixture f;

@@ -48,4 +48,16 @@ inline std::vector<uint16_t> bits_of(const std::vector<Bf16>& v) {
     return b;
 }
 
+// Synchronous host <-> device copies of raw device pointers (library-owned regions: slots, weights).
+template <typename T>
+void put(T* dev, const std::vector<T>& v) {
+    EVENEP_CUDA_CHECK(cudaMemcpy(dev, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <typename T>
+std::vector<T> get(const T* dev, size_t n) {
+    std::vector<T> v(n);
+    EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+}
+
 }  // namespace evenep::testing

@@ -13,6 +13,7 @@
 //   Ep ep(team, cfg, H);                      // collective: the rank's buffer is a symmetric window of the team
 //   EpPlan p = ep.plan(io, s, stream);        // histogram, all-gather, every rank plans, encoded dst
 //   ep.dispatch(p, io, stream);               // rows into ep.recv_x(r) of every rank, in group order
+//                                             // (precision.fp8: e4m3 rows + scales into recv_x8 / recv_scale)
 //   ... expert compute writes y into ep.recv_x(r) (zero-copy); groups: ep.cu_seqlens(r), the plan's group_expert
 //   ep.combine(p, io, apply_weights, mode, stream);
 // On the local team a call may name its own receive rows (RankIo::rows, BackwardIo::rows: any device memory of
@@ -43,6 +44,7 @@
 #include <span>
 #include <vector>
 
+#include "evenep/buffer.hpp"
 #include "evenep/config.hpp"
 #include "evenep/cuda/device_array.hpp"
 #include "evenep/cuda/team.hpp"
@@ -60,6 +62,11 @@ struct EpOptions {
     int channel = 0;           // the team channel of the data-path kernels (Experts default to channel 1)
     bool relay = false;        // plans carry the relayed copy tree (Planner::set_relay; docs/relayed-prefetch.md)
     TeamOptions team;          // for the convenience constructors that create their team (DeviceEp, NcclEp)
+    // precision.fp8: dispatch sends e4m3 rows + 1x128 scales into recv_x8 / recv_scale instead of bf16 rows into
+    // recv_x (bit-identical to cpu::Buffer's FP8 dispatch; H % 128 == 0; ue8m0: power-of-two scales). Combine and
+    // the backward calls stay bf16; dispatch refuses RankIo::rows. bf16_partials is not implemented on the GPU yet
+    // (refused).
+    DataPrecision precision{};
 };
 
 // Caller-owned device pointers of one rank for the backward calls.
@@ -150,6 +157,8 @@ class Ep {
     char* base(int rank) const;
     uint16_t* recv_x(int rank) const;             // [NvS, H] bf16
     float* recv_w(int rank) const;                // [NvS]
+    uint8_t* recv_x8(int rank) const;             // [NvS, H] e4m3 codes (precision.fp8; else no bytes)
+    float* recv_scale(int rank) const;            // [NvS, H/128] fp32 scales (precision.fp8; else no bytes)
     const int32_t* cu_seqlens(int rank) const;    // [G] inclusive padded ends of the rank's groups
     const int32_t* group_expert(int rank) const;  // [G] expert of each of the rank's groups
     const int32_t* copies(int rank) const;        // [R*B] the plan's copies table (rank's copy)
@@ -160,6 +169,8 @@ class Ep {
     std::vector<int32_t> download_dst(const EpPlan& plan, int rank) const;  // [s_r*K]
     std::vector<uint16_t> download_recv_x(int rank, int64_t rows) const;    // [rows*H]
     std::vector<float> download_recv_w(int rank, int64_t rows) const;
+    std::vector<uint8_t> download_recv_x8(int rank, int64_t rows) const;   // [rows*H] (precision.fp8)
+    std::vector<float> download_recv_scale(int rank, int64_t rows) const;  // [rows*H/128] (precision.fp8)
     std::vector<int32_t> download_recv_next(int rank, int64_t rows) const;
     std::vector<int32_t> download_recv_ret(int rank, int64_t rows) const;
 

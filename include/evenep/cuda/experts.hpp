@@ -9,6 +9,13 @@
 //   grads       [P][epn][elems] fp32   the local experts' gradients
 // with_weights allocates weights + slots (prefetch), with_grads slot_grads + grads (reduce_grad); benchmarks at
 // large shapes allocate one pair at a time (freed before the next) and as many projections as fit.
+// FP8 (ExpertsShape::fp8, with_weights; H and H' multiples of 128; docs/fp8.md), four more regions:
+//   weights8 / slots8       [P][n][elems]  e4m3  the e4m3 cast of each matrix (row-major like the bf16 one)
+//   weight_scales / slot_scales [P][n][sstride]  fp32 one scale per 128 x 128 block, row-major over (in block, out
+//                           block); sstride = the (in/128)*(out/128) scales padded to 16 bytes
+// and prefetch_weight first casts every local expert of each served rank (fp8.cu's weight cast kernel, the
+// functions of evenep/detail/fp8.hpp: bitwise the CPU pool's ExpertWeights::cast_fp8), then copies the bf16
+// weights, the e4m3 codes and the scales into the slots of every copy (three prefetch launches, relays alike).
 //
 //   prefetch_weight(ep, plan)  for every slot b of every rank r with e = copies[r][b] >= 0: slots(r)[p][b] =
 //                        weights of e on home(e). Owner push: each (expert, projection) tile is read from HBM once and
@@ -38,6 +45,12 @@ struct ExpertsShape {
     int64_t elems = 0;        // elements of one projection of one expert (H*H')
     bool with_weights = true;
     bool with_grads = true;
+    // FP8 weight copies (see the file comment): projection p is [in, out] = detail::proj_in_dim / proj_out_dim of
+    // (hidden, ffn), so elems = hidden * ffn; both multiples of 128.
+    bool fp8 = false;
+    bool ue8m0 = false;  // with fp8: power-of-two scales
+    int hidden = 0, ffn = 0;
+    int64_t scale_stride() const;  // bytes of one matrix's scales, padded to 16 (fp8), else 0
 };
 
 struct ExpertsView;  // evenep/cuda/detail/launchers.hpp
@@ -57,9 +70,13 @@ class ExpertPool {
     const ExpertsShape& shape() const { return shape_; }
     uint16_t* slot(int rank, int proj, int slot) const;  // [elems] bf16 (device pointer)
     float* slot_grad(int rank, int proj, int slot) const;
+    uint8_t* slot8(int rank, int proj, int slot) const;     // [elems] e4m3 codes (shape.fp8)
+    float* slot_scale(int rank, int proj, int slot) const;  // [in/128 * out/128] scales (shape.fp8)
     const Window& window() const { return *window_; }
     size_t slots_offset() const { return slots_; }
     size_t slot_grads_offset() const { return slot_grads_; }
+    size_t slots8_offset() const { return slots8_; }
+    size_t slot_scales_offset() const { return slot_scales_; }
     // True when the slots hold `experts`' weights as prefetched for `plan` (the last prefetch_weight into them).
     bool holds(const Experts& experts, const EpPlan& plan) const;
 
@@ -68,7 +85,7 @@ class ExpertPool {
     char* at(int rank, size_t region, int proj, int index, size_t elem_bytes) const;
     ExpertsShape shape_;
     int R_, B_, rank_begin_;
-    size_t slots_ = 0, slot_grads_ = 0;
+    size_t slots_ = 0, slot_grads_ = 0, slots8_ = 0, slot_scales_ = 0;
     OwnedWindow window_;
     const Experts* filled_by_ = nullptr;  // the last prefetch_weight's layer and plan
     uint64_t filled_plan_ = 0;
@@ -95,6 +112,10 @@ class Experts {
     uint16_t* slot(int rank, int proj, int slot) const { return pool_->slot(rank, proj, slot); }
     float* slot_grad(int rank, int proj, int slot) const { return pool_->slot_grad(rank, proj, slot); }
     float* grad(int rank, int proj, int local_expert) const;
+    uint8_t* weight8(int rank, int proj, int local_expert) const;     // [elems] e4m3 cast (shape.fp8)
+    float* weight_scale(int rank, int proj, int local_expert) const;  // its 128 x 128 block scales (shape.fp8)
+    uint8_t* slot8(int rank, int proj, int slot) const { return pool_->slot8(rank, proj, slot); }
+    float* slot_scale(int rank, int proj, int slot) const { return pool_->slot_scale(rank, proj, slot); }
 
     void prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
     void reduce_grad(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
@@ -104,6 +125,7 @@ class Experts {
     // (slots, slot_grads), bytes.
     struct Offsets {
         size_t weights, slots, slot_grads, grads, total;
+        size_t weights8 = 0, weight_scales = 0, slots8 = 0, slot_scales = 0;  // shape.fp8
     };
     const Offsets& offsets() const { return off_; }
     const Window& window() const { return *window_; }

@@ -57,6 +57,7 @@ enum class DeviceErrorKind : int32_t {
     kBarrierTimeout = 1,  // rank waited for peer (or, peer == -1, for its own blocks) at `phase`
     kBadExpertId = 2,     // rank's topk_idx[token, k] = value is outside [-1, E)
     kInternal = 3,        // a planner invariant broke on rank (value: remote experts, aux: epn)
+    kNonFiniteInput = 4,  // FP8 dispatch: rank's x[token, k = channel] (value: its bf16 bits) is NaN or infinite
 };
 
 struct DeviceErrorRecord {

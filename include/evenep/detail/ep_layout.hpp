@@ -195,13 +195,15 @@ struct EpLayout {
     PlanOffsets plan;
     size_t total_bytes;
 
-    // Host only (the offsets come from evenep::for_each_array); kernels receive the finished struct.
-    static EpLayout make(int R, int E, int K, int S, int tp, int B, int H, int max_blocks, int slack_ppm) {
+    // Host only (the offsets come from evenep::for_each_array); kernels receive the finished struct. fp8: the buffer
+    // gains recv_x8 / recv_scale (BufferConfig::precision.fp8, same offsets as the CPU backend's).
+    static EpLayout make(
+        int R, int E, int K, int S, int tp, int B, int H, int max_blocks, int slack_ppm, bool fp8 = false) {
         EpLayout l{};
         l.R = R, l.E = E, l.K = K, l.S = S, l.tp = tp, l.B = B, l.epn = E / R, l.G = 2 * (E / R), l.H = H;
         l.max_blocks = max_blocks;
         l.slack_ppm = slack_ppm;
-        l.buf = detail::BufferLayout::make(R, E, K, S, tp, H, slack_ppm);
+        l.buf = detail::BufferLayout::make(R, E, K, S, tp, H, slack_ppm, fp8);
         l.nvs = l.buf.num_recv_rows;
         size_t o = static_cast<size_t>(l.buf.total_bytes);
         auto take = [&o](size_t bytes) {
@@ -239,6 +241,8 @@ struct EpLayout {
     EVENEP_HOST_DEVICE size_t recv_ret() const { return static_cast<size_t>(buf.recv_ret_offset); }
     EVENEP_HOST_DEVICE size_t gather() const { return static_cast<size_t>(buf.gather_offset); }
     EVENEP_HOST_DEVICE size_t stage() const { return static_cast<size_t>(buf.stage_offset); }
+    EVENEP_HOST_DEVICE size_t recv_x8() const { return static_cast<size_t>(buf.recv_x8_offset); }        // fp8 only
+    EVENEP_HOST_DEVICE size_t recv_scale() const { return static_cast<size_t>(buf.recv_scale_offset); }  // fp8 only
 
     EVENEP_HOST_DEVICE detail::PlanDims dims(bool locality) const {
         return detail::PlanDims{R, E, epn, G, B, tp, locality, slack_ppm};

@@ -10,6 +10,12 @@
 //   A'. destination: padding rows of the rank's own groups: zero payload and weight, kChainEnd, kRetPadding.
 //   -- team barrier (kDispatchSent): every payload row, weight and link has arrived
 //   B. destination:  for each payload row with a chain, copy it into the chain's rows.
+// FP8 (DataParams::fp8, the forward dispatch of an Ep with precision.fp8; docs/fp8.md): in A the token's warp
+// quantises the row once — per 1 x 128 block a lane holds 4 channels, the amax is a warp max (order-free, so the
+// scale equals cpu::Buffer's), then e4m3(x / s) with fp8.hpp's functions — and stores the codes and scales into
+// recv_x8 / recv_scale of every chain head row (recv_x is not written); every token row is checked for NaN/Inf
+// (masked tokens too, as the CPU backend does), recorded as DeviceErrorKind::kNonFiniteInput. A' zeroes the
+// padding rows' codes and scales, B copies codes and scales along the chains.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +33,69 @@ using device::kWarpSize;
 
 inline constexpr int kDispatchThreads = 512;
 inline constexpr int kDispatchUnroll = 4;  // 16-byte vectors in flight per lane
+inline constexpr int kFp8Unroll = 4;       // 1 x 128 blocks whose channels a lane loads before quantising them
+inline constexpr int kFp8PerLane = kFp8Block / kWarpSize;  // channels of one block per lane (4: 8 bytes of bf16)
+static_assert(kFp8PerLane == 4, "the FP8 send loads 4 bf16 channels per lane as one uint2");
+
+// FP8 send of token t's row (phase A): quantise each 1 x 128 block once, store codes and scale into every payload
+// (chain head) row of the token. Warp-uniform.
+__device__ __forceinline__ void send_token_fp8(
+    const DataParams& p, const device::TokenEntries& te, const uint16_t* xrow, int rank, int t, int lane) {
+    const EpLayout& L = p.lay;
+    const int H = L.H, spr = H / kFp8Block;
+    uint8_t* my_row = nullptr;
+    float* my_scale = nullptr;
+    if (te.payload) {
+        char* db = p.team.peers[te.drank];
+        my_row = EpLayout::at<uint8_t>(db, L.recv_x8()) + static_cast<int64_t>(te.row) * H;
+        my_scale = EpLayout::at<float>(db, L.recv_scale()) + static_cast<int64_t>(te.row) * spr;
+    }
+    for (int b0 = 0; b0 < spr; b0 += kFp8Unroll) {
+        uint2 v[kFp8Unroll];
+#pragma unroll
+        for (int u = 0; u < kFp8Unroll; ++u)
+            if (b0 + u < spr)
+                v[u] = __ldg(reinterpret_cast<const uint2*>(xrow + (b0 + u) * kFp8Block + lane * kFp8PerLane));
+#pragma unroll
+        for (int u = 0; u < kFp8Unroll; ++u) {
+            const int b = b0 + u;
+            if (b >= spr) break;
+            const int ch = b * kFp8Block + lane * kFp8PerLane;
+            const Bf16 x[kFp8PerLane] = {
+                Bf16{static_cast<uint16_t>(v[u].x & 0xFFFFu)}, Bf16{static_cast<uint16_t>(v[u].x >> 16)},
+                Bf16{static_cast<uint16_t>(v[u].y & 0xFFFFu)}, Bf16{static_cast<uint16_t>(v[u].y >> 16)}};
+            float amax = 0.0f;
+            int bad_i = -1;
+#pragma unroll
+            for (int i = 0; i < kFp8PerLane; ++i) {
+                if (bad_i < 0 && !bf16_is_finite(x[i])) bad_i = i;
+                const float a = bf16_abs(x[i]);
+                amax = a > amax ? a : amax;
+            }
+            const unsigned bad = __ballot_sync(0xffffffffu, bad_i >= 0);
+            if (bad != 0 && lane == __ffs(bad) - 1)
+                device::record_error(p.team, DeviceErrorKind::kNonFiniteInput, rank, -1, Phase::kNone, t, ch + bad_i,
+                                     x[bad_i].bits, H, 0);
+#pragma unroll
+            for (int o = kWarpSize / 2; o > 0; o >>= 1) {
+                const float a = __shfl_xor_sync(0xffffffffu, amax, o);
+                amax = a > amax ? a : amax;
+            }
+            const float s = fp8_block_scale(amax, p.ue8m0 != 0);
+            uint32_t q = 0;
+#pragma unroll
+            for (int i = 0; i < kFp8PerLane; ++i)
+                q |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(x[i]), s).bits) << (8 * i);
+            for (unsigned m = te.payloads; m; m &= m - 1) {
+                const int src = __ffs(m) - 1;
+                uint8_t* drow = device::shfl_ptr(my_row, src);
+                float* dscale = device::shfl_ptr(my_scale, src);
+                *reinterpret_cast<uint32_t*>(drow + ch) = q;
+                if (lane == 0) dscale[b] = s;
+            }
+        }
+    }
+}
 
 template <int kThreads, int kUnroll>
 __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams p) {
@@ -64,6 +133,10 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
             EpLayout::at<int32_t>(db, L.recv_ret())[te.row] =
                 te.payload ? detail::encode_ret(c.rank, unit, L.buf.stage_units()) : detail::kRetDuplicate;
         }
+        if (p.fp8) {  // the row is read (checked) even when fully masked
+            send_token_fp8(p, te, io.x + static_cast<int64_t>(t) * H, c.rank, t, lane);
+            continue;
+        }
         if (te.payloads == 0) continue;  // a fully masked token: nothing to send, its row is not read
         uint16_t* my_row = te.payload ? device::recv_rows(p, te.drank) + static_cast<int64_t>(te.row) * H : nullptr;
         const uint16_t* xrow = io.x + static_cast<int64_t>(t) * H;
@@ -90,10 +163,19 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
     float* recv_w = EpLayout::at<float>(base, L.recv_w());
     int32_t* next = EpLayout::at<int32_t>(base, L.recv_next());
     int32_t* ret = EpLayout::at<int32_t>(base, L.recv_ret());
+    uint8_t* recv_x8 = EpLayout::at<uint8_t>(base, L.recv_x8());
+    float* recv_scale = EpLayout::at<float>(base, L.recv_scale());
+    const int spr = H / kFp8Block, num_vec8 = H / 16;  // fp8 only: scales per row, 16-byte vectors of codes
     device::for_each_padding_row(L, base, c.rank, gw, num_warps, [&](int32_t row) {
-        uint16_t* drow = recv_x + static_cast<int64_t>(row) * H;
-        for (int v = lane; v < num_vec; v += kWarpSize)
-            device::st_v4(drow + static_cast<int64_t>(v) * kBf16PerVec, make_uint4(0, 0, 0, 0));
+        if (p.fp8) {
+            uint8_t* drow = recv_x8 + static_cast<int64_t>(row) * H;
+            for (int v = lane; v < num_vec8; v += kWarpSize) device::st_v4(drow + v * 16, make_uint4(0, 0, 0, 0));
+            for (int j = lane; j < spr; j += kWarpSize) recv_scale[static_cast<int64_t>(row) * spr + j] = 0.0f;
+        } else {
+            uint16_t* drow = recv_x + static_cast<int64_t>(row) * H;
+            for (int v = lane; v < num_vec; v += kWarpSize)
+                device::st_v4(drow + static_cast<int64_t>(v) * kBf16PerVec, make_uint4(0, 0, 0, 0));
+        }
         if (lane == 0) {
             recv_w[row] = 0.0f;
             next[row] = detail::kChainEnd;
@@ -107,6 +189,20 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
     device::for_each_entry_row(L, base, c.rank, gw, num_warps, [&](int32_t row) {
         const int32_t first = next[row];
         if (ret[row] < 0 || first == detail::kChainEnd) return;  // a duplicate row, or a head without duplicates
+        if (p.fp8) {
+            const uint8_t* srow = recv_x8 + static_cast<int64_t>(row) * H;
+            for (int v = lane; v < num_vec8; v += kWarpSize) {
+                const uint4 val = device::ld_v4(srow + v * 16);
+                for (int32_t d = first; d != detail::kChainEnd; d = next[d])
+                    device::st_v4(recv_x8 + static_cast<int64_t>(d) * H + v * 16, val);
+            }
+            for (int j = lane; j < spr; j += kWarpSize) {
+                const float val = __ldcg(recv_scale + static_cast<int64_t>(row) * spr + j);
+                for (int32_t d = first; d != detail::kChainEnd; d = next[d])
+                    recv_scale[static_cast<int64_t>(d) * spr + j] = val;
+            }
+            return;
+        }
         const uint16_t* srow = recv_x + static_cast<int64_t>(row) * H;
         for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
             uint4 buf[kUnroll];
@@ -134,15 +230,20 @@ int launch_dispatch(const TeamView& team,
                     const RankIo* d_io,
                     std::span<const int32_t> s,
                     int sm_budget,
-                    cudaStream_t stream) {
+                    cudaStream_t stream,
+                    const DataPrecision& precision) {
     EVENEP_CHECK(static_cast<int>(s.size()) == layout.R, "dispatch: s has ", s.size(),
                  " values, expected R = ", layout.R);
     EVENEP_CHECK(layout.H % kBf16PerVec == 0, "dispatch: hidden size H = ", layout.H,
                  " must be a multiple of 8 (16-byte rows)");
+    EVENEP_CHECK(!precision.fp8 || (layout.buf.fp8 && layout.H % kFp8Block == 0),
+                 "dispatch: fp8 needs a layout with the FP8 regions and H = ", layout.H, " a multiple of ", kFp8Block);
     DataParams p{};
     p.team = team;
     p.lay = layout;
     p.io = d_io;
+    p.fp8 = precision.fp8 ? 1 : 0;
+    p.ue8m0 = precision.ue8m0 ? 1 : 0;
     for (int r = 0; r < layout.R; ++r) {
         EVENEP_CHECK(s[r] >= 1 && s[r] <= layout.S, "dispatch: rank ", r, ": s = ", s[r], " outside [1, S = ", layout.S,
                      "]");

@@ -82,9 +82,13 @@ EpLayout Ep::check_and_layout(const Config& cfg_in, int hidden, const EpOptions&
     EVENEP_CHECK(options.max_plan_blocks >= 1, "cuda ep: max_plan_blocks = ", options.max_plan_blocks);
     EVENEP_CHECK(options.channel >= 0 && options.channel < kTeamChannels, "cuda ep: channel = ", options.channel,
                  " outside [0, ", kTeamChannels, ")");
-    const EpLayout layout =
-        EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden, options.max_plan_blocks,
-                       cfg.slack_ppm());
+    const DataPrecision& pr = options.precision;
+    EVENEP_CHECK(!pr.fp8 || hidden % kFp8Block == 0, "cuda ep: fp8 needs the hidden size H = ", hidden,
+                 " to be a multiple of ", kFp8Block, " (one scale per 128 channels)");
+    EVENEP_CHECK(pr.fp8 || !pr.ue8m0, "cuda ep: precision.ue8m0 needs precision.fp8");
+    EVENEP_CHECK(!pr.bf16_partials, "cuda ep: precision.bf16_partials is not implemented on the GPU backend yet");
+    const EpLayout layout = EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden,
+                                           options.max_plan_blocks, cfg.slack_ppm(), options.precision.fp8);
     // Return addresses are int32: R * S * U units must fit.
     const int64_t units = static_cast<int64_t>(cfg.R) * layout.buf.stage_units();
     EVENEP_CHECK(units < INT32_MAX, "cuda ep: R*S*min(K,2R) = ", units, " staging units overflow int32");
@@ -256,9 +260,14 @@ EpPlan Ep::new_resident_plan(std::span<const int32_t> s, int64_t s_total, cudaSt
 void Ep::dispatch(const EpPlan& plan, std::span<const RankIo> io, cudaStream_t stream) {
     const std::span<const int32_t> s = checked_s(plan, "dispatch");
     check_io(io, true, "dispatch");
+    if (options_.precision.fp8)
+        for (size_t i = 0; i < io.size(); ++i)
+            EVENEP_CHECK(io[i].rows == nullptr, "cuda ep: dispatch: rank ", rank_begin() + static_cast<int>(i),
+                         ": RankIo::rows is set but precision.fp8 sends e4m3 rows into recv_x8 (leave rows null)");
     use(plan, stream);
     const RankIo* d_io = store_io(fwd_, io, stream);
-    last_blocks_ = launch_dispatch(view(options_.channel), layout_, d_io, s, options_.sm_budget, stream);
+    last_blocks_ =
+        launch_dispatch(view(options_.channel), layout_, d_io, s, options_.sm_budget, stream, options_.precision);
 }
 
 void Ep::combine(
@@ -327,6 +336,8 @@ void Ep::dispatch_backward(const EpPlan& plan, std::span<const BackwardIo> io, C
 
 uint16_t* Ep::recv_x(int rank) const { return reinterpret_cast<uint16_t*>(base(rank) + layout_.recv_x()); }
 float* Ep::recv_w(int rank) const { return reinterpret_cast<float*>(base(rank) + layout_.recv_w()); }
+uint8_t* Ep::recv_x8(int rank) const { return reinterpret_cast<uint8_t*>(base(rank) + layout_.recv_x8()); }
+float* Ep::recv_scale(int rank) const { return reinterpret_cast<float*>(base(rank) + layout_.recv_scale()); }
 const int32_t* Ep::cu_seqlens(int rank) const {
     return reinterpret_cast<const int32_t*>(base(rank) + layout_.plan.cu_seqlens) +
            static_cast<size_t>(rank) * layout_.G;
@@ -390,6 +401,16 @@ std::vector<int32_t> Ep::download_dst(const EpPlan& plan, int rank) const {
 std::vector<uint16_t> Ep::download_recv_x(int rank, int64_t rows) const {
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     return download<uint16_t>(base(rank), layout_.recv_x(), static_cast<size_t>(rows) * hidden_);
+}
+std::vector<uint8_t> Ep::download_recv_x8(int rank, int64_t rows) const {
+    EVENEP_CHECK(layout_.buf.fp8, "cuda ep: download_recv_x8 needs precision.fp8");
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    return download<uint8_t>(base(rank), layout_.recv_x8(), static_cast<size_t>(rows) * hidden_);
+}
+std::vector<float> Ep::download_recv_scale(int rank, int64_t rows) const {
+    EVENEP_CHECK(layout_.buf.fp8, "cuda ep: download_recv_scale needs precision.fp8");
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    return download<float>(base(rank), layout_.recv_scale(), static_cast<size_t>(rows * layout_.buf.scales_per_row()));
 }
 std::vector<float> Ep::download_recv_w(int rank, int64_t rows) const {
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());

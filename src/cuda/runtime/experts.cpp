@@ -3,6 +3,7 @@
 #include "evenep/cuda/experts.hpp"
 
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/detail/fp8_cast.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
@@ -17,6 +18,23 @@ void check_shape(const ExpertsShape& shape) {
                  "experts: num_projections = ", shape.num_projections, " outside [1, 3]");
     EVENEP_CHECK(shape.elems > 0 && shape.elems % 8 == 0, "experts: elements per matrix = ", shape.elems,
                  " must be a positive multiple of 8");
+    if (!shape.fp8) {
+        EVENEP_CHECK(!shape.ue8m0, "experts: ue8m0 needs fp8");
+        return;
+    }
+    EVENEP_CHECK(shape.with_weights, "experts: fp8 needs with_weights");
+    EVENEP_CHECK(shape.hidden >= kFp8Block && shape.hidden % kFp8Block == 0 && shape.ffn >= kFp8Block &&
+                     shape.ffn % kFp8Block == 0,
+                 "experts: fp8 needs H = ", shape.hidden, " and H' = ", shape.ffn, " positive multiples of ",
+                 kFp8Block);
+    EVENEP_CHECK(shape.elems == static_cast<int64_t>(shape.hidden) * shape.ffn,
+                 "experts: fp8: elements per matrix = ", shape.elems,
+                 " but H*H' = ", static_cast<int64_t>(shape.hidden) * shape.ffn);
+}
+
+// A [P][n][stride bytes] region's entry (proj, index).
+size_t entry_at(size_t region, int n, int proj, int index, size_t stride) {
+    return region + (static_cast<size_t>(proj) * n + index) * stride;
 }
 
 // A rank's copy of a window as host code addresses it: the first served rank's is Window::local (on the NCCL team
@@ -36,7 +54,15 @@ ExpertPool::ExpertPool(Ep& ep, const ExpertsShape& shape)
     if (shape.with_weights) o += region_bytes(P * B_ * n * 2);
     slot_grads_ = o;
     if (shape.with_grads) o += region_bytes(P * B_ * n * 4);
+    slots8_ = o;
+    if (shape.fp8) o += region_bytes(P * B_ * n);
+    slot_scales_ = o;
+    if (shape.fp8) o += region_bytes(P * B_ * static_cast<size_t>(shape.scale_stride()));
     window_ = OwnedWindow(ep.team(), o > 0 ? o : 256);
+}
+
+int64_t ExpertsShape::scale_stride() const {
+    return fp8 ? detail::align_up(detail::fp8_weight_scales(hidden, ffn) * 4, int64_t{16}) : 0;
 }
 
 char* ExpertPool::at(int rank, size_t region, int proj, int index, size_t elem_bytes) const {
@@ -54,6 +80,20 @@ uint16_t* ExpertPool::slot(int rank, int proj, int slot) const {
 float* ExpertPool::slot_grad(int rank, int proj, int slot) const {
     EVENEP_CHECK(shape_.with_grads, "expert pool: allocated without gradients");
     return reinterpret_cast<float*>(at(rank, slot_grads_, proj, slot, 4));
+}
+
+uint8_t* ExpertPool::slot8(int rank, int proj, int slot) const {
+    EVENEP_CHECK(shape_.fp8, "expert pool: allocated without fp8");
+    at(rank, slots8_, proj, slot, 1);  // range check
+    return reinterpret_cast<uint8_t*>(copy_of(*window_, rank_begin_, rank) +
+                                      entry_at(slots8_, B_, proj, slot, static_cast<size_t>(shape_.elems)));
+}
+
+float* ExpertPool::slot_scale(int rank, int proj, int slot) const {
+    EVENEP_CHECK(shape_.fp8, "expert pool: allocated without fp8");
+    at(rank, slot_scales_, proj, slot, 1);  // range check
+    return reinterpret_cast<float*>(copy_of(*window_, rank_begin_, rank) +
+                                    entry_at(slot_scales_, B_, proj, slot, shape_.scale_stride()));
 }
 
 bool ExpertPool::holds(const Experts& experts, const EpPlan& plan) const {
@@ -85,10 +125,11 @@ Experts::Experts(Ep& ep, ExpertPool& pool, const ExpertsShape& shape)
     const ExpertsShape& ps = pool.shape();
     EVENEP_CHECK(ps.num_projections == shape.num_projections && ps.elems == shape.elems &&
                      ps.with_weights == shape.with_weights && ps.with_grads == shape.with_grads && pool.R_ == R_ &&
-                     pool.B_ == B_,
+                     pool.B_ == B_ && ps.fp8 == shape.fp8 && ps.ue8m0 == shape.ue8m0 &&
+                     ps.scale_stride() == shape.scale_stride(),
                  "experts: the pool holds ", ps.num_projections, " projections of ", ps.elems,
                  " elements for R = ", pool.R_, ", B = ", pool.B_, "; the layer needs ", shape.num_projections, " of ",
-                 shape.elems, " for R = ", R_, ", B = ", B_);
+                 shape.elems, " for R = ", R_, ", B = ", B_, " (fp8 ", ps.fp8, " vs ", shape.fp8, ")");
     init(ep);
 }
 
@@ -100,9 +141,15 @@ void Experts::init(Ep& ep) {
     if (shape_.with_weights) o += region_bytes(P * epn_ * n * 2);
     off_.grads = o;
     if (shape_.with_grads) o += region_bytes(P * epn_ * n * 4);
+    off_.weights8 = o;
+    if (shape_.fp8) o += region_bytes(P * epn_ * n);
+    off_.weight_scales = o;
+    if (shape_.fp8) o += region_bytes(P * epn_ * static_cast<size_t>(shape_.scale_stride()));
     off_.total = o > 0 ? o : 256;
     off_.slots = pool_->slots_offset();
     off_.slot_grads = pool_->slot_grads_offset();
+    off_.slots8 = pool_->slots8_offset();
+    off_.slot_scales = pool_->slot_scales_offset();
     window_ = OwnedWindow(ep.team(), off_.total);
 }
 
@@ -120,6 +167,20 @@ uint16_t* Experts::weight(int rank, int proj, int local_expert) const {
 float* Experts::grad(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.with_grads, "experts: allocated without gradients");
     return reinterpret_cast<float*>(at(rank, off_.grads, epn_, proj, local_expert, 4));
+}
+
+uint8_t* Experts::weight8(int rank, int proj, int local_expert) const {
+    EVENEP_CHECK(shape_.fp8, "experts: allocated without fp8");
+    at(rank, off_.weights8, epn_, proj, local_expert, 1);  // range check
+    return reinterpret_cast<uint8_t*>(
+        copy_of(*window_, rank_begin_, rank) +
+        entry_at(off_.weights8, epn_, proj, local_expert, static_cast<size_t>(shape_.elems)));
+}
+float* Experts::weight_scale(int rank, int proj, int local_expert) const {
+    EVENEP_CHECK(shape_.fp8, "experts: allocated without fp8");
+    at(rank, off_.weight_scales, epn_, proj, local_expert, 1);  // range check
+    return reinterpret_cast<float*>(copy_of(*window_, rank_begin_, rank) +
+                                    entry_at(off_.weight_scales, epn_, proj, local_expert, shape_.scale_stride()));
 }
 
 ExpertsView Experts::kernel_view() const {
@@ -140,7 +201,32 @@ void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, i
     EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_,
                  "prefetch_weight: experts sized for another group");
     ep.use(plan, stream);
-    last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), kernel_view(), ep.options().sm_budget, stream);
+    const ExpertsView bf16 = kernel_view();
+    last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), bf16, ep.options().sm_budget, stream);
+    if (shape_.fp8) {
+        // The home's cast of every local expert (once per prefetch), then the codes and the scales through the same
+        // copy kernel: a view whose "bf16 elements" are byte pairs of the e4m3 / scale regions.
+        const int H = shape_.hidden, F = shape_.ffn;
+        for (int i = 0; i < ep.num_local_ranks(); ++i) {
+            const int r = ep.rank_begin() + i;
+            for (int p = 0; p < shape_.num_projections; ++p)
+                for (int le = 0; le < epn_; ++le)
+                    launch_fp8_cast_weight(reinterpret_cast<const Bf16*>(weight(r, p, le)),
+                                           detail::proj_in_dim(p, H, F), detail::proj_out_dim(p, H, F), shape_.ue8m0,
+                                           reinterpret_cast<Fp8E4m3*>(weight8(r, p, le)), weight_scale(r, p, le),
+                                           nullptr, stream);
+        }
+        ExpertsView codes = bf16;
+        codes.weights = off_.weights8;
+        codes.slots = off_.slots8;
+        codes.elems = shape_.elems / 2;
+        launch_prefetch_weight(ep.view(channel), ep.layout(), codes, ep.options().sm_budget, stream);
+        ExpertsView scales = bf16;
+        scales.weights = off_.weight_scales;
+        scales.slots = off_.slot_scales;
+        scales.elems = shape_.scale_stride() / 2;
+        launch_prefetch_weight(ep.view(channel), ep.layout(), scales, ep.options().sm_budget, stream);
+    }
     pool_->filled_by_ = this;
     pool_->filled_plan_ = plan.id();
 }

@@ -7,6 +7,7 @@
 #include "cuda/runtime/team_record.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/detail/align.hpp"
+#include "evenep/detail/bf16.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {
@@ -59,6 +60,12 @@ std::string format_device_error(const DeviceErrorRecord& rec, const char* note) 
             os << "routing: rank " << rec.rank << ", token " << rec.token << ", k " << rec.k << ": expert id "
                << rec.value << " outside [0, E = " << rec.aux << ") (use -1 to mask)";
             break;
+        case DeviceErrorKind::kNonFiniteInput:
+            os << "dispatch: rank " << rec.rank << ": x[" << rec.token << ", " << rec.k
+               << "] = " << bf16_to_float(Bf16{static_cast<uint16_t>(rec.value)}) << " (token " << rec.token
+               << ", channel " << rec.k
+               << ") is not finite; the FP8 dispatch quantises each 128-channel block by its amax";
+            break;
         case DeviceErrorKind::kInternal:
             os << "internal: rank " << rec.rank << " at phase '" << phase << "': value " << rec.value
                << " breaks a planner invariant (bound " << rec.aux << ")";
@@ -92,8 +99,9 @@ bool throw_recorded(const DeviceErrorRecord* h_record, cudaError_t sync_err, con
     if (!msg.empty()) {
         const auto kind = static_cast<DeviceErrorKind>(static_cast<const volatile DeviceErrorRecord*>(h_record)->kind);
         const ErrorKind ek = kind == DeviceErrorKind::kBarrierTimeout ? ErrorKind::kTimeout
-                             : kind == DeviceErrorKind::kBadExpertId  ? ErrorKind::kInvalidArgument
-                                                                      : ErrorKind::kInternal;
+                             : kind == DeviceErrorKind::kBadExpertId || kind == DeviceErrorKind::kNonFiniteInput
+                                 ? ErrorKind::kInvalidArgument
+                                 : ErrorKind::kInternal;
         if (sync_err != cudaSuccess) throw Error(ek, msg + " (device trapped: " + cudaGetErrorName(sync_err) + ")");
         throw Error(ek, msg);
     }

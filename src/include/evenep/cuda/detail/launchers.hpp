@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 
+#include "evenep/buffer.hpp"
 #include "evenep/cuda/team.hpp"
 #include "evenep/cuda/types.hpp"
 #include "evenep/detail/ep_layout.hpp"
@@ -80,12 +81,16 @@ void launch_plan_only(const TeamView& team,
 // state fits shared memory, E <= 1024, R <= 128, and the device runs such a cluster); else it uses one block.
 bool plan_cluster_fits(const EpLayout& layout);
 
+// precision.fp8 (forward dispatch only; layout.buf.fp8 must be set): each token row is quantised once (1x128
+// blocks, fp8.hpp) and its e4m3 codes + scales go to recv_x8 / recv_scale instead of bf16 rows to recv_x; a NaN/Inf
+// in any token row is recorded as DeviceErrorKind::kNonFiniteInput.
 int launch_dispatch(const TeamView& team,
                     const EpLayout& layout,
                     const RankIo* d_io,
                     std::span<const int32_t> s,
                     int sm_budget,
-                    cudaStream_t stream);
+                    cudaStream_t stream,
+                    const DataPrecision& precision = {});
 
 int launch_combine(const TeamView& team,
                    const EpLayout& layout,
