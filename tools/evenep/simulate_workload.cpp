@@ -40,22 +40,28 @@ nlohmann::json system_json(const perf::SystemSeries& s, const perf::WorkloadRunC
     if (s.name == "eplb") params["num_redundant"] = s.num_redundant;
     if (s.name == "lplb") params["topology"] = s.topology;
     if (s.name == "llep") params["threshold"] = rc.llep_threshold;
+    if (s.name == "evenep_auto") params["max_slack"] = rc.auto_slack;
     if (s.name != "conventional" && s.name != "eplb") params["plan_us"] = rc.plan_us;
-    return {{"name", s.name},
-            {"label", s.label},
-            {"params", params},
-            {"step_ms", s.step_ms},
-            {"rows_max_over_mean", s.rows_max_over_mean},
-            {"summary",
-             {{"median_ms", median(s.step_ms)}, {"p90_ms", quantile(s.step_ms, 0.9)}, {"max_ms", quantile(s.step_ms, 1)}}},
-            {"token_bytes", s.token_bytes},
-            {"weight_bytes", s.weight_bytes},
-            {"grad_bytes", s.grad_bytes},
-            {"rows", s.rows}};
+    nlohmann::json j{
+        {"name", s.name},
+        {"label", s.label},
+        {"params", params},
+        {"step_ms", s.step_ms},
+        {"rows_max_over_mean", s.rows_max_over_mean},
+        {"summary",
+         {{"median_ms", median(s.step_ms)}, {"p90_ms", quantile(s.step_ms, 0.9)}, {"max_ms", quantile(s.step_ms, 1)}}},
+        {"token_bytes", s.token_bytes},
+        {"weight_bytes", s.weight_bytes},
+        {"grad_bytes", s.grad_bytes},
+        {"rows", s.rows}};
+    if (s.name == "evenep_auto") j["slack_ppm"] = s.slack_ppm;  // per step: the mean budget its units chose
+    return j;
 }
 
 void print_table(const std::vector<perf::SystemSeries>& series) {
-    const double ev_med = median(series[0].step_ms), ev_p90 = quantile(series[0].step_ms, 0.9);
+    const perf::SystemSeries& exact = *std::find_if(
+        series.begin(), series.end(), [](const perf::SystemSeries& s) { return s.name == "evenep_exact"; });
+    const double ev_med = median(exact.step_ms), ev_p90 = quantile(exact.step_ms, 0.9);
     fmt::print("{:<14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "system", "median ms", "p90 ms", "max ms",
                "rows imb", "med/evn", "p90/evn");
     for (const perf::SystemSeries& s : series) {
@@ -66,7 +72,8 @@ void print_table(const std::vector<perf::SystemSeries>& series) {
     fmt::print(
         "columns: step time of the model (perf/step_model.hpp) over the steps: median, p90, max; rows imb = mean over "
         "steps of max/mean per-rank rows; med/evn, p90/evn = the system's median (p90) over evenep_exact's (> 1: "
-        "EvenEP faster). evenep_auto (the cost-aware planner) is not modelled yet.\n");
+        "EvenEP faster); evenep_auto = the auto planner policy (docs/auto.md), mean budget {:.4f}.\n",
+        mean(series[0].slack_ppm) * 1e-6);
 }
 
 }  // namespace
@@ -74,9 +81,11 @@ void print_table(const std::vector<perf::SystemSeries>& series) {
 void add_workload_options(CLI::App& cmd, WorkloadOptions& o) {
     std::string names;
     for (const WorkloadInfo& w : workload_list()) names += (names.empty() ? "" : ", ") + std::string(w.name);
-    cmd.add_option("--workload", o.workload,
-                   "run every system (evenep_exact, conventional, eplb, lplb, llep) over --steps steps of this "
-                   "workload (`evenep workloads`): " + names)
+    cmd.add_option(
+           "--workload", o.workload,
+           "run every system (evenep_auto, evenep_exact, conventional, eplb, lplb, llep) over --steps steps of this "
+           "workload (`evenep workloads`): " +
+               names)
         ->check(CLI::IsMember([] {
             std::vector<std::string> v;
             for (const WorkloadInfo& w : workload_list()) v.emplace_back(w.name);
@@ -102,8 +111,8 @@ void add_workload_options(CLI::App& cmd, WorkloadOptions& o) {
     add_real(cmd, "--llep-threshold", o.llep_threshold, "workload/trace: LLEP spills above threshold x the fair share",
              1, 1e6)
         ->capture_default_str();
-    add_real(cmd, "--plan-us", o.plan_us, "workload/trace: per-unit planning time of evenep_exact, lplb and llep", 0,
-             1e9)
+    add_real(cmd, "--plan-us", o.plan_us,
+             "workload/trace: per-unit planning time of evenep_auto, evenep_exact, lplb and llep", 0, 1e9)
         ->capture_default_str();
     add_real(cmd, "--gemm-tflops", o.gemm_tflops, "workload/trace: step model's grouped-GEMM TFLOP/s", 1e-6, 1e9)
         ->capture_default_str();
@@ -116,8 +125,14 @@ void add_workload_options(CLI::App& cmd, WorkloadOptions& o) {
 
 void check_workload_flags(const CLI::App& cmd, const WorkloadOptions& o) {
     if (o.active()) {
-        for (const char* flag : {"--maxvio", "--drift", "--slack", "--repeat", "--gpu-json"})
+        for (const char* flag : {"--maxvio", "--drift", "--repeat", "--gpu-json"})
             EVENEP_CHECK(cmd.count(flag) == 0, flag, " applies to the R x maxvio grid, not to --workload/--trace");
+        // Every run has evenep_auto (largest budget --slack) beside evenep_exact: the only policy that changes it.
+        const CLI::Option* policy = cmd.get_option("--policy");
+        EVENEP_CHECK(policy->count() == 0 || policy->as<std::string>() == "auto", "--policy ",
+                     policy->count() ? policy->as<std::string>() : "",
+                     " with --workload/--trace: the run plans "
+                     "evenep_auto and evenep_exact side by side (--policy auto, --slack its largest budget)");
         EVENEP_CHECK(o.trace.empty() || cmd.count("--micro-batches") == 0,
                      "--micro-batches applies to --workload (a trace's steps are its rows)");
         return;
@@ -157,6 +172,7 @@ void run_simulate_workload(const WorkloadOptions& o, const WorkloadShape& shape)
                                .link_gbps = o.link_gbps};
     rc.layers = from_trace ? trace.L : 1;
     rc.plan_us = o.plan_us;
+    if (shape.slack_given) rc.auto_slack = shape.slack;
     if (shape.redundant_given) rc.eplb_redundant = {shape.redundant};
     rc.eplb_schedule = perf::EplbSchedule{.step_interval = o.eplb_interval, .window = o.eplb_window};
     rc.eplb_sync = perf::parse_eplb_sync(shape.eplb_sync);
@@ -237,7 +253,7 @@ void run_simulate_workload(const WorkloadOptions& o, const WorkloadShape& shape)
                        {"group_us", rc.model.group_cost_us()},
                        {"link_gbps", o.link_gbps},
                        {"plan_us", o.plan_us}}},
-                     {"evenep_auto", "not modelled: left for the cost-aware planner (issue 32 item 4)"},
+                     {"evenep_auto", {{"policy", "auto"}, {"max_slack", rc.auto_slack}}},
                      {"systems", systems},
                      {"seconds", seconds}};
     json.write(j.dump(1) + "\n");
