@@ -335,12 +335,15 @@ RoutingInput resolve_routing(const RoutingOptions& opt_in, std::string_view comm
     RoutingOptions opt = opt_in;
     const PlannerPolicy policy =
         apply_policy(opt.policy, opt.opt_slack != nullptr && opt.opt_slack->count() > 0, opt.slack);
+    // The configuration of a shape with the flags' slots, budget and policy.
+    const auto config_of = [&](int R, int E, int K, int S) {
+        return Config{.R = R, .E = E, .K = K, .S = S, .B = opt.B, .tp = opt.tp, .slack = opt.slack, .policy = policy};
+    };
     in.mode = parse_planner_mode(opt.planner);
     EVENEP_CHECK(opt.tpe_file.empty() || opt.routing_file.empty(), "--tpe and --routing are mutually exclusive");
     if (!opt.tpe_file.empty()) {
         TpeFile f = read_tpe_json(opt.tpe_file);
-        in.cfg = Config{
-            .R = f.R, .E = f.E, .K = f.K, .S = f.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack, .policy = policy};
+        in.cfg = config_of(f.R, f.E, f.K, f.S);
         in.cfg.validate();
         Estimate e;
         add_input_estimate(in.cfg, e);
@@ -362,14 +365,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt_in, std::string_view comm
         check_estimate("--routing", e, opt.limits);
         routing = read_routing_npy(opt.routing_file, opt.E);
         in.description = fmt::format("routing from {}", opt.routing_file);
-        const Config cfg{.R = routing.R,
-                         .E = routing.E,
-                         .K = routing.K,
-                         .S = routing.S,
-                         .B = opt.B,
-                         .tp = opt.tp,
-                         .slack = opt.slack,
-                         .policy = policy};
+        const Config cfg = config_of(routing.R, routing.E, routing.K, routing.S);
         cfg.validate();
         Estimate run;
         run.add_bytes(file_bytes, fmt::format("the routing of '{}'", opt.routing_file));
@@ -377,14 +373,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt_in, std::string_view comm
         run.add(run_estimate(cfg, true));
         check_estimate(command, run, opt.limits);
     } else {
-        Config probe{.R = opt.R,
-                     .E = opt.E,
-                     .K = opt.K,
-                     .S = opt.S,
-                     .B = opt.B,
-                     .tp = opt.tp,
-                     .slack = opt.slack,
-                     .policy = policy};
+        const Config probe = config_of(opt.R, opt.E, opt.K, opt.S);
         probe.validate();
         // The whole run's estimate, checked before the routing is drawn.
         Estimate e;
@@ -413,14 +402,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt_in, std::string_view comm
                                          opt.maxvio, opt.seed, note);
         }
     }
-    in.cfg = Config{.R = routing.R,
-                    .E = routing.E,
-                    .K = routing.K,
-                    .S = routing.S,
-                    .B = opt.B,
-                    .tp = opt.tp,
-                    .slack = opt.slack,
-                    .policy = policy};
+    in.cfg = config_of(routing.R, routing.E, routing.K, routing.S);
     in.cfg.validate();
     in.s = routing.s;
     in.tpe = routing.tpe();
