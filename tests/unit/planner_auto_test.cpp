@@ -69,7 +69,7 @@ int32_t decide(const Planner& planner, const Plan& p) {
     const Config& c = planner.config();
     const detail::PlanDims d{c.R,  c.E,  c.epn(),       c.num_groups(), c.num_slots(),
                              c.tp, true, c.slack_ppm(), true,           planner.auto_model()};
-    std::vector<int32_t> q(c.R), work(detail::plan_auto_work_size(c.R));
+    std::vector<int32_t> q(c.R), work(detail::plan_auto_work_size(c.R));  // (the planner's statistics, recomputed)
     const int64_t n = p.total_entries();
     for (int r = 0; r < c.R; ++r) q[r] = detail::plan_even_quota(n, c.R, r);
     return detail::plan_auto_slack_ppm(d, p.tpe.data(), p.expert_load.data(), p.load_before.data(), q.data(),
@@ -148,7 +148,7 @@ TEST(AutoDecision, StrongSkewCopies) {
 
 // R = 3, epn = 4, N = 300 (q = 100): rank 0 holds 150 entries (3 experts of 50), rank 1 95, rank 2 55. Largest
 // budget 0.2 (the no-copy budget 0.5 is out of reach). Model: row 1 ps, plan 100 ps per copy, nothing else. Piece
-// P = 150 / 3 = 50. Budget 0: targets 100/100/100, receivers get 1 + 1 copies: 2·100 + 100 = 300. 0.05: cap 105,
+// P = 50 (rank 0's largest expert). Budget 0: targets 100/100/100, receivers get 1 + 1 copies: 2·100 + 100 = 300. 0.05: cap 105,
 // rank 1 (deficit 5) needs nothing, rank 2 one copy: 100 + 105 = 205. 0.1: 100 + 110 = 210; 0.2: 100 + 120 = 220.
 TEST(AutoDecision, SlackWins) {
     const Config cfg = auto_config(Config{.R = 3, .E = 12, .K = 1, .S = 100, .tp = 1}, 0.2);
@@ -176,16 +176,17 @@ TEST(AutoDecision, SlackWins) {
 }
 
 TEST(AutoDecision, PredictHandComputed) {
-    // R = 2, epn = 2. Loads 120 / 80 (q 100 each); rank 0: 2 non-empty experts, own 30, src 100; rank 1: 1, 20, 100.
+    // R = 2, epn = 2. Loads 120 / 80 (q 100 each); rank 0: 2 non-empty experts (the larger 70), own 30, src 100;
+    // rank 1: 1 (80), own 20, src 100.
     detail::PlanDims d{2, 4, 2, 4, 2, 1, true, 0, true};
     d.auto_model = detail::AutoCostModel{10, 1000, 7, 300, 600, 50};
     const int64_t load[2] = {120, 80};
-    const int32_t q[2] = {100, 100}, nonzero[2] = {2, 1}, own[2] = {30, 20}, src[2] = {100, 100};
-    const detail::AutoRankView v{load, q, nonzero, own, src};
+    const int32_t q[2] = {100, 100}, nonzero[2] = {2, 1}, own[2] = {30, 20}, src[2] = {100, 100}, top[2] = {70, 80};
+    const detail::AutoRankView v{load, q, nonzero, own, src, top};
     const int64_t piece = detail::plan_auto_piece(2, v);
-    EXPECT_EQ(piece, 60);  // rank 0 the only donor: 120 / 2
+    EXPECT_EQ(piece, 70);  // rank 0 the only donor: its largest expert
     int32_t t[2];
-    // Budget 0: t = 100 / 100; rank 1 gets ⌈20/60⌉ = 1 copy, rank 0 pushes 1. compute max(10·100 + 1000·2,
+    // Budget 0: t = 100 / 100; rank 1 gets ⌈20/70⌉ = 1 copy, rank 0 pushes 1. compute max(10·100 + 1000·2,
     // 10·100 + 1000·2) = 3000; tokens max(100-30, 100-30, 100-20, 100-20) = 80 -> 560 ps a phase; copy 1:
     // prefetch 300 < 560; step = 50·1 + 560 + 3000 + 3·560 + 600 = 5890.
     EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 0, t), 5890);

@@ -19,9 +19,11 @@ namespace evenep::detail {
 // Candidates: 0, max/4, max/2, max and the no-copy budget (when it is within max), ascending and distinct.
 inline constexpr int kAutoMaxCandidates = 5;
 
-// int32 words of the decision's workspace: the per-rank statistics [3][R] and one targets array per candidate.
+// Per-rank statistics of the prediction (AutoRankView) and the decision's workspace in int32 words: the statistics
+// [kAutoRankStats][R], then one targets array [R] per candidate.
+inline constexpr int kAutoRankStats = 4;
 EVENEP_HOST_DEVICE constexpr int64_t plan_auto_work_size(int R) {
-    return static_cast<int64_t>(3 + kAutoMaxCandidates) * R;
+    return static_cast<int64_t>(kAutoRankStats + kAutoMaxCandidates) * R;
 }
 
 // What the prediction reads per rank (all but load and q from plan_auto_rank_stats, or the GPU's warp sums of the
@@ -32,23 +34,26 @@ struct AutoRankView {
     const int32_t* nonzero;  // [R] own experts with at least one entry
     const int32_t* own;      // [R] entries sourced on the rank for its own experts (stay home without a copy)
     const int32_t* src;      // [R] entries sourced on the rank
+    const int32_t* top;      // [R] the largest load of one of the rank's own experts
 };
 
-// Rank r's statistics from the histogram tpe [R*E] and expert_load [E] (the CPU's loop; the GPU sums the same
-// integers per warp). All three are < 2^31 (entries of one rank, or experts).
+// Rank r's statistics from the histogram tpe [R*E] and expert_load [E] (the CPU's loop; the GPU sums and maxes the same
+// integers per warp). All four are < 2^31 (entries, or experts).
 EVENEP_HOST_DEVICE inline void plan_auto_rank_stats(const PlanDims& d,
                                                     const int32_t* tpe,
                                                     const int64_t* expert_load,
                                                     int r,
                                                     int32_t& nonzero,
                                                     int32_t& own,
-                                                    int32_t& src) {
+                                                    int32_t& src,
+                                                    int32_t& top) {
     const int32_t* row = tpe + static_cast<int64_t>(r) * d.E;
-    nonzero = own = src = 0;
+    nonzero = own = src = top = 0;
     for (int g = 0; g < d.epn; ++g) {
         const int e = r * d.epn + g;
         nonzero += expert_load[e] > 0 ? 1 : 0;
         own += row[e];
+        top = expert_load[e] > top ? static_cast<int32_t>(expert_load[e]) : top;
     }
     for (int e = 0; e < d.E; ++e) src += row[e];
 }
@@ -93,13 +98,16 @@ EVENEP_HOST_DEVICE inline int plan_auto_candidates(const PlanDims& d,
     return n;
 }
 
-// Entries of one copied piece, for the copy counts the prediction estimates: the donors' (L_r > q_r) mean non-empty
-// expert load, rounded up, at least 1.
+// Entries of one copied piece, for the copy counts the prediction estimates: the largest expert load of a donor
+// (L_r > q_r), at least 1. A piece is at most one expert's entries, so the counts are lower bounds: the prediction
+// leans toward exact balance (today's plan) when it is unsure. Measured against the step model on the workloads at
+// the MoonEP point (docs/auto.md), the donors' mean expert load instead mispredicted rotating, burst and drift steps by
+// more than the budget could win, while this bound never chose a budget slower than exact balance on average.
 EVENEP_HOST_DEVICE inline int64_t plan_auto_piece(int R, const AutoRankView& v) {
-    int64_t entries = 0, experts = 0;
+    int64_t piece = 1;
     for (int r = 0; r < R; ++r)
-        if (v.load[r] > v.q[r]) entries += v.load[r], experts += v.nonzero[r];
-    return experts > 0 && entries > experts ? (entries + experts - 1) / experts : 1;
+        if (v.load[r] > v.q[r] && v.top[r] > piece) piece = v.top[r];
+    return piece;
 }
 
 // Predicted step time (ps) of planning with budget `ppm`; t: [R] int32 scratch (the targets on exit). With t_r the
@@ -154,9 +162,10 @@ EVENEP_HOST_DEVICE inline int32_t plan_auto_slack_ppm(const PlanDims& d,
     int32_t* nonzero = work;
     int32_t* own = work + R;
     int32_t* src = work + 2 * R;
-    int32_t* t = work + 3 * R;
-    for (int r = 0; r < R; ++r) plan_auto_rank_stats(d, tpe, expert_load, r, nonzero[r], own[r], src[r]);
-    const AutoRankView v{load, q, nonzero, own, src};
+    int32_t* top = work + 3 * R;
+    int32_t* t = work + kAutoRankStats * R;
+    for (int r = 0; r < R; ++r) plan_auto_rank_stats(d, tpe, expert_load, r, nonzero[r], own[r], src[r], top[r]);
+    const AutoRankView v{load, q, nonzero, own, src, top};
     int32_t ppm[kAutoMaxCandidates];
     int64_t cost[kAutoMaxCandidates];
     const int n = plan_auto_candidates(d, load, q, ppm);
