@@ -111,12 +111,13 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
     }
     // Without slack every rank's q is its even quota; with slack (SPEC §3.6) q is the rank's target: any
     // 0 <= q_r <= ⌈(1+ε)·even quota⌉ with the targets summing to N (the planner's rule itself is not re-derived).
-    // The plan's own budget (Plan::slack_ppm): the configured one under the fixed policy, at most it under auto.
-    const int64_t plan_ppm = p.slack_ppm;
-    if (plan_ppm < 0 || plan_ppm > slack_ppm || (cfg.policy == PlannerPolicy::kFixed && plan_ppm != slack_ppm))
-        sink.fail("balance: the plan's budget slack_ppm = ", plan_ppm, ", expected ",
-                  cfg.policy == PlannerPolicy::kFixed ? "" : "at most ", "the configuration's ", slack_ppm, " (policy ",
-                  to_string(cfg.policy), ")");
+    // The plan's own budget (Plan::slack_ppm): the configured one under the fixed policy, at most it under auto. The
+    // targets are checked against the configured budget (fixed) or the plan's, within the configured one (auto).
+    const bool fixed = cfg.policy == PlannerPolicy::kFixed;
+    const int64_t plan_ppm = fixed ? slack_ppm : std::clamp<int64_t>(p.slack_ppm, 0, slack_ppm);
+    if (p.slack_ppm < 0 || p.slack_ppm > slack_ppm || (fixed && p.slack_ppm != slack_ppm))
+        sink.fail("balance: the plan's budget slack_ppm = ", p.slack_ppm, ", expected ", fixed ? "" : "at most ",
+                  "the configuration's ", slack_ppm, " (policy ", to_string(cfg.policy), ")");
     x.q.assign(R, 0);
     int64_t target_sum = 0;
     for (int r = 0; r < R; ++r) {
