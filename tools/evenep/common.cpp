@@ -312,9 +312,9 @@ void RoutingOptions::add_to(CLI::App& cmd) {
 
 CLI::Option* add_policy_option(CLI::App& cmd, std::string& policy) {
     return add_string(cmd, "--policy", policy,
-                      "planner policy: exact (budget 0), slack (the fixed budget --slack) or auto (each step the "
-                      "budget in [0, --slack] a step-cost model predicts fastest, --slack default " +
-                          fmt::format("{:g}", kAutoDefaultSlack) + "; docs/auto.md); default: slack when --slack > 0")
+                      fmt::format("planner policy: exact, slack (budget --slack) or auto (per step in [0, --slack], "
+                                  "--slack default {:g}; docs/auto.md); default: slack if --slack > 0, else exact",
+                                  kAutoDefaultSlack))
         ->check(CLI::IsMember({"auto", "exact", "slack"}));
 }
 
