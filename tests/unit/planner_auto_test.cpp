@@ -148,7 +148,7 @@ TEST(AutoDecision, StrongSkewCopies) {
 
 // R = 3, epn = 4, N = 300 (q = 100): rank 0 holds 150 entries (3 experts of 50), rank 1 95, rank 2 55. Largest
 // budget 0.2 (the no-copy budget 0.5 is out of reach). Model: row 1 ps, plan 100 ps per copy, nothing else. Piece
-// P = 50 (rank 0's largest expert). Budget 0: targets 100/100/100, receivers get 1 + 1 copies: 2·100 + 100 = 300. 0.05: cap 105,
+// P = 50 (rank 0's mean and largest expert). Budget 0: targets 100/100/100, receivers get 1 + 1 copies: 2·100 + 100 = 300. 0.05: cap 105,
 // rank 1 (deficit 5) needs nothing, rank 2 one copy: 100 + 105 = 205. 0.1: 100 + 110 = 210; 0.2: 100 + 120 = 220.
 TEST(AutoDecision, SlackWins) {
     const Config cfg = auto_config(Config{.R = 3, .E = 12, .K = 1, .S = 100, .tp = 1}, 0.2);
@@ -184,9 +184,9 @@ TEST(AutoDecision, PredictHandComputed) {
     const int32_t q[2] = {100, 100}, nonzero[2] = {2, 1}, own[2] = {30, 20}, src[2] = {100, 100}, top[2] = {70, 80};
     const detail::AutoRankView v{load, q, nonzero, own, src, top};
     const int64_t piece = detail::plan_auto_piece(2, v);
-    EXPECT_EQ(piece, 70);  // rank 0 the only donor: its largest expert
+    EXPECT_EQ(piece, 65);  // rank 0 the only donor: (its mean 120 / 2 + its largest 70) / 2
     int32_t t[2];
-    // Budget 0: t = 100 / 100; rank 1 gets ⌈20/70⌉ = 1 copy, rank 0 pushes 1. compute max(10·100 + 1000·2,
+    // Budget 0: t = 100 / 100; rank 1 gets ⌈20/65⌉ = 1 copy, rank 0 pushes 1. compute max(10·100 + 1000·2,
     // 10·100 + 1000·2) = 3000; tokens max(100-30, 100-30, 100-20, 100-20) = 80 -> 560 ps a phase; copy 1:
     // prefetch 300 < 560; step = 50·1 + 560 + 3000 + 3·560 + 600 = 5890.
     EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 0, t), 5890);
