@@ -82,9 +82,10 @@ EpLayout Ep::check_and_layout(const Config& cfg_in, int hidden, const EpOptions&
     EVENEP_CHECK(options.max_plan_blocks >= 1, "cuda ep: max_plan_blocks = ", options.max_plan_blocks);
     EVENEP_CHECK(options.channel >= 0 && options.channel < kTeamChannels, "cuda ep: channel = ", options.channel,
                  " outside [0, ", kTeamChannels, ")");
-    const EpLayout layout =
-        EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden, options.max_plan_blocks,
-                       cfg.slack_ppm());
+    EpLayout layout = EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden,
+                                     options.max_plan_blocks, cfg.slack_ppm());
+    layout.auto_slack = cfg.policy == PlannerPolicy::kAuto;
+    layout.auto_model = options.auto_model;
     // Return addresses are int32: R * S * U units must fit.
     const int64_t units = static_cast<int64_t>(cfg.R) * layout.buf.stage_units();
     EVENEP_CHECK(units < INT32_MAX, "cuda ep: R*S*min(K,2R) = ", units, " staging units overflow int32");
@@ -380,6 +381,7 @@ Plan Ep::download_plan(const EpPlan& plan, int rank) const {
     });
     const std::vector<int64_t> cost = download<int64_t>(src, o.cost, kPlanCostWords);
     p.cost = PlanCost{cost[0], cost[1], cost[2], cost[3], cost[4], cost[5]};
+    p.slack_ppm = static_cast<int32_t>(cost[kPlanCostSlackWord]);
     return p;
 }
 
