@@ -10,9 +10,10 @@
 namespace evenep::perf {
 namespace {
 
-// The checked-in wgrad tile overhead (src/cuda/kernels/gemm_cost_model.inc, H200) and the H200's SM count.
-inline constexpr double kWgradTileUs = 13.8;
-inline constexpr double kNumSms = 132;
+// The checked-in wgrad tile overhead (src/cuda/kernels/gemm_cost_model.inc, H200) and the H200's SM count: the auto
+// policy's figures (evenep/detail/plan_auto_model.hpp).
+inline constexpr double kWgradTileUs = detail::kAutoWgradTileUs;
+inline constexpr double kNumSms = detail::kAutoNumSms;
 inline constexpr double kFlopsPerRowPerHH = 18;  // forward 3 GEMMs of 2*H*H', backward 2x
 
 // The busiest rank's max(sent, received) bytes of `moves`, and the sent total.

@@ -22,21 +22,27 @@
 #include <span>
 #include <vector>
 
+#include "evenep/detail/plan_auto_model.hpp"
+
 namespace evenep::perf {
 
 struct StepModel {
     int H = 3584;
     int ffn_hidden = 2048;
     int tp = 128;               // rows every group is padded to a multiple of
-    double gemm_tflops = 700;   // row-proportional grouped-GEMM throughput, forward + backward
-    double group_us = -1;       // per-group fixed cost; -1: the wgrad tile overhead above
-    double link_gbps = 367;     // per direction (the NVLink P2P figure of `bench layer`)
+    double gemm_tflops = detail::kAutoGemmTflops;  // row-proportional grouped-GEMM throughput, forward + backward
+    double group_us = -1;                          // per-group fixed cost; -1: the wgrad tile overhead above
+    double link_gbps = detail::kAutoLinkGbps;      // per direction (the NVLink P2P figure of `bench layer`)
 
     // Throws evenep::Error naming the value: sizes < 1, throughputs <= 0, group_us < -1.
     void validate() const;
     double group_cost_us() const;
     int64_t weight_bytes() const { return int64_t{3} * H * ffn_hidden * 2; }  // bf16, 3 projections
     int64_t grad_bytes() const { return int64_t{3} * H * ffn_hidden * 4; }    // fp32
+    // The auto planner policy's coefficients for this model (detail::make_auto_cost_model: the same throughputs).
+    detail::AutoCostModel auto_cost_model() const {
+        return detail::make_auto_cost_model(H, ffn_hidden, tp, gemm_tflops, group_us, link_gbps);
+    }
 };
 
 // One link transfer of `bytes` from rank `from` to rank `to`.

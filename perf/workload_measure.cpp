@@ -2,21 +2,11 @@
 #include "perf/workload_measure.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 #include "evenep/error.hpp"
 
 namespace evenep::perf {
-
-const char* auto_policy() { return "exact"; }
-
-std::string auto_note() {
-    return std::strcmp(auto_policy(), "exact") == 0
-               ? "filled with evenep_exact: the cost-aware planner (issue 32 item 4) is not in this build "
-                 "(perf/workload_measure.cpp, auto_policy)"
-               : "";
-}
 
 MeasuredWorkloadRun::MeasuredWorkloadRun(const WorkloadRunConfig& cfg, RankComputeFn time_rank, int timed_ranks)
     : cfg_(cfg), runner_(cfg), time_rank_(std::move(time_rank)), timed_ranks_(timed_ranks) {
@@ -74,16 +64,9 @@ std::vector<MeasuredSeries> MeasuredWorkloadRun::series() const {
         for (size_t t = 0; t < m.series.step_ms.size(); ++t)
             m.series.step_ms[t] = step_model_[i][t] - compute_model_[i][t] + compute_measured_[i][t];
         if (m.series.name == "evenep_exact") m.policy = "exact";
+        if (m.series.name == "evenep_auto") m.policy = "auto";
         out.push_back(std::move(m));
     }
-    // evenep_auto: planned with auto_policy(); while that is "exact" it is evenep_exact's series (flagged).
-    EVENEP_CHECK(std::strcmp(auto_policy(), "exact") == 0 && !out.empty() && out[0].series.name == "evenep_exact",
-                 "evenep_auto: policy '", auto_policy(), "' is not wired into the workload runner");
-    MeasuredSeries a = out[0];
-    a.series.name = a.series.label = "evenep_auto";
-    a.policy = auto_policy();
-    a.note = auto_note();
-    out.insert(out.begin(), std::move(a));
     return out;
 }
 

@@ -11,9 +11,8 @@
 // Identical group lists are timed once (memo): a rank whose groups repeat (a calm workload, a system without
 // copies) costs nothing more.
 //
-// evenep_auto: the system of the cost-aware planner (issue 32 item 4). auto_policy() is the one place that says
-// which planner policy it runs; until the library has `auto`, it is "exact" and the series is evenep_exact's,
-// flagged so in the JSON (auto_note()).
+// evenep_auto: the runner's own series, planned under the auto policy (docs/auto.md; largest budget
+// WorkloadRunConfig::auto_slack, the step-cost model of the run's StepModel), its compute measured as every system's.
 #pragma once
 
 #include <cstdint>
@@ -30,19 +29,12 @@ namespace evenep::perf {
 // Milliseconds of one rank's expert forward + backward over groups of `group_rows` rows each.
 using RankComputeFn = std::function<double(std::span<const int64_t> group_rows)>;
 
-// POLICY CHOICE of evenep_auto (the single place): the planner policy its series runs. "exact" until the cost-aware
-// planner lands (then: "auto", and the runner plans evenep_auto with it instead of copying evenep_exact).
-const char* auto_policy();
-// What the JSON says about evenep_auto ("" once it is planned with auto_policy() itself).
-std::string auto_note();
-
 struct MeasuredSeries {
     SystemSeries series;                      // step_ms: the measured steps (model step, compute measured)
     std::vector<double> step_ms_model;        // [T] the model's step (perf/step_model.hpp), for comparison
     std::vector<double> compute_ms_model;     // [T] sum over the step's units of the model's compute term
     std::vector<double> compute_ms_measured;  // [T] sum over the step's units of the measured compute
-    std::string policy;                       // evenep_* systems: the planner policy
-    std::string note;                         // evenep_auto: auto_note()
+    std::string policy;                       // evenep_* systems: the planner policy (auto, exact)
 };
 
 class MeasuredWorkloadRun {
@@ -53,7 +45,7 @@ class MeasuredWorkloadRun {
     MeasuredWorkloadRun(const MeasuredWorkloadRun&) = delete;
     MeasuredWorkloadRun& operator=(const MeasuredWorkloadRun&) = delete;
     void run_step(int64_t step, std::span<const StepUnit> units);
-    // evenep_auto, then the runner's systems in its order (evenep_exact, conventional, eplb..., lplb, llep).
+    // The runner's systems in its order (evenep_auto, evenep_exact, conventional, eplb..., lplb, llep).
     std::vector<MeasuredSeries> series() const;
     int64_t timed() const { return timed_; }     // time_rank calls
     int64_t memo_hits() const { return hits_; }  // group lists answered from the memo

@@ -27,6 +27,8 @@ void WorkloadRunConfig::validate() const {
     eplb_schedule.validate();
     EVENEP_CHECK(layers >= 1, "layers = ", layers, " must be >= 1");
     EVENEP_CHECK(std::isfinite(plan_us) && plan_us >= 0, "--plan-us = ", plan_us, " must be >= 0");
+    EVENEP_CHECK(std::isfinite(auto_slack) && auto_slack >= 0 && auto_slack <= 1, "--slack = ", auto_slack,
+                 " (evenep_auto's largest budget) must be in [0, 1]");
     EVENEP_CHECK(cfg.E % cfg.R == 0, "E = ", cfg.E, " is not a multiple of R = ", cfg.R);
     for (int n : eplb_redundant)
         EVENEP_CHECK(n >= -1 && n <= cfg.E, "--eplb-redundant = ", n, " must be -1 (= epn) or in [0, E = ", cfg.E, "]");
@@ -46,6 +48,7 @@ void add_replica_sync_moves(const StepModel& model, const std::vector<std::vecto
 
 struct WorkloadRunner::State {
     Planner planner;
+    Planner auto_planner;  // evenep_auto: the auto policy with the run's step-model coefficients
     Plan plan;
     LplbTopology topology;
     // [layer]: EPLB per redundant value, its window and placement; LPLB's window and edges.
@@ -56,8 +59,17 @@ struct WorkloadRunner::State {
 
     explicit State(const WorkloadRunConfig& c)
         : planner(c.cfg, c.mode),
+          auto_planner(auto_config(c), c.mode),
           topology(c.lplb_topology == "auto" ? (power_of_two(c.cfg.R) ? LplbTopology::kHypercube : LplbTopology::kTorus)
-                                             : parse_lplb_topology(c.lplb_topology, c.cfg.R)) {}
+                                             : parse_lplb_topology(c.lplb_topology, c.cfg.R)) {
+        auto_planner.set_auto_model(c.model.auto_cost_model());
+    }
+    static Config auto_config(const WorkloadRunConfig& c) {
+        Config a = c.cfg;
+        a.slack = c.auto_slack;
+        a.policy = PlannerPolicy::kAuto;
+        return a;
+    }
 };
 
 WorkloadRunner::WorkloadRunner(const WorkloadRunConfig& cfg) : cfg_(cfg) {
@@ -80,6 +92,7 @@ WorkloadRunner::WorkloadRunner(const WorkloadRunConfig& cfg) : cfg_(cfg) {
         s.topology = std::move(topology);
         series_.push_back(std::move(s));
     };
+    add("evenep_auto", "evenep_auto", 0, "");
     add("evenep_exact", "evenep_exact", 0, "");
     add("conventional", "conventional", 0, "");
     state_->eplb_window.resize(cfg_.layers);
@@ -141,6 +154,7 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
     std::vector<double> step_ms(num_systems, 0.0), imb(num_systems, 0.0);
     std::vector<std::vector<int64_t>> rows(num_systems, std::vector<int64_t>(R, 0));
     std::vector<int64_t> tok(num_systems, 0), wgt(num_systems, 0), grd(num_systems, 0);
+    double auto_ppm = 0;  // evenep_auto's budgets summed over the units
     std::vector<std::vector<int64_t>> layer_load(cfg_.layers, std::vector<int64_t>(E, 0));
     std::vector<int> first_unit(cfg_.layers, -1), last_unit(cfg_.layers, -1);
     for (size_t k = 0; k < units.size(); ++k) {
@@ -154,17 +168,22 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
         const std::vector<int64_t> load = loads_of(R, E, u.tpe);
         for (int e = 0; e < E; ++e) layer_load[l][e] += load[e];
         std::vector<SystemStep> sys(num_systems);
-        // evenep_exact
-        st.planner.plan(u.tpe, u.s, st.plan);
+        // evenep_auto, evenep_exact
+        st.auto_planner.plan(u.tpe, u.s, st.plan);
+        auto_ppm += st.plan.slack_ppm;
         sys[0].alloc.assign(st.plan.alloc.begin(), st.plan.alloc.end());
-        add_copy_moves(model, R, E, sys[0]);
-        sys[0].plan_us = cfg_.plan_us;
+        st.planner.plan(u.tpe, u.s, st.plan);
+        sys[1].alloc.assign(st.plan.alloc.begin(), st.plan.alloc.end());
+        for (int i = 0; i < 2; ++i) {
+            add_copy_moves(model, R, E, sys[i]);
+            sys[i].plan_us = cfg_.plan_us;
+        }
         // conventional
-        sys[1].alloc.assign(static_cast<size_t>(E) * R, 0);
-        for (int e = 0; e < E; ++e) sys[1].alloc[static_cast<size_t>(e) * R + e / epn] = load[e];
+        sys[2].alloc.assign(static_cast<size_t>(E) * R, 0);
+        for (int e = 0; e < E; ++e) sys[2].alloc[static_cast<size_t>(e) * R + e / epn] = load[e];
         // eplb
         for (size_t i = 0; i < num_eplb; ++i) {
-            SystemStep& s = sys[2 + i];
+            SystemStep& s = sys[3 + i];
             const EplbPlacement& p = st.eplb_placement[l][i];
             s.alloc = eplb_alloc(p, load);
             if (first) s.prefetch = replace_moves[l][i];
@@ -172,7 +191,7 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
         }
         // lplb
         {
-            SystemStep& s = sys[2 + num_eplb];
+            SystemStep& s = sys[3 + num_eplb];
             const std::vector<LplbEdge>& edges = st.lplb_edges[l];
             s.alloc = lplb_alloc(R, E, load, edges, lplb_solve(R, E, load, edges));
             s.plan_us = cfg_.plan_us;
@@ -185,7 +204,7 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
         }
         // llep
         {
-            SystemStep& s = sys[3 + num_eplb];
+            SystemStep& s = sys[4 + num_eplb];
             s.alloc = llep_alloc(R, E, load, cfg_.llep_threshold);
             add_copy_moves(model, R, E, s);
             s.plan_us = cfg_.plan_us;
@@ -214,6 +233,7 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
         s.weight_bytes.push_back(wgt[i]);
         s.grad_bytes.push_back(grd[i]);
     }
+    series_[0].slack_ppm.push_back(units.empty() ? 0.0 : auto_ppm / static_cast<double>(units.size()));
 }
 
 }  // namespace evenep::perf

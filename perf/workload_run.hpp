@@ -2,16 +2,18 @@
 // same histograms, through the step model of perf/step_model.hpp (docs/benchmarks.md, "Workloads").
 //
 // Systems, in this order:
+//   evenep_auto   the planner under the auto policy (docs/auto.md: each unit's budget in [0, auto_slack] chosen by the
+//                 step-cost model with the coefficients of this run's StepModel), copies as evenep_exact's;
 //   evenep_exact  the current planner (exact balance), its copies fetched and their gradients returned each unit;
 //   conventional  every entry on its expert's home rank;
-//   eplb          one per distinct `eplb_redundant` slot count (labelled eplb/epn when it equals epn): EplbWindow (perf/eplb.hpp) re-placed every step_interval steps
-//                 from the last `window` steps' loads; a re-placement fetches the changed slots' weights; replicas
-//                 synchronised once per step (`eplb_sync`, perf/baselines.hpp's models, ring by default);
+//   eplb          one per distinct `eplb_redundant` slot count (labelled eplb/epn when it equals epn): EplbWindow
+//                 (perf/eplb.hpp) re-placed every step_interval steps from the last `window` steps' loads; a
+//                 re-placement fetches the changed slots' weights; replicas synchronised once per step (`eplb_sync`,
+//                 perf/baselines.hpp's models, ring by default);
 //   lplb          perf/lplb.hpp: the replica graph re-chosen on EPLB's schedule, an exact min-max split per unit,
 //                 each replica synchronised with its home once per step (same model);
 //   llep          perf/llep.hpp: spills per unit, copies fetched and gradients returned as EvenEP's.
 // A step is a list of units (layers x micro-batches); a system's step time is the sum of its units' step_ms.
-// evenep_auto (the cost-aware planner of issue 32) is not modelled here yet.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +36,8 @@ struct WorkloadRunConfig {
     PlannerMode mode = PlannerMode::kOptimized;
     StepModel model;
     int layers = 1;
-    double plan_us = 50;                         // per-unit planning of evenep_exact, lplb and llep
+    double plan_us = 50;                           // per-unit planning of evenep_auto, evenep_exact, lplb and llep
+    double auto_slack = kAutoDefaultSlack;         // evenep_auto's largest budget (its buffers' size)
     std::vector<int> eplb_redundant{1, 2, 4, -1};  // redundant slots per rank; -1 = epn
     EplbSchedule eplb_schedule;
     EplbSync eplb_sync = EplbSync::kRing;
@@ -46,7 +49,7 @@ struct WorkloadRunConfig {
 };
 
 struct SystemSeries {
-    std::string name;   // evenep_exact, conventional, eplb, lplb, llep
+    std::string name;   // evenep_auto, evenep_exact, conventional, eplb, lplb, llep
     std::string label;  // the table's label (eplb/2, eplb/epn, ...)
     int num_redundant = 0;  // eplb: redundant slots per rank
     std::string topology;   // lplb
@@ -54,6 +57,7 @@ struct SystemSeries {
     std::vector<double> rows_max_over_mean;  // [T] mean over the step's units of max/mean of per-rank rows
     std::vector<std::vector<int64_t>> rows;  // [T][R] per-rank rows summed over the step's units
     std::vector<int64_t> token_bytes, weight_bytes, grad_bytes;  // [T] all ranks' sent bytes
+    std::vector<double> slack_ppm;  // evenep_auto: [T] mean over the step's units of the chosen budget (ppm)
 };
 
 struct StepUnit {

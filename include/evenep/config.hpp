@@ -9,6 +9,17 @@
 
 namespace evenep {
 
+// How each plan's imbalance budget is chosen (docs/auto.md).
+enum class PlannerPolicy : int8_t {
+    kFixed,  // every plan with the budget Config::slack: exact balance at 0 (the default), `slack ε` above it
+    kAuto,   // each plan with the budget in [0, Config::slack] a step-cost model predicts fastest, from the gathered
+             // histogram alone (exact balance, a slack budget, or no copies at all); buffers sized for Config::slack
+};
+
+// The largest budget the auto policy is given where none is named (`evenep plan --policy auto` without --slack,
+// the workload runner's evenep_auto): +8.4% receive rows at the MoonEP point (docs/slack.md).
+inline constexpr double kAutoDefaultSlack = 0.1;
+
 // Static shape of one EP group. Every buffer size is a function of these numbers alone.
 struct Config {
     int R = 8;     // EP group size (ranks), >= 1
@@ -22,6 +33,8 @@ struct Config {
     // evenep/detail/plan_core.hpp, the figures are in docs/slack.md. Finite, in [0, 1]; applied in units of 10^-6
     // (slack_ppm). 0 (the default) is exact balance, bit for bit the plans without it.
     double slack = 0.0;
+    // kAuto: Config::slack is the largest budget a plan may choose (the buffers' size), not the budget of every plan.
+    PlannerPolicy policy = PlannerPolicy::kFixed;
 
     int epn() const { return E / R; }                     // experts homed on each rank
     int num_slots() const { return B < 0 ? epn() : B; }   // B with the default resolved
@@ -45,6 +58,8 @@ enum class PlannerMode {
 };
 
 std::string_view to_string(PlannerMode mode);
+// "fixed" or "auto".
+std::string_view to_string(PlannerPolicy policy);
 // Parses "reference" or "optimized"; throws evenep::Error on anything else.
 PlannerMode parse_planner_mode(std::string_view name);
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "evenep/config.hpp"
+#include "evenep/detail/plan_auto_model.hpp"
 
 namespace evenep {
 
@@ -41,6 +42,9 @@ struct PlanCost {
 struct Plan {
     Config cfg;
     PlannerMode mode = PlannerMode::kOptimized;
+    // The imbalance budget (ppm) this plan was made with: cfg.slack_ppm() under the fixed policy, the step's choice in
+    // [0, cfg.slack_ppm()] under auto (docs/auto.md). The plan is the slack planner's plan for this budget.
+    int32_t slack_ppm = 0;
 
     std::vector<int32_t> s;    // [R] tokens each rank passes
     std::vector<int32_t> tpe;  // [R*E] tpe[r*E + e]: unmasked entries of rank r routed to expert e
@@ -175,6 +179,11 @@ public:
     void set_relay(bool relay) { relay_ = relay; }
     bool relay() const { return relay_; }
 
+    // The auto policy's step-cost coefficients (docs/auto.md; used only when config().policy is kAuto). Default:
+    // detail::default_auto_cost_model() (the MoonEP layer, H = 7168, H' = 2048, tp = 128), as cuda::EpOptions'.
+    void set_auto_model(const detail::AutoCostModel& model) { auto_model_ = model; }
+    const detail::AutoCostModel& auto_model() const { return auto_model_; }
+
     const Config& config() const { return cfg_; }
     PlannerMode mode() const { return mode_; }
 
@@ -183,6 +192,7 @@ private:
     PlannerMode mode_;
     bool extended_;
     bool relay_ = false;
+    detail::AutoCostModel auto_model_;
     std::vector<int64_t> work64_;
     std::vector<int32_t> work32_;
     Plan scratch_;

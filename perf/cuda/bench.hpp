@@ -29,6 +29,8 @@ struct BenchConfig {
         false;  // verify (full plan and dst; data path against the CPU oracle on sampled columns), report #wrong
     bool graph = false;  // also capture each timed op once into a CUDA graph and time its replays ("<op>_graph" rows)
     PlannerMode mode = PlannerMode::kOptimized;
+    double slack = 0;                              // Config::slack (the largest budget under the auto policy)
+    PlannerPolicy policy = PlannerPolicy::kFixed;  // Config::policy (docs/auto.md; auto's model: this H, H', tp)
     int expert_projections = 3;  // prefetch/reduce: projections moved per copy (3 = gate, up, down), fewer when the
                                  // op's pool would not fit in free device memory (the row's note says how many)
     std::string routing_npy;     // if set, rank 0's routing [1, S, K] int32 is written here (PyTorch anchor)

@@ -21,7 +21,8 @@ namespace evenep::perf::cuda {
 namespace {
 
 Config config_of(const LayerBenchConfig& c) {
-    const Config cfg{.R = c.R, .E = c.E, .K = c.K, .S = c.S, .B = -1, .tp = c.tp};
+    const Config cfg{
+        .R = c.R, .E = c.E, .K = c.K, .S = c.S, .B = -1, .tp = c.tp, .slack = c.slack, .policy = c.policy};
     BufferConfig{.cfg = cfg, .H = c.H, .ffn_hidden = c.ffn_hidden}.validate();
     return cfg;
 }
@@ -94,6 +95,8 @@ void measure_movement(const LayerBenchConfig& cfg, LayerPointResult& out) {
     ::evenep::perf::BenchConfig bc;
     bc.R = cfg.R, bc.E = cfg.E, bc.K = cfg.K, bc.S = cfg.S, bc.H = cfg.H, bc.ffn_hidden = cfg.ffn_hidden, bc.tp = cfg.tp;
     bc.maxvio = cfg.target_maxvio;
+    bc.slack = cfg.slack;
+    bc.policy = cfg.policy;
     bc.seed = cfg.seed;
     bc.warmup = 3, bc.iters = 10;
     bc.check = cfg.check;
@@ -149,7 +152,12 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
     const std::vector<int32_t> tpe = routing.tpe();
 
     // EvenEP: the plan, every rank's groups, the traffic model.
-    const Plan plan = make_plan(cfg, PlannerMode::kOptimized, tpe, routing.s);
+    // Under auto the step-cost model of this layer's shape (as MoeLayer sets it).
+    Planner planner(cfg, PlannerMode::kOptimized);
+    planner.set_auto_model(detail::make_auto_cost_model(c.H, c.ffn_hidden, c.tp));
+    Plan plan;
+    planner.plan(tpe, routing.s, plan);
+    w.slack_ppm = plan.slack_ppm;
     TrafficReport ev_traffic;
     {
         std::vector<std::vector<int32_t>> dst(R);
@@ -240,6 +248,7 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
     out.cfg = c;
     out.maxvio = w.maxvio;
     out.eplb_prev_maxvio = w.eplb_prev_maxvio;
+    out.slack_ppm = w.slack_ppm;
     if (c.measure_data_movement) measure_movement(c, out);
     // The GPU planner of one rank as Ep::plan runs it (EpOptions::planner_kernel's default, kCluster:
     // plan_rank_cluster; the one-block planner under that name where the shape does not fit the cluster).

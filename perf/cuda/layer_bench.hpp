@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "evenep/config.hpp"
 #include "evenep/routing.hpp"
 #include "perf/baselines.hpp"
 
@@ -39,6 +40,8 @@ struct LayerBenchConfig {
     double target_maxvio = 1;  // of the routing given to run_layer_point
     double sigma = 0;          // lognormal sigma of that routing (step 0 of the drift, perf/drift.hpp)
     uint64_t seed = 1;
+    double slack = kAutoDefaultSlack;              // EvenEP's budget: auto's largest, or the fixed one
+    PlannerPolicy policy = PlannerPolicy::kAuto;  // EvenEP's planner policy (docs/auto.md)
     double drift = 0.1;     // EPLB: log-popularity random-walk step between the planning step and this one
     // EPLB redundant slots per rank, one EPLB placement (and its rows for every sync model) per entry; -1: EvenEP's
     // prefetch slots B = epn (the baseline).
@@ -89,6 +92,7 @@ struct LayerPointResult {
     LayerBenchConfig cfg;
     double maxvio = 0;          // achieved by the routing
     double eplb_prev_maxvio = 0;  // the step EPLB was planned on
+    int64_t slack_ppm = 0;        // EvenEP's plan: the budget it used (Plan::slack_ppm; under auto, the one chosen)
     std::vector<SystemStep> systems;  // evenep, conventional, then the eplb systems (see LayerPointWork)
     std::vector<double> warm_up_ms;    // the warm-up runs (EvenEP's rank 0, forward + backward), in order
     std::vector<MeasuredOp> measured;  // EvenEP data movement on one GPU (empty when not measured)
@@ -105,6 +109,7 @@ struct LayerPointResult {
 // index (same ranks, same groups).
 struct LayerPointWork {
     double maxvio = 0, eplb_prev_maxvio = 0;
+    int64_t slack_ppm = 0;  // EvenEP's plan's budget (Plan::slack_ppm)
     std::vector<SystemStep> systems;
     std::vector<std::vector<int>> timed_ranks;
     std::vector<std::vector<std::vector<int64_t>>> groups;

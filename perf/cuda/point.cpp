@@ -55,7 +55,10 @@ Point::Point(const BenchConfig& config, double copy_anchor_gbps) : bc(config), c
     cfg.K = bc.K;
     cfg.S = bc.S;
     cfg.tp = bc.tp;
+    cfg.slack = bc.slack;
+    cfg.policy = bc.policy;
     cfg.validate();
+    const detail::AutoCostModel auto_model = detail::make_auto_cost_model(bc.H, bc.ffn_hidden, bc.tp);
     // sigma is bisected on a smaller token count (same popularity vector), then the full routing is drawn once: the
     // achieved maxvio is reported per row.
     RoutingSpec spec{bc.R, bc.E, bc.K, bc.S, bc.seed};
@@ -88,6 +91,7 @@ Point::Point(const BenchConfig& config, double copy_anchor_gbps) : bc(config), c
     cuda::EpOptions opt;
     opt.mode = bc.mode;
     opt.sm_budget = bc.sm_budget;
+    opt.auto_model = auto_model;
     ep = std::make_unique<cuda::DeviceEp>(cfg, H, opt);
     io.resize(R);
     for (int r = 0; r < R; ++r) {
@@ -111,7 +115,9 @@ Point::Point(const BenchConfig& config, double copy_anchor_gbps) : bc(config), c
         ep_plan = cuda::plan_from_tpe(*ep, routing.tpe(), routing.s, stream, 0, R);
     }
 
-    plan = make_plan(cfg, bc.mode, routing.tpe(), routing.s);
+    Planner planner(cfg, bc.mode);
+    planner.set_auto_model(auto_model);
+    planner.plan(routing.tpe(), routing.s, plan);
     dst.resize(R);
     for (int r = 0; r < R; ++r) {
         dst[r].resize(static_cast<size_t>(routing.s[r]) * K);

@@ -12,9 +12,10 @@
 #                             device has none, run the same command here on the JSON files)
 #
 # Time: the build (~2-3 min on 16 cores from a clean tree), then per workload ~4 shapes x (~1.5 s setup + STEPS x
-# 8 systems x ~70 ms): ~25-30 s per workload at STEPS=10, ~5 min for the 10 workloads; TOTAL (default 470 s) bounds
-# the whole script, build included: a workload that would start with less than 30 s left is skipped (listed in the
-# log), and each run's own --max-seconds refuses shapes past what is left. Most telling workloads run first.
+# 9 systems x ~70 ms; evenep_auto is timed as its own): ~30-35 s per workload at STEPS=10, ~5-6 min for the 10
+# workloads; TOTAL (default 470 s) bounds the whole script, build included: a workload that would start with less
+# than 30 s left is skipped (listed in the log), and each run's own --max-seconds refuses shapes past what is left.
+# Most telling workloads run first.
 #
 # On the device machine, from the repository root (with the Debian dev packages carried in .devdeps if needed):
 #   [source .devdeps/unpack.sh &&] scripts/device/run_workloads.sh [extra `evenep bench layer` args...]

@@ -6,7 +6,8 @@
 One row per (workload, shape): evenep_exact's and evenep_auto's median and p90 step (ms), the best baseline by
 median and by p90 (conventional, eplb/*, lplb, llep) and the ratios best baseline / EvenEP (>= 1: EvenEP at least as
 fast; the issue's targets: >= 0.98 on the median everywhere, >= 1.3 on the p90 of rotating, burst and
-microbatch_noise at k3_R64). evenep_auto is flagged when it is evenep_exact's numbers (no cost-aware planner yet).
+microbatch_noise at k3_R64). evenep_auto is planned under the auto policy (docs/auto.md); a file that still carries
+a "note" on it (an older run, where it was evenep_exact's numbers) is flagged.
 """
 import json
 import sys

@@ -39,6 +39,7 @@ std::string Config::to_string() const {
     os << "R=" << R << " E=" << E << " K=" << K << " S=" << S << " epn=" << (R > 0 ? epn() : 0)
        << " B=" << (R > 0 ? num_slots() : B) << " tp=" << tp;
     if (slack != 0) os << " slack=" << slack;
+    if (policy == PlannerPolicy::kAuto) os << " policy=auto";
     if (R > 0 && E % R == 0) os << " NvS=" << recv_rows();
     return os.str();
 }
@@ -46,6 +47,8 @@ std::string Config::to_string() const {
 std::string_view to_string(PlannerMode mode) {
     return mode == PlannerMode::kReference ? "reference" : "optimized";
 }
+
+std::string_view to_string(PlannerPolicy policy) { return policy == PlannerPolicy::kAuto ? "auto" : "fixed"; }
 
 PlannerMode parse_planner_mode(std::string_view name) {
     if (name == "reference") return PlannerMode::kReference;

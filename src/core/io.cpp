@@ -521,6 +521,11 @@ std::string plan_to_json(const Plan& plan, const std::vector<std::vector<int32_t
     j["config"] = {{"R", cfg.R},       {"E", cfg.E},           {"K", cfg.K},   {"S", cfg.S},
                    {"epn", cfg.epn()}, {"B", cfg.num_slots()}, {"tp", cfg.tp}, {"NvS", cfg.recv_rows()}};
     if (cfg.slack_ppm() != 0) j["config"]["slack"] = cfg.slack;  // absent = 0: the files without slack stay as they were
+    // The auto policy (docs/auto.md): config.slack is then the largest budget, slack_ppm the one this plan chose.
+    if (cfg.policy == PlannerPolicy::kAuto) {
+        j["config"]["policy"] = std::string(to_string(cfg.policy));
+        j["slack_ppm"] = plan.slack_ppm;
+    }
     // The arrays of the one list (evenep::for_each_array): [R] arrays as vectors, the others as row-major matrices.
     OrderedJson per_rank = OrderedJson::object();
     for_each_array(plan, [&](const char* name, PlanExtent x, const auto& v, PlanJson where) {

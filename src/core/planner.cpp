@@ -16,9 +16,17 @@ void resize_fill(std::vector<T>& v, size_t n, T value = T{}) {
     v.assign(n, value);
 }
 
-detail::PlanDims dims_of(const Config& cfg, PlannerMode mode) {
-    return detail::PlanDims{cfg.R, cfg.E, cfg.epn(), cfg.num_groups(), cfg.num_slots(), cfg.tp,
-                            mode == PlannerMode::kOptimized, cfg.slack_ppm()};
+detail::PlanDims dims_of(const Config& cfg, PlannerMode mode, const detail::AutoCostModel& auto_model) {
+    return detail::PlanDims{cfg.R,
+                            cfg.E,
+                            cfg.epn(),
+                            cfg.num_groups(),
+                            cfg.num_slots(),
+                            cfg.tp,
+                            mode == PlannerMode::kOptimized,
+                            cfg.slack_ppm(),
+                            cfg.policy == PlannerPolicy::kAuto,
+                            auto_model};
 }
 
 void size_plan(Plan& p, const Config& cfg) {
@@ -74,7 +82,7 @@ int64_t Plan::total_entries() const {
 }
 
 Planner::Planner(const Config& cfg, PlannerMode mode, bool extended_candidates)
-    : cfg_(cfg), mode_(mode), extended_(extended_candidates) {
+    : cfg_(cfg), mode_(mode), extended_(extended_candidates), auto_model_(detail::default_auto_cost_model()) {
     cfg_.validate();
     work64_.resize(detail::plan_work64_size(cfg_.R, cfg_.E));
     work32_.resize(std::max<int64_t>(detail::plan_work32_size(cfg_.R, cfg_.E),
@@ -90,11 +98,11 @@ void Planner::plan(std::span<const int32_t> tpe, std::span<const int32_t> s, Pla
     out.mode = mode_;
     std::copy(s.begin(), s.end(), out.s.begin());
     std::copy(tpe.begin(), tpe.end(), out.tpe.begin());
-    detail::PlanDims d = dims_of(cfg_, mode_);
+    detail::PlanDims d = dims_of(cfg_, mode_, auto_model_);
     detail::PlanArrays a = arrays_of(out);
     detail::PlanCostValues cost{};
-    detail::plan_sequential(d, tpe.data(), a, detail::PlanWork{work64_.data(), work32_.data()}, /*legacy=*/!extended_,
-                            cost);
+    out.slack_ppm = detail::plan_sequential(d, tpe.data(), a, detail::PlanWork{work64_.data(), work32_.data()},
+                                            /*legacy=*/!extended_, cost);
     for (int r = 0; r < R; ++r)
         EVENEP_ASSERT(out.remote_experts[r] <= cfg_.epn(), "plan: rank ", r, " holds ", out.remote_experts[r],
                       " remote experts > epn = ", cfg_.epn());

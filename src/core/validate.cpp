@@ -111,11 +111,18 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
     }
     // Without slack every rank's q is its even quota; with slack (SPEC §3.6) q is the rank's target: any
     // 0 <= q_r <= ⌈(1+ε)·even quota⌉ with the targets summing to N (the planner's rule itself is not re-derived).
+    // The plan's own budget (Plan::slack_ppm): the configured one under the fixed policy, at most it under auto. The
+    // targets are checked against the configured budget (fixed) or the plan's, within the configured one (auto).
+    const bool fixed = cfg.policy == PlannerPolicy::kFixed;
+    const int64_t plan_ppm = fixed ? slack_ppm : std::clamp<int64_t>(p.slack_ppm, 0, slack_ppm);
+    if (p.slack_ppm < 0 || p.slack_ppm > slack_ppm || (fixed && p.slack_ppm != slack_ppm))
+        sink.fail("balance: the plan's budget slack_ppm = ", p.slack_ppm, ", expected ", fixed ? "" : "at most ",
+                  "the configuration's ", slack_ppm, " (policy ", to_string(cfg.policy), ")");
     x.q.assign(R, 0);
     int64_t target_sum = 0;
     for (int r = 0; r < R; ++r) {
         const int64_t even = n / R + (r < n % R ? 1 : 0);
-        if (slack_ppm == 0) {
+        if (plan_ppm == 0) {
             x.q[r] = even;
             if (p.q[r] != x.q[r])
                 sink.fail("balance: rank ", r, ": q = ", p.q[r], ", expected floor(N/R) + (r < N mod R) = ", x.q[r],
@@ -123,10 +130,10 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
         } else {
             x.q[r] = p.q[r];
             target_sum += p.q[r];
-            const int64_t cap = detail::slack_cap(even, slack_ppm);
+            const int64_t cap = detail::slack_cap(even, plan_ppm);
             if (p.q[r] < 0 || p.q[r] > cap)
                 sink.fail("balance: rank ", r, ": target q = ", p.q[r], " outside [0, ceil((1+slack)*q_r) = ", cap,
-                          "] (q_r = ", even, ", slack = ", cfg.slack, ", N = ", n, ")");
+                          "] (q_r = ", even, ", slack = ", plan_ppm * 1e-6, ", N = ", n, ")");
         }
         int64_t homed = 0;
         for (int g = 0; g < epn; ++g) homed += x.load[r * epn + g];
@@ -134,8 +141,8 @@ bool check_plan(const Plan& p, Sink& sink, Expected& x) {
             sink.fail("loads: rank ", r, ": load_before = ", p.load_before[r], ", sum of its experts' T_e = ", homed);
     }
 
-    if (slack_ppm != 0 && target_sum != n)
-        sink.fail("balance: the targets sum to ", target_sum, ", expected N = ", n, " (slack = ", cfg.slack, ")");
+    if (plan_ppm != 0 && target_sum != n)
+        sink.fail("balance: the targets sum to ", target_sum, ", expected N = ", n, " (slack = ", plan_ppm * 1e-6, ")");
 
     // ---- alloc: non-negative, conservation per expert, balance per rank (invariants 1, 2).
     std::vector<int64_t> computed(R, 0);

@@ -182,6 +182,7 @@ inline std::string plan_diff(const Plan& a, const Plan& b) {
     };
     if (a.cfg.to_string() != b.cfg.to_string()) os << "cfg: " << a.cfg.to_string() << " vs " << b.cfg.to_string();
     if (os.str().empty() && a.mode != b.mode) os << "mode differs";
+    if (os.str().empty() && a.slack_ppm != b.slack_ppm) os << "slack_ppm: " << a.slack_ppm << " vs " << b.slack_ppm;
     // Every array of the one list (evenep::for_each_array), as int64 values.
     const auto values = [](const Plan& p) {
         std::vector<std::pair<const char*, std::vector<int64_t>>> out;

@@ -15,12 +15,19 @@
 //       configurations and histograms, both kernels, both modes, every rank's plan copy vs make_plan
 //   GpuPlannerSlackTest.FusedAndBenchmarkPointsMatchCpu  the fused path with slack on the library's routings, the
 //       MoonEP point (maxvio 1, 10) and R=64 (global-memory planner state) at ε 0.01 / 0.05 / 0.1
+//   GpuPlannerAutoTest.RandomHistogramsMatchCpu  the auto policy (the budget chosen in phase 1, detail::plan_auto.hpp):
+//       random configurations, largest budgets 0 .. 1, the default and a small layer's cost model, random skews, both
+//       kernels, both modes: the GPU's chosen budget (Plan::slack_ppm) and plan equal the CPU's bit for bit
+//   GpuPlannerAutoTest.FusedAndBenchmarkPointsMatchCpu  the fused path under auto: the library's routings, the MoonEP
+//       point at maxvio 0.2 / 1 / 10 / 20 and the K3 shape at R = 64 (global-memory planner state); the MoonEP
+//       decisions are not all the same budget
 //   GpuPlannerRoutingTest.BadExpertIdNamesRankTokenK  an id >= E: Error(kInvalidArgument) naming rank, token, k, value;
 //       the next plan succeeds
 //   GpuPlannerRoutingTest.GatherTimeoutNamesMissingRank  rank 3 never reaches the all-gather barrier: Error(kTimeout)
 //       naming rank 3; the next plan succeeds and matches the CPU
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -62,11 +69,13 @@ Config make_cfg(int R, int E, int K, int S, int tp, int B = -1) {
 }
 
 // Plans `routing` through the fused device path and compares every rank's plan copy and dst with the CPU.
+// cpu_out (optional): the CPU plan (its slack_ppm: the auto policy's choice).
 void expect_fused_equal(const Config& cfg,
                         const Routing& routing,
                         PlannerMode mode,
                         const std::string& what,
-                        PlannerKernel kernel = PlannerKernel::kParallel) {
+                        PlannerKernel kernel = PlannerKernel::kParallel,
+                        Plan* cpu_out = nullptr) {
     EpOptions opt;
     opt.mode = mode;
     opt.planner_kernel = kernel;
@@ -92,6 +101,7 @@ void expect_fused_equal(const Config& cfg,
         for (size_t i = 0; i < dst.size(); ++i)
             ASSERT_EQ(dst[i], cpu_dst[r][i]) << what << ": rank " << r << " token " << i / cfg.K << " k " << i % cfg.K;
     }
+    if (cpu_out != nullptr) *cpu_out = cpu;
 }
 
 // Plans histograms `tpe` on the device (no routing) and compares every rank's plan copy with the CPU planner.
@@ -101,16 +111,19 @@ void expect_tpe_plan_equal(const Config& cfg,
                            PlannerMode mode,
                            PlannerKernel kernel,
                            const std::string& what,
-                           bool relay = false) {
+                           bool relay = false,
+                           const detail::AutoCostModel& auto_model = detail::default_auto_cost_model()) {
     EpOptions opt;
     opt.mode = mode;
     opt.planner_kernel = kernel;
     opt.relay = relay;
+    opt.auto_model = auto_model;
     DeviceEp ep(cfg, 8, opt);
     const EpPlan plan = plan_from_tpe(ep, tpe, s, nullptr);
     ep.check(nullptr);
     Planner planner(cfg, mode);
     planner.set_relay(relay);
+    planner.set_auto_model(auto_model);
     Plan cpu;
     planner.plan(tpe, s, cpu);
     for (int r = 0; r < cfg.R; ++r) ASSERT_EQ(plan_diff(ep.download_plan(plan, r), cpu), "") << what << ": rank " << r;
@@ -275,19 +288,25 @@ TEST(GpuPlannerClusterTest, WideKeysMatchCpu) {
         expect_tpe_plan_equal(cfg, tpe, s, mode, PlannerKernel::kCluster, testing_cat("wide keys ", to_string(mode)));
 }
 
-TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
-    EVENEP_SKIP_WITHOUT_DEVICE();
-    testing::TestRng rng(20261201);
-    std::printf("seed 20261201\n");
+// 96 random instances with budgets (R 1..16, epn 1..16, K, S, tp, B <= epn, unequal s, skewed histograms; the
+// budget from `slacks`, `policy` and, under auto, the default or a small layer's cost model), each planned by the three
+// kernels in both modes and compared with the CPU planner. Stops at the first fatal failure.
+void expect_random_budget_plans_equal(uint64_t seed, const std::vector<double>& slacks, PlannerPolicy policy) {
+    testing::TestRng rng(seed);
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
     const int ranks[] = {1, 2, 3, 4, 5, 8, 8, 16};
-    const double slacks[] = {0.01, 0.02, 0.05, 0.1, 0.3, 1.0};
     for (int it = 0; it < 96; ++it) {
         const int R = ranks[rng.below(8)], epn = rng.between(1, 16);
         const int E = R * epn, K = rng.between(1, std::min(8, E)), S = rng.between(1, 64);
         const int tp = rng.chance(0.5) ? 1 : rng.between(2, 16);
         const int B = rng.chance(0.25) ? rng.between(0, epn) : -1;
         Config cfg = make_cfg(R, E, K, S, tp, B);
-        cfg.slack = slacks[rng.below(6)];
+        cfg.slack = slacks[rng.below(static_cast<int>(slacks.size()))];
+        cfg.policy = policy;
+        // The default model (copies dear: mostly the no-copy or the largest budget) or a small layer's (mixed).
+        const detail::AutoCostModel model = policy == PlannerPolicy::kAuto && rng.chance(0.5)
+                                                ? detail::make_auto_cost_model(64, 64, tp)
+                                                : detail::default_auto_cost_model();
         std::vector<int32_t> s(R);
         for (int r = 0; r < R; ++r) s[r] = rng.chance(0.5) ? S : rng.between(1, S);
         const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), rng.uniform() * 3.0);
@@ -295,33 +314,78 @@ TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
             for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference}) {
                 expect_tpe_plan_equal(
                     cfg, tpe, s, mode, kernel,
-                    testing_cat("instance ", it, " ", cfg.to_string(), " ", kernel_name(kernel), " ", to_string(mode)));
-                if (HasFatalFailure()) return;
+                    testing_cat("instance ", it, " ", cfg.to_string(), " ", kernel_name(kernel), " ", to_string(mode)),
+                    /*relay=*/false, model);
+                if (::testing::Test::HasFatalFailure()) return;
             }
+    }
+}
+
+TEST(GpuPlannerSlackTest, RandomHistogramsMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    expect_random_budget_plans_equal(20261201, {0.01, 0.02, 0.05, 0.1, 0.3, 1.0}, PlannerPolicy::kFixed);
+}
+
+// The fused path with budgets under `policy`: the library's routings at R = 4 (budget `small`), then for each budget of
+// `budgets` the MoonEP point at `maxvios` (with each kernel of `kernels`) and the K3 shape at R = 64 (global-memory
+// planner state). chosen (optional): the budget of each MoonEP plan (Plan::slack_ppm).
+void expect_fused_budgets_equal(PlannerPolicy policy,
+                                double small,
+                                const std::vector<double>& budgets,
+                                const std::vector<double>& maxvios,
+                                const std::vector<PlannerKernel>& kernels,
+                                std::vector<int32_t>* chosen = nullptr) {
+    const char* name = policy == PlannerPolicy::kAuto ? "auto" : "slack";
+    Config cfg = make_cfg(4, 32, 4, 96, 8);
+    cfg.slack = small;
+    cfg.policy = policy;
+    for (const auto& named : testing::test_routings(cfg, 7))
+        for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+            expect_fused_equal(cfg, named.routing, mode,
+                               testing_cat(name, " ", small, " ", named.name, "/", to_string(mode)));
+    for (double eps : budgets) {
+        Config moon = make_cfg(8, 384, 8, 8192, 128);
+        moon.slack = eps;
+        moon.policy = policy;
+        for (double maxvio : maxvios) {
+            const Routing routing = make_target_maxvio(RoutingSpec{8, 384, 8, 8192, 1}, maxvio);
+            for (PlannerKernel kernel : kernels) {
+                Plan cpu;
+                expect_fused_equal(moon, routing, PlannerMode::kOptimized,
+                                   testing_cat("moonep maxvio ", maxvio, " ", name, " ", eps, " ", kernel_name(kernel)),
+                                   kernel, &cpu);
+                if (chosen != nullptr) chosen->push_back(cpu.slack_ppm);
+            }
+        }
+        Config k3_64 = make_cfg(64, 896, 16, 256, 128);
+        k3_64.slack = eps;
+        k3_64.policy = policy;
+        const Routing routing64 = make_lognormal(RoutingSpec{64, 896, 16, 256, 4}, 1.0);
+        for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
+            expect_fused_equal(k3_64, routing64, mode, testing_cat("k3 R=64 ", name, " ", eps));
     }
 }
 
 TEST(GpuPlannerSlackTest, FusedAndBenchmarkPointsMatchCpu) {
     EVENEP_SKIP_WITHOUT_DEVICE();
-    Config cfg = make_cfg(4, 32, 4, 96, 8);
-    cfg.slack = 0.05;
-    for (const auto& named : testing::test_routings(cfg, 7))
-        for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
-            expect_fused_equal(cfg, named.routing, mode, testing_cat("slack 0.05 ", named.name, "/", to_string(mode)));
-    for (double eps : {0.01, 0.05, 0.1}) {
-        Config moon = make_cfg(8, 384, 8, 8192, 128);
-        moon.slack = eps;
-        for (double maxvio : {1.0, 10.0}) {
-            const Routing routing = make_target_maxvio(RoutingSpec{8, 384, 8, 8192, 1}, maxvio);
-            expect_fused_equal(moon, routing, PlannerMode::kOptimized,
-                               testing_cat("moonep maxvio ", maxvio, " slack ", eps));
-        }
-        Config k3_64 = make_cfg(64, 896, 16, 256, 128);
-        k3_64.slack = eps;
-        const Routing routing64 = make_lognormal(RoutingSpec{64, 896, 16, 256, 4}, 1.0);
-        for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference})
-            expect_fused_equal(k3_64, routing64, mode, testing_cat("k3 R=64 slack ", eps));
-    }
+    expect_fused_budgets_equal(PlannerPolicy::kFixed, 0.05, {0.01, 0.05, 0.1}, {1.0, 10.0}, {PlannerKernel::kParallel});
+}
+
+TEST(GpuPlannerAutoTest, RandomHistogramsMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    expect_random_budget_plans_equal(20261204, {0.0, 0.02, 0.1, 0.25, 0.5, 1.0}, PlannerPolicy::kAuto);
+}
+
+TEST(GpuPlannerAutoTest, FusedAndBenchmarkPointsMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    std::vector<int32_t> chosen;
+    expect_fused_budgets_equal(PlannerPolicy::kAuto, 0.2, {0.1}, {0.2, 1.0, 10.0, 20.0},
+                               {PlannerKernel::kParallel, PlannerKernel::kCluster}, &chosen);
+    std::printf("moonep budgets (ppm) at maxvio 0.2 1 10 20:");
+    for (size_t i = 0; i < chosen.size(); i += 2) std::printf(" %d", chosen[i]);
+    std::printf("\n");
+    ASSERT_EQ(chosen.size(), 8u);
+    EXPECT_NE(*std::min_element(chosen.begin(), chosen.end()), *std::max_element(chosen.begin(), chosen.end()));
 }
 
 // Both forms of Ep::plan: the fused launch (kParallel) and the three launches around the cluster planner (kCluster,

@@ -4,7 +4,8 @@
 // Cases (BenchLayerRefuses/Flag.OneLineExitTwo/<case>):
 //   maxvio_negative, maxvio_nan, k3_R_not_divisor, k3_R_zero, points_unknown, iters_zero, warmup_negative,
 //   link_gbps_zero, ffn_hidden_not_multiple_of_8, drift_negative, redundant_below, json_is_dir, eplb_sync_unknown,
-//   eplb_sync_twice, warm_seconds_negative, redundant_twice
+//   eplb_sync_twice, warm_seconds_negative, redundant_twice, policy_unknown, policy_exact_with_slack (--policy exact
+//   --slack 0.1), policy_slack_without_budget, slack_over_one
 //   all_refused   --quick --max-seconds 1: no GPU ("no CUDA device is usable" / "needs a CUDA build") or, on a GPU
 //                 machine, every point refused by its time estimate — exit 2 either way, in seconds.
 // Cases (BenchLayerWorkloadRefuses/Flag.OneLineExitTwo/<case>), --workload W | --trace F.npy:
@@ -13,7 +14,9 @@
 //   trace_E_mismatch (E = 128), trace_float (<f4), trace_2d, trace_count_over_S (9000 > S = 8192),
 //   trace_row_over_SK (9 x 8192 > S K = 65536 at MoonEP), trace_k3_R_not_given (a K3 R = 16 trace, --k3-R 8),
 //   json_is_dir (--json /tmp: every shape's FILE_<shape>.json checked before the device),
-//   all_refused (--workload burst --max-seconds 1: no GPU, or every shape refused by its estimate)
+//   all_refused (--workload burst --max-seconds 1: no GPU, or every shape refused by its estimate),
+//   policy_exact (--policy exact: the run plans evenep_auto beside evenep_exact), slack_negative
+// BenchLayerHelp.PolicyDefaultsToAuto: --help shows --policy (default auto) and --slack.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -51,6 +54,10 @@ std::vector<Case> cases() {
         {"eplb_sync_twice", "--eplb-sync ring ring", {"--eplb-sync", "'ring'", "twice"}},
         {"warm_seconds_negative", "--warm-seconds -1", {"--warm-seconds"}},
         {"redundant_twice", "--redundant 2 2", {"--redundant", "2", "twice"}},
+        {"policy_unknown", "--policy fast", {"--policy", "fast"}},
+        {"policy_exact_with_slack", "--policy exact --slack 0.1", {"--policy exact", "--slack = 0.1"}},
+        {"policy_slack_without_budget", "--policy slack", {"--policy slack", "--slack"}},
+        {"slack_over_one", "--slack 2", {"--slack", "2"}},
         {"all_refused", "--quick --max-seconds 1", {"bench layer"}},
     };
 }
@@ -142,11 +149,22 @@ std::vector<Case> workload_cases() {
         {"trace_k3_R_not_given", "--trace " + trace_file("k3_r16") + " --points k3 --k3-R 8", {"R = 16", "k3_R8"}},
         {"json_is_dir", "--workload burst --json /tmp", {"--json"}},
         {"all_refused", "--workload burst --steps 2 --max-seconds 1", {"bench layer"}},
+        {"policy_exact", "--workload burst --policy exact", {"--policy exact", "--workload/--trace", "evenep_auto"}},
+        {"slack_negative", "--workload burst --slack -0.1", {"--slack"}},
     };
 }
 
 INSTANTIATE_TEST_SUITE_P(BenchLayerWorkloadRefuses, Flag, ::testing::ValuesIn(workload_cases()),
                          [](const auto& info) { return info.param.name; });
+
+TEST(BenchLayerHelp, PolicyDefaultsToAuto) {
+    const testing::CliRun run = testing::run_cli("bench layer --help", /*merge_stderr=*/true, /*timeout_s=*/60);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const size_t policy = run.output.find("--policy");
+    ASSERT_NE(policy, std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("auto (default", policy), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("--slack"), std::string::npos) << run.output;
+}
 
 }  // namespace
 }  // namespace evenep

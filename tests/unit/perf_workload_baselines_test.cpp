@@ -18,7 +18,8 @@
 //   StepModel.PhaseArithmetic           a hand-computed 2-rank case: token phase, copies, compute and step_ms
 //   WorkloadRunner.EverySystemPerStep   3 steps x 2 micro-batches: every system has 3 step times, rows summing to
 //                                       the entries; evenep_exact and llep balanced, lplb never above conventional;
-//                                       EPLB slot counts deduplicated (4 = epn)
+//                                       evenep_auto's budgets and rows within its largest budget; EPLB slot counts
+//                                       deduplicated (4 = epn)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -262,8 +263,8 @@ TEST(WorkloadRunner, EverySystemPerStep) {
         run.run_step(step, units);
     }
     const std::vector<SystemSeries>& s = run.series();
-    ASSERT_EQ(s.size(), 2u + 3u + 2u) << "eplb at 1, 2 and 4 = epn slots (4 and -1 are one system)";
-    EXPECT_EQ(s[4].label, "eplb/epn");
+    ASSERT_EQ(s.size(), 3u + 3u + 2u) << "eplb at 1, 2 and 4 = epn slots (4 and -1 are one system)";
+    EXPECT_EQ(s[5].label, "eplb/epn");
     for (const SystemSeries& x : s) {
         ASSERT_EQ(x.step_ms.size(), 3u) << x.label;
         for (int t = 0; t < 3; ++t) {
@@ -271,12 +272,18 @@ TEST(WorkloadRunner, EverySystemPerStep) {
             EXPECT_EQ(std::accumulate(x.rows[t].begin(), x.rows[t].end(), int64_t{0}), 2 * 256 * 2) << x.label;
         }
     }
-    const SystemSeries &ev = s[0], &conv = s[1], &lplb = s[s.size() - 2], &llep = s.back();
+    const SystemSeries &au = s[0], &ev = s[1], &conv = s[2], &lplb = s[s.size() - 2], &llep = s.back();
+    EXPECT_EQ(au.name, "evenep_auto");
     EXPECT_EQ(ev.name, "evenep_exact");
     EXPECT_EQ(lplb.name, "lplb");
     EXPECT_EQ(llep.name, "llep");
     for (int t = 0; t < 3; ++t) {
         EXPECT_DOUBLE_EQ(ev.rows_max_over_mean[t], 1.0);
+        // evenep_auto: each unit's budget within [0, auto_slack], its rows within it (+ rounding of ⌈(1+ε)q⌉).
+        ASSERT_EQ(au.slack_ppm.size(), 3u);
+        EXPECT_GE(au.slack_ppm[t], 0);
+        EXPECT_LE(au.slack_ppm[t], rc.auto_slack * 1e6);
+        EXPECT_LE(au.rows_max_over_mean[t], 1.0 + rc.auto_slack + 0.01);
         EXPECT_DOUBLE_EQ(llep.rows_max_over_mean[t], 1.0);
         EXPECT_LE(lplb.rows_max_over_mean[t], conv.rows_max_over_mean[t]);
         EXPECT_GT(conv.rows_max_over_mean[t], 1.2) << "hot_rank is skewed";

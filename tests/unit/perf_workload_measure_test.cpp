@@ -10,8 +10,9 @@
 //   MeasuredRun.ConstantTimerSwapsCompute  a timer answering 1 ms: step = model step - model compute + 1 per unit
 //   MeasuredRun.TimesTheBusiestRank     the groups the timer sees with timed_ranks 1 are the model's busiest rank's
 //                                       (hot_rank: conventional's rank 0); with timed_ranks R every rank with rows
-//   MeasuredRun.MemoAndAutoFlag         identical group lists timed once (balanced, 3 steps: timed + hits == calls);
-//                                       evenep_auto first, equal to evenep_exact, policy "exact" and a note
+//   MeasuredRun.MemoAndAutoPolicy       identical group lists timed once (balanced, 3 steps: timed + hits == calls);
+//                                       evenep_auto first (the runner's auto-planned series), policy "auto", its
+//                                       per-step budgets in [0, auto_slack]; evenep_exact second, policy "exact"
 //   MeasuredRun.BadInput                timed_ranks 0 and an empty timer refused
 #include <gtest/gtest.h>
 
@@ -78,10 +79,10 @@ TEST(MeasuredRun, ModelTimerReproducesModel) {
                 rc, [&](std::span<const int64_t> g) { return model_compute_ms(rc.model, g); }, timed);
             run_both(kind, 4, model, measured);
             const std::vector<MeasuredSeries> ms = measured.series();
-            ASSERT_EQ(ms.size(), model.series().size() + 1);
+            ASSERT_EQ(ms.size(), model.series().size());  // evenep_auto is the runner's own series
             for (size_t i = 0; i < model.series().size(); ++i) {
                 const SystemSeries& a = model.series()[i];
-                const MeasuredSeries& b = ms[i + 1];
+                const MeasuredSeries& b = ms[i];
                 ASSERT_EQ(b.series.label, a.label);
                 ASSERT_EQ(b.series.step_ms.size(), 4u);
                 for (size_t t = 0; t < 4; ++t) {
@@ -136,7 +137,7 @@ TEST(MeasuredRun, TimesTheBusiestRank) {
         if (load[e] > 0) busiest_conv.push_back((load[e] + 7) / 8 * 8);
     const std::vector<StepUnit> units{{.layer = 0, .tpe = h.tpe, .s = h.s}};
     measured.run_step(0, units);
-    // the runner's systems in order: evenep_exact, then conventional; at most one timing each (memo aside)
+    // the runner's systems in order: evenep_auto, evenep_exact, conventional, ...; at most one timing each (memo aside)
     EXPECT_LE(static_cast<size_t>(measured.timed()), model.series().size()) << "one rank per system at most";
     EXPECT_NE(std::find(seen.begin(), seen.end(), busiest_conv), seen.end())
         << "conventional's busiest rank " << busiest << " was not timed";
@@ -147,10 +148,10 @@ TEST(MeasuredRun, TimesTheBusiestRank) {
     model_all.run_step(0, units);
     all.run_step(0, units);
     for (size_t i = 0; i < model_all.series().size(); ++i)
-        EXPECT_NEAR(all.series()[i + 1].series.step_ms[0], model_all.series()[i].step_ms[0], 1e-9);
+        EXPECT_NEAR(all.series()[i].series.step_ms[0], model_all.series()[i].step_ms[0], 1e-9);
 }
 
-TEST(MeasuredRun, MemoAndAutoFlag) {
+TEST(MeasuredRun, MemoAndAutoPolicy) {
     const WorkloadRunConfig rc = tiny_config();
     WorkloadRunner model(rc);
     int64_t calls = 0;
@@ -168,10 +169,16 @@ TEST(MeasuredRun, MemoAndAutoFlag) {
     ASSERT_GE(s.size(), 2u);
     EXPECT_EQ(s[0].series.name, "evenep_auto");
     EXPECT_EQ(s[1].series.name, "evenep_exact");
-    EXPECT_EQ(s[0].series.step_ms, s[1].series.step_ms);
-    EXPECT_EQ(s[0].policy, std::string(auto_policy()));
+    EXPECT_EQ(s[0].policy, "auto");
     EXPECT_EQ(s[1].policy, "exact");
-    EXPECT_FALSE(s[0].note.empty());
+    // evenep_auto is the runner's own auto-planned series (not a copy of evenep_exact's): its budgets are recorded
+    // per step, each within [0, auto_slack].
+    ASSERT_EQ(s[0].series.slack_ppm.size(), s[0].series.step_ms.size());
+    for (double ppm : s[0].series.slack_ppm) {
+        EXPECT_GE(ppm, 0);
+        EXPECT_LE(ppm, rc.auto_slack * 1e6 + 1e-6);
+    }
+    EXPECT_TRUE(s[1].series.slack_ppm.empty());
 }
 
 TEST(MeasuredRun, BadInput) {

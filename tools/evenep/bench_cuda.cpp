@@ -30,6 +30,9 @@ struct GpuBenchOptions {
     bool check = false;
     bool graph = false;
     std::string planner = "optimized";
+    double slack = 0;
+    std::string policy;                // --policy (apply_policy; docs/auto.md)
+    CLI::Option* opt_slack = nullptr;  // --slack, to tell whether it was given
     int projections = 3;
     double copy_mib = 2048;
     std::string json_file;
@@ -73,6 +76,9 @@ void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
         add_string(*cmd, "--planner", o.planner, "reference or optimized")
             ->check(CLI::IsMember({"reference", "optimized"}))
             ->capture_default_str();
+        o.opt_slack =
+            add_real(*cmd, "--slack", o.slack, "imbalance budget eps (docs/slack.md); with --policy auto the largest", 0, 1);
+        add_policy_option(*cmd, o.policy);
         add_int(*cmd, "--projections", o.projections, "prefetch/reduce: projections per copy (1..3)", 1, 3);
     }
     add_int(*cmd, "--sm-budget", o.sm_budget, "SMs per virtual rank (clamped to co-residency)", 1, 1 << 16);
@@ -154,6 +160,8 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
             bc.check = o.check;
             bc.graph = o.graph;
             bc.mode = parse_planner_mode(o.planner);
+            bc.slack = o.slack;
+            bc.policy = apply_policy(o.policy, o.opt_slack != nullptr && o.opt_slack->count() > 0, bc.slack);
             bc.expert_projections = o.projections;
             bc.routing_in = o.routing;
             if (npy_dir.active()) bc.routing_npy = npy_dir.file(fmt::format("routing_{}_maxvio{}.npy", sh.name, mv));

@@ -4,7 +4,8 @@
 // compute is timed alone on the whole GPU, data movement is modelled from the plan's per-rank link bytes (and
 // measured as the library runs it, all virtual ranks per launch). Method: perf/cuda/layer_bench.hpp and
 // docs/benchmarks.md, "Layer step". Every flag is checked before anything runs (exit 2, one line); points that
-// would not fit the device's memory or --max-seconds are refused up front with their estimate.
+// would not fit the device's memory or --max-seconds are refused up front with their estimate. EvenEP plans under
+// --policy (default auto, ε_max = --slack or kAutoDefaultSlack; docs/auto.md).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -40,6 +41,9 @@ struct LayerOptions {
     int k3_ffn_hidden = 2048;
     uint64_t seed = 1;
     double drift = 0.1;
+    std::string policy = "auto";  // EvenEP's planner policy (--policy; docs/auto.md)
+    double slack = 0;             // --slack: the fixed budget, or auto's largest (kAutoDefaultSlack when not given)
+    PlannerPolicy planner_policy = PlannerPolicy::kAuto;  // resolved by apply_policy
     std::vector<int> redundant{-1};
     std::vector<std::string> eplb_syncs{"ring", "star"};
     double link_gbps = 367;
@@ -95,6 +99,11 @@ void prepare_workload(const CLI::App& cmd, const LayerOptions& o, LayerWorkloadO
     w.warmup = o.warmup, w.iters = o.iters;
     w.warm_seconds = o.warm_seconds, w.max_seconds = o.max_seconds;
     w.json_file = o.json_file;
+    // evenep_auto and evenep_exact run side by side: --slack is evenep_auto's largest budget, no other policy.
+    EVENEP_CHECK(o.policy == "auto", "bench layer: --policy ", o.policy,
+                 " with --workload/--trace: the run plans evenep_auto and evenep_exact side by side (--policy auto, "
+                 "--slack its largest budget)");
+    w.auto_slack = o.slack;
     check_layer_workload(cmd, w);
 }
 
@@ -124,7 +133,8 @@ void validate(const LayerOptions& o) {
                          " is given twice");
     }
     for (const Point& p : make_points(o)) {
-        const Config cfg{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .B = -1, .tp = 128};
+        const Config cfg{
+            .R = p.R, .E = p.E, .K = p.K, .S = p.S, .B = -1, .tp = 128, .slack = o.slack, .policy = o.planner_policy};
         cfg.validate();
     }
 }
@@ -142,6 +152,8 @@ LayerBenchConfig config_of(const LayerOptions& o, const Point& p) {
     c.target_maxvio = p.maxvio;
     c.seed = o.seed;
     c.drift = o.drift;
+    c.slack = o.slack;
+    c.policy = o.planner_policy;
     c.redundant = o.redundant;
     c.eplb_syncs.clear();
     for (const std::string& m : o.eplb_syncs) c.eplb_syncs.push_back(perf::parse_eplb_sync(m));
@@ -234,6 +246,9 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
             j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio, j["replica_sync"] = s.replica_sync,
             j["redundant_slots"] = s.redundant_slots;
         if (s.system == "evenep") {
+            j["policy"] = std::string(to_string(r.cfg.policy));
+            j["slack"] = r.cfg.slack;
+            j["slack_ppm"] = r.slack_ppm;  // the plan's budget (under auto: the one the policy chose)
             j["warm_up_ms"] = r.warm_up_ms;
             j["measured_data_movement"] = measured;
             j["measured_note"] = r.measured_note;
@@ -276,8 +291,9 @@ void run(const LayerOptions& o) {
     }
     EVENEP_CHECK(!plan.empty(), "bench layer: every point was refused (see above); lower the grid or raise "
                                 "--max-seconds");
-    fmt::print("device: {}; {} point(s), estimated {:.0f} s; link {:g} GB/s per direction (modelled)\n",
-               perf::device_summary(), plan.size(), budget, o.link_gbps);
+    fmt::print("device: {}; {} point(s), estimated {:.0f} s; link {:g} GB/s per direction (modelled); EvenEP policy {} "
+               "(slack {:g})\n",
+               perf::device_summary(), plan.size(), budget, o.link_gbps, to_string(o.planner_policy), o.slack);
     double copy_gbps = 1;
     if (!o.no_measure) copy_gbps = perf::copy_anchor_gbps(perf::bench_copy(size_t{512} << 20, 3, 10));
 
@@ -331,7 +347,7 @@ void register_bench_layer(CLI::App& bench) {
     auto wo = std::make_shared<LayerWorkloadOptions>();
     CLI::App* cmd = bench.add_subcommand(
         "layer",
-        "one MoE layer step (fwd+bwd) of EvenEP vs conventional EP and EPLB-style replication, R GPUs emulated on "
+        "one MoE layer step (fwd+bwd) of EvenEP (planner policy --policy, default auto) vs conventional EP and EPLB-style replication, R GPUs emulated on "
         "one: per-rank expert compute alone on the GPU, modelled link time. With --workload W or --trace F.npy: "
         "every system (evenep_auto, evenep_exact, conventional, eplb at 1, 2, 4, epn slots, lplb, llep) over "
         "--steps steps of those routings, each unit's busiest rank(s) timed on the GPU (--json: "
@@ -345,6 +361,15 @@ void register_bench_layer(CLI::App& bench) {
     add_u64(*cmd, "--seed", o->seed, "routing and data seed");
     add_real(*cmd, "--drift", o->drift, "EPLB: per-step log-popularity drift (random walk)", 0, 100)
         ->capture_default_str();
+    add_policy_option(*cmd, o->policy)
+        ->description(
+            "EvenEP's planner policy: auto (default: each plan's budget in [0, --slack] by the step-cost model; "
+            "docs/auto.md), exact, or slack (the fixed budget --slack); with --workload/--trace only auto "
+            "(evenep_exact runs beside it)");
+    add_real(*cmd, "--slack", o->slack,
+             fmt::format("EvenEP's imbalance budget: auto's largest (default {:g}) or --policy slack's fixed one",
+                         kAutoDefaultSlack),
+             0, 1);
     cmd->add_option("--redundant", o->redundant,
                     "EPLB redundant slots per rank, one EPLB placement per value given (-1: EvenEP's B = epn)")
         ->capture_default_str();
@@ -370,6 +395,7 @@ void register_bench_layer(CLI::App& bench) {
                     "evenep.workload_run/1 (scripts/plots.py --workload-run), FILE_<shape>.json for several shapes");
     add_layer_workload_options(*cmd, *wo);
     set_run(cmd, [o, wo, cmd] {
+        o->planner_policy = apply_policy(o->policy, cmd->count("--slack") > 0, o->slack);
         if (wo->wl.active()) {  // every system over a step sequence (bench_layer_workload.cpp)
             validate(*o);
             prepare_workload(*cmd, *o, *wo);

@@ -42,7 +42,7 @@ void check_layer_workload(const CLI::App& cmd, LayerWorkloadOptions& o) {
     if (cmd.count("--redundant") == 0) o.redundant.clear();  // EPLB at 1, 2, 4 and epn slots per rank
     for (const LayerShape& s : o.shapes)                     // the runner's own checks, before the device
         workload_run_config(o.wl, Config{.R = s.R, .E = s.E, .K = s.K, .S = s.S, .B = -1, .tp = 128}, s.H, s.ffn_hidden,
-                            o.redundant, o.eplb_sync, "optimized", 1);
+                            o.redundant, o.eplb_sync, "optimized", 1, o.auto_slack);
     if (!o.wl.trace.empty()) {
         // The trace's R and E pick the shape; its counts are checked against that shape's K and S.
         o.trace = read_trace(o.wl.trace, 32, std::numeric_limits<int>::max());
@@ -79,7 +79,7 @@ bool run_shape(const LayerWorkloadOptions& o, const LayerShape& sh, size_t num_s
     wl.link_gbps = o.link_gbps;
     const bool from_trace = !wl.trace.empty();
     const perf::WorkloadRunConfig rc = workload_run_config(wl, cfg, sh.H, sh.ffn_hidden, o.redundant, o.eplb_sync,
-                                                           "optimized", from_trace ? o.trace.L : 1);
+                                                           "optimized", from_trace ? o.trace.L : 1, o.auto_slack);
     StepSource source = from_trace ? StepSource(o.trace, wl.steps, sh.K, sh.S)
                                    : StepSource(WorkloadSpec{.kind = parse_workload(wl.workload),
                                                              .E = sh.E,
@@ -103,7 +103,7 @@ bool run_shape(const LayerWorkloadOptions& o, const LayerShape& sh, size_t num_s
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, bytes <= usable, "bench layer: ", sh.shape, ": the rank timer needs ",
                       human_bytes(bytes), ", ", human_bytes(static_cast<double>(free_bytes)), " free");
     // Estimate: every system's busiest rank(s) of every unit, at ~400 TFLOP/s (memo hits not counted).
-    const int num_systems = 4 + static_cast<int>(rc.eplb_redundant.size());
+    const int num_systems = static_cast<int>(perf::WorkloadRunner(rc).series().size());
     const double rank_s = 18.0 * sh.H * sh.ffn_hidden * static_cast<double>(sh.S) * sh.K / 400e12;
     const double estimate = o.warm_seconds + static_cast<double>(source.steps()) * source.layers() *
                                                  source.micro_batches() * num_systems * o.timed_ranks *
@@ -139,8 +139,6 @@ bool run_shape(const LayerWorkloadOptions& o, const LayerShape& sh, size_t num_s
     print_workload_table(table,
                          "step time (overlapped estimate: measured compute of the busiest rank(s), modelled "
                          "link phases and weight moves)");
-    fmt::print("evenep_auto: {}\n",
-               perf::auto_note().empty() ? std::string("planned with its own policy") : perf::auto_note());
     fmt::print("{} rank timings, {} answered from the memo; {:.1f} s\n", run.timed(), run.memo_hits(), seconds);
     nlohmann::json systems = nlohmann::json::array();
     for (const perf::MeasuredSeries& m : series) {
@@ -149,12 +147,10 @@ bool run_shape(const LayerWorkloadOptions& o, const LayerShape& sh, size_t num_s
         j["compute_ms_model"] = m.compute_ms_model;
         j["compute_ms_measured"] = m.compute_ms_measured;
         if (!m.policy.empty()) j["params"]["policy"] = m.policy;
-        if (!m.note.empty()) j["note"] = m.note;
         systems.push_back(std::move(j));
     }
     nlohmann::json doc =
-        workload_run_json(wl, source, rc, o.seed, "optimized",
-                          perf::auto_note().empty() ? nlohmann::json("planned") : nlohmann::json(perf::auto_note()));
+        workload_run_json(wl, source, rc, o.seed, "optimized");
     doc["shape"] = sh.shape;
     doc["device"] = perf::device_summary();
     doc["method"] = fmt::format(

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "evenep/config.hpp"
 #include "evenep/trace.hpp"
 #include "workload_common.hpp"
 
@@ -30,6 +31,7 @@ struct LayerWorkloadOptions {
     std::vector<int> redundant;  // empty: 1, 2, 4, epn
     std::string eplb_sync = "ring";
     double link_gbps = 367;
+    double auto_slack = kAutoDefaultSlack;  // evenep_auto's largest budget (--slack)
     int warmup = 1, iters = 1;
     double warm_seconds = 1, max_seconds = 1800;
     std::string json_file;

@@ -278,11 +278,12 @@ void RoutingOptions::add_to(CLI::App& cmd) {
                                std::numeric_limits<int>::max());
     add_int(cmd, "--B", B, "prefetch slots per rank (-1 = epn; < epn only for inference)", -1, kMaxExperts);
     add_int(cmd, "--tp", tp, "token padding of every non-empty expert segment", 1, kMaxTokenPad);
-    add_real(cmd, "--slack", slack,
-             "imbalance budget eps: a rank may compute up to ceil((1+eps)*q_r) entries when that saves copies "
-             "(0 = exact balance; docs/slack.md)",
-             0, 1)
-        ->capture_default_str();
+    opt_slack = add_real(cmd, "--slack", slack,
+                         "imbalance budget eps: a rank may compute up to ceil((1+eps)*q_r) entries when that saves "
+                         "copies (0 = exact balance; docs/slack.md); with --policy auto the largest budget",
+                         0, 1)
+                    ->capture_default_str();
+    add_policy_option(cmd, policy);
     CLI::Option* o_maxvio = opt_maxvio =
         add_real(cmd, "--maxvio", maxvio,
                  "generate lognormal routing with this max violation (max/mean - 1); refused when unreachable", 0,
@@ -309,13 +310,40 @@ void RoutingOptions::add_to(CLI::App& cmd) {
     for (CLI::Option* gen : {o_R, o_K, o_S, o_maxvio, opt_sigma, o_adv}) o_routing->excludes(gen);
 }
 
-RoutingInput resolve_routing(const RoutingOptions& opt, std::string_view command, const RunEstimate& run_estimate) {
+CLI::Option* add_policy_option(CLI::App& cmd, std::string& policy) {
+    return add_string(cmd, "--policy", policy,
+                      fmt::format("planner policy: exact, slack (budget --slack) or auto (per step in [0, --slack], "
+                                  "--slack default {:g}; docs/auto.md); default: slack if --slack > 0, else exact",
+                                  kAutoDefaultSlack))
+        ->check(CLI::IsMember({"auto", "exact", "slack"}));
+}
+
+PlannerPolicy apply_policy(const std::string& policy, bool slack_given, double& slack) {
+    if (policy == "auto") {
+        if (!slack_given) slack = kAutoDefaultSlack;
+        return PlannerPolicy::kAuto;
+    }
+    if (policy == "exact")
+        EVENEP_CHECK(slack == 0, "--policy exact plans with budget 0 but --slack = ", slack,
+                     " (use --policy slack or auto)");
+    if (policy == "slack") EVENEP_CHECK(slack > 0, "--policy slack needs --slack EPS > 0 (got --slack = ", slack, ")");
+    return PlannerPolicy::kFixed;
+}
+
+RoutingInput resolve_routing(const RoutingOptions& opt_in, std::string_view command, const RunEstimate& run_estimate) {
     RoutingInput in;
+    RoutingOptions opt = opt_in;
+    const PlannerPolicy policy =
+        apply_policy(opt.policy, opt.opt_slack != nullptr && opt.opt_slack->count() > 0, opt.slack);
+    // The configuration of a shape with the flags' slots, budget and policy.
+    const auto config_of = [&](int R, int E, int K, int S) {
+        return Config{.R = R, .E = E, .K = K, .S = S, .B = opt.B, .tp = opt.tp, .slack = opt.slack, .policy = policy};
+    };
     in.mode = parse_planner_mode(opt.planner);
     EVENEP_CHECK(opt.tpe_file.empty() || opt.routing_file.empty(), "--tpe and --routing are mutually exclusive");
     if (!opt.tpe_file.empty()) {
         TpeFile f = read_tpe_json(opt.tpe_file);
-        in.cfg = Config{.R = f.R, .E = f.E, .K = f.K, .S = f.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
+        in.cfg = config_of(f.R, f.E, f.K, f.S);
         in.cfg.validate();
         Estimate e;
         add_input_estimate(in.cfg, e);
@@ -337,8 +365,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt, std::string_view command
         check_estimate("--routing", e, opt.limits);
         routing = read_routing_npy(opt.routing_file, opt.E);
         in.description = fmt::format("routing from {}", opt.routing_file);
-        const Config cfg{.R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp,
-                         .slack = opt.slack};
+        const Config cfg = config_of(routing.R, routing.E, routing.K, routing.S);
         cfg.validate();
         Estimate run;
         run.add_bytes(file_bytes, fmt::format("the routing of '{}'", opt.routing_file));
@@ -346,7 +373,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt, std::string_view command
         run.add(run_estimate(cfg, true));
         check_estimate(command, run, opt.limits);
     } else {
-        Config probe{.R = opt.R, .E = opt.E, .K = opt.K, .S = opt.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
+        const Config probe = config_of(opt.R, opt.E, opt.K, opt.S);
         probe.validate();
         // The whole run's estimate, checked before the routing is drawn.
         Estimate e;
@@ -375,8 +402,7 @@ RoutingInput resolve_routing(const RoutingOptions& opt, std::string_view command
                                          opt.maxvio, opt.seed, note);
         }
     }
-    in.cfg = Config{
-        .R = routing.R, .E = routing.E, .K = routing.K, .S = routing.S, .B = opt.B, .tp = opt.tp, .slack = opt.slack};
+    in.cfg = config_of(routing.R, routing.E, routing.K, routing.S);
     in.cfg.validate();
     in.s = routing.s;
     in.tpe = routing.tpe();

@@ -108,6 +108,7 @@ struct RoutingOptions {
     int R = 8, E = 384, K = 8, S = 8192;
     int B = -1, tp = 128;
     double slack = 0;  // imbalance budget ε (Config::slack)
+    std::string policy;  // --policy auto|exact|slack (empty: not given; apply_policy)
     double maxvio = 1.0;
     double sigma = 0;         // used when --sigma is given
     std::string adversarial;  // one of to_string(Adversarial) names
@@ -120,12 +121,21 @@ struct RoutingOptions {
     CLI::Option* opt_E = nullptr;
     CLI::Option* opt_sigma = nullptr;
     CLI::Option* opt_maxvio = nullptr;
+    CLI::Option* opt_slack = nullptr;
 
     // Adds --R --E --K --S --B --tp --slack --maxvio --sigma --adversarial --seed --tpe --routing --planner
     // --max-memory --max-time, with the conflicts between them (--tpe and --routing exclude the generator flags).
     void add_to(CLI::App& cmd);
     bool sigma_given() const { return opt_sigma != nullptr && opt_sigma->count() > 0; }
 };
+
+// --policy auto|exact|slack beside --slack (docs/auto.md): adds the option to `cmd`.
+CLI::Option* add_policy_option(CLI::App& cmd, std::string& policy);
+// The planner policy and budget of --policy `policy` and --slack `slack` (slack_given: --slack was on the command
+// line): not given = the fixed budget --slack (today's rule); exact = budget 0 (refuses --slack > 0); slack = the
+// fixed budget --slack (refuses a zero budget); auto = kAuto with the largest budget --slack, kAutoDefaultSlack
+// without --slack. Throws evenep::Error naming the flags.
+PlannerPolicy apply_policy(const std::string& policy, bool slack_given, double& slack);
 
 // The resolved input: the configuration, per-rank s and histograms, and the routing when known.
 struct RoutingInput {

@@ -100,7 +100,11 @@ void run_plan(const PlanOptions& opt) {
 
     if (!opt.quiet) {
         fmt::print("EvenEP plan — {} planner={}\n", cfg.to_string(), to_string(in.mode));
-        fmt::print("routing: {}; N = {} entries, maxvio = {:.3f}\n\n", in.description, N, maxvio);
+        fmt::print("routing: {}; N = {} entries, maxvio = {:.3f}\n", in.description, N, maxvio);
+        if (cfg.policy == PlannerPolicy::kAuto)  // docs/auto.md
+            fmt::print("policy auto: this step's budget slack = {:g} (slack_ppm {}) of at most {:g}\n",
+                       plan.slack_ppm * 1e-6, plan.slack_ppm, cfg.slack);
+        fmt::print("\n");
         constexpr int kBar = 24;
         fmt::print("{:>4}  {:>9} {:<{}}  {:>9} {:<{}}  {:>9}  {:>7}  {:>9}\n", "rank", "conv. EP", "", kBar, "EvenEP",
                    "", kBar, "remote", "push", "crossing");

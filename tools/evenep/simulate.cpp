@@ -34,6 +34,8 @@ struct SimulateOptions {
     double drift = 0.1;
     std::string eplb_sync = "star";  // how EPLB's replicas are kept in sync (perf::EplbSync)
     double slack = 0;  // imbalance budget ε of EvenEP's planner (docs/slack.md)
+    std::string policy;                                    // --policy (apply_policy; docs/auto.md)
+    PlannerPolicy planner_policy = PlannerPolicy::kFixed;  // resolved
     uint64_t seed = 1;
     std::string planner = "optimized";
     int repeat = 5;
@@ -66,7 +68,8 @@ void validate(const SimulateOptions& o) {
     EVENEP_CHECK(o.repeat >= 1, "--repeat = ", o.repeat, " must be >= 1");
     EVENEP_CHECK(o.drift >= 0 && o.drift <= 100, "--drift = ", o.drift, " must be in [0, 100]");
     for (int R : o.ranks) {
-        const Config cfg{.R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp, .slack = o.slack};
+        const Config cfg{
+            .R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp, .slack = o.slack, .policy = o.planner_policy};
         BufferConfig{.cfg = cfg, .H = o.H, .ffn_hidden = o.ffn_hidden}.validate();
     }
     EVENEP_CHECK(o.redundant >= -1 && o.redundant <= o.E, "--redundant = ", o.redundant,
@@ -144,7 +147,8 @@ nlohmann::json traffic_json(const TrafficReport& t) {
 // One point of the grid: prints its row and returns its JSON.
 nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, const std::map<GpuKey, double>& gpu) {
     const double t_start = now_seconds();
-    const Config cfg{.R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp, .slack = o.slack};
+    const Config cfg{
+        .R = R, .E = o.E, .K = o.K, .S = o.S, .B = -1, .tp = o.tp, .slack = o.slack, .policy = o.planner_policy};
     const RoutingSpec spec{.R = R, .E = o.E, .K = o.K, .S = o.S, .seed = o.seed};
     double sigma = 0;
     const Routing routing = routing_near_maxvio(spec, target, &sigma);
@@ -154,6 +158,7 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
     // EvenEP: the planner (timed), every rank's destinations, the traffic model.
     const PlannerMode mode = parse_planner_mode(o.planner);
     Planner planner(cfg, mode);
+    planner.set_auto_model(detail::make_auto_cost_model(o.H, o.ffn_hidden, o.tp));
     Plan plan;
     std::vector<double> times;
     for (int i = 0; i < o.repeat; ++i) {
@@ -228,6 +233,8 @@ nlohmann::json simulate_point(const SimulateOptions& o, int R, double target, co
                      {"sigma", sigma},
                      {"planner", o.planner},
                      {"slack", o.slack},
+                     {"policy", std::string(to_string(o.planner_policy))},
+                     {"slack_ppm", plan.slack_ppm},
                      {"plan_ms_cpu", plan_ms},
                      {"plan_ms_gpu", gpu_ms >= 0 ? nlohmann::json(gpu_ms) : nlohmann::json(nullptr)},
                      {"total_entries", plan.total_entries()}};
@@ -269,9 +276,11 @@ void run_simulate(const SimulateOptions& o) {
     fmt::print(
         "EvenEP scale model: E={} K={} S={} H={} H'={} tp={} planner={}{} seed={}; EPLB: {} redundant slots per "
         "rank, planned on the previous step, drift {}, replica sync {}\n",
-        o.E, o.K, o.S, o.H, o.ffn_hidden, o.tp, o.planner, o.slack > 0 ? fmt::format(" slack={:g}", o.slack) : "",
-        o.seed,
-        o.redundant < 0 ? std::string("epn") : std::to_string(o.redundant), o.drift, o.eplb_sync);
+        o.E, o.K, o.S, o.H, o.ffn_hidden, o.tp, o.planner,
+        o.slack > 0 || o.planner_policy == PlannerPolicy::kAuto
+            ? fmt::format(" slack={:g}{}", o.slack, o.planner_policy == PlannerPolicy::kAuto ? " policy=auto" : "")
+            : "",
+        o.seed, o.redundant < 0 ? std::string("epn") : std::to_string(o.redundant), o.drift, o.eplb_sync);
     fmt::print(
         "{:>4} {:>7} {:>8} {:>7} {:>6} {:>7} {:>4} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>6} {:>6} {:>6} "
         "{:>6}\n",
@@ -324,8 +333,12 @@ void register_simulate(CLI::App& app) {
         ->check(CLI::IsMember({"star", "ring", "none"}))
         ->capture_default_str();
     add_u64(*cmd, "--seed", opt->seed, "routing seed");
-    add_real(*cmd, "--slack", opt->slack, "EvenEP's imbalance budget eps (0 = exact balance; docs/slack.md)", 0, 1)
+    add_real(*cmd, "--slack", opt->slack,
+             "EvenEP's imbalance budget eps (0 = exact balance; docs/slack.md); with --policy auto, and with "
+             "--workload/--trace (evenep_auto's), the largest budget",
+             0, 1)
         ->capture_default_str();
+    add_policy_option(*cmd, opt->policy);
     add_string(*cmd, "--planner", opt->planner, "planner mode")
         ->check(CLI::IsMember({"reference", "optimized"}))
         ->capture_default_str();
@@ -343,14 +356,26 @@ void register_simulate(CLI::App& app) {
         opt->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *opt);
         check_workload_flags(*cmd, *wl);
+        const bool slack_given = cmd->count("--slack") > 0;
+        if (!wl->active()) opt->planner_policy = apply_policy(opt->policy, slack_given, opt->slack);
         if (wl->active())  // every system over a step sequence (simulate_workload.cpp)
-            return run_simulate_workload(
-                *wl, WorkloadShape{.ranks = opt->ranks, .ranks_given = cmd->count("--R") > 0,
-                                   .experts_given = cmd->count("--E") > 0, .E = opt->E, .K = opt->K, .S = opt->S,
-                                   .H = opt->H, .ffn_hidden = opt->ffn_hidden, .tp = opt->tp,
-                                   .redundant = opt->redundant, .redundant_given = cmd->count("--redundant") > 0,
-                                   .eplb_sync = opt->eplb_sync, .planner = opt->planner, .seed = opt->seed,
-                                   .json_file = opt->json_file});
+            return run_simulate_workload(*wl, WorkloadShape{.ranks = opt->ranks,
+                                                            .ranks_given = cmd->count("--R") > 0,
+                                                            .experts_given = cmd->count("--E") > 0,
+                                                            .E = opt->E,
+                                                            .K = opt->K,
+                                                            .S = opt->S,
+                                                            .H = opt->H,
+                                                            .ffn_hidden = opt->ffn_hidden,
+                                                            .tp = opt->tp,
+                                                            .redundant = opt->redundant,
+                                                            .redundant_given = cmd->count("--redundant") > 0,
+                                                            .eplb_sync = opt->eplb_sync,
+                                                            .planner = opt->planner,
+                                                            .slack = opt->slack,
+                                                            .slack_given = slack_given,
+                                                            .seed = opt->seed,
+                                                            .json_file = opt->json_file});
         run_simulate(*opt);
     });
 }

@@ -18,8 +18,14 @@ namespace evenep::cli {
 
 void check_workload_flags(const CLI::App& cmd, const WorkloadOptions& o) {
     if (o.active()) {
-        for (const char* flag : {"--maxvio", "--drift", "--slack", "--repeat", "--gpu-json"})
+        for (const char* flag : {"--maxvio", "--drift", "--repeat", "--gpu-json"})
             EVENEP_CHECK(cmd.count(flag) == 0, flag, " applies to the R x maxvio grid, not to --workload/--trace");
+        // Every run has evenep_auto (largest budget --slack) beside evenep_exact: the only policy that changes it.
+        const CLI::Option* policy = cmd.get_option("--policy");
+        EVENEP_CHECK(policy->count() == 0 || policy->as<std::string>() == "auto", "--policy ",
+                     policy->count() ? policy->as<std::string>() : "",
+                     " with --workload/--trace: the run plans "
+                     "evenep_auto and evenep_exact side by side (--policy auto, --slack its largest budget)");
         EVENEP_CHECK(o.trace.empty() || cmd.count("--micro-batches") == 0,
                      "--micro-batches applies to --workload (a trace's steps are its rows)");
         return;
@@ -50,7 +56,7 @@ void run_simulate_workload(const WorkloadOptions& o, const WorkloadShape& shape)
     const perf::WorkloadRunConfig rc = workload_run_config(
         o, Config{.R = R, .E = E, .K = shape.K, .S = shape.S, .B = -1, .tp = shape.tp}, shape.H, shape.ffn_hidden,
         shape.redundant_given ? std::vector<int>{shape.redundant} : std::vector<int>{}, shape.eplb_sync,
-        shape.planner, from_trace ? trace.L : 1);
+        shape.planner, from_trace ? trace.L : 1, shape.slack_given ? shape.slack : kAutoDefaultSlack);
     StepSource source = from_trace ? StepSource(std::move(trace), o.steps, shape.K, shape.S)
                                    : StepSource(WorkloadSpec{.kind = parse_workload(o.workload),
                                                              .E = E,
@@ -74,12 +80,10 @@ void run_simulate_workload(const WorkloadOptions& o, const WorkloadShape& shape)
     std::vector<const perf::SystemSeries*> table;
     for (const perf::SystemSeries& s : runner.series()) table.push_back(&s);
     print_workload_table(table, "step time of the model (perf/step_model.hpp)");
-    fmt::print("evenep_auto (the cost-aware planner) is not modelled here yet\n");
     fmt::print("total {:.1f} s\n", seconds);
     nlohmann::json systems = nlohmann::json::array();
     for (const perf::SystemSeries& s : runner.series()) systems.push_back(system_json(s, rc));
-    nlohmann::json j = workload_run_json(o, source, rc, shape.seed, shape.planner,
-                                         "not modelled: left for the cost-aware planner (issue 32 item 4)");
+    nlohmann::json j = workload_run_json(o, source, rc, shape.seed, shape.planner);
     j["systems"] = systems;
     j["seconds"] = seconds;
     json.write(j.dump(1) + "\n");

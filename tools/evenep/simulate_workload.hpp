@@ -22,12 +22,15 @@ struct WorkloadShape {
     bool redundant_given = false;  // else EPLB runs with 1, 2, 4 and epn redundant slots per rank
     std::string eplb_sync;
     std::string planner;
+    double slack = 0;  // evenep_auto's largest budget when slack_given (else kAutoDefaultSlack)
+    bool slack_given = false;
     uint64_t seed = 1;
     std::string json_file;
 };
 
-// Refuses (one line naming the flag) flags of the other mode: the grid's --maxvio, --drift, --slack, --repeat,
-// --gpu-json with --workload/--trace; the workload flags without them; --micro-batches with --trace.
+// Refuses (one line naming the flag) flags of the other mode: the grid's --maxvio, --drift, --repeat, --gpu-json
+// and a --policy other than auto with --workload/--trace (--slack is evenep_auto's largest budget there); the
+// workload flags without them; --micro-batches with --trace.
 void check_workload_flags(const CLI::App& cmd, const WorkloadOptions& o);
 void run_simulate_workload(const WorkloadOptions& o, const WorkloadShape& shape);
 

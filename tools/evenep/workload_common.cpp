@@ -80,8 +80,9 @@ nlohmann::json system_json(const perf::SystemSeries& s, const perf::WorkloadRunC
     if (s.name == "eplb") params["num_redundant"] = s.num_redundant;
     if (s.name == "lplb") params["topology"] = s.topology;
     if (s.name == "llep") params["threshold"] = rc.llep_threshold;
+    if (s.name == "evenep_auto") params["max_slack"] = rc.auto_slack;
     if (s.name != "conventional" && s.name != "eplb") params["plan_us"] = rc.plan_us;
-    return {
+    nlohmann::json j{
         {"name", s.name},
         {"label", s.label},
         {"params", params},
@@ -93,6 +94,8 @@ nlohmann::json system_json(const perf::SystemSeries& s, const perf::WorkloadRunC
         {"weight_bytes", s.weight_bytes},
         {"grad_bytes", s.grad_bytes},
         {"rows", s.rows}};
+    if (s.name == "evenep_auto") j["slack_ppm"] = s.slack_ppm;  // per step: the mean budget its units chose
+    return j;
 }
 
 void print_workload_table(const std::vector<const perf::SystemSeries*>& series, const std::string& what) {
@@ -116,6 +119,10 @@ void print_workload_table(const std::vector<const perf::SystemSeries*>& series, 
         "per-rank rows; med/evn, p90/evn = the system's median (p90) over evenep_exact's (> 1: EvenEP "
         "faster)\n",
         what);
+    for (const perf::SystemSeries* s : series)
+        if (s->name == "evenep_auto")
+            fmt::print("evenep_auto = the auto planner policy (docs/auto.md): mean budget {:.4f}\n",
+                       mean(s->slack_ppm) * 1e-6);
     if (best_med == nullptr) return;
     const double bm = median(best_med->step_ms), bp = quantile(best_p90->step_ms, 0.9);
     for (const perf::SystemSeries* s : series)
@@ -129,7 +136,7 @@ void add_workload_options(CLI::App& cmd, WorkloadOptions& o, bool model_flags) {
     std::string names;
     for (const WorkloadInfo& w : workload_list()) names += (names.empty() ? "" : ", ") + std::string(w.name);
     cmd.add_option("--workload", o.workload,
-                   "run every system (evenep_exact, conventional, eplb, lplb, llep) over --steps steps of this "
+                   "run every system (evenep_auto, evenep_exact, conventional, eplb, lplb, llep) over --steps steps of this "
                    "workload (`evenep workloads`): " +
                        names)
         ->check(CLI::IsMember([] {
@@ -157,8 +164,8 @@ void add_workload_options(CLI::App& cmd, WorkloadOptions& o, bool model_flags) {
     add_real(cmd, "--llep-threshold", o.llep_threshold, "workload/trace: LLEP spills above threshold x the fair share",
              1, 1e6)
         ->capture_default_str();
-    add_real(cmd, "--plan-us", o.plan_us, "workload/trace: per-unit planning time of evenep_exact, lplb and llep", 0,
-             1e9)
+    add_real(cmd, "--plan-us", o.plan_us,
+             "workload/trace: per-unit planning time of evenep_auto, evenep_exact, lplb and llep", 0, 1e9)
         ->capture_default_str();
     if (!model_flags) return;  // bench layer: measured compute, its own --link-gbps
     add_real(cmd, "--gemm-tflops", o.gemm_tflops, "workload/trace: step model's grouped-GEMM TFLOP/s", 1e-6, 1e9)
@@ -177,7 +184,8 @@ perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o,
                                             const std::vector<int>& redundant,
                                             const std::string& eplb_sync,
                                             const std::string& planner,
-                                            int layers) {
+                                            int layers,
+                                            double auto_slack) {
     perf::WorkloadRunConfig rc;
     rc.cfg = cfg;
     rc.cfg.validate();
@@ -190,6 +198,7 @@ perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o,
                                .link_gbps = o.link_gbps};
     rc.layers = layers;
     rc.plan_us = o.plan_us;
+    rc.auto_slack = auto_slack;
     if (!redundant.empty()) rc.eplb_redundant = redundant;
     rc.eplb_schedule = perf::EplbSchedule{.step_interval = o.eplb_interval, .window = o.eplb_window};
     rc.eplb_sync = perf::parse_eplb_sync(eplb_sync);
@@ -203,8 +212,7 @@ nlohmann::json workload_run_json(const WorkloadOptions& o,
                                  const StepSource& source,
                                  const perf::WorkloadRunConfig& rc,
                                  uint64_t seed,
-                                 const std::string& planner,
-                                 nlohmann::json evenep_auto) {
+                                 const std::string& planner) {
     const bool from_trace = !o.trace.empty();
     return {{"schema", "evenep.workload_run/1"},
             {"workload", from_trace ? nlohmann::json(nullptr) : nlohmann::json(o.workload)},
@@ -226,7 +234,7 @@ nlohmann::json workload_run_json(const WorkloadOptions& o,
               {"group_us", rc.model.group_cost_us()},
               {"link_gbps", rc.model.link_gbps},
               {"plan_us", rc.plan_us}}},
-            {"evenep_auto", std::move(evenep_auto)}};
+            {"evenep_auto", {{"policy", "auto"}, {"max_slack", rc.auto_slack}}}};
 }
 
 }  // namespace evenep::cli

@@ -37,7 +37,8 @@ struct WorkloadOptions {
 // --group-us, --link-gbps (bench layer has its own --link-gbps and measures the compute).
 void add_workload_options(CLI::App& cmd, WorkloadOptions& o, bool model_flags);
 
-// The run configuration of both commands (validated): redundant empty = EPLB at 1, 2, 4 and epn slots per rank.
+// The run configuration of both commands (validated): redundant empty = EPLB at 1, 2, 4 and epn slots per rank;
+// auto_slack = evenep_auto's largest budget (the auto policy's ε_max; --slack, else kAutoDefaultSlack).
 perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o,
                                             const Config& cfg,
                                             int H,
@@ -45,7 +46,8 @@ perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o,
                                             const std::vector<int>& redundant,
                                             const std::string& eplb_sync,
                                             const std::string& planner,
-                                            int layers);
+                                            int layers,
+                                            double auto_slack);
 
 // The q-quantile of v (nearest rank: the smallest value with at least q of the values at or below it); 0 if empty.
 double quantile(std::vector<double> v, double q);
@@ -73,20 +75,21 @@ class StepSource {
     std::vector<perf::StepUnit> units_;
 };
 
-// The top level of evenep.workload_run/1 without "systems" and "seconds" (the caller adds them).
+// The top level of evenep.workload_run/1 without "systems" and "seconds" (the caller adds them); "evenep_auto" is
+// {policy: auto, max_slack: rc.auto_slack}.
 nlohmann::json workload_run_json(const WorkloadOptions& o,
                                  const StepSource& source,
                                  const perf::WorkloadRunConfig& rc,
                                  uint64_t seed,
-                                 const std::string& planner,
-                                 nlohmann::json evenep_auto);
+                                 const std::string& planner);
 
 // One system's JSON object of evenep.workload_run/1 (name, label, params, step_ms, rows_max_over_mean, summary,
-// bytes, rows).
+// bytes, rows; evenep_auto: params.max_slack and the per-step mean budget slack_ppm).
 nlohmann::json system_json(const perf::SystemSeries& s, const perf::WorkloadRunConfig& rc);
 
-// The summary table (median, p90, max, rows imbalance, each over evenep_exact's), then the best baseline (median and
-// p90 separately: conventional, eplb, lplb, llep) against every evenep_* system. `what` names the step time.
+// The summary table (median, p90, max, rows imbalance, each over evenep_exact's), evenep_auto's mean budget, then the
+// best baseline (median and p90 separately: conventional, eplb, lplb, llep) against every evenep_* system. `what`
+// names the step time.
 void print_workload_table(const std::vector<const perf::SystemSeries*>& series, const std::string& what);
 
 }  // namespace evenep::cli

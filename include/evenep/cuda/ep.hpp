@@ -61,6 +61,9 @@ struct EpOptions {
     int max_plan_blocks = 64;  // blocks per rank of the plan kernel (sizes the per-block histograms)
     int channel = 0;           // the team channel of the data-path kernels (Experts default to channel 1)
     bool relay = false;        // plans carry the relayed copy tree (Planner::set_relay; docs/relayed-prefetch.md)
+    // The auto policy's step-cost coefficients (Config::policy kAuto; Planner::set_auto_model; docs/auto.md): by
+    // default the MoonEP layer's (H = 7168, H' = 2048, tp = 128); MoeLayer sets its own layer's (set_auto_model).
+    detail::AutoCostModel auto_model = detail::default_auto_cost_model();
     TeamOptions team;          // for the convenience constructors that create their team (DeviceEp, NcclEp)
     // precision.fp8: dispatch sends e4m3 rows + 1x128 scales into recv_x8 / recv_scale instead of bf16 rows into
     // recv_x (bit-identical to cpu::Buffer's FP8 dispatch; H % 128 == 0; ue8m0: power-of-two scales). Combine and
@@ -116,6 +119,12 @@ class Ep {
     const Config& config() const { return cfg_; }
     int hidden() const { return hidden_; }
     const EpOptions& options() const { return options_; }
+    // The auto policy's coefficients for the plans launched after this call (CUDA graphs keep the coefficients they
+    // were captured with). MoeLayer sets its layer's shape (detail::make_auto_cost_model(H, H', tp)). No sync.
+    void set_auto_model(const detail::AutoCostModel& model) {
+        options_.auto_model = model;
+        layout_.auto_model = model;
+    }
     const EpLayout& layout() const { return layout_; }
     Team& team() { return team_; }
     const Team& team() const { return team_; }

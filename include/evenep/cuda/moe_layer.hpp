@@ -89,6 +89,8 @@ class MoeLayer {
     // with_weights required; with_grads required for backward). ffn_hidden = H' (a positive multiple of 8).
     // Allocates every buffer the layer needs, sized by the configuration (NvS rows per served rank), once.
     // ep and experts must outlive the layer. Throws evenep::Error(kInvalidArgument) on a mismatch.
+    // The planner policy is ep's Config's (the caller's: the layer builds no Config of its own and cannot resize ep's
+    // buffers); under PlannerPolicy::kAuto the layer sets its shape's step-cost coefficients (docs/auto.md).
     MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptions& options = {});
     ~MoeLayer();
     MoeLayer(const MoeLayer&) = delete;

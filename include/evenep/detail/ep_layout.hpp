@@ -36,7 +36,7 @@ struct PlanOffsets {
         cu_seqlens, group_slot, copies, relay_src, relay_round, remote_experts, copies_received, copies_pushed, peer_reads;
     PlanOffset<int64_t> expert_load, load_before, crossing_out;
     PlanOffset<int8_t> group_source;  // WeightSource values
-    size_t cost;                    // [kPlanCostWords] int64: PlanCost in declaration order
+    size_t cost;                      // [kPlanCostWords] int64: PlanCost in declaration order, then Plan::slack_ppm
     size_t work64, work32;          // planner workspace (int64 / int32 words)
     size_t num_work64, num_work32;  // their sizes in words
     size_t scratch;                 // PlanScratchLayout bytes (the block planner's state when not in smem)
@@ -44,8 +44,9 @@ struct PlanOffsets {
     size_t gate;                    // [1] int32: 1 once the gather launch put the rank's gathered histogram in tpe
 };
 
-// int64 words of the device copy of PlanCost.
-inline constexpr int kPlanCostWords = 6;
+// int64 words of the device copy of PlanCost (6 words in declaration order), then the plan's budget Plan::slack_ppm.
+inline constexpr int kPlanCostWords = 7;
+inline constexpr int kPlanCostSlackWord = 6;
 
 // Planner workspace sizes (words of work64 / work32): the serial planner kernel's PlanWork (plan_candidates.hpp
 // plan_work64_size / plan_work32_size, within these) and the copy tree post-pass (plan_relay.hpp, in work32). The block
@@ -186,6 +187,10 @@ struct EpLayout {
     int R, E, K, S, tp, B, epn, G, H;
     int max_blocks;  // blocks per rank the plan kernel may use (per-block histogram chunks)
     int slack_ppm;   // imbalance budget (Config::slack_ppm): sizes nvs and is passed to the planner
+    // Auto policy (Config::policy kAuto; docs/auto.md): each plan chooses its budget in [0, slack_ppm] with these
+    // coefficients. Not part of the offsets: set by the Ep after make (Ep::check_and_layout, Ep::set_auto_model).
+    bool auto_slack = false;
+    detail::AutoCostModel auto_model = {};
     int64_t nvs;     // receive rows per rank (SPEC invariant 4, grown by the slack bound)
     detail::BufferLayout buf;
     size_t plan_begin;  // start of the plan region (hist, dst, the plan arrays; ends at plan.work64)
@@ -245,7 +250,7 @@ struct EpLayout {
     EVENEP_HOST_DEVICE size_t recv_scale() const { return static_cast<size_t>(buf.recv_scale_offset); }  // fp8 only
 
     EVENEP_HOST_DEVICE detail::PlanDims dims(bool locality) const {
-        return detail::PlanDims{R, E, epn, G, B, tp, locality, slack_ppm};
+        return detail::PlanDims{R, E, epn, G, B, tp, locality, slack_ppm, auto_slack, auto_model};
     }
 
     template <typename T>

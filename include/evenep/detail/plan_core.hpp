@@ -6,6 +6,7 @@
 //
 // Phases (SPEC §3):
 //   1. quotas            q_r = floor(N/R) + (r < N mod R); with slack the targets of plan_slack_targets replace them
+//                        (under the auto policy with the budget evenep/detail/plan_auto.hpp chooses per step)
 //   2. alloc[E][R]       reference greedy (§3.1/§3.2) or one of the balanced constructions of optimized mode
 //                        (those and the whole sequence plan_sequential: evenep/detail/plan_candidates.hpp)
 //   3. finalize          locality keep, rest/capacity prefixes, segment layout, copies, weight sources, costs
@@ -16,6 +17,7 @@
 
 #include "evenep/detail/host_device.hpp"
 #include "evenep/detail/layout.hpp"
+#include "evenep/detail/plan_auto_model.hpp"
 
 namespace evenep::detail {
 
@@ -28,6 +30,10 @@ struct PlanDims {
     int tp;
     bool locality;  // optimized mode: keep entries on their source rank first (§3.3)
     int32_t slack_ppm;  // imbalance budget ε in parts per million (Config::slack_ppm); 0 = exact balance
+    // Auto policy (docs/auto.md): slack_ppm is then the largest budget allowed, and each plan uses the budget
+    // plan_auto_slack_ppm (evenep/detail/plan_auto.hpp) chooses from the histogram with auto_model's coefficients.
+    bool auto_slack = false;
+    AutoCostModel auto_model = {};
 };
 
 // Views of the plan's arrays (see evenep/plan.hpp for their meaning and sizes).
@@ -138,7 +144,8 @@ EVENEP_HOST_DEVICE inline int32_t plan_even_quota(int64_t total, int R, int r) {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Phase 1: loads and quotas (then the slack targets, a no-op without slack).
+// Phase 1: loads and quotas (then the slack targets, a no-op without slack). Under the auto policy the targets are
+// left to the caller (plan_auto_targets in evenep/detail/plan_auto.hpp: it chooses the budget first).
 // ---------------------------------------------------------------------------------------------------------
 EVENEP_HOST_DEVICE inline int64_t plan_loads_and_quotas(const PlanDims& d, const int32_t* tpe, PlanArrays& a) {
     int64_t total = 0;
@@ -154,7 +161,7 @@ EVENEP_HOST_DEVICE inline int64_t plan_loads_and_quotas(const PlanDims& d, const
         a.load_before[r] = l;
         a.q[r] = plan_even_quota(total, d.R, r);
     }
-    plan_slack_targets(d, a.load_before, a.q);
+    if (!d.auto_slack) plan_slack_targets(d, a.load_before, a.q);
     return total;
 }
 

@@ -49,8 +49,8 @@ __device__ inline void plan_block_serial(
     const PlanDims& d, const int32_t* tpe, const PlanArrays& a, int64_t* cost_out, int64_t* work64, int32_t* work32) {
     if (threadIdx.x != 0) return;
     PlanCostValues cost{};
-    detail::plan_sequential(d, tpe, const_cast<PlanArrays&>(a), detail::PlanWork{work64, work32}, /*legacy=*/false,
-                            cost);
+    cost_out[kPlanCostSlackWord] = detail::plan_sequential(d, tpe, const_cast<PlanArrays&>(a),
+                                                           detail::PlanWork{work64, work32}, /*legacy=*/false, cost);
     cost_out[0] = cost.max_rank_copy_traffic;
     cost_out[1] = cost.total_copies;
     cost_out[2] = cost.crossing_rows;
@@ -232,10 +232,67 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
         }
     }
     __syncthreads();
-    // Imbalance budget (opt-in; d.slack_ppm is block-uniform): the targets of detail::plan_slack_targets replace the
+    // Auto policy (docs/auto.md; d.auto_slack is block-uniform): the budget of detail::plan_auto_slack_ppm. The rank
+    // statistics a warp per rank (integer sums: the CPU's values whatever the order), then lane i of warp 0 predicts
+    // candidate i (detail::plan_auto_predict, each on its own targets array) and lane 0 picks the first cheapest.
+    // Workspace: cost_pushed / cost_remote (14R int32, first used in phase 2a) hold the [4][R] statistics and the
+    // [5][R] targets.
+    __shared__ int s_plan_ppm;
+    if (d.auto_slack) {
+        static_assert(detail::kAutoMaxCandidates <= kWarpSize, "plan_block_parallel: a lane per auto candidate");
+        static_assert(detail::kAutoRankStats + detail::kAutoMaxCandidates <= 14,
+                      "plan_block_parallel: the auto decision's workspace is cost_pushed + cost_remote (14R)");
+        int32_t* aw = sc.cost_pushed;  // [kAutoRankStats + kAutoMaxCandidates][R] of cost_pushed, cost_remote
+        for (int r = warp; r < R; r += kWarps) {
+            unsigned nonzero = 0, own = 0, src = 0, top = 0;
+            for (int g = lane; g < epn; g += kWarpSize) {
+                const int e = r * epn + g;
+                const unsigned load = static_cast<unsigned>(sc.expert_load[e]);  // < N < 2^31
+                nonzero += load > 0 ? 1u : 0u;
+                own += static_cast<unsigned>(tpe[static_cast<int64_t>(r) * E + e]);
+                top = max(top, load);
+            }
+            for (int e = lane; e < E; e += kWarpSize) src += static_cast<unsigned>(tpe[static_cast<int64_t>(r) * E + e]);
+            nonzero = __reduce_add_sync(kFullMask, nonzero);
+            own = __reduce_add_sync(kFullMask, own);
+            src = __reduce_add_sync(kFullMask, src);
+            top = __reduce_max_sync(kFullMask, top);
+            if (lane == 0)
+                aw[r] = static_cast<int32_t>(nonzero), aw[R + r] = static_cast<int32_t>(own),
+                aw[2 * R + r] = static_cast<int32_t>(src), aw[3 * R + r] = static_cast<int32_t>(top);
+        }
+        __syncthreads();
+        if (warp == 0) {
+            __shared__ int64_t s_auto_cost[detail::kAutoMaxCandidates];
+            __shared__ int32_t s_auto_ppm[detail::kAutoMaxCandidates];
+            const detail::AutoRankView v{a.load_before, a.q, aw, aw + R, aw + 2 * R, aw + 3 * R};
+            int32_t ppm[detail::kAutoMaxCandidates];
+            const int n = detail::plan_auto_candidates(d, a.load_before, a.q, ppm);
+            if (lane < n) {
+                const int64_t piece = detail::plan_auto_piece(R, v);
+                s_auto_cost[lane] =
+                    detail::plan_auto_predict(d, v, piece, ppm[lane], aw + (detail::kAutoRankStats + lane) * R);
+                s_auto_ppm[lane] = ppm[lane];
+            }
+            __syncwarp();
+            if (lane == 0) {
+                s_plan_ppm = s_auto_ppm[detail::plan_auto_choose(s_auto_cost, n)];
+                cost_out[kPlanCostSlackWord] = s_plan_ppm;
+            }
+        }
+    } else if (tid == 0) {
+        s_plan_ppm = d.slack_ppm;
+        cost_out[kPlanCostSlackWord] = d.slack_ppm;
+    }
+    __syncthreads();
+    // Imbalance budget (opt-in; s_plan_ppm is block-uniform): the targets of detail::plan_slack_targets replace the
     // quotas in a.q on thread 0 (sequential, as in plan_loads_and_quotas), and the balances follow them.
-    if (d.slack_ppm > 0) {
-        if (tid == 0) detail::plan_slack_targets(d, a.load_before, a.q);
+    if (s_plan_ppm > 0) {
+        if (tid == 0) {
+            PlanDims dp = d;
+            dp.slack_ppm = s_plan_ppm;
+            detail::plan_slack_targets(dp, a.load_before, a.q);
+        }
         __syncthreads();
         for (int r = tid; r < R; r += kThreads) sc.balance[r] = a.load_before[r] - a.q[r];
         __syncthreads();

@@ -87,8 +87,10 @@ EpLayout Ep::check_and_layout(const Config& cfg_in, int hidden, const EpOptions&
                  " to be a multiple of ", kFp8Block, " (one scale per 128 channels)");
     EVENEP_CHECK(pr.fp8 || !pr.ue8m0, "cuda ep: precision.ue8m0 needs precision.fp8");
     EVENEP_CHECK(!pr.bf16_partials, "cuda ep: precision.bf16_partials is not implemented on the GPU backend yet");
-    const EpLayout layout = EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden,
-                                           options.max_plan_blocks, cfg.slack_ppm(), options.precision.fp8);
+    EpLayout layout = EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden,
+                                     options.max_plan_blocks, cfg.slack_ppm(), options.precision.fp8);
+    layout.auto_slack = cfg.policy == PlannerPolicy::kAuto;
+    layout.auto_model = options.auto_model;
     // Return addresses are int32: R * S * U units must fit.
     const int64_t units = static_cast<int64_t>(cfg.R) * layout.buf.stage_units();
     EVENEP_CHECK(units < INT32_MAX, "cuda ep: R*S*min(K,2R) = ", units, " staging units overflow int32");
@@ -391,6 +393,7 @@ Plan Ep::download_plan(const EpPlan& plan, int rank) const {
     });
     const std::vector<int64_t> cost = download<int64_t>(src, o.cost, kPlanCostWords);
     p.cost = PlanCost{cost[0], cost[1], cost[2], cost[3], cost[4], cost[5]};
+    p.slack_ppm = static_cast<int32_t>(cost[kPlanCostSlackWord]);
     return p;
 }
 

@@ -42,6 +42,8 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, G <= kMaxGemmGroups, "moe layer: G = ", G, " groups exceed ",
                       kMaxGemmGroups);
     training_ = es.with_grads && B == epn;
+    // The auto policy predicts this layer's step (docs/auto.md): its GEMM and weight sizes.
+    if (cfg.policy == PlannerPolicy::kAuto) ep.set_auto_model(detail::make_auto_cost_model(H, F, cfg.tp));
 
     // Regions of the one allocation, each [num_local][NvS][dim].
     const size_t rows = static_cast<size_t>(NL) * static_cast<size_t>(nvs);

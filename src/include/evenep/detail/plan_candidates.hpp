@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "evenep/detail/plan_auto.hpp"
 #include "evenep/detail/plan_core.hpp"
 
 namespace evenep::detail {
@@ -222,6 +223,7 @@ EVENEP_HOST_DEVICE constexpr int64_t plan_work64_size(int R, int E) { return int
 EVENEP_HOST_DEVICE constexpr int64_t plan_work32_size(int R, int E) {
     return int64_t{kNumOptimizedCandidates} * E * R + 3 * R;
 }
+static_assert(plan_work32_size(1, 1) >= plan_auto_work_size(1), "plan_sequential: the auto decision's workspace");
 
 EVENEP_HOST_DEVICE inline bool plan_alloc_candidate(const PlanDims& d, const PlanArrays& a, const int32_t* tpe,
                                                     int candidate, const PlanWork& w, int32_t* alloc,
@@ -275,13 +277,17 @@ EVENEP_HOST_DEVICE inline void plan_alloc_mode(const PlanDims& d, const PlanArra
 // ---------------------------------------------------------------------------------------------------------
 // The whole sequence (phases 1-3) on one thread: the host Planner and the GPU's serial reference kernel both
 // call this, so the two cannot drift apart. The caller checks the inputs and remote_experts <= epn afterwards.
+// Returns the budget (ppm) the plan was made with: d.slack_ppm, or under the auto policy the one it chose.
 // ---------------------------------------------------------------------------------------------------------
-EVENEP_HOST_DEVICE inline void plan_sequential(const PlanDims& d, const int32_t* tpe, PlanArrays& a,
-                                               const PlanWork& w, bool legacy, PlanCostValues& cost) {
+EVENEP_HOST_DEVICE inline int32_t plan_sequential(
+    const PlanDims& d, const int32_t* tpe, PlanArrays& a, const PlanWork& w, bool legacy, PlanCostValues& cost) {
     plan_loads_and_quotas(d, tpe, a);
+    // The decision's workspace: work32 is free until phase 2 (plan_work32_size >= plan_auto_work_size).
+    const int32_t ppm = d.auto_slack ? plan_auto_targets(d, tpe, a, w.w32) : d.slack_ppm;
     plan_alloc_mode(d, a, tpe, w, legacy);
     cost = PlanCostValues{0, 0, 0, 0};
     plan_finalize(d, tpe, a, cost);
+    return ppm;
 }
 
 }  // namespace evenep::detail

@@ -1,0 +1,342 @@
+// The auto planner policy (docs/auto.md): the decision of evenep/detail/plan_auto.hpp, the plans it makes, the CLI.
+//
+// Cases:
+//   AutoDecision.Candidates            ascending, distinct, 0 and the largest budget always in, the no-copy budget in
+//                                      exactly when it is within the largest; the no-copy budget's plan has no copy.
+//   AutoDecision.BalancedIsExact       every rank already at its quota: budget 0, no copies.
+//   AutoDecision.MildSkewNoCopies      loads within 1% of the mean at MoonEP: the model prefers the no-copy budget
+//                                      (a copy costs far more than 1% of a rank's rows), plan has 0 copies.
+//   AutoDecision.StrongSkewCopies      a rank with 3x the mean load, no-copy budget out of reach: copies stay.
+//   AutoDecision.SlackWins             a hand-built case whose predicted costs are worked out below: the chosen budget
+//                                      is strictly between 0 and the largest, not the no-copy one.
+//   AutoDecision.PredictHandComputed   plan_auto_predict of a 2-rank case against the formula by hand.
+//   AutoPlans.SameAsSlackPlanner/<n>   random and lognormal routings, both modes: the auto plan equals bit for bit the
+//                                      fixed-budget planner's plan at the chosen budget; the budget is the decision
+//                                      function's; 0 <= budget <= largest; rows within the buffer; validate_plan and
+//                                      validate_dst pass; planning twice gives the same plan.
+//   AutoPlans.ValidatorChecksTheBudget a budget above the configured one (or != it under the fixed policy) reported.
+//   AutoCli.*                          `plan --policy auto --json` carries slack_ppm and config.policy;
+//                                      `--policy exact --slack 0.1` and `--policy slack` without --slack exit 2 with
+//                                      one line; `simulate --workload rotating --policy auto` has evenep_auto.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/cli_testing.hpp"
+#include "common/plan_testing.hpp"
+#include "evenep/detail/plan_auto.hpp"
+#include "evenep/error.hpp"
+#include "evenep/plan.hpp"
+#include "evenep/routing.hpp"
+#include "evenep/validate.hpp"
+
+namespace evenep {
+namespace {
+
+Config auto_config(Config cfg, double max_slack) {
+    cfg.slack = max_slack;
+    cfg.policy = PlannerPolicy::kAuto;
+    return cfg;
+}
+
+// tpe of a routing where rank r's experts together receive load[r] entries (spread over its experts and over the
+// source ranks as evenly as possible), s = S on every rank (row sums <= N/R + E: the configs leave that headroom).
+struct Built {
+    std::vector<int32_t> tpe, s;
+};
+Built with_loads(const Config& cfg, const std::vector<int64_t>& load) {
+    Built b;
+    b.tpe.assign(static_cast<size_t>(cfg.R) * cfg.E, 0);
+    b.s.assign(cfg.R, cfg.S);
+    const int epn = cfg.epn();
+    for (int r = 0; r < cfg.R; ++r)
+        for (int g = 0; g < epn; ++g) {
+            const int e = r * epn + g;
+            const int64_t c = load[r] / epn + (g < load[r] % epn ? 1 : 0);
+            for (int src = 0; src < cfg.R; ++src)
+                b.tpe[static_cast<size_t>(src) * cfg.E + e] =
+                    static_cast<int32_t>(c / cfg.R + ((src + e) % cfg.R < c % cfg.R ? 1 : 0));
+        }
+    return b;
+}
+
+// The budget the decision function picks for a plan's loads (the same call the planner makes).
+int32_t decide(const Planner& planner, const Plan& p) {
+    const Config& c = planner.config();
+    const detail::PlanDims d{c.R,  c.E,  c.epn(),       c.num_groups(), c.num_slots(),
+                             c.tp, true, c.slack_ppm(), true,           planner.auto_model()};
+    std::vector<int32_t> q(c.R), work(detail::plan_auto_work_size(c.R));  // (the planner's statistics, recomputed)
+    const int64_t n = p.total_entries();
+    for (int r = 0; r < c.R; ++r) q[r] = detail::plan_even_quota(n, c.R, r);
+    return detail::plan_auto_slack_ppm(d, p.tpe.data(), p.expert_load.data(), p.load_before.data(), q.data(),
+                                       work.data());
+}
+
+// The MoonEP shape with S·K = 67584 >= the mean 65536 + E: the hand-built loads below sum to 8 x 65536.
+const Config kMoonEp{.R = 8, .E = 384, .K = 8, .S = 8448};
+
+TEST(AutoDecision, Candidates) {
+    const Config cfg = auto_config(kMoonEp, 0.1);
+    const detail::PlanDims d{cfg.R, cfg.E, cfg.epn(), cfg.num_groups(), cfg.num_slots(), cfg.tp, true, 100000, true};
+    const int64_t mean = 65536;
+    for (double skew : {0.0, 0.005, 0.05, 0.099, 0.2, 2.0}) {
+        std::vector<int64_t> load(8, mean - static_cast<int64_t>(skew * mean) / 7);
+        load[0] = mean + static_cast<int64_t>(skew * mean);
+        load[7] = 8 * mean - load[0] - 6 * load[1];  // total 8 x mean: every quota is the mean
+        std::vector<int32_t> q(8, static_cast<int32_t>(mean));
+        int32_t ppm[detail::kAutoMaxCandidates];
+        const int n = detail::plan_auto_candidates(d, load.data(), q.data(), ppm);
+        ASSERT_GE(n, 1);
+        EXPECT_EQ(ppm[0], 0);
+        EXPECT_EQ(ppm[n - 1], 100000) << skew;
+        for (int i = 1; i < n; ++i) EXPECT_LT(ppm[i - 1], ppm[i]);
+        const int64_t nc = detail::plan_auto_no_copy_ppm(8, load.data(), q.data());
+        EXPECT_EQ(std::count(ppm, ppm + n, nc) == 1, nc <= 100000) << skew;
+        // The no-copy budget's plan (fixed policy, that budget) has no copy.
+        if (nc <= 1000000) {
+            const Built b = with_loads(kMoonEp, load);
+            Config fixed = kMoonEp;
+            fixed.slack = static_cast<double>(nc) * 1e-6;
+            const Plan p = make_plan(fixed, PlannerMode::kOptimized, b.tpe, b.s);
+            EXPECT_EQ(p.cost.total_copies, 0) << skew;
+            EXPECT_EQ(p.slack_ppm, nc);
+        }
+    }
+}
+
+TEST(AutoDecision, BalancedIsExact) {
+    const Config cfg = auto_config(kMoonEp, 0.1);
+    const Built b = with_loads(cfg, std::vector<int64_t>(8, 65536));
+    const Plan p = make_plan(cfg, PlannerMode::kOptimized, b.tpe, b.s);
+    EXPECT_EQ(p.slack_ppm, 0);
+    EXPECT_EQ(p.cost.total_copies, 0);
+}
+
+TEST(AutoDecision, MildSkewNoCopies) {
+    const Config cfg = auto_config(kMoonEp, 0.1);
+    std::vector<int64_t> load{66000, 65000, 65536, 66100, 64972, 65536, 65800, 65344};  // sum 8 x 65536, max +0.86%
+    const Built b = with_loads(cfg, load);
+    Planner planner(cfg, PlannerMode::kOptimized);
+    Plan p;
+    planner.plan(b.tpe, b.s, p);
+    std::vector<int32_t> q(8, 65536);
+    EXPECT_EQ(p.slack_ppm, detail::plan_auto_no_copy_ppm(8, load.data(), q.data()));
+    EXPECT_GT(p.slack_ppm, 0);
+    EXPECT_EQ(p.cost.total_copies, 0);
+    // Exact balance would have copied.
+    EXPECT_GT(make_plan(kMoonEp, PlannerMode::kOptimized, b.tpe, b.s).cost.total_copies, 0);
+}
+
+TEST(AutoDecision, StrongSkewCopies) {
+    const Config cfg = auto_config(kMoonEp, 0.1);
+    std::vector<int64_t> load(8, 65536 * 5 / 7);
+    load[0] = 3 * 65536;
+    int64_t rest = 8 * 65536 - load[0] - 6 * load[1];
+    load[7] = rest;
+    const Built b = with_loads(cfg, load);
+    Planner planner(cfg, PlannerMode::kOptimized);
+    Plan p;
+    planner.plan(b.tpe, b.s, p);
+    EXPECT_LE(p.slack_ppm, cfg.slack_ppm());
+    EXPECT_GT(p.cost.total_copies, 0);
+    EXPECT_TRUE(validate_plan(p).ok()) << validate_plan(p).summary();
+}
+
+// R = 3, epn = 4, N = 300 (q = 100): rank 0 holds 150 entries (3 experts of 50), rank 1 95, rank 2 55. Largest
+// budget 0.2 (the no-copy budget 0.5 is out of reach). Model: row 1 ps, plan 100 ps per copy, nothing else. Piece
+// P = 50 (rank 0's mean and largest expert). Budget 0: targets 100/100/100, receivers get 1 + 1 copies: 2·100 + 100 = 300. 0.05: cap 105,
+// rank 1 (deficit 5) needs nothing, rank 2 one copy: 100 + 105 = 205. 0.1: 100 + 110 = 210; 0.2: 100 + 120 = 220.
+TEST(AutoDecision, SlackWins) {
+    const Config cfg = auto_config(Config{.R = 3, .E = 12, .K = 1, .S = 100, .tp = 1}, 0.2);
+    Built b;
+    b.tpe.assign(36, 0);
+    b.s.assign(3, 100);
+    // Rank 0's experts 0..2 get 50 each, rank 1's expert 4 95, rank 2's expert 8 55; every source row sums to 100.
+    b.tpe[1 * 12 + 0] = 50, b.tpe[2 * 12 + 1] = 50, b.tpe[2 * 12 + 2] = 5, b.tpe[0 * 12 + 2] = 45;
+    b.tpe[0 * 12 + 4] = 55, b.tpe[1 * 12 + 4] = 40, b.tpe[1 * 12 + 8] = 10, b.tpe[2 * 12 + 8] = 45;
+    Planner planner(cfg, PlannerMode::kOptimized);
+    detail::AutoCostModel m;
+    m.row_ps = 1;
+    m.plan_copy_ps = 100;
+    planner.set_auto_model(m);
+    Plan p;
+    planner.plan(b.tpe, b.s, p);
+    ASSERT_EQ(p.load_before[0], 150);
+    ASSERT_EQ(p.load_before[1], 95);
+    ASSERT_EQ(p.load_before[2], 55);
+    EXPECT_EQ(p.slack_ppm, 50000);
+    EXPECT_EQ(p.q[0], 105);
+    EXPECT_EQ(p.q[1], 95);
+    EXPECT_EQ(p.q[2], 100);
+    EXPECT_TRUE(validate_plan(p).ok()) << validate_plan(p).summary();
+}
+
+TEST(AutoDecision, PredictHandComputed) {
+    // R = 2, epn = 2. Loads 120 / 80 (q 100 each); rank 0: 2 non-empty experts (the larger 70), own 30, src 100;
+    // rank 1: 1 (80), own 20, src 100.
+    detail::PlanDims d{2, 4, 2, 4, 2, 1, true, 0, true};
+    d.auto_model = detail::AutoCostModel{10, 1000, 7, 300, 600, 50};
+    const int64_t load[2] = {120, 80};
+    const int32_t q[2] = {100, 100}, nonzero[2] = {2, 1}, own[2] = {30, 20}, src[2] = {100, 100}, top[2] = {70, 80};
+    const detail::AutoRankView v{load, q, nonzero, own, src, top};
+    const int64_t piece = detail::plan_auto_piece(2, v);
+    EXPECT_EQ(piece, 65);  // rank 0 the only donor: (its mean 120 / 2 + its largest 70) / 2
+    int32_t t[2];
+    // Budget 0: t = 100 / 100; rank 1 gets ⌈20/65⌉ = 1 copy, rank 0 pushes 1. compute max(10·100 + 1000·2,
+    // 10·100 + 1000·2) = 3000; tokens max(100-30, 100-30, 100-20, 100-20) = 80 -> 560 ps a phase; copy 1:
+    // prefetch 300 < 560; step = 50·1 + 560 + 3000 + 3·560 + 600 = 5890.
+    EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 0, t), 5890);
+    EXPECT_EQ(t[0], 100);
+    // Budget 0.2: t = 120 / 80, no copy: compute max(10·120 + 2000, 10·80 + 1000) = 3200; tokens max(70, 90, 80, 60)
+    // = 90 -> 630; step = 630 + 3200 + 1890 = 5720.
+    EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 200000, t), 5720);
+    EXPECT_EQ(t[0], 120);
+    EXPECT_EQ(t[1], 80);
+}
+
+// ---- plans over a corpus ------------------------------------------------------------------------------------------
+
+struct Shape {
+    Config cfg;
+    double max_slack;
+};
+
+class AutoPlans : public ::testing::TestWithParam<int> {};
+
+TEST_P(AutoPlans, SameAsSlackPlanner) {
+    const std::vector<Shape> shapes{{Config{.R = 4, .E = 16, .K = 2, .S = 64, .tp = 8}, 0.1},
+                                    {Config{.R = 8, .E = 64, .K = 4, .S = 128, .tp = 16}, 0.25},
+                                    {Config{.R = 3, .E = 12, .K = 3, .S = 50, .tp = 4}, 1.0},
+                                    {Config{.R = 8, .E = 384, .K = 8, .S = 1024}, 0.1}};
+    const Shape& sh = shapes[GetParam()];
+    const Config cfg = auto_config(sh.cfg, sh.max_slack);
+    int distinct_choices = 0;
+    std::vector<int32_t> seen;
+    for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference}) {
+        Planner planner(cfg, mode);
+        planner.set_auto_model(detail::make_auto_cost_model(256, 128, cfg.tp));
+        for (uint64_t seed = 1; seed <= 12; ++seed) {
+            testing::RoutingOptions ro;
+            ro.skew = 0.1 * static_cast<double>(seed % 6);
+            ro.mask_prob = seed % 4 == 0 ? 0.1 : 0.0;
+            ro.unequal_s = seed % 5 == 0;
+            const Routing routing =
+                seed % 3 == 0
+                    ? make_target_maxvio(RoutingSpec{.R = cfg.R, .E = cfg.E, .K = cfg.K, .S = cfg.S, .seed = seed},
+                                         0.05 * static_cast<double>(seed))
+                    : testing::random_routing(cfg, seed, ro);
+            const std::vector<int32_t> tpe = routing.tpe();
+            const std::string what = "shape " + std::to_string(GetParam()) + " seed " + std::to_string(seed) + " " +
+                                     std::string(to_string(mode));
+            Plan p, again;
+            planner.plan(tpe, routing.s, p);
+            planner.plan(tpe, routing.s, again);
+            EXPECT_EQ(testing::plan_diff(p, again), "") << what;
+            EXPECT_EQ(p.slack_ppm, again.slack_ppm) << what;
+            EXPECT_GE(p.slack_ppm, 0) << what;
+            EXPECT_LE(p.slack_ppm, cfg.slack_ppm()) << what;
+            EXPECT_EQ(p.slack_ppm, decide(planner, p)) << what;
+            if (std::find(seen.begin(), seen.end(), p.slack_ppm) == seen.end()) seen.push_back(p.slack_ppm);
+            // The same plan as the fixed-budget planner at the chosen budget.
+            Config fixed = sh.cfg;
+            fixed.slack = static_cast<double>(p.slack_ppm) * 1e-6;
+            ASSERT_EQ(fixed.slack_ppm(), p.slack_ppm);
+            Plan f = make_plan(fixed, mode, tpe, routing.s);
+            f.cfg = p.cfg;  // the configurations differ in policy and largest budget only
+            EXPECT_EQ(testing::plan_diff(p, f), "") << what;
+            for (int r = 0; r < cfg.R; ++r) EXPECT_LE(p.rows_used(r), cfg.recv_rows()) << what << " rank " << r;
+            const ValidationReport rep = validate_plan(p);
+            EXPECT_TRUE(rep.ok()) << what << "\n" << rep.summary();
+            const ValidationReport rd = validate_dst(p, routing, testing::all_dst(p, routing));
+            EXPECT_TRUE(rd.ok()) << what << "\n" << rd.summary();
+        }
+    }
+    distinct_choices = static_cast<int>(seen.size());
+    EXPECT_GE(distinct_choices, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AutoPlans, ::testing::Range(0, 4), [](const ::testing::TestParamInfo<int>& i) {
+    return "shape" + std::to_string(i.param);
+});
+
+TEST(AutoPlansValidator, ChecksTheBudget) {
+    const Config cfg = auto_config(Config{.R = 4, .E = 16, .K = 2, .S = 64, .tp = 8}, 0.1);
+    const Routing routing = testing::random_routing(cfg, 3, testing::RoutingOptions{.skew = 1.0});
+    Plan p = make_plan(cfg, PlannerMode::kOptimized, routing.tpe(), routing.s);
+    ASSERT_TRUE(validate_plan(p).ok());
+    p.slack_ppm = cfg.slack_ppm() + 1;
+    const ValidationReport rep = validate_plan(p);
+    EXPECT_FALSE(rep.ok());
+    EXPECT_NE(rep.summary().find("slack_ppm"), std::string::npos) << rep.summary();
+    // Under the fixed policy the plan's budget is the configured one.
+    Config fixed = cfg;
+    fixed.policy = PlannerPolicy::kFixed;
+    Plan f = make_plan(fixed, PlannerMode::kOptimized, routing.tpe(), routing.s);
+    EXPECT_EQ(f.slack_ppm, fixed.slack_ppm());
+    f.slack_ppm = 0;
+    EXPECT_FALSE(validate_plan(f).ok());
+}
+
+// ---- CLI ----------------------------------------------------------------------------------------------------------
+
+TEST(AutoCli, PlanJsonCarriesTheBudget) {
+    const auto dir = testing::temp_dir("auto_cli", "plan");
+    const std::string path = (dir / "plan.json").string();
+    const testing::CliRun run =
+        testing::run_cli("plan --R 4 --E 16 --K 2 --S 64 --maxvio 0.5 --policy auto --check --json " + path);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("policy auto: this step's budget"), std::string::npos) << run.output;
+    EXPECT_NE(run.output.find("check: OK"), std::string::npos) << run.output;
+    std::ifstream f(path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_EQ(j.at("config").at("policy"), "auto");
+    EXPECT_DOUBLE_EQ(j.at("config").at("slack").get<double>(), kAutoDefaultSlack);
+    const int64_t ppm = j.at("slack_ppm").get<int64_t>();
+    EXPECT_GE(ppm, 0);
+    EXPECT_LE(ppm, 100000);
+}
+
+TEST(AutoCli, BadPolicyExitsTwoWithOneLine) {
+    for (const std::string args : {"--policy exact --slack 0.1", "--policy slack", "--policy fastest"}) {
+        for (const std::string cmd : {"plan --R 4 --E 16 --K 2 --S 64 ", "simulate --quick "}) {
+            const testing::CliRun run = testing::run_cli(cmd + args, /*merge_stderr=*/false, 60);
+            EXPECT_EQ(run.exit_code, 2) << cmd << args << "\n" << run.output << run.error;
+            EXPECT_NE(run.error.find("--policy"), std::string::npos) << run.error;
+            EXPECT_EQ(std::count(run.error.begin(), run.error.end(), '\n'), 1) << run.error;
+        }
+    }
+    const testing::CliRun run =
+        testing::run_cli("simulate --workload balanced --R 4 --E 16 --K 2 --S 64 --steps 2 --policy exact", false, 60);
+    EXPECT_EQ(run.exit_code, 2) << run.output << run.error;
+    EXPECT_NE(run.error.find("--policy"), std::string::npos) << run.error;
+}
+
+TEST(AutoCli, SimulateWorkloadHasEvenepAuto) {
+    const auto dir = testing::temp_dir("auto_cli", "simulate");
+    const std::string path = (dir / "run.json").string();
+    const testing::CliRun run = testing::run_cli(
+        "simulate --workload rotating --R 4 --E 16 --K 2 --S 64 --H 64 --ffn-hidden 64 --steps 4 --policy auto "
+        "--slack 0.2 --json " +
+            path,
+        true, 120);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("evenep_auto"), std::string::npos) << run.output;
+    std::ifstream f(path);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    EXPECT_EQ(j.at("schema"), "evenep.workload_run/1");
+    const nlohmann::json& sys = j.at("systems");
+    ASSERT_GE(sys.size(), 2u);
+    EXPECT_EQ(sys[0].at("name"), "evenep_auto");
+    EXPECT_EQ(sys[1].at("name"), "evenep_exact");
+    EXPECT_EQ(sys[0].at("step_ms").size(), 4u);
+    EXPECT_EQ(sys[0].at("slack_ppm").size(), 4u);
+    EXPECT_DOUBLE_EQ(sys[0].at("params").at("max_slack").get<double>(), 0.2);
+    for (const auto& v : sys[0].at("slack_ppm")) EXPECT_LE(v.get<double>(), 200000.0);
+}
+
+}  // namespace
+}  // namespace evenep
