@@ -9,8 +9,21 @@ Routings (topk_idx [R, s, K], -1 masked; distinct experts per token where possib
   masked        random with about a third of the entries masked (and one token fully masked)
 """
 
-import pytest
-import torch
+import atexit
+import os
+import shutil
+import tempfile
+
+# torch.compile's on-disk caches (inductor's FX graph cache, under /tmp/torchinductor_$USER by default) may hold a
+# graph compiled against another version of evenep's ops (their fake kernels' output shapes are not part of the
+# cache key): every test run gets its own, removed at exit. Set before torch is imported.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _inductor_cache = tempfile.mkdtemp(prefix="evenep-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _inductor_cache
+    atexit.register(shutil.rmtree, _inductor_cache, ignore_errors=True)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 import evenep
 
