@@ -63,5 +63,7 @@ done
 python3 scripts/device/workload_table.py "$OUT"/workloads/*.json > "$OUT/workloads.md" && cat "$OUT/workloads.md"
 python3 scripts/plots.py --workload-run "$OUT"/workloads/*.json --out "$OUT/img" ||
   echo "plots: not drawn here (matplotlib?); run: python3 scripts/plots.py --workload-run OUT/workloads/*.json --out docs/img"
+# The device machine returns at most eight files from $OUT: everything in one archive as well.
+tar czf "$OUT/workloads.tgz" -C "$OUT" workloads img workloads.md workloads.log 2>/dev/null
 echo "done in $(( $(date +%s) - t0 )) s, status $status"
 exit $status
