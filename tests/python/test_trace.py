@@ -73,7 +73,7 @@ def test_train_round_trip(tmp_path, monkeypatch):
     assert doc["schema"] == "evenep.workload_run/1"
     assert doc["steps"] == 4 and doc["layers"] == 2 and doc["R"] == 4 and doc["E"] == 8
     names = [sys_["name"] for sys_ in doc["systems"]]
-    assert names[0] == "evenep_exact" and "conventional" in names and "lplb" in names and "llep" in names
+    assert names[:2] == ["evenep_auto", "evenep_exact"] and "conventional" in names and "lplb" in names and "llep" in names
     for sys_ in doc["systems"]:
         assert len(sys_["step_ms"]) == 4 and all(v > 0 for v in sys_["step_ms"])
     # The replay's per-rank rows of conventional EP are the trace's home-expert sums (expert e on rank e / 2).
