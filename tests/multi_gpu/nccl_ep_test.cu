@@ -39,6 +39,7 @@
 
 #include "common/cpu_testing.hpp"
 #include "common/plan_testing.hpp"
+#include "cuda/gpu_testing.hpp"
 #include "evenep/cpu/oracle.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
@@ -315,16 +316,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes,
 std::vector<float> host_floats(size_t n, uint64_t seed) { return testing::random_floats(n, seed); }
 std::vector<uint16_t> host_bf16(size_t n, uint64_t seed) { return testing::random_bf16_bits(n, seed); }
 
-template <typename T>
-void put(T* dev, const std::vector<T>& v) {
-    EVENEP_CUDA_CHECK(cudaMemcpy(dev, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-template <typename T>
-std::vector<T> get(const T* dev, size_t n) {
-    std::vector<T> v(n);
-    EVENEP_CUDA_CHECK(cudaMemcpy(v.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-}
+using testing::get;  // synchronous copies of library-owned regions (tests/cuda/gpu_testing.hpp)
+using testing::put;
 
 inline constexpr uint16_t kSlotSentinel = 0x7FC1;
 inline constexpr int kProjections = 2;
