@@ -184,4 +184,19 @@ inline std::vector<NamedRouting> test_routings(const Config& cfg, uint64_t seed)
     return out;
 }
 
+// TEST_P parameters: every shape once per routing of test_routings(seed) at that shape (P: aggregate with R, E, K,
+// S, tp, H and the routing index `routing`).
+template <typename P, size_t N>
+std::vector<P> with_each_routing(const P (&shapes)[N], uint64_t seed) {
+    std::vector<P> out;
+    for (P p : shapes) {
+        const size_t n = test_routings(buffer_config(p.R, p.E, p.K, p.S, p.tp, p.H).cfg, seed).size();
+        for (size_t i = 0; i < n; ++i) {
+            p.routing = static_cast<int>(i);
+            out.push_back(p);
+        }
+    }
+    return out;
+}
+
 }  // namespace evenep::testing

@@ -280,17 +280,9 @@ std::string param_name(const BackwardParam& p) {
 }
 
 std::vector<BackwardParam> backward_params() {
-    std::vector<BackwardParam> out;
     const BackwardParam shapes[] = {
         {4, 32, 4, 96, 8, 40, 0}, {8, 64, 8, 64, 1, 16, 0}, {2, 8, 6, 48, 128, 24, 0}, {1, 4, 2, 32, 4, 8, 0}};
-    for (BackwardParam p : shapes) {
-        const size_t n = testing::test_routings(testing::buffer_config(p.R, p.E, p.K, p.S, p.tp, p.H).cfg, 3).size();
-        for (size_t i = 0; i < n; ++i) {
-            p.routing = static_cast<int>(i);
-            out.push_back(p);
-        }
-    }
-    return out;
+    return testing::with_each_routing(shapes, 3);
 }
 
 class BackwardTest : public ::testing::TestWithParam<BackwardParam> {};

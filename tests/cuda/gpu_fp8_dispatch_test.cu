@@ -140,17 +140,9 @@ std::string param_name(const Fp8Param& p) {
 }
 
 std::vector<Fp8Param> fp8_params() {
-    std::vector<Fp8Param> out;
     const Fp8Param shapes[] = {
         {4, 16, 4, 48, 3, 512, 0}, {8, 64, 8, 64, 1, 256, 0}, {2, 8, 6, 48, 128, 384, 0}, {1, 4, 2, 24, 4, 128, 0}};
-    for (Fp8Param p : shapes) {
-        const size_t n = testing::test_routings(testing::buffer_config(p.R, p.E, p.K, p.S, p.tp, p.H).cfg, 5).size();
-        for (size_t i = 0; i < n; ++i) {
-            p.routing = static_cast<int>(i);
-            out.push_back(p);
-        }
-    }
-    return out;
+    return testing::with_each_routing(shapes, 5);
 }
 
 class Fp8DispatchTest : public ::testing::TestWithParam<Fp8Param> {};
