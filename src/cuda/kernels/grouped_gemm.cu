@@ -8,7 +8,6 @@
 // Tiles: kBm x kBn output rows x columns of one group, kBk inner elements per pipeline stage; 8 warps as 2 (M) x 4
 // (N), each a 64 x 32 warp tile (4 x 4 mma tiles). Shared-memory rows are padded by 8 elements (16 bytes) so that
 // ldmatrix's eight 16-byte rows fall in distinct banks.
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -355,14 +354,6 @@ __global__ void fill_random_kernel(uint16_t* p, size_t n, uint64_t seed, float s
     }
 }
 
-__global__ void fill_random_e4m3_kernel(uint8_t* p, size_t n, uint64_t seed, float scale) {
-    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        const float v = bf16_to_float(detail::random_bf16(detail::hash64(seed, i), scale));
-        p[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-    }
-}
-
 template <int kMode, bool kOutF32>
 int kernel_blocks() {
     static std::mutex mutex;
@@ -506,12 +497,6 @@ void fill_random_bf16(uint16_t* p, size_t n, uint64_t seed, float scale, cudaStr
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
-void fill_random_e4m3(uint8_t* p, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
-    if (n == 0) return;
-    fill_random_e4m3_kernel<<<1024, 256, 0, stream>>>(p, n, seed, scale);
-    EVENEP_CUDA_CHECK(cudaGetLastError());
-}
-
 void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     check_common(a.num_groups, a.in_dim, a.out_dim, a.workspace, "grouped_gemm");
     EVENEP_CHECK(a.x != nullptr && a.cu_seqlens != nullptr && a.weights != nullptr && a.y != nullptr,
@@ -570,43 +555,6 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
         else
             launch<kDgr, false>(a.x, a.cu_seqlens, ptrs, nullptr, a.y, G, K, N, 0, a.schedule, a.workspace, stream);
     }
-}
-
-void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
-    EVENEP_CHECK(a.num_groups >= 1 && a.num_groups <= kMaxGemmGroups, "grouped_gemm_fp8: num_groups = ", a.num_groups,
-                 " must be in [1, ", kMaxGemmGroups, "]");
-    EVENEP_CHECK(a.in_dim > 0 && a.in_dim % 128 == 0, "grouped_gemm_fp8: in_dim = ", a.in_dim,
-                 " must be a positive multiple of 128 (the scale block)");
-    EVENEP_CHECK(a.out_dim > 0 && a.out_dim % 128 == 0, "grouped_gemm_fp8: out_dim = ", a.out_dim,
-                 " must be a positive multiple of 128 (the scale block)");
-    EVENEP_CHECK(a.workspace != nullptr, "grouped_gemm_fp8: workspace is null");
-    EVENEP_CHECK(a.x != nullptr && a.cu_seqlens != nullptr && a.weights != nullptr && a.y != nullptr,
-                 "grouped_gemm_fp8: null pointer among x, cu_seqlens, weights, y");
-    EVENEP_CHECK(!a.block_scaled || (a.x_scales != nullptr && a.weight_scales != nullptr),
-                 "grouped_gemm_fp8: block_scaled needs x_scales and weight_scales");
-    EVENEP_CHECK(
-        grouped_gemm_has_cutlass(),
-        "grouped_gemm_fp8: needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
-#if defined(EVENEP_HAVE_CUTLASS)
-    const cutlass_gemm::Fp8LaunchArgs l{
-        .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
-        .block_scaled = a.block_scaled,
-        .x = a.x,
-        .x_scales = a.x_scales,
-        .cu = a.cu_seqlens,
-        .ptrs = reinterpret_cast<const void* const*>(a.weights),
-        .weight_scales = a.weight_scales,
-        .y = a.y,
-        .num_groups = a.num_groups,
-        .in_dim = a.in_dim,
-        .out_dim = a.out_dim,
-        .load_aware = a.schedule == GemmSchedule::kLoadAware,
-        .cost = grouped_gemm_cost_model(),
-        .workspace = a.workspace};
-    cutlass_gemm::launch_fp8(l, stream);
-#else
-    (void)stream;
-#endif
 }
 
 void grouped_gemm_wgrad(const GroupedWgradArgs& a, cudaStream_t stream) {

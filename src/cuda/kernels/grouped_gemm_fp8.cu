@@ -1,0 +1,76 @@
+// FP8 grouped GEMM (include/evenep/cuda/grouped_gemm.hpp, grouped_gemm_fp8): the checked front door of CUTLASS's
+// e4m3 ptr-array grouped GEMM with 1 x 128 / 128 x 128 block scales (src/cuda/kernels/cutlass/, built with
+// EVENEP_CUTLASS), and the e4m3 random fill of the benchmarks and tests. The bf16 entry points and the portable
+// kernel are grouped_gemm.cu's.
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#if defined(EVENEP_HAVE_CUTLASS)
+#include "cuda/kernels/cutlass/grouped_gemm_cutlass.hpp"
+#endif
+#include "evenep/cuda/check.hpp"
+#include "evenep/cuda/grouped_gemm.hpp"
+#include "evenep/detail/bf16.hpp"
+#include "evenep/detail/gemm_cost.hpp"
+#include "evenep/detail/hash.hpp"
+#include "evenep/error.hpp"
+
+namespace evenep::cuda {
+namespace {
+
+__global__ void fill_random_e4m3_kernel(uint8_t* p, size_t n, uint64_t seed, float scale) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+        const float v = bf16_to_float(detail::random_bf16(detail::hash64(seed, i), scale));
+        p[i] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+    }
+}
+
+}  // namespace
+
+void fill_random_e4m3(uint8_t* p, size_t n, uint64_t seed, float scale, cudaStream_t stream) {
+    if (n == 0) return;
+    fill_random_e4m3_kernel<<<1024, 256, 0, stream>>>(p, n, seed, scale);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
+    EVENEP_CHECK(a.num_groups >= 1 && a.num_groups <= kMaxGemmGroups, "grouped_gemm_fp8: num_groups = ", a.num_groups,
+                 " must be in [1, ", kMaxGemmGroups, "]");
+    EVENEP_CHECK(a.in_dim > 0 && a.in_dim % 128 == 0, "grouped_gemm_fp8: in_dim = ", a.in_dim,
+                 " must be a positive multiple of 128 (the scale block)");
+    EVENEP_CHECK(a.out_dim > 0 && a.out_dim % 128 == 0, "grouped_gemm_fp8: out_dim = ", a.out_dim,
+                 " must be a positive multiple of 128 (the scale block)");
+    EVENEP_CHECK(a.workspace != nullptr, "grouped_gemm_fp8: workspace is null");
+    EVENEP_CHECK(a.x != nullptr && a.cu_seqlens != nullptr && a.weights != nullptr && a.y != nullptr,
+                 "grouped_gemm_fp8: null pointer among x, cu_seqlens, weights, y");
+    EVENEP_CHECK(!a.block_scaled || (a.x_scales != nullptr && a.weight_scales != nullptr),
+                 "grouped_gemm_fp8: block_scaled needs x_scales and weight_scales");
+    EVENEP_CHECK(
+        grouped_gemm_has_cutlass(),
+        "grouped_gemm_fp8: needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
+#if defined(EVENEP_HAVE_CUTLASS)
+    const cutlass_gemm::Fp8LaunchArgs l{
+        .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
+        .block_scaled = a.block_scaled,
+        .x = a.x,
+        .x_scales = a.x_scales,
+        .cu = a.cu_seqlens,
+        .ptrs = reinterpret_cast<const void* const*>(a.weights),
+        .weight_scales = a.weight_scales,
+        .y = a.y,
+        .num_groups = a.num_groups,
+        .in_dim = a.in_dim,
+        .out_dim = a.out_dim,
+        .load_aware = a.schedule == GemmSchedule::kLoadAware,
+        .cost = grouped_gemm_cost_model(),
+        .workspace = a.workspace};
+    cutlass_gemm::launch_fp8(l, stream);
+#else
+    (void)stream;
+#endif
+}
+
+}  // namespace evenep::cuda
