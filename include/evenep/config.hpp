@@ -62,5 +62,11 @@ std::string_view to_string(PlannerMode mode);
 std::string_view to_string(PlannerPolicy policy);
 // Parses "reference" or "optimized"; throws evenep::Error on anything else.
 PlannerMode parse_planner_mode(std::string_view name);
+// Sets cfg.policy and cfg.slack from a policy named as the CLI's --policy and the Python package's policy= spell it
+// (docs/auto.md): "auto" (each plan's budget in [0, slack]; slack < 0, i.e. not given, means kAutoDefaultSlack),
+// "exact" (budget 0; a given slack must be 0), "slack" (every plan with the budget slack > 0), or "" (exact when
+// slack <= 0, else slack). Throws evenep::Error(kInvalidArgument) naming the bad value; the budget's range is
+// Config::validate's.
+void apply_planner_policy(Config& cfg, std::string_view policy, double slack);
 
 }  // namespace evenep

@@ -103,7 +103,9 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
                                        int64_t hidden,
                                        int64_t ffn_hidden,
                                        int64_t num_slots,
-                                       int64_t token_padding) {
+                                       int64_t token_padding,
+                                       const std::string& policy,
+                                       double slack) {
     // The library's sizes are int: a value past int32 is refused as given, never wrapped (the Python package
     // refuses these first, with the argument's name).
     const std::pair<const char*, int64_t> args[] = {{"num_ranks", num_ranks},     {"num_experts", num_experts},
@@ -121,6 +123,7 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
     cfg.cfg.tp = static_cast<int>(token_padding);
     cfg.H = static_cast<int>(hidden);
     cfg.ffn_hidden = static_cast<int>(ffn_hidden);
+    apply_planner_policy(cfg.cfg, policy, slack);
     cfg.validate();
     return cfg;
 }
@@ -176,6 +179,9 @@ class Context {
           planner_(cfg.cfg, mode),
           buffers_(cfg.cfg.R),
           cur_(cfg.cfg.R) {
+        // The auto policy's step-cost coefficients for this buffer's layer shape (docs/auto.md), as cuda::MoeLayer's.
+        if (cfg.cfg.policy == PlannerPolicy::kAuto)
+            planner_.set_auto_model(detail::make_auto_cost_model(cfg.H, cfg.ffn_hidden, cfg.cfg.tp));
         cpu::run_ranks_or_throw(group_,
                                 [&](Team& t) { buffers_[t.rank()] = std::make_unique<cpu::Buffer>(t, cfg_, mode); });
     }

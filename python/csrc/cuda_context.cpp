@@ -40,6 +40,8 @@ CudaContext::CudaContext(
     eo.mode = mode;
     eo.sm_budget = num_sms;
     eo.team = to;
+    if (cfg.cfg.policy == PlannerPolicy::kAuto)
+        eo.auto_model = detail::make_auto_cost_model(cfg.H, cfg.ffn_hidden, cfg.cfg.tp);
     ep_ = std::make_unique<cuda::Ep>(*team_, cfg.cfg, cfg.H, eo);
     const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA, device);
     zero_rows_ = at::zeros({L(), cfg.cfg.S, cfg.H}, opts);
@@ -235,10 +237,12 @@ int64_t create_cuda_buffer(int64_t num_ranks,
                            int64_t token_padding,
                            std::string planner,
                            int64_t device,
-                           int64_t num_sms) {
+                           int64_t num_sms,
+                           std::string policy,
+                           double slack) {
     return translate([&] {
-        const BufferConfig cfg =
-            make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding);
+        const BufferConfig cfg = make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden,
+                                                    num_slots, token_padding, policy, slack);
         return register_context(new_context(cfg, planner, device, num_sms, nullptr));
     });
 }
@@ -252,7 +256,9 @@ int64_t create_nccl_buffer(at::IntArrayRef config,
                            int64_t rank,
                            int64_t world_size,
                            int64_t device,
-                           int64_t num_sms) {
+                           int64_t num_sms,
+                           std::string policy,
+                           double slack) {
     return translate([&] {
         EVENEP_CHECK(cuda::nccl_team_built(),
                      "evenep.Buffer(group=...): this build of evenep has no NCCL team (built without NCCL >= 2.28 "
@@ -260,7 +266,8 @@ int64_t create_nccl_buffer(at::IntArrayRef config,
         TORCH_CHECK_VALUE(config.size() == 7, "evenep.create_nccl_buffer: config has ", config.size(),
                           " values, expected [E, K, S, H, H', B, tp]");
         const BufferConfig cfg =
-            make_buffer_config(world_size, config[0], config[1], config[2], config[3], config[4], config[5], config[6]);
+            make_buffer_config(world_size, config[0], config[1], config[2], config[3], config[4], config[5], config[6],
+                               policy, slack);
         cuda::NcclBootstrap boot;
         boot.rank = static_cast<int>(rank);
         boot.world_size = static_cast<int>(world_size);
@@ -323,11 +330,12 @@ TORCH_LIBRARY_FRAGMENT(evenep, m) {
     using namespace evenep::python;
     m.def(
         "create_cuda_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
-        "int num_slots, int token_padding, str planner, int device, int num_sms) -> int",
+        "int num_slots, int token_padding, str planner, int device, int num_sms, str policy=\"auto\", "
+        "float slack=-1.) -> int",
         &create_cuda_buffer);
     m.def(
         "create_nccl_buffer(int[] config, str planner, str unique_id, int rank, int world_size, int device, "
-        "int num_sms) -> int",
+        "int num_sms, str policy=\"auto\", float slack=-1.) -> int",
         &create_nccl_buffer);
     m.def("nccl_unique_id() -> str", &nccl_unique_id);
     m.def("nccl_built() -> bool", &nccl_built);

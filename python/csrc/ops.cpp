@@ -83,10 +83,12 @@ int64_t create_buffer(int64_t num_ranks,
                       int64_t ffn_hidden,
                       int64_t num_slots,
                       int64_t token_padding,
-                      std::string planner) {
+                      std::string planner,
+                      std::string policy,
+                      double slack) {
     return translate([&] {
-        const BufferConfig cfg =
-            make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding);
+        const BufferConfig cfg = make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden,
+                                                    num_slots, token_padding, policy, slack);
         auto ctx = std::make_shared<Context>(cfg, parse_planner_mode(planner));
         const int64_t id = new_buffer_id();
         std::lock_guard lock(g_registry_mutex);
@@ -482,7 +484,7 @@ TORCH_LIBRARY(evenep, m) {
     using namespace evenep::python;
     m.def(
         "create_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
-        "int num_slots, int token_padding, str planner) -> int",
+        "int num_slots, int token_padding, str planner, str policy=\"auto\", float slack=-1.) -> int",
         &create_buffer);
     m.def("release_buffer(int buffer) -> ()", &release_buffer);
     m.def("buffer_info(int buffer) -> int[]", &buffer_info);

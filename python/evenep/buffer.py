@@ -60,7 +60,8 @@ class Buffer:
         num_experts: E routed experts of the group (E % R == 0).
         top_k: K experts per token (1..32).
         max_tokens: S, the most tokens one rank passes in one call; sizes the fixed receive buffer
-            (NvS = align(S*K + (tp-1)*2*E/R, tp) rows per rank). Calls may pass any s <= S.
+            (NvS = align(ceil((1+slack)*S*K) + (tp-1)*2*E/R, tp) rows per rank; slack = 0 under policy "exact").
+            Calls may pass any s <= S.
         hidden: H, the token row size (bf16 elements, H % 8 == 0).
         group: a torch.distributed process group (e.g. dist.group.WORLD under torchrun): R = group.size()
             processes, one rank and one GPU each, over EvenEP's NCCL team (collective: every rank of the group
@@ -80,6 +81,13 @@ class Buffer:
         token_padding: tp, the row padding of every expert segment (128 matches the GPU GEMM tile; smaller
             values make CPU tests faster).
         planner: "optimized" (default) or "reference".
+        policy: how each plan's imbalance budget is chosen (docs/auto.md): "auto" (the default: per step, from the
+            gathered histogram, whichever of exact balance, a slack budget in [0, slack] or no copies at all a
+            step-cost model for this layer shape predicts fastest; decided on the device, no host sync), "exact"
+            (every rank computes exactly its quota: SPEC invariant 1) or "slack" (every plan with the budget slack).
+        slack: the imbalance budget eps in [0, 1] (docs/slack.md): under "auto" the largest a plan may choose
+            (default 0.1), under "slack" every plan's (required, > 0); "exact" takes none (or 0). The receive
+            buffer is sized for it: num_recv_rows grows with slack.
     """
 
     def __init__(
@@ -97,6 +105,8 @@ class Buffer:
         ffn_hidden: Optional[int] = None,
         token_padding: int = 128,
         planner: str = "optimized",
+        policy: str = "auto",
+        slack: Optional[float] = None,
     ):
         # Every integer is checked here, as given, before it reaches C++ (whose int32 sizes would wrap it).
         num_experts, top_k, max_tokens, hidden = (
@@ -111,9 +121,21 @@ class Buffer:
             ffn_hidden = _int_arg("Buffer", "ffn_hidden", ffn_hidden, 1)
         if not isinstance(planner, str):
             raise TypeError(f"evenep.Buffer: planner = {planner!r} is not a str ('optimized' or 'reference')")
+        if not isinstance(policy, str):
+            raise TypeError(f"evenep.Buffer: policy = {policy!r} is not a str ('auto', 'exact' or 'slack')")
+        if policy not in ("auto", "exact", "slack"):
+            raise ValueError(f"evenep.Buffer: policy = {policy!r} is not one of 'auto', 'exact', 'slack'")
+        if slack is not None:
+            if isinstance(slack, bool) or not isinstance(slack, (int, float)):
+                raise TypeError(f"evenep.Buffer: slack = {slack!r} is not a number")
+            if not 0.0 <= float(slack) <= 1.0:  # also refuses NaN
+                raise ValueError(f"evenep.Buffer: slack = {slack!r} is outside [0, 1]")
+        self.policy = policy
+        self.slack = slack
+        policy_args = (policy, -1.0 if slack is None else float(slack))
         if group is not None:
             self._init_group(group, virtual_ranks, device, num_sms, num_experts, top_k, max_tokens, hidden,
-                             prefetch_slots, ffn_hidden, token_padding, planner)
+                             prefetch_slots, ffn_hidden, token_padding, planner, policy_args)
             return
         self.group = None
         self.device = torch.device("cpu" if device is None else device)
@@ -141,10 +163,10 @@ class Buffer:
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             self._release = ops.release_cuda_buffer
-            self._id = ops.create_cuda_buffer(*args, self.device.index, num_sms)
+            self._id = ops.create_cuda_buffer(*args, self.device.index, num_sms, *policy_args)
         elif self.device.type == "cpu":
             self._release = ops.release_buffer
-            self._id = ops.create_buffer(*args)
+            self._id = ops.create_buffer(*args, *policy_args)
         else:
             raise NotImplementedError(f"evenep.Buffer(device={self.device}): only cpu and cuda are supported")
         self._finish()
@@ -154,7 +176,8 @@ class Buffer:
         self.info = _ops.info(self._id)
         self.layout = PlanLayout.of(self._id)
 
-    def _init_group(self, group, virtual_ranks, device, num_sms, E, K, S, H, slots, ffn_hidden, tp, planner):
+    def _init_group(self, group, virtual_ranks, device, num_sms, E, K, S, H, slots, ffn_hidden, tp, planner,
+                    policy_args):
         """group=: this process is rank group.rank() of an EP group of group.size() processes, one GPU each, over
         EvenEP's NCCL team; the NCCL unique id is made by the group's rank 0 and broadcast over `group`."""
         import torch.distributed as dist
@@ -185,7 +208,7 @@ class Buffer:
         self.group = group
         self._release = ops.release_cuda_buffer
         config = [E, K, S, H, H if ffn_hidden is None else ffn_hidden, -1 if slots is None else slots, tp]
-        self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms)
+        self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms, *policy_args)
         self._finish()
 
     # Static shape -----------------------------------------------------------------------------------------
@@ -234,7 +257,9 @@ class Buffer:
         dev = "" if self.device.type == "cpu" else f", device={self.device}"
         if self.group is not None:
             dev += f", group rank={i.rank_begin}"
-        return f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs}{dev})"
+        pol = self.policy if self.slack is None else f"{self.policy}, slack={self.slack:g}"
+        return (f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs}, "
+                f"policy={pol}{dev})")
 
     def check(self) -> None:
         """CUDA: waits for the buffer's work on the current stream and raises what the device recorded (an expert

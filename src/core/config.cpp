@@ -56,4 +56,22 @@ PlannerMode parse_planner_mode(std::string_view name) {
     EVENEP_CHECK(false, "planner: unknown mode '", name, "' (expected 'reference' or 'optimized')");
 }
 
+void apply_planner_policy(Config& cfg, std::string_view policy, double slack) {
+    const bool given = !(slack < 0);  // NaN counts as given: validate() names it
+    if (policy == "auto") {
+        cfg.policy = PlannerPolicy::kAuto;
+        cfg.slack = given ? slack : kAutoDefaultSlack;
+        return;
+    }
+    EVENEP_CHECK(policy.empty() || policy == "exact" || policy == "slack", "planner policy '", policy,
+                 "' is not one of auto, exact, slack");
+    if (policy == "exact")
+        EVENEP_CHECK(!given || slack == 0, "planner policy exact plans with budget 0 but slack = ", slack,
+                     " (use policy slack or auto)");
+    if (policy == "slack")
+        EVENEP_CHECK(given && slack > 0, "planner policy slack needs a budget slack > 0 (got slack = ", slack, ")");
+    cfg.policy = PlannerPolicy::kFixed;
+    cfg.slack = given ? slack : 0.0;
+}
+
 }  // namespace evenep

@@ -319,15 +319,10 @@ CLI::Option* add_policy_option(CLI::App& cmd, std::string& policy) {
 }
 
 PlannerPolicy apply_policy(const std::string& policy, bool slack_given, double& slack) {
-    if (policy == "auto") {
-        if (!slack_given) slack = kAutoDefaultSlack;
-        return PlannerPolicy::kAuto;
-    }
-    if (policy == "exact")
-        EVENEP_CHECK(slack == 0, "--policy exact plans with budget 0 but --slack = ", slack,
-                     " (use --policy slack or auto)");
-    if (policy == "slack") EVENEP_CHECK(slack > 0, "--policy slack needs --slack EPS > 0 (got --slack = ", slack, ")");
-    return PlannerPolicy::kFixed;
+    Config c;
+    apply_planner_policy(c, policy, slack_given ? slack : -1.0);
+    slack = c.slack;
+    return c.policy;
 }
 
 RoutingInput resolve_routing(const RoutingOptions& opt_in, std::string_view command, const RunEstimate& run_estimate) {
