@@ -2,7 +2,7 @@
 
 Cases: every op CUDA vs CPU — plan, dispatch, combine, combine_backward, dispatch_backward, prefetch_weight and
 reduce_grad bit-exact, the grouped GEMM (EvenEP's Hopper kernel on H100/H200) within bf16-GEMM tolerance — on
-the adversarial routings and unequal s; opcheck on CUDA; nn.MoE forward+backward on CUDA against TorchMoE; a
+the adversarial routings and unequal s; ops given plan tensors of two dispatches in flight and copies; opcheck on CUDA; nn.MoE forward+backward on CUDA against TorchMoE; a
 CUDA-graph capture of a whole forward+backward+optimizer step replayed with changing routing against eager
 steps; torch.compile(fullgraph=True); bad input (raises, the buffer stays usable).
 """
@@ -109,8 +109,42 @@ def test_data_path_bit_exact(pair, kind, unequal):
     gy_g, gw_g = ops.combine_backward_weighted(g.cuda(), y.cuda(), rwg, hg.topk_weights, hg.plan, hg.dst, gpu.id)
     _eq(_rows_in_groups(gy_g, cug), gy)
     _eq(gw_g, gw)
-    # combine again after the backward: the buffer no longer holds the dispatch and dispatches it again itself
+    # combine again after the backward: its plan comes from the plan tensor and the handle (nothing re-dispatched)
     _eq(gpu.combine(y.cuda(), hg), cpu.combine(y, h))
+    gpu.check()
+
+
+@pytest.mark.parametrize("unequal", [False, True])
+def test_plans_from_tensors_cuda(pair, unequal):
+    """An op given a plan tensor uses that plan (cuda::unpack_plan; no registry): two dispatches of one buffer in
+    flight, combined and backpropagated in either order after both planned; dispatch given a copy of its plan
+    tensor (planned again); combine given copies of the plan and the handle — bit for bit the CPU's."""
+    cpu, gpu = pair
+    i = cpu.info
+    n = [16, 3, 9, 1] if unequal else None
+    layers = []
+    for seed, kind in ((1, "random"), (2, "hot_expert")):
+        x, idx, w = _inputs(i, kind, seed=seed)
+        out = cpu.dispatch(x, idx, w, cpu.plan(idx, n), n)
+        xg, idxg, wg = _cu(x, idx, w)
+        plan_g = gpu.plan(idxg, n)
+        out_g = gpu.dispatch(xg, idxg, wg, plan_g.clone(), n)  # a copy: dispatch plans again
+        _eq(_rows_in_groups(out_g[0], out_g[2]), out[0])
+        _eq(out_g[3].dst, out[3].dst)
+        y = (out[0].float() * (0.5 + seed)).bfloat16()
+        layers.append((y, out, out_g))
+    for y, (rx, rw, cu, h), (rxg, rwg, cug, hg) in (layers[0], layers[1], layers[0]):
+        _eq(gpu.combine(y.cuda(), hg), cpu.combine(y, h))
+        ref = ops.combine(y, rw, h.topk_weights, h.plan, h.dst, cpu.id, True)
+        _eq(ops.combine(y.cuda(), rwg, hg.topk_weights, hg.plan.clone(), hg.dst.clone(), gpu.id, True), ref)
+        g = torch.randn(i.R, i.S, i.H).bfloat16()
+        rows = ops.combine_backward(g, h.topk_weights, h.plan, h.dst, cpu.id)
+        rows_g = ops.combine_backward(g.cuda(), hg.topk_weights, hg.plan, hg.dst, gpu.id)
+        _eq(_rows_in_groups(rows_g, cug), rows)
+        gx, gtw = ops.dispatch_backward(rows, rw, h.topk_weights, h.plan, h.dst, cpu.id)
+        gx_g, gtw_g = ops.dispatch_backward(rows_g, rwg, hg.topk_weights, hg.plan, hg.dst, gpu.id)
+        _eq(gx_g, gx)
+        _eq(gtw_g, gtw)
     gpu.check()
 
 
@@ -413,7 +447,7 @@ def test_handle_copies_and_other_buffers_cuda(pair):
     other = evenep.Buffer(**CFG, device="cuda")
     xo, idxo, wo = _good(cpu, seed=5)
     rxo, _, _, ho = other.dispatch(*_cu(xo, idxo, wo))
-    for op in _OPS:  # its plan is refused first (the CUDA ops find the device plan of a plan tensor first)
+    for op in _OPS:  # its handle is refused (this buffer's dispatch did not make it)
         with pytest.raises(ValueError, match="(handle|plan tensor) was not made by this buffer"):
             _call(gpu, op, rxo, ho)
     rxo_c, _, _, ho_c = cpu.dispatch(xo, idxo, wo)
