@@ -11,8 +11,9 @@
 // prefetch_weight / reduce_grad) make it resident from the tensor and the handle (cuda::unpack_plan: no planning,
 // no host synchronisation); dispatch, whose kernels need the encoded destinations the tensor lacks, plans again
 // from topk_idx (the plan is a pure function of the routing). The one fast path: the plan of the tensor the latest
-// plan op returned is used as it is while it is still resident (LastPlan) — dispatch right after plan does not
-// plan twice. Nothing else is kept: no plan is looked up by its tensor, no tensor is compared by value.
+// plan op returned (or the latest dispatch planned again for) is used as it is while it is still resident
+// (LastPlan) — dispatch right after plan does not plan twice. Nothing else is kept: no plan is looked up by its
+// tensor among others, no tensor is compared by value.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -31,7 +32,7 @@
 
 namespace evenep::python {
 
-// The plan of the latest plan op and its tensor (identity and version: unchanged since).
+// The plan of the latest plan op (or dispatch that planned again) and its tensor (identity and version).
 struct LastPlan {
     TensorKey tensor;
     int64_t version = -1;
@@ -76,8 +77,9 @@ class CudaContext {
     // call (a bad expert id); `sync`: synchronise the stream first (Buffer.check()).
     void surface_errors(cudaStream_t stream, bool sync);
 
-    // The plan of plan tensor `t` when `t` is the tensor the latest plan op returned, unchanged, and that plan is
-    // still resident (its arrays, dst included, are in the buffers); else an empty plan.
+    // The plan of plan tensor `t` when `t` is the tensor the latest plan op returned (or the latest dispatch planned
+    // again for), unchanged, and that plan is still resident (its arrays, dst included, are in the buffers); else
+    // an empty plan.
     cuda::EpPlan last_plan(const at::Tensor& t) const;
     void set_last_plan(const at::Tensor& t, cuda::EpPlan plan);
     // Released before another plan becomes resident (so the Ep never copies it out: no plan outlives residency).

@@ -118,7 +118,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
         // The kernels read the encoded destinations, which the plan tensor lacks: the plan of the latest plan op
         // when this is its tensor and it is still resident, else planned again (a pure function of the routing).
         cuda::EpPlan p = ctx.last_plan(plan);
-        if (!p.valid()) p = new_plan(sc, idx, s);
+        if (!p.valid()) {
+            p = new_plan(sc, idx, s);
+            ctx.set_last_plan(plan, p);  // the plan of this tensor now: the next dispatch of it plans no more
+        }
         const std::span<const int32_t> ps = p.s();
         for (int r = r0; r < r0 + R; ++r)
             TORCH_CHECK_VALUE(ps[r] == s[r], "evenep.dispatch: the plan was made for ", ps[r], " tokens on rank ", r,
