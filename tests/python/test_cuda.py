@@ -293,9 +293,11 @@ def test_moe_cuda_matches_cpu_module(pair):
     assert rel_err(moe_g.w_down.grad.cpu(), moe_c.w_down.grad) <= 1e-2
 
 
-def test_cuda_graph_training_step(pair):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_cuda_graph_training_step(pair, layers):
     """A whole forward+backward+optimizer step captured once and replayed with new routing (static tensors updated
-    in place) gives the losses and weights of the same steps run eagerly."""
+    in place) gives the losses and weights of the same steps run eagerly. layers=2: two MoE layers share the one
+    buffer in the captured step (each op takes its plan from its plan tensor and handle)."""
     _, gpu = pair
     i = gpu.info
     steps = 4
@@ -305,54 +307,72 @@ def test_cuda_graph_training_step(pair):
         idx = make_routing(kind, i.R, i.S, i.E, i.K, seed=k).cuda()
         routings.append((idx, make_weights(idx.cpu(), seed=k).cuda()))
 
+    def layer_routing(step, layer):
+        return routings[(step + layer) % steps]
+
+    def make_model():
+        moes = [_moe_pair(gpu, seed=5 + l)[0] for l in range(layers)]
+        return moes, torch.optim.SGD([p for m in moes for p in m.parameters()], lr=0.1)
+
+    def forward(moes, x, rs):
+        for m, r in zip(moes, rs):
+            x = m(x, routing=r)
+        return x.square().mean()
+
     def run_eager():
-        moe, _ = _moe_pair(gpu, seed=5)
-        opt = torch.optim.SGD(moe.parameters(), lr=0.1)
+        moes, opt = make_model()
         losses = []
-        for x, (idx, w) in zip(xs, routings):
+        for k, x in enumerate(xs):
             opt.zero_grad(set_to_none=False)
-            loss = moe(x, routing=(idx, w)).square().mean()
+            loss = forward(moes, x, [layer_routing(k, l) for l in range(layers)])
             loss.backward()
             opt.step()
             losses.append(loss.detach().clone())
-        return torch.stack(losses), moe
+        return torch.stack(losses), moes
 
-    ref_losses, ref_moe = run_eager()
+    ref_losses, ref_moes = run_eager()
 
-    moe, _ = _moe_pair(gpu, seed=5)
-    opt = torch.optim.SGD(moe.parameters(), lr=0.1)
+    moes, opt = make_model()
     sx = torch.zeros(i.R, i.S, i.H, device="cuda")
-    sidx = torch.zeros(i.R, i.S, i.K, dtype=torch.int64, device="cuda")
-    sw = torch.zeros(i.R, i.S, i.K, device="cuda")
+    sr = [(torch.zeros(i.R, i.S, i.K, dtype=torch.int64, device="cuda"), torch.zeros(i.R, i.S, i.K, device="cuda"))
+          for _ in range(layers)]
+
+    def set_static(k):
+        sx.copy_(xs[k])
+        for l, (sidx, sw) in enumerate(sr):
+            idx, w = layer_routing(k, l)
+            sidx.copy_(idx), sw.copy_(w)
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = moe(sx, routing=(sidx, sw)).square().mean()
+        loss = forward(moes, sx, sr)
         loss.backward()
         opt.step()
         return loss.detach()
 
     # Warm-up (on a side stream) and capture; the warm-up changes the weights: restore them before replaying.
-    saved = {k: v.clone() for k, v in moe.state_dict().items()}
-    sx.copy_(xs[0]), sidx.copy_(routings[0][0]), sw.copy_(routings[0][1])
+    saved = [{k: v.clone() for k, v in m.state_dict().items()} for m in moes]
+    set_static(0)
     replay, static_loss = capture(step)
     with torch.no_grad():
-        for k, v in moe.state_dict().items():
-            v.copy_(saved[k])
-        for p in moe.parameters():
-            if p.grad is not None:  # parameters outside this step's graph (the router, given a routing) have none
-                p.grad.zero_()
+        for m, sv in zip(moes, saved):
+            for k, v in m.state_dict().items():
+                v.copy_(sv[k])
+            for p in m.parameters():
+                if p.grad is not None:  # parameters outside this step's graph (the router, given a routing) have none
+                    p.grad.zero_()
     losses = []
-    for x, (idx, w) in zip(xs, routings):
-        sx.copy_(x), sidx.copy_(idx), sw.copy_(w)
+    for k in range(steps):
+        set_static(k)
         replay()
         losses.append(static_loss.clone())
     torch.cuda.synchronize()
     gpu.check()
     got = torch.stack(losses)
     assert torch.allclose(got, ref_losses, rtol=1e-5, atol=0), (got, ref_losses)
-    for name in ("w_gate", "w_up", "w_down"):
-        assert rel_err(getattr(moe, name).detach(), getattr(ref_moe, name).detach()) <= 1e-5, name
+    for m, ref in zip(moes, ref_moes):
+        for name in ("w_gate", "w_up", "w_down"):
+            assert rel_err(getattr(m, name).detach(), getattr(ref, name).detach()) <= 1e-5, name
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
