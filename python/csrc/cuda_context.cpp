@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "evenep/cuda/check.hpp"
 
@@ -44,14 +45,13 @@ CudaContext::CudaContext(
         eo.auto_model = detail::make_auto_cost_model(cfg.H, cfg.ffn_hidden, cfg.cfg.tp);
     ep_ = std::make_unique<cuda::Ep>(*team_, cfg.cfg, cfg.H, eo);
     const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA, device);
-    zero_rows_ = at::zeros({L(), cfg.cfg.S, cfg.H}, opts);
     scratch_ = at::zeros({L(), cfg.cfg.S, cfg.H}, opts);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());  // the buffers are initialised before any stream uses them
 }
 
 CudaContext::~CudaContext() {
     // Work of this buffer may still be queued on torch's streams; the Ep frees its memory with cudaFree, which waits.
-    plans_.clear();
+    last_ = {};
     experts_.clear();
     ep_.reset();
     team_.reset();
@@ -96,52 +96,36 @@ void CudaContext::surface_errors(cudaStream_t stream, bool sync) {
         kind = e.kind();
     }
     team_->recover();  // the buffer stays usable; plans made by the failing call are garbage: plan again
-    plans_.clear();
-    invalidate();
+    drop_last_plan();
     if (kind == ErrorKind::kInvalidArgument) TORCH_CHECK_VALUE(false, what);
     TORCH_CHECK(false, what);
 }
 
-void CudaContext::prune_plans() {
-    std::erase_if(plans_, [](const std::shared_ptr<PlanEntry>& p) { return !p->key.alive(); });
+cuda::EpPlan CudaContext::last_plan(const at::Tensor& t) const {
+    if (!last_.plan.valid() || !last_.tensor.is(t) || tensor_version(t) != last_.version ||
+        !ep_->is_resident(last_.plan))
+        return {};
+    return last_.plan;
 }
 
-std::shared_ptr<PlanEntry> CudaContext::add_plan(const at::Tensor& t, cuda::EpPlan plan) {
-    prune_plans();
-    auto e = std::make_shared<PlanEntry>();
-    e->key = TensorKey::of(t);
-    e->value = t.clone();
-    e->plan = std::move(plan);
-    plans_.push_back(e);
-    return e;
+void CudaContext::set_last_plan(const at::Tensor& t, cuda::EpPlan plan) {
+    last_.tensor = TensorKey::of(t);
+    last_.version = tensor_version(t);
+    last_.plan = std::move(plan);
 }
 
-std::shared_ptr<PlanEntry> CudaContext::find_plan(const at::Tensor& t, bool capturing) {
-    for (auto it = plans_.rbegin(); it != plans_.rend(); ++it)
-        if ((*it)->key.is(t)) return *it;
-    if (capturing) return nullptr;
-    for (auto it = plans_.rbegin(); it != plans_.rend(); ++it)
-        if ((*it)->key.alive() && at::equal((*it)->value, t)) return *it;
-    return nullptr;
-}
-
-std::shared_ptr<PlanEntry> CudaContext::plan_of(const at::Tensor& t, bool capturing, const char* op) {
-    check_tensor(t, op, "plan", at::kInt, {L(), plan_layout().width}, c10::DeviceType::CUDA);
-    std::shared_ptr<PlanEntry> p = find_plan(t, capturing);
-    TORCH_CHECK_VALUE(p != nullptr, "evenep.", op,
-                      ": the plan tensor was not made by this buffer's plan op (or that plan is gone)",
-                      capturing ? "; copies of plan tensors are not recognised during CUDA-graph capture" : "");
-    return p;
-}
-
-bool CudaContext::holds(const PlanEntry& p, const at::Tensor& handle, const at::Tensor& topk_w) const {
-    return held_plan_.lock().get() == &p && held_handle_.is(handle) && held_topk_w_.is(topk_w);
-}
-
-void CudaContext::set_held(const std::shared_ptr<PlanEntry>& p, const at::Tensor& handle, const at::Tensor& topk_w) {
-    held_plan_ = p;
-    held_handle_ = TensorKey::of(handle);
-    held_topk_w_ = TensorKey::of(topk_w);
+cuda::EpPlan CudaContext::unpack(const at::Tensor& plan, const int32_t* handle, int64_t s_pad, cudaStream_t stream) {
+    if (handle == nullptr) {
+        cuda::EpPlan p = last_plan(plan);
+        if (p.valid()) return p;
+    }
+    drop_last_plan();
+    cuda::UnpackPlanArgs a;
+    a.plan = plan_rows(plan, L());
+    a.handle = handle;
+    a.s_pad = s_pad;
+    a.every_rank = handle == nullptr;
+    return cuda::unpack_plan(*ep_, a, stream);
 }
 
 namespace {

@@ -1,23 +1,19 @@
 // python/csrc/cuda_context.hpp — the state behind one CUDA evenep.Buffer (python/csrc/ops_cuda.cpp): a cuda::Team —
 // R virtual ranks on one GPU (cuda::LocalTeam) or this process's one rank of a group (cuda::NcclTeam, group=) — with
-// one cuda::Ep over it, the plans it made (keyed by their plan tensors) and which dispatch its receive buffers hold.
-// The ops act for the L ranks the team serves ([rank_begin, rank_begin + L): all R locally, one on the NCCL team):
-// their tensors lead with L.
+// one cuda::Ep over it. The ops act for the L ranks the team serves ([rank_begin, rank_begin + L): all R locally,
+// one on the NCCL team): their tensors lead with L.
 //
 // Expert pools (NCCL team): the home weights of the other ranks live in their processes, so prefetch_weight and
 // reduce_grad go through the library's cuda::Experts (symmetric windows): one per matrix size and direction,
 // created on first use (collective: every rank calls the ops in the same order) and shared by every layer.
 //
-// Plans. cuda::Ep plans are values (EpPlan) whose arrays live on the device; the op's plan tensor is a packed copy
-// of them (bit-identical to the CPU op's). Ops find the EpPlan of a plan tensor by the tensor's storage (a weak
-// reference: the entry dies with the last tensor sharing that storage, which releases the EpPlan), never by reading
-// the tensor on the host. A plan tensor the buffer did not make (a copy, e.g. by opcheck) is matched by value
-// against the live plans — a host synchronisation, refused while a CUDA graph is being captured.
-//
-// Holding. combine and dispatch_backward need the receive buffers to hold the rows and chains of the dispatch of
-// their (plan, handle, topk_weights); the Context records which (by storage identity) the last dispatch or
-// combine_backward left there. Another one is dispatched again first (zero rows, the handle's plan and weights: no
-// planning, no host synchronisation), so no op depends on the call history.
+// Plans. An op given a plan tensor uses that plan: combine, combine_backward, dispatch_backward (and, with group=,
+// prefetch_weight / reduce_grad) make it resident from the tensor and the handle (cuda::unpack_plan: no planning,
+// no host synchronisation); dispatch, whose kernels need the encoded destinations the tensor lacks, plans again
+// from topk_idx (the plan is a pure function of the routing). The one fast path: the plan of the tensor the latest
+// plan op returned (or the latest dispatch planned again for) is used as it is while it is still resident
+// (LastPlan) — dispatch right after plan does not plan twice. Nothing else is kept: no plan is looked up by its
+// tensor among others, no tensor is compared by value.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -26,7 +22,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 #include "context.hpp"
 #include "evenep/cuda/ep.hpp"
@@ -37,10 +32,11 @@
 
 namespace evenep::python {
 
-struct PlanEntry {
-    TensorKey key;      // the plan tensor
-    at::Tensor value;   // its packed content (for matching copies by value outside capture)
-    cuda::EpPlan plan;  // the device plan
+// The plan of the latest plan op (or dispatch that planned again) and its tensor (identity and version).
+struct LastPlan {
+    TensorKey tensor;
+    int64_t version = -1;
+    cuda::EpPlan plan;
 };
 
 class CudaContext {
@@ -75,27 +71,24 @@ class CudaContext {
     // write in the previous call of that channel (a slow peer may still pull this rank's receive rows from the
     // previous combine, or push into its slots); the local team needs none (one launch serves every rank).
     void peer_barrier(cudaStream_t stream, int channel);
-    const at::Tensor& zero_rows() const { return zero_rows_; }   // bf16 [L, S, H] zeros (re-dispatch input)
     const at::Tensor& scratch_rows() const { return scratch_; }  // bf16 [L, S, H] (unused pointer slots)
 
     // Raises (ValueError / RuntimeError, after recovering the team) when the device recorded an error in an earlier
     // call (a bad expert id); `sync`: synchronise the stream first (Buffer.check()).
     void surface_errors(cudaStream_t stream, bool sync);
 
-    // Drops the entries whose plan tensors died (releasing their EpPlans: the Ep then need not copy a dead plan out
-    // when the next plan replaces it).
-    void prune_plans();
-    // Registers the plan tensor `t` of `plan`.
-    std::shared_ptr<PlanEntry> add_plan(const at::Tensor& t, cuda::EpPlan plan);
-    // The entry of plan tensor `t` (checked [R, W] int32 on the device); nullptr when none matches. Copies are
-    // matched by value outside graph capture only.
-    std::shared_ptr<PlanEntry> find_plan(const at::Tensor& t, bool capturing);
-    std::shared_ptr<PlanEntry> plan_of(const at::Tensor& t, bool capturing, const char* op);
-
-    // What the receive buffers hold (set by dispatch and combine_backward, cleared by dispatch_backward).
-    bool holds(const PlanEntry& p, const at::Tensor& handle, const at::Tensor& topk_w) const;
-    void set_held(const std::shared_ptr<PlanEntry>& p, const at::Tensor& handle, const at::Tensor& topk_w);
-    void invalidate() { held_plan_.reset(); }
+    // The plan of plan tensor `t` when `t` is the tensor the latest plan op returned (or the latest dispatch planned
+    // again for), unchanged, and that plan is still resident (its arrays, dst included, are in the buffers); else
+    // an empty plan.
+    cuda::EpPlan last_plan(const at::Tensor& t) const;
+    void set_last_plan(const at::Tensor& t, cuda::EpPlan plan);
+    // Released before another plan becomes resident (so the Ep never copies it out: no plan outlives residency).
+    void drop_last_plan() { last_ = {}; }
+    // Plan tensor `plan` ([L, W] int32, checked by the caller) made resident (cuda::unpack_plan) with the handle's
+    // destinations (handle [L, s_pad*K] int32). handle null: for cuda::Experts (group=), which reads every rank's
+    // copies table — the latest plan op's plan when it is still resident (the planner wrote every share), else the
+    // rows written into every rank's buffer (every_rank; the caller has passed a peer barrier).
+    cuda::EpPlan unpack(const at::Tensor& plan, const int32_t* handle, int64_t s_pad, cudaStream_t stream);
     // The handles dispatch made (recognised by identity and version counter, copies by value outside capture).
     HandleRecords& handles() { return handles_; }
 
@@ -107,10 +100,8 @@ class CudaContext {
     std::unique_ptr<cuda::Ep> ep_;
     std::map<std::pair<int64_t, bool>, std::unique_ptr<cuda::Experts>> experts_;  // after ep_: windows of the team
     PlanRowLayout layout_;
-    at::Tensor zero_rows_, scratch_;
-    std::vector<std::shared_ptr<PlanEntry>> plans_;
-    std::weak_ptr<PlanEntry> held_plan_;
-    TensorKey held_handle_, held_topk_w_;
+    at::Tensor scratch_;
+    LastPlan last_;
     HandleRecords handles_{false};
     std::mutex mutex_;
 };

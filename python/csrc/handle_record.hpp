@@ -7,10 +7,13 @@
 //   host (CPU ops, whose kernels read the destinations in dst): by value — the handle's bytes hash to, and equal, a
 //       recorded handle whose tensor is still alive, with a plan equal to the call's. A handle changed in place no
 //       longer matches; an out-of-range or negative destination can never reach the kernels.
-//   device (CUDA ops, whose kernels never read dst: combine and the backward use the device plan of `plan`): by
-//       identity — the same tensor (storage and data pointer) at the same version counter (`tensor._version`, bumped
-//       by every in-place write) with the same plan tensor, read without any host synchronisation; a copy (opcheck,
-//       .clone()) is matched by value outside CUDA-graph capture only (a synchronisation, as for plan copies).
+//   device (CUDA ops, whose kernels read dst on the device: combine and the backward make their plan resident from
+//       the plan tensor and the handle, cuda::unpack_plan): by identity — the same tensor (storage and data pointer)
+//       at the same version counter (`tensor._version`, bumped by every in-place write) with the same plan tensor,
+//       read without any host synchronisation; a copy (opcheck, .clone()) is matched by value outside CUDA-graph
+//       capture only (a synchronisation). What still reaches a kernel (an inference-mode handle, which has no
+//       version counter, written in place) cannot address memory outside the buffers: unpack_plan masks any
+//       destination outside the group's rows.
 // Records die with their handle tensors (weakly held): a handle is valid exactly while dispatch's output is alive.
 #pragma once
 

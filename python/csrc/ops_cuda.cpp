@@ -4,13 +4,13 @@
 // over the NCCL team (CudaContext, cuda_context.hpp). Tensors lead with L, the ranks served here (R, or 1).
 //
 // Every op runs on the current torch stream of the buffer's device (c10::cuda::getCurrentCUDAStream), launches
-// asynchronously and never synchronises with the host (except: a plan tensor the buffer did not make is matched
-// by value, see cuda_context.hpp; Buffer.check()). Device memory: the Ep's buffers, tables and the Context's
-// scratch rows are allocated once, when the buffer is created; op outputs and per-call scratch (GEMM pointer
-// tables and workspaces) come from torch's caching allocator, which during CUDA-graph capture serves them from the
-// graph's private pool (allowed: no cudaMalloc, no host synchronisation inside the op). The only allocation the
-// library itself may make is the copy of a plan that is replaced while still referenced (cuda::Ep: a recycled
-// pool, grown only outside capture).
+// asynchronously and never synchronises with the host (except: a copy of a dispatch handle is recognised by value,
+// handle_record.hpp; Buffer.check()). An op given a plan tensor uses that plan (cuda_context.hpp). Device memory:
+// the Ep's buffers, tables and the Context's scratch rows are allocated once, when the buffer is created; op
+// outputs and per-call scratch (GEMM pointer tables and workspaces) come from torch's caching allocator, which
+// during CUDA-graph capture serves them from the graph's private pool (allowed: no cudaMalloc, no host
+// synchronisation inside the op). No plan is referenced when another replaces it (CudaContext::drop_last_plan), so
+// the Ep never copies a plan out.
 //
 // Outputs never alias the library's buffers: autograd saves dispatch's outputs and the next dispatch (another layer,
 // the next step) overwrites the buffers, so a view would silently change saved tensors. With virtual ranks the
@@ -53,80 +53,49 @@ at::Tensor output(const CudaContext& ctx, at::IntArrayRef shape, at::ScalarType 
     return unwritten_zero() ? at::zeros(shape, on(ctx, dtype)) : at::empty(shape, on(ctx, dtype));
 }
 
-// Zeroes rows [s_r, s_pad) of every served rank's [L, s_pad, ...] output (tokens that do not exist: 0).
-void zero_tails(const CudaContext& ctx, const cuda::EpPlan& plan, at::Tensor& out) {
-    const std::span<const int32_t> s = plan.s();
-    for (int i = 0; i < ctx.L(); ++i) {
-        const int64_t s_r = s[ctx.rank_begin() + i];
-        if (s_r < out.size(1)) out[i].narrow(0, s_r, out.size(1) - s_r).zero_();
-    }
-}
-
 // Rank i's rows of an [L, NvS, H] bf16 tensor as the kernels' caller-owned receive rows (virtual ranks only).
 uint16_t* rows_of(const CudaContext& ctx, const at::Tensor& t, int i) {
     return ctx.multi_process() ? nullptr : const_cast<uint16_t*>(ptr<const uint16_t>(t)) + i * ctx.nvs() * ctx.H();
 }
 
-// Plans from idx (int32 [L, s_pad, K] on the device) with s_r tokens on each of the R ranks: the device plan, its
-// packed tensor and its entry, registered under `key` (the packed tensor when undefined).
-std::shared_ptr<PlanEntry> new_plan(
-    OpScope& sc, const at::Tensor& idx, const std::vector<int32_t>& s, const at::Tensor& key, at::Tensor* packed) {
+// Plans from idx (int32 [L, s_pad, K] on the device) with s_r tokens on each of the R ranks: the new resident plan.
+cuda::EpPlan new_plan(OpScope& sc, const at::Tensor& idx, const std::vector<int32_t>& s) {
     CudaContext& ctx = *sc.ctx;
     const int L = ctx.L(), K = ctx.cfg().K;
-    const int64_t s_pad = idx.size(1), W = ctx.plan_layout().width;
+    const int64_t s_pad = idx.size(1);
     std::vector<cuda::RankIo> io(L);
     for (int i = 0; i < L; ++i) io[i].topk_idx = ptr<const int32_t>(idx) + i * s_pad * K;
-    ctx.prune_plans();
-    cuda::EpPlan p = ctx.ep().plan(io, s, sc.stream, group_total(s));
-    at::Tensor t = at::empty({L, W}, on(ctx, at::kInt));
-    cuda::pack_plan(ctx.ep(), ptr<int32_t>(t), sc.stream);
-    if (packed) *packed = t;
-    return ctx.add_plan(key.defined() ? key : t, std::move(p));
+    ctx.drop_last_plan();
+    return ctx.ep().plan(io, s, sc.stream, group_total(s));
 }
 
 at::Tensor plan_cuda(const at::Tensor& topk_idx, int64_t buffer, std::optional<at::IntArrayRef> num_tokens) {
     return translate([&] {
         OpScope sc(buffer, "plan");
         at::Tensor idx = topk_int32(*sc.ctx, topk_idx, "plan");
-        at::Tensor packed;
-        new_plan(sc, idx,
-                 token_counts(sc.ctx->cfg(), idx.size(1), num_tokens, "plan", sc.ctx->rank_begin(), sc.ctx->L()), {},
-                 &packed);
-        return packed;
+        CudaContext& ctx = *sc.ctx;
+        cuda::EpPlan p =
+            new_plan(sc, idx, token_counts(ctx.cfg(), idx.size(1), num_tokens, "plan", ctx.rank_begin(), ctx.L()));
+        at::Tensor t = at::empty({ctx.L(), ctx.plan_layout().width}, on(ctx, at::kInt));
+        cuda::pack_plan(ctx.ep(), ptr<int32_t>(t), sc.stream);
+        ctx.set_last_plan(t, std::move(p));
+        return t;
     });
 }
 
-// The checks of the ops that take (topk_weights, plan, handle); returns the plan's entry.
-std::shared_ptr<PlanEntry> handle_plan(
+// The ops that take (topk_weights, plan, handle): checks them (the handle is one dispatch made for this plan,
+// handle_record.hpp) and makes the plan resident from the tensor and the handle (CudaContext::unpack; every rank
+// with s_pad tokens: the handle masks the entries past s_r).
+cuda::EpPlan handle_plan(
     OpScope& sc, const at::Tensor& topk_w, const at::Tensor& plan, const at::Tensor& handle, const char* op) {
-    const CudaContext& ctx = *sc.ctx;
+    CudaContext& ctx = *sc.ctx;
     const int L = ctx.L(), K = ctx.cfg().K;
     const int64_t s_pad = topk_w.dim() == 3 ? topk_w.size(1) : -1;
     check_cuda(ctx, topk_w, op, "topk_weights", at::kFloat, {L, s_pad, K});
     check_cuda(ctx, handle, op, "handle", at::kInt, {L, s_pad * K});
-    std::shared_ptr<PlanEntry> p = sc.ctx->plan_of(plan, sc.capturing, op);
-    sc.ctx->handles().check(handle, plan, sc.capturing, op);  // handle_record.hpp
-    const std::span<const int32_t> s = p->plan.s();
-    for (int r = ctx.rank_begin(); r < ctx.rank_begin() + L; ++r)
-        TORCH_CHECK_VALUE(s[r] <= s_pad, "evenep.", op, ": the plan gives rank ", r, " ", s[r],
-                          " tokens but the handle holds ", s_pad);
-    return p;
-}
-
-// Makes the receive buffers hold the dispatch (plan, handle, topk_w): dispatches zero rows with the plan again
-// unless they already do (cuda_context.hpp).
-void hold(OpScope& sc, const std::shared_ptr<PlanEntry>& p, const at::Tensor& handle, const at::Tensor& topk_w) {
-    CudaContext& ctx = *sc.ctx;
-    if (ctx.holds(*p, handle, topk_w)) return;
-    const int L = ctx.L(), K = ctx.cfg().K;
-    const int64_t s_pad = topk_w.size(1), rows = static_cast<int64_t>(ctx.cfg().S) * ctx.H();
-    std::vector<cuda::RankIo> io(L);
-    for (int i = 0; i < L; ++i) {
-        io[i].x = ptr<const uint16_t>(ctx.zero_rows()) + i * rows;
-        io[i].topk_w = ptr<const float>(topk_w) + i * s_pad * K;
-    }
-    ctx.ep().dispatch(p->plan, io, sc.stream);
-    ctx.set_held(p, handle, topk_w);
+    check_cuda(ctx, plan, op, "plan", at::kInt, {L, ctx.plan_layout().width});
+    ctx.handles().check(handle, plan, sc.capturing, op);
+    return ctx.unpack(plan, ptr<const int32_t>(handle), s_pad, sc.stream);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const at::Tensor& x,
@@ -146,10 +115,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
         check_cuda(ctx, topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
         check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {R, L.width});
         const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch", r0, R);
-        std::shared_ptr<PlanEntry> p = ctx.find_plan(plan, sc.capturing);
-        // A plan tensor this buffer did not make (a copy): the plan is a pure function of the routing, plan again.
-        if (!p) p = new_plan(sc, idx, s, plan, nullptr);
-        const std::span<const int32_t> ps = p->plan.s();
+        // The kernels read the encoded destinations, which the plan tensor lacks: the plan of the latest plan op
+        // when this is its tensor and it is still resident, else planned again (a pure function of the routing).
+        cuda::EpPlan p = ctx.last_plan(plan);
+        if (!p.valid()) {
+            p = new_plan(sc, idx, s);
+            ctx.set_last_plan(plan, p);  // the plan of this tensor now: the next dispatch of it plans no more
+        }
+        const std::span<const int32_t> ps = p.s();
         for (int r = r0; r < r0 + R; ++r)
             TORCH_CHECK_VALUE(ps[r] == s[r], "evenep.dispatch: the plan was made for ", ps[r], " tokens on rank ", r,
                               " but x holds ", s[r]);
@@ -161,14 +134,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
             io[r].topk_w = ptr<const float>(topk_weights) + r * s_pad * K;
             io[r].rows = rows_of(ctx, recv_x, r);
         }
-        ctx.ep().dispatch(p->plan, io, sc.stream);
+        ctx.ep().dispatch(p, io, sc.stream);
         cuda::gather_recv(ctx.ep(), ctx.multi_process() ? ptr<uint16_t>(recv_x) : nullptr, ptr<float>(recv_w),
                           sc.stream);
         at::Tensor cu = plan.narrow(1, L.cu_seqlens, L.G).clone(at::MemoryFormat::Contiguous);
         at::Tensor handle = at::empty({R, s_pad * K}, on(ctx, at::kInt));
         cuda::pack_handle(ctx.ep(), ptr<int32_t>(handle), s_pad, sc.stream);
-        ctx.set_held(p, handle, topk_weights);
-        ctx.handles().add(handle, plan, p->value);
+        ctx.handles().add(handle, plan, plan.clone());
         return std::make_tuple(recv_x, recv_w, cu, handle);
     });
 }
@@ -186,22 +158,22 @@ at::Tensor combine_cuda(const at::Tensor& expert_out,
         const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H();
         check_cuda(ctx, expert_out, "combine", "expert_out", at::kBFloat16, {R, ctx.nvs(), H});
         check_cuda(ctx, recv_w, "combine", "recv_w", at::kFloat, {R, ctx.nvs()});
-        std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "combine");
+        const cuda::EpPlan p = handle_plan(sc, topk_weights, plan, handle, "combine");
         const int64_t s_pad = topk_weights.size(1);
-        hold(sc, p, handle, topk_weights);
         if (ctx.multi_process()) {
             ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
             cuda::scatter_recv(ctx.ep(), ptr<const uint16_t>(expert_out), sc.stream);
         }
-        at::Tensor out = at::empty({R, s_pad, H}, on(ctx, at::kBFloat16));
-        zero_tails(ctx, p->plan, out);
+        at::Tensor out = at::empty({R, s_pad, H}, on(ctx, at::kBFloat16));  // every row written (0 past s_r)
         std::vector<cuda::RankIo> io(R);
         for (int r = 0; r < R; ++r) {
             io[r].topk_w = ptr<const float>(topk_weights) + r * s_pad * K;
             io[r].out = ptr<uint16_t>(out) + r * s_pad * H;
             io[r].rows = rows_of(ctx, expert_out, r);
         }
-        ctx.ep().combine(p->plan, io, apply_weights, cuda::CombineMode::kPull, sc.stream);
+        // Pull mode reads the destinations, the weights and the rows only (not the chain metadata dispatch left in
+        // the buffers): whatever ran since that dispatch, nothing is dispatched again.
+        ctx.ep().combine(p, io, apply_weights, cuda::CombineMode::kPull, sc.stream);
         return out;
     });
 }
@@ -218,7 +190,7 @@ at::Tensor combine_backward_cuda(const at::Tensor& grad_out,
         const int R = ctx.L(), H = ctx.H();
         const int64_t s_pad = topk_weights.dim() == 3 ? topk_weights.size(1) : -1;
         check_cuda(ctx, grad_out, "combine_backward", "grad_out", at::kBFloat16, {R, s_pad, H});
-        std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "combine_backward");
+        const cuda::EpPlan p = handle_plan(sc, topk_weights, plan, handle, "combine_backward");
         const int64_t rows = static_cast<int64_t>(ctx.cfg().S) * H;
         at::Tensor out = output(ctx, {R, ctx.nvs(), H}, at::kBFloat16);
         std::vector<cuda::BackwardIo> io(R);
@@ -228,10 +200,9 @@ at::Tensor combine_backward_cuda(const at::Tensor& grad_out,
             io[r].topk_w = ptr<const float>(topk_weights) + r * s_pad * ctx.cfg().K;
             io[r].rows = rows_of(ctx, out, r);
         }
-        ctx.ep().combine_backward(p->plan, io, sc.stream);
+        ctx.ep().combine_backward(p, io, sc.stream);
         if (ctx.multi_process())
             cuda::gather_recv(ctx.ep(), ptr<uint16_t>(out), nullptr, sc.stream);
-        ctx.set_held(p, handle, topk_weights);
         return out;
     });
 }
@@ -280,15 +251,13 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
         const int64_t nvs = ctx.nvs();
         check_cuda(ctx, grad_recv_x, "dispatch_backward", "grad_recv_x", at::kBFloat16, {R, nvs, H});
         check_cuda(ctx, grad_recv_w, "dispatch_backward", "grad_recv_w", at::kFloat, {R, nvs});
-        std::shared_ptr<PlanEntry> p = handle_plan(sc, topk_weights, plan, handle, "dispatch_backward");
+        const cuda::EpPlan p = handle_plan(sc, topk_weights, plan, handle, "dispatch_backward");
         const int64_t s_pad = topk_weights.size(1), rows = static_cast<int64_t>(ctx.cfg().S) * H;
-        hold(sc, p, handle, topk_weights);
         if (ctx.multi_process()) {
             ctx.peer_barrier(sc.stream, ctx.ep().options().channel);
             cuda::scatter_recv(ctx.ep(), ptr<const uint16_t>(grad_recv_x), sc.stream);
         }
-        at::Tensor grad_x = at::empty({R, s_pad, H}, on(ctx, at::kBFloat16));
-        zero_tails(ctx, p->plan, grad_x);
+        at::Tensor grad_x = at::empty({R, s_pad, H}, on(ctx, at::kBFloat16));  // every row written (0 past s_r)
         at::Tensor grad_w = at::zeros({R, s_pad, K}, on(ctx, at::kFloat));
         std::vector<cuda::BackwardIo> io(R);
         for (int r = 0; r < R; ++r) {
@@ -299,8 +268,8 @@ std::tuple<at::Tensor, at::Tensor> dispatch_backward_cuda(const at::Tensor& grad
             io[r].topk_w = ptr<const float>(topk_weights) + r * s_pad * K;
             io[r].rows = rows_of(ctx, grad_recv_x, r);
         }
-        ctx.ep().dispatch_backward(p->plan, io, cuda::CombineMode::kPull, sc.stream);
-        ctx.invalidate();  // recv_w now holds the row-weight gradients
+        // Pull mode (see combine): the gathered weights are grad_recv_w, copied over recv_w by the call.
+        ctx.ep().dispatch_backward(p, io, cuda::CombineMode::kPull, sc.stream);
         return std::make_tuple(grad_x, grad_w);
     });
 }
@@ -339,13 +308,14 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
         // group=: the owners push their weights (raw bytes of w's dtype) into the holders' slots.
         TORCH_CHECK_VALUE(mat_bytes > 0 && mat_bytes % 16 == 0, "evenep.prefetch_weight: one matrix of weight has ",
                           mat_bytes, " bytes, expected a positive multiple of 16");
-        std::shared_ptr<PlanEntry> p = ctx.plan_of(plan, sc.capturing, "prefetch_weight");
         cuda::Experts& ex = ctx.experts(mat_bytes / 2, false, sc.capturing);
         const int r = ctx.rank_begin();
-        ctx.peer_barrier(sc.stream, 1);  // the owners push into this rank's slots: the last copy-out is done
+        // The owners push into this rank's slots (the last copy-out is done) and the plan rows go into every rank's
+        // copies table (no peer still reads it).
+        ctx.peer_barrier(sc.stream, 1);
         EVENEP_CUDA_CHECK(cudaMemcpyAsync(ex.weight(r, 0, 0), w.data_ptr(), mat_bytes * ctx.num_home(),
                                           cudaMemcpyDeviceToDevice, sc.stream));
-        ex.prefetch_weight(ctx.ep(), p->plan, sc.stream);
+        ex.prefetch_weight(ctx.ep(), ctx.unpack(plan, nullptr, 1, sc.stream), sc.stream);
         cuda::select_slots(ctx.plan_rows(plan, 1), ex.slot(r, 0, 0), slots.data_ptr(), mat_bytes, sc.stream);
         return slots;
     });
@@ -374,7 +344,6 @@ void reduce_into(
     // to its home gradients: 0, or grad when accumulating).
     TORCH_CHECK_VALUE(n > 0 && n % 8 == 0, "evenep.", op, ": one matrix of slot_grads has ", n,
                       " elements, expected a positive multiple of 8");
-    std::shared_ptr<PlanEntry> p = ctx.plan_of(plan, sc.capturing, op);
     cuda::Experts& ex = ctx.experts(n, true, sc.capturing);
     const int r = ctx.rank_begin();
     const size_t home_bytes = static_cast<size_t>(n) * ctx.num_home() * sizeof(float);
@@ -385,7 +354,8 @@ void reduce_into(
             cudaMemcpyAsync(ex.grad(r, 0, 0), grad.data_ptr(), home_bytes, cudaMemcpyDeviceToDevice, sc.stream));
     else
         EVENEP_CUDA_CHECK(cudaMemsetAsync(ex.grad(r, 0, 0), 0, home_bytes, sc.stream));
-    ex.reduce_grad(ctx.ep(), p->plan, sc.stream);
+    ctx.peer_barrier(sc.stream, 1);  // no peer still reads its copies table: the plan rows go into every rank's
+    ex.reduce_grad(ctx.ep(), ctx.unpack(plan, nullptr, 1, sc.stream), sc.stream);
     EVENEP_CUDA_CHECK(
         cudaMemcpyAsync(grad.data_ptr(), ex.grad(r, 0, 0), home_bytes, cudaMemcpyDeviceToDevice, sc.stream));
 }

@@ -4,6 +4,9 @@
 //   ExpertOpsTest.PackPlanMatchesHostRows/<routing>  cuda::pack_plan of the resident plan equals
 //       evenep::pack_plan_row of every rank's downloaded plan, bit for bit (every column of plan_columns, int8
 //       group_source widened); routings: lognormal (sigma 1.5: copies) and round robin; R=4 E=16 K=4 tp=8, B = E/R.
+//   ExpertOpsTest.UnpackPlanCombinesLikeThePlan/<routing>  cuda::unpack_plan of the packed plan and handle (s = 32,
+//       20, 32, 9; s_pad = S for every rank), after another plan replaced it: combine equals the plan's combine bit
+//       for bit (zero rows past s_r), pack_plan gives the tensor back, every_rank: every buffer's copies table whole.
 //   ExpertOpsFlowTest.WeightRowsMatchHostRowGrad  cuda::weight_rows over the packed plan: rows = bf16(w * rows) and
 //       grad_w = <rows, y> equal detail::row_grad on the host bit for bit (H = 520: 65 vectors, lanes with 3 and 2
 //       vectors), grad_w = 0 and rows untouched past each rank's groups.
@@ -75,6 +78,72 @@ TEST_P(ExpertOpsTest, PackPlanMatchesHostRows) {
         for (const PlanColumn& c : plan_columns(bc.cfg))
             for (int64_t j = 0; j < c.count; ++j)
                 ASSERT_EQ(got[r * W + c.offset + j], want[c.offset + j]) << c.name << "[" << r << "][" << j << "]";
+    }
+}
+
+// The plan made resident again from its tensor and handle (unequal s: the handle masks the entries past s_r) after
+// another plan replaced it: combine gives the original plan's rows (zero rows past s_r), pack_plan gives the tensor
+// back, and with every_rank every rank's copies table is the whole plan's.
+TEST_P(ExpertOpsTest, UnpackPlanCombinesLikeThePlan) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const BufferConfig bc = testing::buffer_config(4, 16, 4, 32, 8, 16);
+    const int R = bc.cfg.R, K = bc.cfg.K, S = bc.cfg.S, H = bc.H, B = bc.cfg.num_slots();
+    const int64_t W = plan_row_width(bc.cfg);
+    const PlanRowLayout L = PlanRowLayout::make(bc.cfg);
+    Routing routing = routing_of(GetParam(), RoutingSpec{4, 16, 4, 32, 3});
+    const std::vector<int32_t> s = {32, 20, 32, 9};
+    for (int r = 0; r < R; ++r) {
+        routing.s[r] = s[r];
+        routing.topk_idx[r].resize(static_cast<size_t>(s[r]) * K);
+    }
+    DeviceEp ep(bc.cfg, H, EpOptions{});
+    GroupIo io(R, S, K, H);
+    const auto tokens = testing::random_tokens(bc, routing, 7);
+    for (int r = 0; r < R; ++r) {
+        io.idx[r].upload(tokens[r].topk_idx);
+        io.w[r].upload(tokens[r].topk_w);
+        io.x[r].upload(testing::bits_of(tokens[r].x));
+    }
+    EpPlan plan = ep.plan(io.io, s, nullptr, 32 + 20 + 32 + 9);
+    ep.dispatch(plan, io.io, nullptr);
+    ep.combine(plan, io.io, true, CombineMode::kPull, nullptr);
+    DeviceArray<int32_t> packed(static_cast<size_t>(R) * W), handle(static_cast<size_t>(R) * S * K);
+    pack_plan(ep, packed.get(), nullptr);
+    pack_handle(ep, handle.get(), S, nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<std::vector<uint16_t>> want(R);
+    for (int r = 0; r < R; ++r) want[r] = io.out[r].download();
+    const std::vector<int32_t> host_packed = packed.download();
+
+    // Another plan (released, so nothing is copied out) overwrites the plan arrays; the receive rows stay.
+    plan = EpPlan{};
+    const Routing other = make_lognormal(RoutingSpec{4, 16, 4, 32, 9}, 0.5);
+    for (int r = 0; r < R; ++r) io.idx[r].upload(other.topk_idx[r]);
+    (void)ep.plan(io.io, other.s, nullptr);
+
+    UnpackPlanArgs a;
+    a.plan = PlanRows{packed.get(), R, L};
+    a.handle = handle.get();
+    a.s_pad = S;
+    a.every_rank = true;
+    const EpPlan u = unpack_plan(ep, a, nullptr);
+    ASSERT_TRUE(ep.is_resident(u));
+    for (int r = 0; r < R; ++r) io.out[r].upload(std::vector<uint16_t>(static_cast<size_t>(S) * H, 0x7fc0));
+    ep.combine(u, io.io, true, CombineMode::kPull, nullptr);
+    DeviceArray<int32_t> again(static_cast<size_t>(R) * W);
+    pack_plan(ep, again.get(), nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int r = 0; r < R; ++r) {
+        const std::vector<uint16_t> got = io.out[r].download();
+        for (int64_t i = 0; i < static_cast<int64_t>(S) * H; ++i)
+            ASSERT_EQ(got[i], i / H < s[r] ? want[r][i] : uint16_t{0}) << "rank " << r << " token " << i / H;
+    }
+    ASSERT_EQ(again.download(), host_packed);
+    for (int q = 0; q < R; ++q) {
+        const std::vector<int32_t> copies = testing::get(ep.copies(q), static_cast<size_t>(R) * B);
+        for (int r = 0; r < R; ++r)
+            for (int b = 0; b < B; ++b)
+                ASSERT_EQ(copies[r * B + b], host_packed[r * W + L.copies + b]) << "buffer " << q << " rank " << r;
     }
 }
 

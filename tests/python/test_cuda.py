@@ -2,7 +2,7 @@
 
 Cases: every op CUDA vs CPU — plan, dispatch, combine, combine_backward, dispatch_backward, prefetch_weight and
 reduce_grad bit-exact, the grouped GEMM (EvenEP's Hopper kernel on H100/H200) within bf16-GEMM tolerance — on
-the adversarial routings and unequal s; opcheck on CUDA; nn.MoE forward+backward on CUDA against TorchMoE; a
+the adversarial routings and unequal s; ops given plan tensors of two dispatches in flight and copies; opcheck on CUDA; nn.MoE forward+backward on CUDA against TorchMoE; a
 CUDA-graph capture of a whole forward+backward+optimizer step replayed with changing routing against eager
 steps; torch.compile(fullgraph=True); bad input (raises, the buffer stays usable).
 """
@@ -109,8 +109,42 @@ def test_data_path_bit_exact(pair, kind, unequal):
     gy_g, gw_g = ops.combine_backward_weighted(g.cuda(), y.cuda(), rwg, hg.topk_weights, hg.plan, hg.dst, gpu.id)
     _eq(_rows_in_groups(gy_g, cug), gy)
     _eq(gw_g, gw)
-    # combine again after the backward: the buffer no longer holds the dispatch and dispatches it again itself
+    # combine again after the backward: its plan comes from the plan tensor and the handle (nothing re-dispatched)
     _eq(gpu.combine(y.cuda(), hg), cpu.combine(y, h))
+    gpu.check()
+
+
+@pytest.mark.parametrize("unequal", [False, True])
+def test_plans_from_tensors_cuda(pair, unequal):
+    """An op given a plan tensor uses that plan (cuda::unpack_plan; no registry): two dispatches of one buffer in
+    flight, combined and backpropagated in either order after both planned; dispatch given a copy of its plan
+    tensor (planned again); combine given copies of the plan and the handle — bit for bit the CPU's."""
+    cpu, gpu = pair
+    i = cpu.info
+    n = [16, 3, 9, 1] if unequal else None
+    layers = []
+    for seed, kind in ((1, "random"), (2, "hot_expert")):
+        x, idx, w = _inputs(i, kind, seed=seed)
+        out = cpu.dispatch(x, idx, w, cpu.plan(idx, n), n)
+        xg, idxg, wg = _cu(x, idx, w)
+        plan_g = gpu.plan(idxg, n)
+        out_g = gpu.dispatch(xg, idxg, wg, plan_g.clone(), n)  # a copy: dispatch plans again
+        _eq(_rows_in_groups(out_g[0], out_g[2]), out[0])
+        _eq(out_g[3].dst, out[3].dst)
+        y = (out[0].float() * (0.5 + seed)).bfloat16()
+        layers.append((y, out, out_g))
+    for y, (rx, rw, cu, h), (rxg, rwg, cug, hg) in (layers[0], layers[1], layers[0]):
+        _eq(gpu.combine(y.cuda(), hg), cpu.combine(y, h))
+        ref = ops.combine(y, rw, h.topk_weights, h.plan, h.dst, cpu.id, True)
+        _eq(ops.combine(y.cuda(), rwg, hg.topk_weights, hg.plan.clone(), hg.dst.clone(), gpu.id, True), ref)
+        g = torch.randn(i.R, i.S, i.H).bfloat16()
+        rows = ops.combine_backward(g, h.topk_weights, h.plan, h.dst, cpu.id)
+        rows_g = ops.combine_backward(g.cuda(), hg.topk_weights, hg.plan, hg.dst, gpu.id)
+        _eq(_rows_in_groups(rows_g, cug), rows)
+        gx, gtw = ops.dispatch_backward(rows, rw, h.topk_weights, h.plan, h.dst, cpu.id)
+        gx_g, gtw_g = ops.dispatch_backward(rows_g, rwg, hg.topk_weights, hg.plan, hg.dst, gpu.id)
+        _eq(gx_g, gx)
+        _eq(gtw_g, gtw)
     gpu.check()
 
 
@@ -259,9 +293,11 @@ def test_moe_cuda_matches_cpu_module(pair):
     assert rel_err(moe_g.w_down.grad.cpu(), moe_c.w_down.grad) <= 1e-2
 
 
-def test_cuda_graph_training_step(pair):
+@pytest.mark.parametrize("layers", [1, 2])
+def test_cuda_graph_training_step(pair, layers):
     """A whole forward+backward+optimizer step captured once and replayed with new routing (static tensors updated
-    in place) gives the losses and weights of the same steps run eagerly."""
+    in place) gives the losses and weights of the same steps run eagerly. layers=2: two MoE layers share the one
+    buffer in the captured step (each op takes its plan from its plan tensor and handle)."""
     _, gpu = pair
     i = gpu.info
     steps = 4
@@ -271,54 +307,72 @@ def test_cuda_graph_training_step(pair):
         idx = make_routing(kind, i.R, i.S, i.E, i.K, seed=k).cuda()
         routings.append((idx, make_weights(idx.cpu(), seed=k).cuda()))
 
+    def layer_routing(step, layer):
+        return routings[(step + layer) % steps]
+
+    def make_model():
+        moes = [_moe_pair(gpu, seed=5 + l)[0] for l in range(layers)]
+        return moes, torch.optim.SGD([p for m in moes for p in m.parameters()], lr=0.1)
+
+    def forward(moes, x, rs):
+        for m, r in zip(moes, rs):
+            x = m(x, routing=r)
+        return x.square().mean()
+
     def run_eager():
-        moe, _ = _moe_pair(gpu, seed=5)
-        opt = torch.optim.SGD(moe.parameters(), lr=0.1)
+        moes, opt = make_model()
         losses = []
-        for x, (idx, w) in zip(xs, routings):
+        for k, x in enumerate(xs):
             opt.zero_grad(set_to_none=False)
-            loss = moe(x, routing=(idx, w)).square().mean()
+            loss = forward(moes, x, [layer_routing(k, l) for l in range(layers)])
             loss.backward()
             opt.step()
             losses.append(loss.detach().clone())
-        return torch.stack(losses), moe
+        return torch.stack(losses), moes
 
-    ref_losses, ref_moe = run_eager()
+    ref_losses, ref_moes = run_eager()
 
-    moe, _ = _moe_pair(gpu, seed=5)
-    opt = torch.optim.SGD(moe.parameters(), lr=0.1)
+    moes, opt = make_model()
     sx = torch.zeros(i.R, i.S, i.H, device="cuda")
-    sidx = torch.zeros(i.R, i.S, i.K, dtype=torch.int64, device="cuda")
-    sw = torch.zeros(i.R, i.S, i.K, device="cuda")
+    sr = [(torch.zeros(i.R, i.S, i.K, dtype=torch.int64, device="cuda"), torch.zeros(i.R, i.S, i.K, device="cuda"))
+          for _ in range(layers)]
+
+    def set_static(k):
+        sx.copy_(xs[k])
+        for l, (sidx, sw) in enumerate(sr):
+            idx, w = layer_routing(k, l)
+            sidx.copy_(idx), sw.copy_(w)
 
     def step():
         opt.zero_grad(set_to_none=False)
-        loss = moe(sx, routing=(sidx, sw)).square().mean()
+        loss = forward(moes, sx, sr)
         loss.backward()
         opt.step()
         return loss.detach()
 
     # Warm-up (on a side stream) and capture; the warm-up changes the weights: restore them before replaying.
-    saved = {k: v.clone() for k, v in moe.state_dict().items()}
-    sx.copy_(xs[0]), sidx.copy_(routings[0][0]), sw.copy_(routings[0][1])
+    saved = [{k: v.clone() for k, v in m.state_dict().items()} for m in moes]
+    set_static(0)
     replay, static_loss = capture(step)
     with torch.no_grad():
-        for k, v in moe.state_dict().items():
-            v.copy_(saved[k])
-        for p in moe.parameters():
-            if p.grad is not None:  # parameters outside this step's graph (the router, given a routing) have none
-                p.grad.zero_()
+        for m, sv in zip(moes, saved):
+            for k, v in m.state_dict().items():
+                v.copy_(sv[k])
+            for p in m.parameters():
+                if p.grad is not None:  # parameters outside this step's graph (the router, given a routing) have none
+                    p.grad.zero_()
     losses = []
-    for x, (idx, w) in zip(xs, routings):
-        sx.copy_(x), sidx.copy_(idx), sw.copy_(w)
+    for k in range(steps):
+        set_static(k)
         replay()
         losses.append(static_loss.clone())
     torch.cuda.synchronize()
     gpu.check()
     got = torch.stack(losses)
     assert torch.allclose(got, ref_losses, rtol=1e-5, atol=0), (got, ref_losses)
-    for name in ("w_gate", "w_up", "w_down"):
-        assert rel_err(getattr(moe, name).detach(), getattr(ref_moe, name).detach()) <= 1e-5, name
+    for m, ref in zip(moes, ref_moes):
+        for name in ("w_gate", "w_up", "w_down"):
+            assert rel_err(getattr(m, name).detach(), getattr(ref, name).detach()) <= 1e-5, name
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
@@ -413,7 +467,7 @@ def test_handle_copies_and_other_buffers_cuda(pair):
     other = evenep.Buffer(**CFG, device="cuda")
     xo, idxo, wo = _good(cpu, seed=5)
     rxo, _, _, ho = other.dispatch(*_cu(xo, idxo, wo))
-    for op in _OPS:  # its plan is refused first (the CUDA ops find the device plan of a plan tensor first)
+    for op in _OPS:  # its handle is refused (this buffer's dispatch did not make it)
         with pytest.raises(ValueError, match="(handle|plan tensor) was not made by this buffer"):
             _call(gpu, op, rxo, ho)
     rxo_c, _, _, ho_c = cpu.dispatch(xo, idxo, wo)

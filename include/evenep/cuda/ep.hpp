@@ -157,6 +157,13 @@ class Ep {
     // Makes `plan` the resident plan (copies on `stream` when it is not; see the file comment). The calls above do
     // it themselves; the views below show the resident plan.
     void use(const EpPlan& plan, cudaStream_t stream);
+    // Whether `plan` is the resident plan (its arrays are in the buffers; nothing is copied to use it).
+    bool is_resident(const EpPlan& plan) const;
+    // A new resident plan of `s` (every rank's token count, 1..S) whose arrays the caller writes into the served
+    // ranks' plan regions (cuda::unpack_plan, evenep/cuda/expert_ops.hpp): the resident plan is saved first when it
+    // is still referenced, as by plan(); nothing is launched. The data-path calls use s as loop bounds only, so a
+    // plan adopted with s_pad >= s_r for every rank and dst masked (detail::kMaskedDst) past s_r moves the same rows.
+    EpPlan adopt_plan(std::span<const int32_t> s, cudaStream_t stream);
 
     // Synchronises `stream` and throws evenep::Error for anything the device recorded (Team::check).
     void check(cudaStream_t stream) const { team_.check(stream); }

@@ -35,6 +35,23 @@ struct PlanRows {
 // bit-identical to evenep::pack_plan_row of the same plan.
 void pack_plan(const Ep& ep, int32_t* plan, cudaStream_t stream);
 
+// The inverse of pack_plan and pack_handle: a new resident plan of `ep` (Ep::adopt_plan) whose arrays are written
+// from the plan tensor and a dispatch handle, without planning — what combine, combine_backward, dispatch_backward
+// (and, with every_rank, cuda::Experts) then read. Row i of the plan goes into served rank rank_begin + i's share
+// of every plan array (int8 values narrowed back), row i of the handle into that rank's dst. The plan's token
+// counts are s_pad for every rank (the handle masks the entries past s_r: the data-path calls move the same rows;
+// combine writes zero rows for those tokens). The shares of the ranks not served here are left as they are unless
+// every_rank: each row is then also written into every rank's buffer (the peers' through the team's window), so
+// that every rank's copy of the arrays that span the group (copies [R*B], read by cuda::Experts) is whole; on the
+// NCCL team the caller first makes sure no peer still reads its plan arrays (a team barrier).
+struct UnpackPlanArgs {
+    PlanRows plan;                    // [L, plan_row_width]: the served ranks' rows
+    const int32_t* handle = nullptr;  // [L, s_pad*K] encoded destinations (dispatch's handle); null: dst not written
+    int64_t s_pad = 1;                // 1..S: the handle's tokens per rank
+    bool every_rank = false;
+};
+EpPlan unpack_plan(Ep& ep, const UnpackPlanArgs& args, cudaStream_t stream);
+
 // handle [L, s_pad*K] int32: each served rank's encoded destinations (SPEC §3.4) for its first s_r tokens of the
 // resident plan, INT32_MIN (detail::kMaskedDst) after them.
 void pack_handle(const Ep& ep, int32_t* handle, int64_t s_pad, cudaStream_t stream);

@@ -3,8 +3,10 @@
 // hold every home weight. (weight_rows is with the MoE layer's row kernel in swiglu.cu.)
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <vector>
 
 #include "cuda/kernels/launch.cuh"
 #include "evenep/cuda/expert_ops.hpp"
@@ -77,6 +79,41 @@ __global__ void __launch_bounds__(kThreads) pack_handle_kernel(RankBuffers o, in
     const int32_t* dst = i32(b, o.dst);
     for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         handle[i_row * n + i] = i < used ? dst[i] : detail::kMaskedDst;
+}
+
+// The inverse of both packings: row i (served rank r) into the plan arrays of rank q's buffer at r's share, and, in
+// r's own buffer, the handle's destinations into dst (a code outside the group's R*NvS rows becomes masked: no
+// kernel reads or writes out of bounds, whatever the handle holds). blockIdx.y: the row; blockIdx.z: the target
+// (q = r when there is one target, else q = blockIdx.z: every rank of the team).
+__global__ void __launch_bounds__(kThreads) unpack_plan_kernel(RankBuffers o,
+                                                               PackColumns cols,
+                                                               const int32_t* plan,
+                                                               const int32_t* handle,
+                                                               int64_t s_pad,
+                                                               int num_targets,
+                                                               int64_t flat_end) {
+    const int i_row = blockIdx.y, r = o.rank_begin + i_row;
+    const int q = num_targets == 1 ? r : static_cast<int>(blockIdx.z);
+    char* b = o.bases[q];
+    const int32_t* row = plan + i_row * cols.width;
+    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    for (int k = 0; k < cols.n; ++k) {
+        const PackColumn& c = cols.c[k];
+        for (int64_t j = tid; j < c.count; j += step) {
+            const int64_t at = static_cast<int64_t>(r) * c.count + j;
+            if (c.bytes == 1)
+                reinterpret_cast<int8_t*>(b + c.src)[at] = static_cast<int8_t>(row[c.dst + j]);
+            else
+                reinterpret_cast<int32_t*>(b + c.src)[at] = row[c.dst + j];
+        }
+    }
+    if (handle == nullptr || q != r) return;
+    const int64_t n = s_pad * o.K;
+    int32_t* dst = reinterpret_cast<int32_t*>(b + o.dst);
+    for (int64_t j = tid; j < n; j += step) {
+        const int32_t code = handle[i_row * n + j];
+        dst[j] = detail::is_masked(code) || detail::decode_dst(code) < flat_end ? code : detail::kMaskedDst;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -268,18 +305,49 @@ size_t checked_smem(size_t bytes, const char* what) {
 
 }  // namespace
 
-void pack_plan(const Ep& ep, int32_t* plan, cudaStream_t stream) {
-    EVENEP_CHECK(plan != nullptr, "pack_plan: null plan tensor");
+namespace {
+
+// The plan tensor's columns (evenep::for_each_plan_column) with where each array lies in a rank's buffer.
+PackColumns pack_columns(const Ep& ep, const char* what) {
     PackColumns cols{};
     PlanOffsets offsets = ep.layout().plan;
     for_each_plan_column(ep.config(), offsets, [&](const PlanColumn& c, const auto& off) {
-        EVENEP_CHECK_KIND(ErrorKind::kInternal, cols.n < kMaxPlanColumns, "pack_plan: more than ", kMaxPlanColumns,
+        EVENEP_CHECK_KIND(ErrorKind::kInternal, cols.n < kMaxPlanColumns, what, ": more than ", kMaxPlanColumns,
                           " plan columns");
         cols.c[cols.n++] = PackColumn{off.at, c.offset, c.count, c.value_bytes};
         cols.width = c.offset + c.count;
     });
-    pack_plan_kernel<<<ep.num_local_ranks(), kThreads, 0, stream>>>(rank_buffers(ep), cols, plan);
+    return cols;
+}
+
+}  // namespace
+
+void pack_plan(const Ep& ep, int32_t* plan, cudaStream_t stream) {
+    EVENEP_CHECK(plan != nullptr, "pack_plan: null plan tensor");
+    pack_plan_kernel<<<ep.num_local_ranks(), kThreads, 0, stream>>>(rank_buffers(ep), pack_columns(ep, "pack_plan"),
+                                                                    plan);
     check_launch(stream);
+}
+
+EpPlan unpack_plan(Ep& ep, const UnpackPlanArgs& a, cudaStream_t stream) {
+    check_plan_rows(a.plan, "unpack_plan");
+    const PackColumns cols = pack_columns(ep, "unpack_plan");
+    const int L = ep.num_local_ranks(), R = ep.config().R;
+    EVENEP_CHECK(a.plan.rows == L && a.plan.layout.width == cols.width, "unpack_plan: plan tensor of ", a.plan.rows,
+                 " rows of ", a.plan.layout.width, " columns, expected ", L, " rows (the served ranks) of ",
+                 cols.width);
+    EVENEP_CHECK(a.s_pad >= 1 && a.s_pad <= ep.config().S, "unpack_plan: s_pad = ", a.s_pad, " outside [1, S = ",
+                 ep.config().S, "]");
+    const std::vector<int32_t> s(R, static_cast<int32_t>(a.s_pad));
+    EpPlan p = ep.adopt_plan(s, stream);
+    const RankBuffers o = rank_buffers(ep);
+    int64_t work = a.handle ? a.s_pad * o.K : 0;
+    for (int k = 0; k < cols.n; ++k) work = std::max(work, cols.c[k].count);
+    const dim3 grid(blocks_for(work, 64), L, a.every_rank ? R : 1);
+    unpack_plan_kernel<<<grid, kThreads, 0, stream>>>(o, cols, a.plan.data, a.handle, a.s_pad, a.every_rank ? R : 1,
+                                                      static_cast<int64_t>(R) * o.nvs);
+    check_launch(stream);
+    return p;
 }
 
 void pack_handle(const Ep& ep, int32_t* handle, int64_t s_pad, cudaStream_t stream) {

@@ -221,6 +221,19 @@ void Ep::use(const EpPlan& plan, cudaStream_t stream) {
     resident_ = plan.state_;
 }
 
+bool Ep::is_resident(const EpPlan& plan) const {
+    return plan.state_ != nullptr && plan.state_->owner == this && resident_.lock() == plan.state_;
+}
+
+EpPlan Ep::adopt_plan(std::span<const int32_t> s, cudaStream_t stream) {
+    EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "cuda ep: adopt_plan: s has ", s.size(),
+                 " values, expected R = ", cfg_.R);
+    for (int r = 0; r < cfg_.R; ++r)
+        EVENEP_CHECK(s[r] >= 1 && s[r] <= cfg_.S, "cuda ep: adopt_plan: rank ", r, ": s = ", s[r],
+                     " outside [1, S = ", cfg_.S, "]");
+    return new_resident_plan(s, -1, stream);
+}
+
 std::span<const int32_t> Ep::checked_s(const EpPlan& plan, const char* call) const {
     EVENEP_CHECK(plan.state_ != nullptr, "cuda ep: ", call, " with an empty plan (use the value returned by plan())");
     return plan.state_->s;
