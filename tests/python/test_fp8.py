@@ -294,3 +294,26 @@ def test_train_fp8_close_to_bf16():
     f8 = train.main([*common, "--fp8"])
     assert f8[-1] < f8[0] - 0.5
     assert abs(f8[-1] - bf16[-1]) <= 0.03 * bf16[-1], (f8[-1], bf16[-1])
+
+
+def _opcheck(op, args):
+    torch.library.opcheck(op, args, test_utils=("test_faketensor", "test_autograd_registration",
+                                                "test_aot_dispatch_dynamic"))
+
+
+def test_opcheck():
+    """torch.library.opcheck of the FP8 ops: fake implementation, autograd registration, AOT dispatch (not test_schema:
+    torch's schema check mode multiplies the outputs, which float8_e4m3fn does not implement on the CPU)."""
+    x, idx, w = _inputs("random", 3)
+    b8 = _buf()
+    q, s = fp8.quantize(x)
+    wt = (torch.randn(E, H, F) * 0.1).to(torch.bfloat16)
+    _opcheck(evenep.ops.quantize_fp8, (x, True))
+    _opcheck(evenep.ops.quantize_fp8_weight, (wt, False))
+    plan = b8.plan(idx)
+    for args in ((x, None), (q, s)):
+        _opcheck(evenep.ops.dispatch_fp8, (*args, idx, w, plan, b8.id))
+    (rq, rs), *_ = b8.dispatch(x, idx, w, plan)
+    w8, ws = fp8.quantize_weight(wt)
+    s8, ss = evenep.ops.prefetch_weight(w8, plan, b8.id), evenep.ops.prefetch_weight(ws, plan, b8.id)
+    _opcheck(evenep.ops.grouped_gemm_fp8, (rq, rs, w8, ws, s8, ss, plan, b8.id, False, torch.bfloat16))
