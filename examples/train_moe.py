@@ -179,8 +179,9 @@ def train(args):
             print(f"trace: {written}")
     if not args.quiet and args.steps > 1:
         rate = x.numel() * (args.steps - 1) / (time.perf_counter() - t_start)
-        print(f"{args.backend}{' fp8' if args.fp8 else ''}: final loss {losses[-1]:.4f} (start {losses[0]:.4f}, log(vocab) "
-              f"{math.log(args.vocab):.4f}), {rate:.0f} tokens/s")
+        name = args.backend + (" fp8" if args.fp8 else "")
+        print(f"{name}: final loss {losses[-1]:.4f} (start {losses[0]:.4f}, log(vocab) {math.log(args.vocab):.4f}), "
+              f"{rate:.0f} tokens/s")
     return losses
 
 

@@ -37,11 +37,8 @@ std::vector<int64_t> scale_sizes(const at::Tensor& t, int n) {
 }
 
 // t with its last n dimensions positive multiples of 128; with `dtype` also on the CPU, of dtype, contiguous.
-void check_blocked(const at::Tensor& t,
-                   const char* op,
-                   const char* name,
-                   int n,
-                   std::optional<at::ScalarType> dtype = std::nullopt) {
+void check_blocked(
+    const at::Tensor& t, const char* op, const char* name, int n, std::optional<at::ScalarType> dtype = std::nullopt) {
     if (dtype) {
         TORCH_CHECK_VALUE(t.device().is_cpu(), "evenep.", op, ": ", name, " is on ", t.device(), ", expected cpu");
         TORCH_CHECK_VALUE(t.scalar_type() == *dtype, "evenep.", op, ": ", name, " has dtype ", t.scalar_type(),
@@ -99,14 +96,14 @@ void check_prequantised(const at::Tensor& x8, const at::Tensor& sc, const std::v
             for (int64_t b = 0; b < spr; ++b) {
                 const float v = f[row * spr + b];
                 const uint32_t bits = float_as_bits(v);
-                TORCH_CHECK_VALUE(std::isfinite(v) && v > 0 && (!ue8m0 || (bits & 0x7FFFFFu) == 0),
-                                  "evenep.dispatch: scales[", r, ", ", t, ", ", b, "] = ", v, " is not ",
-                                  ue8m0 ? "a positive finite power of two (the buffer has ue8m0=True)"
-                                        : "positive and finite");
+                TORCH_CHECK_VALUE(
+                    std::isfinite(v) && v > 0 && (!ue8m0 || (bits & 0x7FFFFFu) == 0), "evenep.dispatch: scales[", r,
+                    ", ", t, ", ", b, "] = ", v, " is not ",
+                    ue8m0 ? "a positive finite power of two (the buffer has ue8m0=True)" : "positive and finite");
             }
             for (int64_t c = 0; c < H; ++c)
-                TORCH_CHECK_VALUE((q[row * H + c] & 0x7F) != kE4m3NanBits, "evenep.dispatch: x_fp8[", r, ", ", t,
-                                  ", ", c, "] is NaN (e4m3 code ", static_cast<int>(q[row * H + c]), ")");
+                TORCH_CHECK_VALUE((q[row * H + c] & 0x7F) != kE4m3NanBits, "evenep.dispatch: x_fp8[", r, ", ", t, ", ",
+                                  c, "] is NaN (e4m3 code ", static_cast<int>(q[row * H + c]), ")");
         }
 }
 
@@ -144,8 +141,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_
             at::Tensor packed = at::zeros({R, s_pad, H}, at::kBFloat16);  // per row: H code bytes, then the scales
             auto* dst = static_cast<char*>(packed.data_ptr());
             for (int64_t row = 0; row < R * s_pad; ++row) {
-                std::memcpy(dst + row * 2 * H, static_cast<const char*>(x.data_ptr()) + row * H, static_cast<size_t>(H));
-                std::memcpy(dst + row * 2 * H + H, x_scales->data_ptr<float>() + row * spr, static_cast<size_t>(spr) * 4);
+                std::memcpy(dst + row * 2 * H, static_cast<const char*>(x.data_ptr()) + row * H,
+                            static_cast<size_t>(H));
+                std::memcpy(dst + row * 2 * H + H, x_scales->data_ptr<float>() + row * spr,
+                            static_cast<size_t>(spr) * 4);
             }
             ctx->dispatch(std::move(d.hs), packed, plan, d.handle, topk_weights);
         } else {

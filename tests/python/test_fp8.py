@@ -74,7 +74,8 @@ def test_quantize_matches_the_rules(ue8m0):
     if ue8m0:
         assert torch.equal(s, torch.exp2(torch.log2(s).round()))
     # dequantize: float(q) * s, exact in fp32 (the library's fp8_dequantize)
-    assert torch.equal(fp8.dequantize(q, s, torch.float32), (q.float().unflatten(-1, (4, 128)) * s[..., None]).flatten(-2))
+    exact = (q.float().unflatten(-1, (4, 128)) * s[..., None]).flatten(-2)
+    assert torch.equal(fp8.dequantize(q, s, torch.float32), exact)
 
 
 @pytest.mark.parametrize("ue8m0", [False, True])
