@@ -4,6 +4,8 @@
     python examples/train_moe.py --backend evenep --steps 50
     python examples/train_moe.py --backend reference --steps 50
     python examples/train_moe.py --steps 50 --trace trace.npy   # record the router trace [T, L, R, E]
+    python examples/train_moe.py --fp8 --hidden 128 --steps 200   # the FP8 path (H, H' multiples of 128)
+    python examples/train_moe.py --compare-fp8 --hidden 128 --steps 200   # bf16 then FP8, final losses compared
 
 The data: sequences of a fixed random "grammar" (next token = table[prev token], with 10% noise), so the loss
 falls well below log(vocab). Tokens of a batch are split evenly over the virtual ranks ([R, s, H] layout of
@@ -31,7 +33,8 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(H), nn.LayerNorm(H)
         self.attn = nn.MultiheadAttention(H, args.heads, batch_first=True)
         if args.backend == "evenep":
-            self.moe = evenep.nn.MoE(H, args.ffn, args.experts, args.top_k, buffer=buffer, router=args.router)
+            self.moe = evenep.nn.MoE(H, args.ffn, args.experts, args.top_k, buffer=buffer, router=args.router,
+                                     fp8=args.fp8)
         else:
             self.moe = evenep.nn.TorchMoE(H, args.ffn, args.experts, args.top_k, router=args.router)
         self.ranks = args.ranks
@@ -95,6 +98,13 @@ def parse(argv=None):
     p.add_argument("--token-padding", type=int, default=16)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fp8", action="store_true",
+                   help="the FP8 path (evenep.Buffer(fp8=True), evenep.nn.MoE(fp8=True); CPU; hidden and ffn "
+                        "multiples of 128; docs/python.md, FP8)")
+    p.add_argument("--ue8m0", action="store_true", help="with --fp8: power-of-two (UE8M0) scales")
+    p.add_argument("--compare-fp8", action="store_true",
+                   help="run the bf16 and then the FP8 path from the same weights on the same batches and print both "
+                        "final losses (and the mean of the last 10 steps) with their relative difference")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--trace", metavar="F.npy",
                    help="record every step's router histograms (int32 [steps, layers, ranks, experts], docs/traces.md;"
@@ -102,17 +112,45 @@ def parse(argv=None):
     args = p.parse_args(argv)
     if args.trace and args.backend != "evenep":
         p.error("--trace records the plans of --backend evenep")
+    if (args.fp8 or args.compare_fp8 or args.ue8m0) and args.backend != "evenep":
+        p.error("--fp8, --ue8m0 and --compare-fp8 run --backend evenep")
+    if args.ue8m0 and not (args.fp8 or args.compare_fp8):
+        p.error("--ue8m0 needs --fp8 (or --compare-fp8)")
+    if (args.fp8 or args.compare_fp8) and (args.hidden % 128 or args.ffn % 128):
+        p.error(f"--fp8 needs --hidden and --ffn multiples of 128 (got {args.hidden} and {args.ffn}): one scale per "
+                "128 channels")
     return args
 
 
 def main(argv=None):
     args = parse(argv)
+    if args.compare_fp8:
+        return compare_fp8(args)
+    return train(args)
+
+
+def compare_fp8(args):
+    """The bf16 run, then the FP8 run (same seed: same weights and batches); returns both loss lists."""
+    runs = {}
+    for fp8 in (False, True):
+        run = argparse.Namespace(**{**vars(args), "fp8": fp8, "ue8m0": fp8 and args.ue8m0, "compare_fp8": False})
+        runs[fp8] = train(run)
+    b, f = runs[False], runs[True]
+    tail = min(10, len(b))
+    mb, mf = sum(b[-tail:]) / tail, sum(f[-tail:]) / tail
+    print(f"after {len(b)} steps: bf16 loss {b[-1]:.4f}, fp8 loss {f[-1]:.4f} ({(f[-1] - b[-1]) / b[-1]:+.2%}); "
+          f"mean of the last {tail} steps: bf16 {mb:.4f}, fp8 {mf:.4f} ({(mf - mb) / mb:+.2%})")
+    return b, f
+
+
+def train(args):
     device = torch.device(args.device)
     tokens_per_rank = args.batch * args.seq // args.ranks
     buffer = None
     if args.backend == "evenep":
         buffer = evenep.Buffer(args.experts, args.top_k, tokens_per_rank, args.hidden, virtual_ranks=args.ranks,
-                               ffn_hidden=args.ffn, token_padding=args.token_padding, device=device)
+                               ffn_hidden=args.ffn, token_padding=args.token_padding, device=device, fp8=args.fp8,
+                               ue8m0=args.ue8m0)
     if args.trace:
         buffer.record_trace(args.trace, layers=args.layers)
     torch.manual_seed(args.seed)
@@ -141,8 +179,9 @@ def main(argv=None):
             print(f"trace: {written}")
     if not args.quiet and args.steps > 1:
         rate = x.numel() * (args.steps - 1) / (time.perf_counter() - t_start)
-        print(f"{args.backend}: final loss {losses[-1]:.4f} (start {losses[0]:.4f}, log(vocab) "
-              f"{math.log(args.vocab):.4f}), {rate:.0f} tokens/s")
+        name = args.backend + (" fp8" if args.fp8 else "")
+        print(f"{name}: final loss {losses[-1]:.4f} (start {losses[0]:.4f}, log(vocab) {math.log(args.vocab):.4f}), "
+              f"{rate:.0f} tokens/s")
     return losses
 
 

@@ -16,6 +16,7 @@
 
 #include "evenep/cpu/buffer.hpp"
 #include "evenep/cpu/local_team.hpp"
+#include "evenep/detail/layout.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/plan_tensor.hpp"
@@ -105,7 +106,8 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
                                        int64_t num_slots,
                                        int64_t token_padding,
                                        const std::string& policy,
-                                       double slack) {
+                                       double slack,
+                                       DataPrecision precision = {}) {
     // The library's sizes are int: a value past int32 is refused as given, never wrapped (the Python package
     // refuses these first, with the argument's name).
     const std::pair<const char*, int64_t> args[] = {{"num_ranks", num_ranks},     {"num_experts", num_experts},
@@ -124,6 +126,7 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
     cfg.H = static_cast<int>(hidden);
     cfg.ffn_hidden = static_cast<int>(ffn_hidden);
     apply_planner_policy(cfg.cfg, policy, slack);
+    cfg.precision = precision;
     cfg.validate();
     return cfg;
 }
@@ -264,6 +267,43 @@ class Context {
         return cur_;
     }
 
+    // The FP8 dispatch of the library (BufferConfig::precision.fp8, docs/fp8.md): every rank's planning dispatch of
+    // its bf16 rows x ([R, s, H]), each token quantised once at the source into e4m3 + 1x128 scales, which land in
+    // every rank's recv_x8/recv_scale. The library plans again from the gathered histograms: the same plan as `plan`
+    // (SPEC invariant 5); its destinations must equal the handles' (checked). The buffer then holds the dispatch.
+    std::vector<cpu::DispatchHandle>& dispatch_fp8(const std::vector<cpu::DispatchHandle>& hs,
+                                                   const at::Tensor& x,
+                                                   const at::Tensor& topk_idx,
+                                                   const at::Tensor& plan,
+                                                   const at::Tensor& handle,
+                                                   const at::Tensor& topk_w) {
+        invalidate();
+        const int R = cfg().R, K = cfg().K;
+        const int64_t s_pad = x.size(1);
+        std::vector<int32_t> s(R);
+        for (int r = 0; r < R; ++r) s[r] = hs[r].s;
+        const int64_t s_total = group_total(s);
+        std::vector<cpu::DispatchHandle> out(R);
+        cpu::run_ranks_or_throw(group_, [&](Team& t) {
+            const int r = t.rank();
+            cpu::DispatchArgs a;
+            a.s = hs[r].s;
+            a.x = {reinterpret_cast<const Bf16*>(x.data_ptr()) + r * s_pad * H(), static_cast<size_t>(a.s) * H()};
+            a.topk_idx = {topk_idx.data_ptr<int32_t>() + r * s_pad * K, static_cast<size_t>(a.s) * K};
+            a.topk_w = {topk_w.data_ptr<float>() + r * s_pad * K, static_cast<size_t>(a.s) * K};
+            a.s_total = s_total;
+            out[r] = buffers_[r]->dispatch(a);
+        });
+        for (int r = 0; r < R; ++r)
+            TORCH_CHECK(out[r].dst == hs[r].dst, "evenep.dispatch (fp8): rank ", r,
+                        ": the library's destinations differ from the plan tensor's (internal error)");
+        cur_ = std::move(out);
+        cur_plan_ = plan.clone();
+        cur_handle_ = handle.clone();
+        cur_topk_w_ = topk_w.clone();
+        return cur_;
+    }
+
     // Makes the buffer hold the dispatch `handle` (int32 [R, s*K]) of `plan` with weights topk_w: nothing to do when
     // it already does (same plan, destinations and weights); otherwise dispatches it again (zero rows, the
     // handle's weights and chains).
@@ -328,5 +368,84 @@ class Context {
     Plan last_plan_;
     std::mutex mutex_;
 };
+
+// Per-group pointers of rank r into the home weights w [E, a, b] or the slots [R, B, a, b] (by group source).
+template <typename T>
+std::vector<T*> group_table(const Context& ctx, const at::Tensor& plan, int r, T* w, T* slots, int64_t mat) {
+    const PlanRowLayout& L = ctx.plan_layout();
+    const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width;
+    std::vector<T*> table(L.G, nullptr);
+    for (int g = 0; g < L.G; ++g) {
+        const auto src = static_cast<WeightSource>(row[L.group_source + g]);
+        if (src == WeightSource::kLocal || src == WeightSource::kPeer)
+            table[g] = w + static_cast<int64_t>(row[L.group_expert + g]) * mat;
+        else if (src == WeightSource::kSlot)
+            table[g] = slots + (static_cast<int64_t>(r) * L.B + row[L.group_slot + g]) * mat;
+    }
+    return table;
+}
+
+// The Context of buffer `id` (ops.cpp's registry; ValueError when there is none).
+std::shared_ptr<Context> context(int64_t id);
+
+// topk_idx ([R, s, K] int32 or int64, ids in [-1, E)) as int32.
+inline at::Tensor topk_int32(const Context& ctx, const at::Tensor& topk_idx, const char* op) {
+    const int64_t s = topk_idx.dim() == 3 ? topk_idx.size(1) : -1;
+    TORCH_CHECK_VALUE(topk_idx.scalar_type() == at::kInt || topk_idx.scalar_type() == at::kLong, "evenep.", op,
+                      ": topk_idx has dtype ", topk_idx.scalar_type(), ", expected int32 or int64");
+    check_tensor(topk_idx, op, "topk_idx", topk_idx.scalar_type(), {ctx.cfg().R, s, ctx.cfg().K});
+    if (topk_idx.scalar_type() == at::kLong && topk_idx.numel() > 0) {
+        const int64_t lo = topk_idx.min().item<int64_t>(), hi = topk_idx.max().item<int64_t>();
+        TORCH_CHECK_VALUE(lo >= -1 && hi < ctx.cfg().E, "evenep.", op, ": topk_idx holds expert id ", lo < -1 ? lo : hi,
+                          " outside [-1, E = ", ctx.cfg().E, ")");
+    }
+    return topk_idx.to(at::kInt);
+}
+
+// What every dispatch op checks and decides before moving rows: topk_idx as int32, the token counts, the Plan of
+// `plan` (its s_r checked against the call's), every rank's handle and the handle tensor (int32 [R, s*K]).
+struct DispatchSetup {
+    at::Tensor idx;
+    std::vector<int32_t> s;
+    const Plan* plan = nullptr;
+    std::vector<cpu::DispatchHandle> hs;
+    at::Tensor handle;
+};
+
+inline DispatchSetup dispatch_setup(Context& ctx,
+                                    const at::Tensor& topk_idx,
+                                    const at::Tensor& topk_weights,
+                                    const at::Tensor& plan,
+                                    int64_t s_pad,
+                                    const std::optional<at::IntArrayRef>& num_tokens) {
+    const int R = ctx.cfg().R, K = ctx.cfg().K;
+    DispatchSetup d;
+    d.idx = topk_int32(ctx, topk_idx, "dispatch");
+    check_tensor(topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
+    d.s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch");
+    d.plan = &ctx.plan_of(plan, "dispatch");
+    for (int r = 0; r < R; ++r)
+        TORCH_CHECK_VALUE(d.plan->s[r] == d.s[r], "evenep.dispatch: the plan was made for ", d.plan->s[r],
+                          " tokens on rank ", r, " but x holds ", d.s[r]);
+    d.hs = ctx.make_handles(*d.plan, d.idx, topk_weights);
+    d.handle = at::full({R, s_pad * K}, detail::kMaskedDst, at::kInt);
+    for (int r = 0; r < R; ++r)
+        std::copy(d.hs[r].dst.begin(), d.hs[r].dst.end(), d.handle.data_ptr<int32_t>() + r * d.handle.size(1));
+    return d;
+}
+
+// After a dispatch of plan p: every rank's row weights recv_w (fp32 [R, NvS], 0 past its rows) and cu_seqlens
+// (int32 [R, G]).
+inline std::pair<at::Tensor, at::Tensor> dispatch_weights(Context& ctx, const Plan& p) {
+    const int R = ctx.cfg().R, G = ctx.cfg().num_groups();
+    const int64_t nvs = ctx.nvs();
+    at::Tensor recv_w = at::zeros({R, nvs}, at::kFloat);
+    at::Tensor cu = at::empty({R, G}, at::kInt);
+    for (int r = 0; r < R; ++r) {
+        std::copy_n(ctx.buffer(r).recv_w().data(), p.rows_used(r), recv_w.data_ptr<float>() + r * nvs);
+        std::copy_n(p.cu_seqlens.begin() + r * G, G, cu.data_ptr<int32_t>() + r * G);
+    }
+    return {recv_w, cu};
+}
 
 }  // namespace evenep::python

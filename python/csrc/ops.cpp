@@ -37,31 +37,11 @@ std::map<int64_t, std::shared_ptr<Context>> g_registry;
 std::atomic<int64_t> g_next_id{1};
 std::atomic<BufferInfoHook> g_cuda_info{nullptr};
 
-std::shared_ptr<Context> context(int64_t id) {
-    std::lock_guard lock(g_registry_mutex);
-    auto it = g_registry.find(id);
-    TORCH_CHECK_VALUE(it != g_registry.end(), "evenep: no buffer with id ", id, " (released or never created)");
-    return it->second;
-}
-
 std::vector<int32_t> tokens(const Context& ctx,
                             int64_t s_pad,
                             const std::optional<at::IntArrayRef>& num_tokens,
                             const char* op) {
     return token_counts(ctx.cfg(), s_pad, num_tokens, op);
-}
-
-at::Tensor topk_int32(const Context& ctx, const at::Tensor& topk_idx, const char* op) {
-    const int64_t s = topk_idx.dim() == 3 ? topk_idx.size(1) : -1;
-    TORCH_CHECK_VALUE(topk_idx.scalar_type() == at::kInt || topk_idx.scalar_type() == at::kLong, "evenep.", op,
-                      ": topk_idx has dtype ", topk_idx.scalar_type(), ", expected int32 or int64");
-    check_tensor(topk_idx, op, "topk_idx", topk_idx.scalar_type(), {ctx.cfg().R, s, ctx.cfg().K});
-    if (topk_idx.scalar_type() == at::kLong && topk_idx.numel() > 0) {
-        const int64_t lo = topk_idx.min().item<int64_t>(), hi = topk_idx.max().item<int64_t>();
-        TORCH_CHECK_VALUE(lo >= -1 && hi < ctx.cfg().E, "evenep.", op, ": topk_idx holds expert id ", lo < -1 ? lo : hi,
-                          " outside [-1, E = ", ctx.cfg().E, ")");
-    }
-    return topk_idx.to(at::kInt);
 }
 
 // Copies rank r's first `rows` receive rows into out[r] (the rest of out stays zero).
@@ -85,10 +65,13 @@ int64_t create_buffer(int64_t num_ranks,
                       int64_t token_padding,
                       std::string planner,
                       std::string policy,
-                      double slack) {
+                      double slack,
+                      bool fp8,
+                      bool ue8m0) {
     return translate([&] {
         const BufferConfig cfg = make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden,
-                                                    num_slots, token_padding, policy, slack);
+                                                    num_slots, token_padding, policy, slack,
+                                                    DataPrecision{fp8, ue8m0, false});
         auto ctx = std::make_shared<Context>(cfg, parse_planner_mode(planner));
         const int64_t id = new_buffer_id();
         std::lock_guard lock(g_registry_mutex);
@@ -150,34 +133,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_op(const at:
     auto ctx = context(buffer);
     std::lock_guard lock(ctx->mutex());
     return translate([&] {
-        const int R = ctx->cfg().R, K = ctx->cfg().K, H = ctx->H(), G = ctx->cfg().num_groups();
+        const int R = ctx->cfg().R, H = ctx->H();
         const int64_t s_pad = x.dim() == 3 ? x.size(1) : -1;
         check_tensor(x, "dispatch", "x", at::kBFloat16, {R, s_pad, H});
-        at::Tensor idx = topk_int32(*ctx, topk_idx, "dispatch");
-        check_tensor(topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
-        const std::vector<int32_t> s = tokens(*ctx, s_pad, num_tokens, "dispatch");
-        const Plan& p = ctx->plan_of(plan, "dispatch");
-        for (int r = 0; r < R; ++r)
-            TORCH_CHECK_VALUE(p.s[r] == s[r], "evenep.dispatch: the plan was made for ", p.s[r], " tokens on rank ", r,
-                              " but x holds ", s[r]);
-        std::vector<cpu::DispatchHandle> hs = ctx->make_handles(p, idx, topk_weights);
-        at::Tensor handle = at::full({R, s_pad * K}, detail::kMaskedDst, at::kInt);
-        for (int r = 0; r < R; ++r)
-            std::copy(hs[r].dst.begin(), hs[r].dst.end(), handle.data_ptr<int32_t>() + r * handle.size(1));
-        const int64_t nvs = ctx->nvs();
-        at::Tensor recv_x = at::zeros({R, nvs, H}, at::kBFloat16);
-        at::Tensor recv_w = at::zeros({R, nvs}, at::kFloat);
-        at::Tensor cu = at::empty({R, G}, at::kInt);
-        ctx->dispatch(std::move(hs), x, plan, handle, topk_weights);
-        ctx->record_handle(handle, plan);
-        for (int r = 0; r < R; ++r) {
-            cpu::Buffer& b = ctx->buffer(r);
-            const int64_t rows = p.rows_used(r);
-            copy_rows(recv_x, r, b.recv_x().data(), rows);
-            copy_rows(recv_w, r, b.recv_w().data(), rows);
-            std::copy_n(p.cu_seqlens.begin() + r * G, G, cu.data_ptr<int32_t>() + r * G);
-        }
-        return std::make_tuple(recv_x, recv_w, cu, handle);
+        DispatchSetup d = dispatch_setup(*ctx, topk_idx, topk_weights, plan, s_pad, num_tokens);
+        at::Tensor recv_x = at::zeros({R, ctx->nvs(), H}, at::kBFloat16);
+        ctx->dispatch(std::move(d.hs), x, plan, d.handle, topk_weights);
+        ctx->record_handle(d.handle, plan);
+        for (int r = 0; r < R; ++r) copy_rows(recv_x, r, ctx->buffer(r).recv_x().data(), d.plan->rows_used(r));
+        auto [recv_w, cu] = dispatch_weights(*ctx, *d.plan);
+        return std::make_tuple(recv_x, recv_w, cu, d.handle);
     });
 }
 
@@ -366,22 +331,6 @@ void reduce_grad_add_op(at::Tensor& grad, const at::Tensor& slot_grads, const at
     });
 }
 
-// Per-group pointers of rank r into the home weights w [E, a, b] or the slots [R, B, a, b] (by group source).
-template <typename T>
-std::vector<T*> group_table(const Context& ctx, const at::Tensor& plan, int r, T* w, T* slots, int64_t mat) {
-    const PlanRowLayout& L = ctx.plan_layout();
-    const int32_t* row = plan.data_ptr<int32_t>() + static_cast<int64_t>(r) * L.width;
-    std::vector<T*> table(L.G, nullptr);
-    for (int g = 0; g < L.G; ++g) {
-        const auto src = static_cast<WeightSource>(row[L.group_source + g]);
-        if (src == WeightSource::kLocal || src == WeightSource::kPeer)
-            table[g] = w + static_cast<int64_t>(row[L.group_expert + g]) * mat;
-        else if (src == WeightSource::kSlot)
-            table[g] = slots + (static_cast<int64_t>(r) * L.B + row[L.group_slot + g]) * mat;
-    }
-    return table;
-}
-
 // fwd (transposed = false): out[r] = x[r] · W_g per group, x [R, NvS, a] → [R, NvS, b] fp32 (or bf16: out_dtype).
 // dgrad (transposed = true): out[r] = x[r] · W_g^T, x [R, NvS, b] → [R, NvS, a]. Padding rows are 0.
 // Weights are used as bf16 (fp32 weights are rounded to bf16 first, as stored in the library's pools).
@@ -475,6 +424,13 @@ std::tuple<at::Tensor, at::Tensor> grouped_gemm_wgrad_op(const at::Tensor& x,
 
 }  // namespace
 
+std::shared_ptr<Context> context(int64_t id) {
+    std::lock_guard lock(g_registry_mutex);
+    auto it = g_registry.find(id);
+    TORCH_CHECK_VALUE(it != g_registry.end(), "evenep: no buffer with id ", id, " (released or never created)");
+    return it->second;
+}
+
 int64_t new_buffer_id() { return g_next_id++; }
 void set_cuda_buffer_info_hook(BufferInfoHook hook) { g_cuda_info = hook; }
 
@@ -484,7 +440,8 @@ TORCH_LIBRARY(evenep, m) {
     using namespace evenep::python;
     m.def(
         "create_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
-        "int num_slots, int token_padding, str planner, str policy=\"auto\", float slack=-1.) -> int",
+        "int num_slots, int token_padding, str planner, str policy=\"auto\", float slack=-1., bool fp8=False, "
+        "bool ue8m0=False) -> int",
         &create_buffer);
     m.def("release_buffer(int buffer) -> ()", &release_buffer);
     m.def("buffer_info(int buffer) -> int[]", &buffer_info);

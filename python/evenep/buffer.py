@@ -8,6 +8,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from . import _ops
+from . import fp8 as _fp8
 from . import trace as _trace
 from ._ops import ops
 
@@ -88,6 +89,10 @@ class Buffer:
         slack: the imbalance budget eps in [0, 1] (docs/slack.md): under "auto" the largest a plan may choose
             (default 0.1), under "slack" every plan's (required, > 0); "exact" takes none (or 0). The receive
             buffer is sized for it: num_recv_rows grows with slack.
+        fp8: True for the FP8 data path (docs/fp8.md, docs/python.md "FP8"): dispatch sends e4m3 rows with one fp32
+            scale per 128 channels (dedup kept) and returns (recv_x_fp8, recv_scales); H and H' must be multiples
+            of 128. A bool (anything else: ValueError). CPU only for now (NotImplementedError on CUDA).
+        ue8m0: with fp8, every scale rounded up to a power of two (UE8M0).
     """
 
     def __init__(
@@ -107,6 +112,8 @@ class Buffer:
         planner: str = "optimized",
         policy: str = "auto",
         slack: Optional[float] = None,
+        fp8: bool = False,
+        ue8m0: bool = False,
     ):
         # Every integer is checked here, as given, before it reaches C++ (whose int32 sizes would wrap it).
         num_experts, top_k, max_tokens, hidden = (
@@ -133,6 +140,18 @@ class Buffer:
         self.policy = policy
         self.slack = slack
         policy_args = (policy, -1.0 if slack is None else float(slack))
+        for name, v in (("fp8", fp8), ("ue8m0", ue8m0)):
+            if not isinstance(v, bool):
+                raise ValueError(f"evenep.Buffer: {name} = {v!r}, expected True or False")
+        if ue8m0 and not fp8:
+            raise ValueError("evenep.Buffer: ue8m0=True needs fp8=True (it rounds the FP8 scales)")
+        self.fp8, self.ue8m0 = fp8, ue8m0
+        if fp8 and (group is not None or torch.device("cpu" if device is None else device).type != "cpu"):
+            raise NotImplementedError(
+                "evenep.Buffer(fp8=True): the FP8 path runs on the CPU backend only for now; the CUDA ops have no "
+                "FP8 dispatch (cuda::EpOptions::precision is not wired into create_cuda_buffer / the dispatch op) "
+                "and no FP8 grouped GEMM op (docs/python.md, FP8)"
+            )
         if group is not None:
             self._init_group(group, virtual_ranks, device, num_sms, num_experts, top_k, max_tokens, hidden,
                              prefetch_slots, ffn_hidden, token_padding, planner, policy_args)
@@ -166,7 +185,7 @@ class Buffer:
             self._id = ops.create_cuda_buffer(*args, self.device.index, num_sms, *policy_args)
         elif self.device.type == "cpu":
             self._release = ops.release_buffer
-            self._id = ops.create_buffer(*args, *policy_args)
+            self._id = ops.create_buffer(*args, *policy_args, fp8, ue8m0)
         else:
             raise NotImplementedError(f"evenep.Buffer(device={self.device}): only cpu and cuda are supported")
         self._finish()
@@ -206,6 +225,7 @@ class Buffer:
         uid = _group_unique_id(group, rank, self.device)
         self.num_sms = num_sms
         self.group = group
+        self.fp8 = self.ue8m0 = False
         self._release = ops.release_cuda_buffer
         config = [E, K, S, H, H if ffn_hidden is None else ffn_hidden, -1 if slots is None else slots, tp]
         self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms, *policy_args)
@@ -257,6 +277,8 @@ class Buffer:
         dev = "" if self.device.type == "cpu" else f", device={self.device}"
         if self.group is not None:
             dev += f", group rank={i.rank_begin}"
+        if self.fp8:
+            dev += ", fp8" + (", ue8m0" if self.ue8m0 else "")
         pol = self.policy if self.slack is None else f"{self.policy}, slack={self.slack:g}"
         return (f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs}, "
                 f"policy={pol}{dev})")
@@ -283,7 +305,7 @@ class Buffer:
 
     def dispatch(
         self,
-        x: torch.Tensor,
+        x,
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor,
         plan: Optional[torch.Tensor] = None,
@@ -294,14 +316,49 @@ class Buffer:
         x: bf16 [R, s, H]; topk_idx: [R, s, K]; topk_weights: fp32 [R, s, K]; plan: from plan() (planned here
         when None). Returns (recv_x bf16 [R, NvS, H], recv_w fp32 [R, NvS], cu_seqlens int32 [R, G], handle):
         rank r's rows in group order, group g ending at cu_seqlens[r, g] (padding rows zero).
+
+        FP8 buffer (fp8=True): x is bf16 [R, s, H] (quantised once per token by the library's FP8 dispatch) or,
+        as DeepEP's, a tuple (x_fp8 torch.float8_e4m3fn [R, s, H], scales fp32 [R, s, H/128]) quantised by the
+        caller (evenep.fp8.quantize gives the library's bytes; moved as given, nothing requantised). recv_x is then
+        the tuple (recv_x_fp8 [R, NvS, H], recv_scales fp32 [R, NvS, H/128]) (padding rows: codes +0, scale 0);
+        evenep.fp8.dequantize makes bf16 rows of it. Not differentiable in x (recv_w still is, to topk_weights);
+        evenep.nn.MoE(fp8=True) uses the straight-through form (evenep.fp8.DispatchFp8).
         """
+        if self.fp8:
+            recv_x8, recv_sc, _, recv_w, cu, handle = self._dispatch_fp8(x, topk_idx, topk_weights, plan, num_tokens)
+            return (recv_x8, recv_sc), recv_w, cu, handle
+        if isinstance(x, tuple):
+            raise ValueError("evenep.dispatch: x is a tuple (x_fp8, scales) but the buffer was created without "
+                             "fp8=True (its rows are bf16)")
         self._on_device("dispatch", x=x, topk_idx=topk_idx, topk_weights=topk_weights, plan=plan)
         n = _tokens("dispatch", num_tokens, self.info.S)
+        plan = self._plan_for(plan, topk_idx, n)
+        recv_x, recv_w, cu, dst = ops.dispatch(x, topk_idx, topk_weights, plan, self._id, n)
+        return recv_x, recv_w, cu, Handle(plan, dst, topk_weights.detach(), recv_w)
+
+    def _plan_for(self, plan, topk_idx, n):
         if plan is None:
             plan = ops.plan(topk_idx, self._id, n)
             _trace.record_plan(self._trace, plan, self.layout)
-        recv_x, recv_w, cu, dst = ops.dispatch(x, topk_idx, topk_weights, plan, self._id, n)
-        return recv_x, recv_w, cu, Handle(plan, dst, topk_weights.detach(), recv_w)
+        return plan
+
+    def _dispatch_fp8(self, x, topk_idx, topk_weights, plan=None, num_tokens=None):
+        """The FP8 dispatch with its straight-through form (evenep.fp8.DispatchFp8): (recv_x8, recv_scales,
+        recv_deq bf16 (differentiable), recv_w, cu_seqlens, Handle)."""
+        scales = None
+        if isinstance(x, tuple):
+            if len(x) != 2:
+                raise ValueError(f"evenep.dispatch: x is a {type(x).__name__} of {len(x)} items, expected "
+                                 "(x_fp8, scales)")
+            x, scales = x
+            if not isinstance(x, torch.Tensor) or x.dtype != torch.float8_e4m3fn:
+                raise ValueError(f"evenep.dispatch: x_fp8 is a {_fp8._what(x)}, expected torch.float8_e4m3fn")
+        self._on_device("dispatch", x=x, scales=scales, topk_idx=topk_idx, topk_weights=topk_weights, plan=plan)
+        n = _tokens("dispatch", num_tokens, self.info.S)
+        plan = self._plan_for(plan, topk_idx, n)
+        recv_x8, recv_sc, recv_deq, recv_w, cu, dst = _fp8.DispatchFp8.apply(x, scales, topk_idx, topk_weights, plan,
+                                                                            self._id, n)
+        return recv_x8, recv_sc, recv_deq, recv_w, cu, Handle(plan, dst, topk_weights.detach(), recv_w)
 
     def combine(self, expert_out: torch.Tensor, handle: Handle, apply_weights: bool = True) -> torch.Tensor:
         """Sums every token's expert outputs back on its rank (autograd-aware): [R, NvS, H] bf16 -> [R, s, H].

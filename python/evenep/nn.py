@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fp8 as _fp8
 from . import trace as _trace
 from .buffer import Buffer
 
@@ -81,6 +82,11 @@ class MoE(_Experts):
         dtype: parameter dtype (fp32 master weights by default; the data path is bf16).
         trace: optional path of a router trace to record: every forward's gathered histogram [R, E] (the plan's
             tpe), written as int32 [T, R, E] by flush_trace() and at exit (evenep.trace, docs/traces.md).
+        fp8: the FP8 path of the CPU oracle (docs/fp8.md; the buffer must be created with fp8=True, and fp8=True
+            needs such a buffer): e4m3 dispatch with 1x128 scales, e4m3 weights with 128x128 block scales for the
+            home and the copies (cast once per forward), block-scaled GEMMs forward and dgrad with fp32 accumulation,
+            wgrad in bf16 on the dequantised operands, bf16 combine. The casts are straight-through in the backward
+            (docs/python.md, FP8).
 
     With a group= buffer (one rank per process) x is [1, s, H], the expert weights are this rank's E/R home experts
     (global ids rank*E/R ...) and the router weight is replicated (the framework reduces its gradient as usual).
@@ -92,8 +98,14 @@ class MoE(_Experts):
     """
 
     def __init__(self, hidden, ffn_hidden, num_experts, top_k, *, buffer: Buffer, router="softmax",
-                 shared_expert: Optional[nn.Module] = None, dtype=torch.float32, trace=None):
+                 shared_expert: Optional[nn.Module] = None, dtype=torch.float32, trace=None, fp8: bool = False):
         super().__init__(hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype, buffer.info.home)
+        if not isinstance(fp8, bool):
+            raise ValueError(f"evenep.nn.MoE: fp8 = {fp8!r}, expected True or False")
+        if fp8 != buffer.fp8:
+            raise ValueError(f"evenep.nn.MoE(fp8={fp8}) needs a buffer created with fp8={fp8} (the buffer has "
+                             f"fp8={buffer.fp8})")
+        self.fp8 = fp8
         if trace is not None and buffer.group is not None:
             raise NotImplementedError("evenep.nn.MoE(trace=...): a group= buffer plans this rank's row only; record "
                                       "a trace on virtual ranks for now")
@@ -125,14 +137,17 @@ class MoE(_Experts):
         xb = x.to(torch.bfloat16)
         plan = buf.plan(topk_idx, num_tokens)
         _trace.record_plan(self.trace, plan, buf.layout)
-        recv_x, _, _, handle = buf.dispatch(xb, topk_idx, topk_w, plan, num_tokens)
         # Gate and up projections as one GEMM ([H, 2H']): one dgrad, one bf16 rounding of grad x.
         w_gu = torch.cat([self.w_gate, self.w_up], dim=2)
-        # bf16 straight from the GEMMs' epilogues (one rounding of the fp32 sums, as a cast would make).
-        gu = buf.expert_linear(recv_x, w_gu, plan, torch.bfloat16)
-        g, u = gu.split(self.ffn_hidden, dim=-1)
-        h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
-        y = buf.expert_linear(h, self.w_down, plan, torch.bfloat16)
+        if self.fp8:
+            y, handle = self._experts_fp8(xb, topk_idx, topk_w, plan, num_tokens, w_gu)
+        else:
+            recv_x, _, _, handle = buf.dispatch(xb, topk_idx, topk_w, plan, num_tokens)
+            # bf16 straight from the GEMMs' epilogues (one rounding of the fp32 sums, as a cast would make).
+            gu = buf.expert_linear(recv_x, w_gu, plan, torch.bfloat16)
+            g, u = gu.split(self.ffn_hidden, dim=-1)
+            h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
+            y = buf.expert_linear(h, self.w_down, plan, torch.bfloat16)
         out = buf.combine(y, handle).to(x.dtype)
         if side is None:
             return out + self._shared(x)
@@ -140,6 +155,18 @@ class MoE(_Experts):
         main.wait_stream(side)
         shared.record_stream(main)
         return out + shared
+
+    def _experts_fp8(self, xb, topk_idx, topk_w, plan, num_tokens, w_gu):
+        """FP8 dispatch and expert GEMMs (docs/fp8.md section 2): the rows arrive as e4m3 + 1x128 scales and feed the
+        gate/up GEMM; h is cast 1x128 before the down GEMM; the weights are 128x128 e4m3 casts. Returns (y bf16
+        [R, NvS, H], handle)."""
+        buf, ue8m0 = self.buffer, self.buffer.ue8m0
+        recv_x8, recv_sc, recv_x, _, _, handle = buf._dispatch_fp8(xb, topk_idx, topk_w, plan, num_tokens)
+        gu = _fp8.ExpertLinearFp8.apply(recv_x, recv_x8, recv_sc, w_gu, plan, buf.id, ue8m0, torch.bfloat16)
+        g, u = gu.split(self.ffn_hidden, dim=-1)
+        h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
+        h8, hs = _fp8.quantize(h.detach(), ue8m0)
+        return _fp8.ExpertLinearFp8.apply(h, h8, hs, self.w_down, plan, buf.id, ue8m0, torch.bfloat16), handle
 
     def _side_stream(self, device):
         if getattr(self, "_side", None) is None or self._side.device != device:

@@ -493,3 +493,14 @@ def test_out_of_memory_cuda(pair):
     with pytest.raises(torch.OutOfMemoryError):
         evenep.Buffer(8, 2, 2**22, 8192, virtual_ranks=8, token_padding=8, device="cuda")
     _gpu_still_works(pair)
+
+
+# --- FP8 (docs/python.md, FP8) -------------------------------------------------------------------------------------
+# The CUDA ops have no FP8 path yet: Buffer(fp8=True, device="cuda") is refused naming what is missing, and the FP8
+# ops have no CUDA kernel (torch's NotImplementedError). When they are wired, these become the bit-for-bit
+# comparisons with the CPU ops (dispatch_fp8's codes and scales; quantize_fp8 / quantize_fp8_weight).
+def test_fp8_refused_on_cuda():
+    with pytest.raises(NotImplementedError, match="FP8 dispatch"):
+        evenep.Buffer(**{**CFG, "hidden": 128, "ffn_hidden": 128}, device="cuda", fp8=True)
+    with pytest.raises(NotImplementedError):
+        evenep.fp8.quantize(torch.zeros(2, 128, dtype=torch.bfloat16, device="cuda"))
