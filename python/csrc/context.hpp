@@ -183,10 +183,15 @@ class Context {
           buffers_(cfg.cfg.R),
           cur_(cfg.cfg.R) {
         // The auto policy's step-cost coefficients for this buffer's layer shape (docs/auto.md), as cuda::MoeLayer's.
-        if (cfg.cfg.policy == PlannerPolicy::kAuto)
-            planner_.set_auto_model(detail::make_auto_cost_model(cfg.H, cfg.ffn_hidden, cfg.cfg.tp));
         cpu::run_ranks_or_throw(group_,
                                 [&](Team& t) { buffers_[t.rank()] = std::make_unique<cpu::Buffer>(t, cfg_, mode); });
+        // The auto policy's step-cost coefficients for this buffer's layer shape (docs/auto.md), as cuda::MoeLayer's;
+        // the Context's planner and the buffers' (FP8 dispatch plans again) plan the same plans.
+        if (cfg.cfg.policy == PlannerPolicy::kAuto) {
+            const detail::AutoCostModel model = detail::make_auto_cost_model(cfg.H, cfg.ffn_hidden, cfg.cfg.tp);
+            planner_.set_auto_model(model);
+            for (auto& b : buffers_) b->set_auto_model(model);
+        }
     }
 
     const Config& cfg() const { return cfg_.cfg; }

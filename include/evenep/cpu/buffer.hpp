@@ -103,6 +103,9 @@ class Buffer {
     const detail::BufferLayout& layout() const { return layout_; }
     BufferSizes sizes() const { return buffer_sizes(cfg_); }
     PlannerMode mode() const { return planner_.mode(); }
+    // The auto policy's step-cost coefficients of this buffer's planner (Planner::set_auto_model; docs/auto.md): set
+    // them as the caller's other planners of the same group (all of a group's planners must plan the same plan).
+    void set_auto_model(const detail::AutoCostModel& model) { planner_.set_auto_model(model); }
     Team& team() const { return team_; }
 
     // Plans and dispatches (collective). The returned handle's rows are in recv_x()/recv_w() until the next
