@@ -14,10 +14,10 @@
 //
 // Cases (GpuMoeLayerFp8/MatchesCpu.ForwardBackward/<case>_<scales>, the library runner cuda::run_moe_layer over the
 // local team, fp32 and UE8M0 scales): R4 E16 K4 H256 H'128 lognormal (copies); R4 E8 K2 hot expert (every token's
-// first entry on expert 0); R4 E8 K3 amax outliers and zero-input tokens (out exactly 0 there); R2 E8 K6 Theorem 2
+// first entry on expert 0); R4 E8 K3 amax outliers and zero-input tokens (out 0 there); R2 E8 K6 Theorem 2
 // with tp = 128 (mostly padding rows); R8 E32 K4 H128 H'256 masked entries.
-// GpuMoeLayerFp8Flow.InferencePeerGroups: B = 1 < epn, Theorem 2 routing (kPeer groups read the peers' e4m3 casts),
-// forward only. GpuMoeLayerFp8Flow.RejectsMismatch: experts without fp8 casts under an fp8 Ep are refused;
+// GpuMoeLayerFp8Flow.InferencePeerGroups: B = 1 and B = 0 < epn, Theorem 2 routing (kPeer groups read the peers'
+// e4m3 casts), forward only. GpuMoeLayerFp8Flow.RejectsMismatch: experts without fp8 casts under an fp8 Ep are refused;
 // without the CUTLASS FP8 GEMM (a build with EVENEP_CUTLASS off) the constructor refuses naming the build option.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -161,7 +161,8 @@ TEST_P(MatchesCpu, ForwardBackward) {
     if (fc.kind == Kind::kOutliers)
         for (int r = 0; r < fc.cfg.cfg.R; ++r)
             for (int i = 0; i < fc.cfg.H; ++i)
-                ASSERT_EQ(gpu.out[r][2 * fc.cfg.H + i].bits, 0) << "zero-input token, rank " << r << ", channel " << i;
+                ASSERT_EQ(bf16_to_float(gpu.out[r][2 * fc.cfg.H + i]), 0.0f)
+                    << "zero-input token, rank " << r << ", channel " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(GpuMoeLayerFp8,
@@ -172,24 +173,29 @@ INSTANTIATE_TEST_SUITE_P(GpuMoeLayerFp8,
                                     (std::get<1>(info.param) ? "_ue8m0" : "_fp32_scales");
                          });
 
+// B = 1 and B = 0 (no slots: prefetch_weight still runs for the home's casts), forward only.
 TEST(GpuMoeLayerFp8Flow, InferencePeerGroups) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     if (!fp8_gemm_available()) GTEST_SKIP() << "no CUTLASS FP8 GEMM in this build or on this device";
-    Fp8Case fc{"peer", testing::buffer_config(4, 16, 4, 32, 8, 128, 128), Kind::kTheorem2};
-    fc.cfg.cfg.B = 1;
-    const cpu::MoeProblem problem = problem_for(fc, false, 45);
-    cpu::MoeRunOptions opt;
-    opt.backward = false;
-    const cpu::MoeResult cpu = cpu::run_moe_layer(problem, opt);
-    int64_t peer = 0;
-    for (int r = 0; r < fc.cfg.cfg.R; ++r) peer += cpu.plan.peer_reads[r];
-    ASSERT_GT(peer, 0) << "no expert overflowed B = 1";
-    LocalTeam team(fc.cfg.cfg.R, 0);
-    const cpu::MoeResult gpu = run_moe_layer(team, problem, opt);
-    ASSERT_EQ(gpu.dst, cpu.dst);
-    expect_within("out vs cpu fp8 (B = 1)", cpu::compare(gpu.out, widen(cpu.out)), kFp8GpuCpuTol);
-    expect_within("out vs dense f64 (B = 1)", cpu::compare(gpu.out, cpu::dense_moe_forward_f64(problem)),
-                  cpu::kFp8LayerTolerance.max_rel);
+    for (const int B : {1, 0}) {
+        SCOPED_TRACE("B = " + std::to_string(B));
+        Fp8Case fc{"peer", testing::buffer_config(8, 32, 6, 32, 8, 128, 128), Kind::kTheorem2};
+        fc.cfg.cfg.B = B;
+        const cpu::MoeProblem problem = problem_for(fc, false, 45);
+        cpu::MoeRunOptions opt;
+        opt.backward = false;
+        const cpu::MoeResult cpu = cpu::run_moe_layer(problem, opt);
+        int64_t peer = 0;
+        for (int r = 0; r < fc.cfg.cfg.R; ++r) peer += cpu.plan.peer_reads[r];
+        ASSERT_GT(peer, 0) << "no expert overflowed B = " << B;
+        LocalTeam team(fc.cfg.cfg.R, 0);
+        const cpu::MoeResult gpu = run_moe_layer(team, problem, opt);
+        ASSERT_EQ(gpu.dst, cpu.dst);
+        const std::string b = " (B = " + std::to_string(B) + ")";
+        expect_within("out vs cpu fp8" + b, cpu::compare(gpu.out, widen(cpu.out)), kFp8GpuCpuTol);
+        expect_within("out vs dense f64" + b, cpu::compare(gpu.out, cpu::dense_moe_forward_f64(problem)),
+                      cpu::kFp8LayerTolerance.max_rel);
+    }
 }
 
 TEST(GpuMoeLayerFp8Flow, RejectsMismatch) {

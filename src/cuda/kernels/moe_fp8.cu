@@ -19,6 +19,7 @@ inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / kWarpSize;
 inline constexpr int kPerLane = kFp8Block / kWarpSize;  // 4 channels of a 1 x 128 block per lane
 inline constexpr int kTile = 64;                        // transpose tile (bytes x bytes)
+inline constexpr int kTileWords = kTile * kTile / 4;
 
 __device__ __forceinline__ int64_t used_rows(const MoeKernelParams& p, int rank) {
     const int64_t end = p.ranks[rank].cu_seqlens[p.G - 1];
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kThreads)
 // exactly.
 __global__ void __launch_bounds__(kThreads) transpose_kernel(
     const MoeKernelParams p, const uint8_t* const* table, int in, int out, uint8_t* dst, const uint8_t** dst_table) {
-    __shared__ uint8_t tile[kTile][kTile + 4];
+    __shared__ __align__(4) uint8_t tile[kTile][kTile + 4];
     const int i = static_cast<int>(blockIdx.y), rank = p.rank_begin + i;
     const int32_t* cu = p.ranks[rank].cu_seqlens;
     const uint8_t* const* t = table + static_cast<int64_t>(i) * (p.G + 1);
@@ -107,14 +108,20 @@ __global__ void __launch_bounds__(kThreads) transpose_kernel(
         const int r0 = (k / tiles_out) * kTile, c0 = (k % tiles_out) * kTile;
         const uint8_t* src = t[g];
         uint8_t* d = dst + (static_cast<int64_t>(i) * p.G + g) * elems;
-        for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-            const int r = e / kTile, c = e % kTile;
-            tile[r][c] = src[static_cast<int64_t>(r0 + r) * out + c0 + c];
+        // 4-byte words both ways (in, out and the tile's row stride are multiples of 4): a source word is 4 bytes
+        // of one row; a destination word gathers one column's bytes of 4 consecutive source rows.
+        for (int e = threadIdx.x; e < kTileWords; e += kThreads) {
+            const int r = e / (kTile / 4), c = 4 * (e % (kTile / 4));
+            *reinterpret_cast<uint32_t*>(&tile[r][c]) =
+                *reinterpret_cast<const uint32_t*>(src + static_cast<int64_t>(r0 + r) * out + c0 + c);
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
-            const int c = e / kTile, r = e % kTile;  // dst row c0 + c, column r0 + r
-            d[static_cast<int64_t>(c0 + c) * in + r0 + r] = tile[r][c];
+        for (int e = threadIdx.x; e < kTileWords; e += kThreads) {
+            const int c = e / (kTile / 4), r = 4 * (e % (kTile / 4));  // dst row c0 + c, columns r0 + r ..
+            const uint32_t word = static_cast<uint32_t>(tile[r][c]) | static_cast<uint32_t>(tile[r + 1][c]) << 8 |
+                                  static_cast<uint32_t>(tile[r + 2][c]) << 16 |
+                                  static_cast<uint32_t>(tile[r + 3][c]) << 24;
+            *reinterpret_cast<uint32_t*>(d + static_cast<int64_t>(c0 + c) * in + r0 + r) = word;
         }
         __syncthreads();
     }

@@ -281,7 +281,8 @@ MoeForward MoeLayer::forward(std::span<const RankIo> io,
     record(kFwdPlanned, stream);
     ep_.dispatch(f.plan, io, stream);
     record(kFwdDispatched, stream);
-    if (ep_.config().num_slots() > 0) experts_.prefetch_weight(ep_, f.plan, stream);
+    // FP8: also without slots, for the home's weight cast it makes (the local and peer groups read the casts).
+    if (ep_.config().num_slots() > 0 || fp8_) experts_.prefetch_weight(ep_, f.plan, stream);
     record(kFwdPrefetched, stream);
 
     // Expert forward: tables from the new plan, g and u straight from the receive buffer (zero-copy input).
