@@ -328,7 +328,7 @@ void RankComputeTimer::forward_fp8(const Launch& l) {
     kernels::launch_swiglu_forward(p, stream_);
     kernels::launch_moe_fp8_cast_rows(p, h_, F_, false, codes_a_, scales_a_, stream_);
     gemm(2, codes_a_, scales_a_, y_, F_, H_);
-    kernels::launch_moe_fp8_dequant_x(p, l.d_fp8_view(), x_, stream_);
+    kernels::launch_moe_fp8_place_output(p, l.d_fp8_view(), stream_);
 }
 
 void RankComputeTimer::backward_fp8(const Launch& l) {
@@ -359,9 +359,7 @@ void RankComputeTimer::backward_fp8(const Launch& l) {
     kernels::launch_moe_fp8_cast_rows(p, du_, F_, false, codes_b_, scales_b_, stream_);
     dgrad(0, codes_a_, scales_a_, dy_, H_, F_);
     dgrad(1, codes_b_, scales_b_, dxu_, H_, F_);
-    kernels::launch_moe_widen(p, dy_, H_, f32a_, p.f32a_dim, stream_);
-    kernels::launch_moe_widen(p, dxu_, H_, f32b_, p.f32b_dim, stream_);
-    kernels::launch_moe_sum_dx(p, stream_);
+    kernels::launch_moe_fp8_sum_dx(p, dy_, dxu_, stream_);
 }
 
 RankComputeTime RankComputeTimer::time(std::span<const int64_t> group_rows, int warmup, int iters, bool fp8) {

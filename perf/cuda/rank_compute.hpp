@@ -18,7 +18,7 @@
 //             layer runs in prefetch_weight), the forward's transposed e4m3 weights of every group, gate/up FP8
 //             block-scaled GEMMs (grouped_gemm_fp8) on e4m3 rows, swiglu, h cast 1 x 128, down FP8, x dequantised
 //   backward  grad_rows, dWd (bf16 wgrad), dy cast, dh = FP8 dgrad (bf16) widened, swiglu backward, dWg and dWu
-//             (bf16 wgrad), dg and du cast, two FP8 dgrads (bf16) widened, dx = sum
+//             (bf16 wgrad), dg and du cast, two FP8 dgrads (bf16), dx = their sum (launch_moe_fp8_sum_dx)
 // on random e4m3 codes (fill_random_e4m3) with constant scales.
 #pragma once
 

@@ -1,7 +1,7 @@
 // The FP8 kernels of the GPU MoE layer (declarations and contracts in moe_fp8.hpp): the layer's own 1 x 128 casts
-// (h, dy, dg, du), the dequantised x for the bf16 wgrad, the bf16 -> fp32 widening of the FP8 GEMMs' bf16 outputs
-// and the transposed (K-major) e4m3 weights of the forward GEMMs. The casts call evenep/detail/fp8.hpp's functions,
-// so their bytes are cpu::quantize_rows_fp8's (docs/fp8.md).
+// (h, dy, dg, du), the output placement with the dequantised x for the bf16 wgrad, the bf16 -> fp32 widening of dh,
+// the dx sum of the two FP8 dgrads' bf16 outputs and the transposed (K-major) e4m3 weights of the forward GEMMs. The
+// casts call evenep/detail/fp8.hpp's functions, so their bytes are cpu::quantize_rows_fp8's (docs/fp8.md).
 #include <cuda_runtime.h>
 
 #include "cuda/device/vec.cuh"
@@ -55,22 +55,49 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
-__global__ void __launch_bounds__(kThreads)
-    dequant_x_kernel(const MoeKernelParams p, const MoeFp8RankView* views, uint16_t* out) {
+// Per thread 4 elements: recv_x <- y (8 bytes), x <- the 4 codes dequantised with their block's scale.
+__global__ void __launch_bounds__(kThreads) place_output_kernel(const MoeKernelParams p, const MoeFp8RankView* views) {
     const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
     const MoeFp8RankView v = views[blockIdx.y];
-    const int64_t n = used_rows(p, rank) * p.H / kPerLane;  // 4 codes per thread
-    uint2* o = reinterpret_cast<uint2*>(out + static_cast<int64_t>(blockIdx.y) * p.nvs * p.H);
+    const int64_t n = used_rows(p, rank) * p.H / kPerLane;
+    const int64_t base = static_cast<int64_t>(blockIdx.y) * p.nvs * p.H;
+    uint2* x = reinterpret_cast<uint2*>(p.x + base);
+    const uint2* y = reinterpret_cast<const uint2*>(p.y + base);
+    uint2* recv = reinterpret_cast<uint2*>(p.ranks[rank].recv_x);
     const uint32_t* q4 = reinterpret_cast<const uint32_t*>(v.x8);
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        recv[i] = y[i];
         const uint32_t q = q4[i];
         const float s = v.scale[i * kPerLane / kFp8Block];
         uint32_t b[kPerLane];
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j)
             b[j] = float_to_bf16(fp8_dequantize(Fp8E4m3{static_cast<uint8_t>(q >> (8 * j))}, s)).bits;
-        o[i] = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+        x[i] = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+    }
+}
+
+__device__ __forceinline__ float lo_bf16(uint32_t w) { return bf16_to_float(Bf16{static_cast<uint16_t>(w & 0xFFFFu)}); }
+__device__ __forceinline__ float hi_bf16(uint32_t w) { return bf16_to_float(Bf16{static_cast<uint16_t>(w >> 16)}); }
+// Two bf16 sums of a word pair, each rounded once (launch_moe_sum_dx's __fadd_rn, then bf16).
+__device__ __forceinline__ uint32_t sum_bf16x2(uint32_t x, uint32_t y) {
+    return static_cast<uint32_t>(float_to_bf16(__fadd_rn(lo_bf16(x), lo_bf16(y))).bits) |
+           static_cast<uint32_t>(float_to_bf16(__fadd_rn(hi_bf16(x), hi_bf16(y))).bits) << 16;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sum_dx_kernel(const MoeKernelParams p, const uint16_t* a, const uint16_t* b) {
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
+    const int64_t n = used_rows(p, rank) * p.H / kPerLane;
+    const int64_t base = static_cast<int64_t>(blockIdx.y) * p.nvs * p.H;
+    const uint2* a2 = reinterpret_cast<const uint2*>(a + base);
+    const uint2* b2 = reinterpret_cast<const uint2*>(b + base);
+    uint2* dx = reinterpret_cast<uint2*>(p.ranks[rank].recv_x);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const uint2 u = a2[i], v = b2[i];
+        dx[i] = make_uint2(sum_bf16x2(u.x, v.x), sum_bf16x2(u.y, v.y));
     }
 }
 
@@ -154,14 +181,19 @@ void launch_moe_fp8_cast_rows(const MoeKernelParams& p,
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_moe_fp8_dequant_x(const MoeKernelParams& p,
-                              const MoeFp8RankView* views,
-                              uint16_t* out,
-                              cudaStream_t stream) {
-    check_params(p, "moe fp8 dequant x");
-    EVENEP_CHECK(p.H % kFp8Block == 0, "moe fp8 dequant x: H = ", p.H, " must be a multiple of ", kFp8Block);
-    EVENEP_CHECK(views != nullptr && out != nullptr, "moe fp8 dequant x: null buffer");
-    dequant_x_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, views, out);
+void launch_moe_fp8_place_output(const MoeKernelParams& p, const MoeFp8RankView* views, cudaStream_t stream) {
+    check_params(p, "moe fp8 place output");
+    EVENEP_CHECK(p.H % kFp8Block == 0, "moe fp8 place output: H = ", p.H, " must be a multiple of ", kFp8Block);
+    EVENEP_CHECK(views != nullptr && p.x != nullptr && p.y != nullptr, "moe fp8 place output: null buffer");
+    place_output_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, views);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_moe_fp8_sum_dx(const MoeKernelParams& p, const uint16_t* a, const uint16_t* b, cudaStream_t stream) {
+    check_params(p, "moe fp8 sum dx");
+    EVENEP_CHECK(p.H % kPerLane == 0 && a != nullptr && b != nullptr, "moe fp8 sum dx: H = ", p.H,
+                 " (or a null buffer)");
+    sum_dx_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, a, b);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -31,12 +31,14 @@ struct MoeFp8RankView {
     const float* scale;
 };
 
-// out = bf16(float(q) * s) on the used rows of every served rank (q, s: views[rank - rank_begin], device
-// [num_local]; out [num_local][NvS][H]) — the bf16 x the CPU layer saves for the bf16 wgrad.
-void launch_moe_fp8_dequant_x(const MoeKernelParams& p,
-                              const MoeFp8RankView* views,
-                              uint16_t* out,
-                              cudaStream_t stream);
+// launch_moe_place_output for the FP8 path (whose recv_x holds no bf16 rows to save): recv_x <- y (combine reads the
+// expert output in place) and x = bf16(float(q) * s) of the received codes (q, s: views[rank - rank_begin], device
+// [num_local]) — the bf16 x the CPU layer saves for the bf16 wgrad — on the used rows of every served rank.
+void launch_moe_fp8_place_output(const MoeKernelParams& p, const MoeFp8RankView* views, cudaStream_t stream);
+
+// recv_x = bf16(float(a) + float(b)) on the used rows (a, b: [num_local][NvS][H] bf16, the two FP8 dgrads' outputs):
+// launch_moe_sum_dx on the widened values, bit for bit, without the fp32 round trip.
+void launch_moe_fp8_sum_dx(const MoeKernelParams& p, const uint16_t* a, const uint16_t* b, cudaStream_t stream);
 
 // out[row, i] = float(in[row, i]) on the used rows ([.., dim] bf16 -> [.., out_dim] fp32, dim <= out_dim).
 void launch_moe_widen(

@@ -162,7 +162,7 @@ void MoeLayer::fp8_gemm(
 }
 
 // g, u = FP8 GEMMs of the received codes; h = swiglu (bf16); y = FP8 GEMM of h cast 1 x 128; then y into the receive
-// buffer and x = bf16(float(q)*s) saved for the bf16 wgrad (after place_output, which copies the unused bf16 recv_x).
+// buffer and x = bf16(float(q)*s) saved for the bf16 wgrad (one pass).
 void MoeLayer::fp8_forward_experts(const kernels::MoeKernelParams& p, cudaStream_t stream) {
     const int L0 = ep_.rank_begin(), NL = ep_.num_local_ranks(), H = ep_.hidden(), F = ffn_hidden_;
     const bool ue8m0 = ep_.options().precision.ue8m0;
@@ -180,14 +180,13 @@ void MoeLayer::fp8_forward_experts(const kernels::MoeKernelParams& p, cudaStream
     for (int r = L0; r < L0 + NL; ++r)
         fp8_gemm(r, detail::kProjDown, GemmOp::kForward, codes_at(f.codes_a, r, F), scales_at(f.scales_a, r, F),
                  bf16_at(regions_.y, r, H), stream);
-    kernels::launch_moe_place_output(p, stream);
-    kernels::launch_moe_fp8_dequant_x(p, reinterpret_cast<const kernels::MoeFp8RankView*>(arena_.get() + f.views), p.x,
-                                      stream);
+    kernels::launch_moe_fp8_place_output(p, reinterpret_cast<const kernels::MoeFp8RankView*>(arena_.get() + f.views),
+                                         stream);
 }
 
 // After launch_moe_grad_rows (dy, dw): dWd (bf16); dh = FP8 dgrad of dy cast 1 x 128 (bf16 out, into dg's rows, then
 // widened to fp32 for the swiglu backward); dWg, dWu (bf16); dx partials = FP8 dgrads of dg and du cast 1 x 128 (bf16
-// out: dy's rows, free by then, and dxu), widened and summed into the receive buffer by launch_moe_sum_dx.
+// out: dy's rows, free by then, and dxu), summed into the receive buffer (launch_moe_fp8_sum_dx).
 void MoeLayer::fp8_backward_experts(const kernels::MoeKernelParams& p, cudaStream_t stream) {
     const int L0 = ep_.rank_begin(), NL = ep_.num_local_ranks(), H = ep_.hidden(), F = ffn_hidden_;
     const bool ue8m0 = ep_.options().precision.ue8m0;
@@ -216,9 +215,7 @@ void MoeLayer::fp8_backward_experts(const kernels::MoeKernelParams& p, cudaStrea
         fp8_gemm(r, detail::kProjUp, GemmOp::kDgrad, codes_at(f.codes_b, r, F), scales_at(f.scales_b, r, F),
                  dxu + static_cast<size_t>(r - L0) * ep_.layout().nvs * H, stream);  // du Wu^T
     }
-    kernels::launch_moe_widen(p, p.dy, H, p.f32a, p.f32a_dim, stream);
-    kernels::launch_moe_widen(p, dxu, H, p.f32b, p.f32b_dim, stream);
-    kernels::launch_moe_sum_dx(p, stream);
+    kernels::launch_moe_fp8_sum_dx(p, p.dy, dxu, stream);
 }
 
 TrafficReport fp8_traffic(
