@@ -9,16 +9,19 @@
 
 #include "evenep/buffer.hpp"
 #include "evenep/config.hpp"
-#include "perf/cuda/bench.hpp"
+#include "evenep/cuda/moe_layer.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
 #include "perf/baselines.hpp"
+#include "perf/cuda/bench.hpp"
 #include "perf/cuda/rank_compute.hpp"
 #include "perf/drift.hpp"
 #include "perf/eplb.hpp"
 
 namespace evenep::perf::cuda {
 namespace {
+
+using ::evenep::cuda::GemmSchedule;
 
 Config config_of(const LayerBenchConfig& c) {
     const Config cfg{
@@ -66,7 +69,7 @@ void time_systems(LayerPointWork& w, RankComputeTimer& timer, const LayerBenchCo
     for (size_t i = 0; i < most; ++i)
         for (size_t s = 0; s < w.systems.size(); ++s) {
             if (w.compute_as[s] >= 0 || i >= w.timed_ranks[s].size()) continue;
-            const RankComputeTime t = timer.time(w.groups[s][i], cfg.warmup, cfg.iters);
+            const RankComputeTime t = timer.time(w.groups[s][i], cfg.warmup, cfg.iters, w.systems[s].fp8);
             SystemStep& st = w.systems[s];
             st.timed_ranks.push_back(w.timed_ranks[s][i]);
             st.forward_ms.push_back(t.forward_ms);
@@ -123,7 +126,7 @@ LayerPointEstimate estimate_layer_point(const LayerBenchConfig& c, double tflops
     const Config cfg = config_of(c);
     LayerPointEstimate e;
     e.compute_bytes = static_cast<double>(
-        RankComputeTimer::bytes_needed(c.H, c.ffn_hidden, cfg.num_groups(), cfg.recv_rows()));
+        RankComputeTimer::bytes_needed(c.H, c.ffn_hidden, cfg.num_groups(), cfg.recv_rows(), c.fp8));
     const BufferSizes b = buffer_sizes(BufferConfig{.cfg = cfg, .H = c.H, .ffn_hidden = c.ffn_hidden});
     const double expert = static_cast<double>(c.H) * c.ffn_hidden;
     // Per virtual rank: its communication buffer, x and out [S, H], the routing, and one projection of its experts
@@ -135,7 +138,8 @@ LayerPointEstimate estimate_layer_point(const LayerBenchConfig& c, double tflops
     const double row_flops = 18.0 * expert;
     const double rows = static_cast<double>(c.S) * c.K;  // per rank on average
     // every rank of EvenEP, conventional EP and each EPLB placement
-    const double timed_rows = (2.0 + static_cast<double>(c.redundant.size())) * c.R * rows;
+    // (the FP8 layer's ranks: about half the GEMM time of a bf16 rank)
+    const double timed_rows = (2.0 + (c.fp8 ? 0.5 : 0.0) + static_cast<double>(c.redundant.size())) * c.R * rows;
     e.seconds = timed_rows * row_flops * (c.warmup + c.iters) / (tflops * 1e12) + c.warm_seconds +
                 (c.measure_data_movement ? 5.0 : 0.0) + 2.0 + 2e-6 * c.R * rows;  // + routing, plan, baselines (host)
     return e;
@@ -158,7 +162,7 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
     Plan plan;
     planner.plan(tpe, routing.s, plan);
     w.slack_ppm = plan.slack_ppm;
-    TrafficReport ev_traffic;
+    TrafficReport ev_traffic, ev8_traffic;
     {
         std::vector<std::vector<int32_t>> dst(R);
         for (int r = 0; r < R; ++r) {
@@ -166,6 +170,7 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
             compute_dst(plan, r, routing.topk_idx[r], dst[r]);
         }
         ev_traffic = evenep_traffic(plan, dst, c.H, c.ffn_hidden, /*training=*/true);
+        if (c.fp8) ev8_traffic = ::evenep::cuda::fp8_traffic(ev_traffic, plan, dst, c.H, c.ffn_hidden);
     }
     std::vector<std::vector<int64_t>> ev_groups(R, std::vector<int64_t>(G));
     for (int r = 0; r < R; ++r)
@@ -197,10 +202,23 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
     cv.comm = modelled(cv_traffic, c.link_gbps);
     ev.max_rank_link_bytes = ev_traffic.total().max_rank_bytes();
     cv.max_rank_link_bytes = cv_traffic.total().max_rank_bytes();
-    w.systems = {std::move(ev), std::move(cv)};
-    w.timed_ranks = {all_ranks(R), all_ranks(R)};
-    w.groups = {std::move(ev_groups), std::move(cv_groups)};
-    w.compute_as = {-1, -1};
+    w.systems.push_back(std::move(ev));
+    w.timed_ranks.push_back(all_ranks(R));
+    w.groups.push_back(ev_groups);
+    if (c.fp8) {  // the same plan and groups on the FP8 path
+        SystemStep ev8 = w.systems.front();
+        ev8.system = "evenep_fp8";
+        ev8.fp8 = true;
+        ev8.comm = modelled(ev8_traffic, c.link_gbps);
+        ev8.max_rank_link_bytes = ev8_traffic.total().max_rank_bytes();
+        w.systems.push_back(std::move(ev8));
+        w.timed_ranks.push_back(all_ranks(R));
+        w.groups.push_back(ev_groups);
+    }
+    w.systems.push_back(std::move(cv));
+    w.timed_ranks.push_back(all_ranks(R));
+    w.groups.push_back(std::move(cv_groups));
+    w.compute_as.assign(w.systems.size(), -1);
     int most_slots = 0;
     for (const int requested : c.redundant) {
         const int redundant = requested < 0 ? cfg.num_slots() : requested;
@@ -253,9 +271,13 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
     // The GPU planner of one rank as Ep::plan runs it (EpOptions::planner_kernel's default, kCluster:
     // plan_rank_cluster; the one-block planner under that name where the shape does not fit the cluster).
     for (const MeasuredOp& m : out.measured)
-        if (m.op == "plan_rank_cluster") w.systems[0].comm.plan += m.median_us * 1e-3;
+        if (m.op == "plan_rank_cluster")
+            for (SystemStep& st : w.systems)
+                if (st.system == "evenep" || st.system == "evenep_fp8") st.comm.plan += m.median_us * 1e-3;
     {
-        RankComputeTimer timer(c.H, c.ffn_hidden, w.max_groups, w.max_rows, c.seed);
+        // With fp8, the FP8 forward casts the rank's epn home experts (prefetch_weight's cast).
+        RankComputeTimer timer(c.H, c.ffn_hidden, w.max_groups, w.max_rows, c.seed, GemmSchedule::kFixed, c.fp8,
+                               config_of(c).epn());
         if (c.check) out.gemm_check_error = timer.check_forward(w.groups[0][0]);
         out.warm_up_ms = timer.warm_up(w.groups[0][0], c.warm_seconds);
         time_systems(w, timer, c);

@@ -54,6 +54,12 @@ struct LayerBenchConfig {
     bool measure_data_movement = true;  // also time plan/dispatch/combine/prefetch/reduce on one GPU (bench_point)
     double copy_gbps = 1;               // copy anchor for bench_point's rows
     bool check = false;  // bench_point --check and a sampled check of the timed GEMMs (rank 0 of EvenEP)
+    // Also the FP8 layer (docs/fp8.md): system "evenep_fp8" right after "evenep", same plan and groups; its compute is
+    // the FP8 path's kernels (RankComputeTimer with fp8: the home's weight cast of epn experts, the forward's weight
+    // transposes, FP8 forward and dgrad GEMMs, bf16 wgrad), its data movement the traffic model with e4m3 dispatch
+    // rows (H + 4H/128 bytes) and e4m3 weight copies (3 H H' (1 + 1/4096) bytes); the other phases stay bf16.
+    // H and ffn_hidden multiples of 128; needs the CUTLASS FP8 GEMM.
+    bool fp8 = false;
 };
 
 // Modelled (or measured) time of each phase of one step, milliseconds.
@@ -66,7 +72,8 @@ struct PhaseMs {
 };
 
 struct SystemStep {
-    std::string system;  // "evenep", "conventional", "eplb"
+    std::string system;        // "evenep", "evenep_fp8", "conventional", "eplb"
+    bool fp8 = false;          // the FP8 data path (evenep_fp8)
     std::string replica_sync;  // EPLB: the replica synchronisation model (to_string(EplbSync)); empty otherwise
     int redundant_slots = 0;   // EPLB: redundant slots per rank of its placement (-1 resolved to epn)
     std::vector<int64_t> rows;              // [R] rows each rank computes (unpadded entries)
@@ -93,7 +100,7 @@ struct LayerPointResult {
     double maxvio = 0;          // achieved by the routing
     double eplb_prev_maxvio = 0;  // the step EPLB was planned on
     int64_t slack_ppm = 0;        // EvenEP's plan: the budget it used (Plan::slack_ppm; under auto, the one chosen)
-    std::vector<SystemStep> systems;  // evenep, conventional, then the eplb systems (see LayerPointWork)
+    std::vector<SystemStep> systems;   // evenep, [evenep_fp8,] conventional, then the eplb systems (LayerPointWork)
     std::vector<double> warm_up_ms;    // the warm-up runs (EvenEP's rank 0, forward + backward), in order
     std::vector<MeasuredOp> measured;  // EvenEP data movement on one GPU (empty when not measured)
     std::string measured_note;         // why not measured, or what was measured
@@ -104,7 +111,8 @@ struct LayerPointResult {
 
 // The host part of a point (no GPU): every system's rows, modelled phases (EvenEP's plan phase without the GPU
 // planner) and link bytes, and the groups of the ranks to time: groups[system][i] are the padded rows of each group of
-// rank timed_ranks[system][i]. Systems in order evenep, conventional, then for each cfg.redundant entry one eplb per
+// rank timed_ranks[system][i]. Systems in order evenep, evenep_fp8 (cfg.fp8), conventional, then for each
+// cfg.redundant entry one eplb per
 // cfg.eplb_syncs entry; of each placement's eplb systems only the first is timed, the others have compute_as = its
 // index (same ranks, same groups).
 struct LayerPointWork {

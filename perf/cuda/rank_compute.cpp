@@ -8,8 +8,10 @@
 #include <cmath>
 #include <random>
 
+#include "cuda/kernels/moe_fp8.hpp"
 #include "cuda/kernels/swiglu.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/detail/fp8_cast.hpp"
 #include "evenep/detail/bf16.hpp"
 #include "evenep/error.hpp"
 #include "perf/cuda/timing.hpp"
@@ -25,13 +27,18 @@ namespace {
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// Arena regions, in order: weights, grads, x, g, u, h, y, dy, dg, du, recv_x, recv_w, f32a, f32b, workspace.
+// Arena regions, in order: weights, grads, x, g, u, h, y, dy, dg, du, recv_x, recv_w, f32a, f32b, workspace; with
+// fp8: w8, wt8, w_scales, x8, x_scales, codes_a, scales_a, codes_b, scales_b, dxu (else 0 bytes each).
+inline constexpr int kRegions = 25;
 struct ArenaPlan {
-    size_t off[15] = {};
+    size_t off[kRegions] = {};
     size_t total = 0;
 };
 
-ArenaPlan arena_plan(int H, int F, int G, int64_t rows) {
+// Floats of one matrix's 128 x 128 block scales, padded to 16 bytes (cuda::ExpertsShape::scale_stride's rule).
+int64_t scale_floats(int H, int F) { return (static_cast<int64_t>(H / 128) * (F / 128) + 3) / 4 * 4; }
+
+ArenaPlan arena_plan(int H, int F, int G, int64_t rows, bool fp8) {
     const size_t elems = static_cast<size_t>(H) * F, n = static_cast<size_t>(rows);
     const size_t wide = static_cast<size_t>(std::max(H, F));
     const size_t gs = static_cast<size_t>(G);
@@ -50,10 +57,21 @@ ArenaPlan arena_plan(int H, int F, int G, int64_t rows) {
                               n * wide * 4,        // f32a: dh [rows, H'], then dg·Wg^T [rows, H]
                               n * H * 4,           // f32b: du·Wu^T
                               ::evenep::cuda::grouped_gemm_workspace_bytes(G)};
+    const size_t f = fp8 ? 1 : 0, sf = static_cast<size_t>(scale_floats(H, F));
+    const size_t fp8_sizes[10] = {f * 3 * elems * gs,   // w8 [G][3][H*H'] e4m3
+                                  f * 3 * elems * gs,   // wt8: the forward's transposes, [3][G][H*H']
+                                  f * 3 * gs * sf * 4,  // w_scales
+                                  f * n * H,            // x8
+                                  f * n * H / 32,       // x_scales (H/128 floats a row)
+                                  f * n * wide,         // codes_a
+                                  f * n * wide / 32,    // scales_a
+                                  f * n * F,            // codes_b
+                                  f * n * F / 32,       // scales_b
+                                  f * n * H * 2};       // dxu
     ArenaPlan p;
-    for (int i = 0; i < 15; ++i) {
+    for (int i = 0; i < kRegions; ++i) {
         p.off[i] = p.total;
-        p.total += align_up(sizes[i]);
+        p.total += align_up(i < 15 ? sizes[i] : fp8_sizes[i - 15]);
     }
     return p;
 }
@@ -79,22 +97,49 @@ struct RankComputeTimer::Launch {
     const kernels::MoeRankView* d_view() const {
         return reinterpret_cast<const kernels::MoeRankView*>(block.get() + align_up(4 * G) + 2 * align_up(8 * 3 * G));
     }
+    // FP8 (timer with fp8): the received rows' view, then per kind (codes, scales, transposes) and projection a
+    // table of G+1 entries (the layer's layout, so that the transpose kernel writes the third kind).
+    size_t fp8_offset() const {
+        return align_up(4 * G) + 2 * align_up(8 * 3 * G) + align_up(sizeof(kernels::MoeRankView));
+    }
+    static size_t fp8_bytes(int G) { return align_up(sizeof(kernels::MoeFp8RankView)) + 8 * 9 * (G + 1); }
+    const kernels::MoeFp8RankView* d_fp8_view() const {
+        return reinterpret_cast<const kernels::MoeFp8RankView*>(block.get() + fp8_offset());
+    }
+    const void** d_fp8_table(int kind, int proj) const {
+        return reinterpret_cast<const void**>(block.get() + fp8_offset() + align_up(sizeof(kernels::MoeFp8RankView))) +
+               static_cast<size_t>(kind * 3 + proj) * (G + 1);
+    }
 };
 
-size_t RankComputeTimer::bytes_needed(int H, int ffn_hidden, int max_groups, int64_t max_rows) {
-    return arena_plan(H, ffn_hidden, max_groups, max_rows).total;
+size_t RankComputeTimer::bytes_needed(int H, int ffn_hidden, int max_groups, int64_t max_rows, bool fp8) {
+    return arena_plan(H, ffn_hidden, max_groups, max_rows, fp8).total;
 }
 
-RankComputeTimer::RankComputeTimer(int H, int ffn_hidden, int max_groups, int64_t max_rows, uint64_t seed,
-                                   GemmSchedule wgrad_schedule)
-    : H_(H), F_(ffn_hidden), max_groups_(max_groups), max_rows_(max_rows), wgrad_schedule_(wgrad_schedule) {
+RankComputeTimer::RankComputeTimer(int H,
+                                   int ffn_hidden,
+                                   int max_groups,
+                                   int64_t max_rows,
+                                   uint64_t seed,
+                                   GemmSchedule wgrad_schedule,
+                                   bool fp8,
+                                   int fp8_home_casts)
+    : H_(H),
+      F_(ffn_hidden),
+      max_groups_(max_groups),
+      max_rows_(max_rows),
+      wgrad_schedule_(wgrad_schedule),
+      fp8_(fp8),
+      fp8_home_casts_(std::clamp(fp8_home_casts, 0, max_groups)) {
     EVENEP_CHECK(H >= 8 && H % 8 == 0, "rank compute: H = ", H, " must be a positive multiple of 8");
     EVENEP_CHECK(ffn_hidden >= 8 && ffn_hidden % 8 == 0, "rank compute: H' = ", ffn_hidden,
                  " must be a positive multiple of 8");
     EVENEP_CHECK(max_groups >= 1 && max_groups <= ::evenep::cuda::kMaxGemmGroups, "rank compute: max_groups = ",
                  max_groups, " must be in [1, ", ::evenep::cuda::kMaxGemmGroups, "]");
     EVENEP_CHECK(max_rows >= 1, "rank compute: max_rows = ", max_rows, " must be >= 1");
-    const ArenaPlan a = arena_plan(H, F_, max_groups, max_rows);
+    EVENEP_CHECK(!fp8 || (H % 128 == 0 && ffn_hidden % 128 == 0), "rank compute: fp8 needs H = ", H,
+                 " and H' = ", ffn_hidden, " multiples of 128");
+    const ArenaPlan a = arena_plan(H, F_, max_groups, max_rows, fp8);
     bytes_ = a.total;
     arena_ = ::evenep::cuda::DeviceArray<char>(bytes_, ::evenep::cuda::DeviceFill::kNone);
     char* arena = arena_.get();
@@ -103,6 +148,12 @@ RankComputeTimer::RankComputeTimer(int H, int ffn_hidden, int max_groups, int64_
     weights_ = bf(0), grads_ = f32(1), x_ = bf(2), g_ = bf(3), u_ = bf(4), h_ = bf(5), y_ = bf(6), dy_ = bf(7);
     dg_ = bf(8), du_ = bf(9), recv_x_ = bf(10), recv_w_ = f32(11), f32a_ = f32(12), f32b_ = f32(13);
     workspace_ = arena + a.off[14];
+    if (fp8_) {
+        auto u8 = [&](int i) { return reinterpret_cast<uint8_t*>(arena + a.off[i]); };
+        w8_ = u8(15), wt8_ = u8(16), w_scales_ = f32(17), x8_ = u8(18), x_scales_ = f32(19);
+        codes_a_ = u8(20), scales_a_ = f32(21), codes_b_ = u8(22), scales_b_ = f32(23), dxu_ = bf(24);
+        sstride_ = scale_floats(H, F_);
+    }
     EVENEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     for (cudaEvent_t& e : ev_) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
     const size_t elems = static_cast<size_t>(H) * F_, n = static_cast<size_t>(max_rows);
@@ -112,6 +163,13 @@ RankComputeTimer::RankComputeTimer(int H, int ffn_hidden, int max_groups, int64_
     fill_random_bf16(recv_x_, n * H, seed + 2, 1.f / 32, stream_);
     fill_random_bf16(reinterpret_cast<uint16_t*>(recv_w_), 2 * n, seed + 3, 1.f, stream_);
     EVENEP_CUDA_CHECK(cudaMemsetAsync(grads_, 0, 3 * elems * max_groups * 4, stream_));
+    if (fp8_) {  // random codes; every scale 0x3C3C3C3C (about 0.0115): timing only
+        ::evenep::cuda::fill_random_e4m3(w8_, 3 * elems * max_groups, seed + 4, 1.f, stream_);
+        ::evenep::cuda::fill_random_e4m3(x8_, n * H, seed + 5, 1.f, stream_);
+        EVENEP_CUDA_CHECK(
+            cudaMemsetAsync(w_scales_, 0x3C, 3 * static_cast<size_t>(max_groups) * sstride_ * 4, stream_));
+        EVENEP_CUDA_CHECK(cudaMemsetAsync(x_scales_, 0x3C, n * H / 32, stream_));
+    }
     EVENEP_CUDA_CHECK(cudaStreamSynchronize(stream_));
     int sms = 0;
     EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -148,7 +206,8 @@ std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const in
     for (Launch& l : out) {
         l.G = static_cast<int>(l.cu.size());
         const size_t table = align_up(8 * 3 * l.G);
-        const size_t bytes = align_up(4 * l.G) + 2 * table + sizeof(kernels::MoeRankView);
+        const size_t bytes = align_up(4 * l.G) + 2 * table + align_up(sizeof(kernels::MoeRankView)) +
+                             (fp8_ ? Launch::fp8_bytes(l.G) : 0);
         std::vector<char> host(bytes, 0);
         std::copy_n(reinterpret_cast<const char*>(l.cu.data()), 4 * l.G, host.data());
         auto* wt = reinterpret_cast<const uint16_t**>(host.data() + align_up(4 * l.G));
@@ -164,7 +223,19 @@ std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const in
         view.recv_x = recv_x_;
         view.recv_w = recv_w_;
         view.cu_seqlens = l.d_cu();
-        std::copy_n(reinterpret_cast<const char*>(&view), sizeof(view), host.data() + bytes - sizeof(view));
+        std::copy_n(reinterpret_cast<const char*>(&view), sizeof(view), host.data() + align_up(4 * l.G) + 2 * table);
+        if (fp8_) {
+            const kernels::MoeFp8RankView v8{x8_, x_scales_};
+            char* f = host.data() + l.fp8_offset();
+            std::copy_n(reinterpret_cast<const char*>(&v8), sizeof(v8), f);
+            auto* t = reinterpret_cast<const void**>(f + align_up(sizeof(v8)));
+            for (int p = 0; p < 3; ++p)
+                for (int j = 0; j < l.G; ++j) {
+                    const size_t m = static_cast<size_t>(l.weight[j]) * 3 + p;
+                    t[p * (l.G + 1) + j] = w8_ + m * elems;                                      // codes
+                    t[(3 + p) * (l.G + 1) + j] = w_scales_ + m * static_cast<size_t>(sstride_);  // scales
+                }
+        }
         l.block.upload(host.data(), bytes);
     }
     return out;
@@ -201,6 +272,13 @@ void RankComputeTimer::forward(const Launch& l) {
     gemm(2, h_, y_, F_, H_);
 }
 
+void RankComputeTimer::wgrad_of(const Launch& l, int proj, const uint16_t* x, const uint16_t* dy, int in, int out) {
+    ::evenep::cuda::GroupedWgradArgs a;
+    a.x = x, a.dy = dy, a.cu_seqlens = l.d_cu(), a.grads = l.d_grads(proj);
+    a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.schedule = wgrad_schedule_, a.workspace = workspace_;
+    ::evenep::cuda::grouped_gemm_wgrad(a, stream_);
+}
+
 void RankComputeTimer::backward(const Launch& l) {
     kernels::MoeKernelParams p = elementwise_params(l.d_view(), l.G, H_, F_, max_rows_, blocks_);
     p.x = x_, p.g = g_, p.u = u_, p.h = h_, p.y = y_, p.dy = dy_, p.dg = dg_, p.du = du_, p.f32a = f32a_,
@@ -213,10 +291,7 @@ void RankComputeTimer::backward(const Launch& l) {
         ::evenep::cuda::grouped_gemm(a, stream_);
     };
     auto wgrad = [&](int proj, const uint16_t* x, const uint16_t* dy, int in, int out) {
-        ::evenep::cuda::GroupedWgradArgs a;
-        a.x = x, a.dy = dy, a.cu_seqlens = l.d_cu(), a.grads = l.d_grads(proj);
-        a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.schedule = wgrad_schedule_, a.workspace = workspace_;
-        ::evenep::cuda::grouped_gemm_wgrad(a, stream_);
+        wgrad_of(l, proj, x, dy, in, out);
     };
     kernels::launch_moe_grad_rows(p, stream_);
     wgrad(2, h_, dy_, F_, H_);
@@ -229,8 +304,79 @@ void RankComputeTimer::backward(const Launch& l) {
     kernels::launch_moe_sum_dx(p, stream_);
 }
 
-RankComputeTime RankComputeTimer::time(std::span<const int64_t> group_rows, int warmup, int iters) {
+// The FP8 path of cuda::MoeLayer for one rank (src/cuda/runtime/moe_layer_fp8.cpp), launch by launch.
+void RankComputeTimer::forward_fp8(const Launch& l) {
+    kernels::MoeKernelParams p = elementwise_params(l.d_view(), l.G, H_, F_, max_rows_, blocks_);
+    p.x = x_, p.g = g_, p.u = u_, p.h = h_, p.y = y_;
+    const size_t elems = static_cast<size_t>(H_) * F_;
+    auto gemm = [&](int proj, const uint8_t* x, const float* xs, uint16_t* y, int in, int out) {
+        ::evenep::cuda::GroupedGemmFp8Args a;
+        a.x = x, a.x_scales = xs, a.cu_seqlens = l.d_cu(), a.y = y;
+        a.weights = reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(2, proj));  // W^T
+        a.weight_scales = reinterpret_cast<const float* const*>(l.d_fp8_table(1, proj));
+        a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.op = GemmOp::kForward;
+        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
+        ::evenep::cuda::grouped_gemm_fp8(a, stream_);
+    };
+    for (int proj = 0; proj < 3; ++proj)
+        kernels::launch_moe_fp8_transpose_weights(p, reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(0, proj)),
+                                                  proj == 2 ? F_ : H_, proj == 2 ? H_ : F_,
+                                                  wt8_ + static_cast<size_t>(proj) * max_groups_ * elems,
+                                                  reinterpret_cast<const uint8_t**>(l.d_fp8_table(2, proj)), stream_);
+    gemm(0, x8_, x_scales_, g_, H_, F_);
+    gemm(1, x8_, x_scales_, u_, H_, F_);
+    kernels::launch_swiglu_forward(p, stream_);
+    kernels::launch_moe_fp8_cast_rows(p, h_, F_, false, codes_a_, scales_a_, stream_);
+    gemm(2, codes_a_, scales_a_, y_, F_, H_);
+    kernels::launch_moe_fp8_place_output(p, l.d_fp8_view(), stream_);
+}
+
+void RankComputeTimer::backward_fp8(const Launch& l) {
+    kernels::MoeKernelParams p = elementwise_params(l.d_view(), l.G, H_, F_, max_rows_, blocks_);
+    p.x = x_, p.g = g_, p.u = u_, p.h = h_, p.y = y_, p.dy = dy_, p.dg = dg_, p.du = du_, p.f32a = f32a_,
+    p.f32b = f32b_;
+    auto dgrad = [&](int proj, const uint8_t* x, const float* xs, uint16_t* y, int in, int out) {
+        ::evenep::cuda::GroupedGemmFp8Args a;
+        a.x = x, a.x_scales = xs, a.cu_seqlens = l.d_cu(), a.y = y;
+        a.weights = reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(0, proj));  // W
+        a.weight_scales = reinterpret_cast<const float* const*>(l.d_fp8_table(1, proj));
+        a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.op = GemmOp::kDgrad;
+        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
+        ::evenep::cuda::grouped_gemm_fp8(a, stream_);
+    };
+    auto wgrad = [&](int proj, const uint16_t* x, const uint16_t* dy, int in, int out) {
+        wgrad_of(l, proj, x, dy, in, out);
+    };
+    kernels::launch_moe_grad_rows(p, stream_);
+    wgrad(2, h_, dy_, F_, H_);
+    kernels::launch_moe_fp8_cast_rows(p, dy_, H_, false, codes_a_, scales_a_, stream_);
+    dgrad(2, codes_a_, scales_a_, dg_, F_, H_);
+    kernels::launch_moe_widen(p, dg_, F_, f32a_, p.f32a_dim, stream_);
+    kernels::launch_swiglu_backward(p, stream_);
+    wgrad(0, x_, dg_, H_, F_);
+    wgrad(1, x_, du_, H_, F_);
+    kernels::launch_moe_fp8_cast_rows(p, dg_, F_, false, codes_a_, scales_a_, stream_);
+    kernels::launch_moe_fp8_cast_rows(p, du_, F_, false, codes_b_, scales_b_, stream_);
+    dgrad(0, codes_a_, scales_a_, dy_, H_, F_);
+    dgrad(1, codes_b_, scales_b_, dxu_, H_, F_);
+    kernels::launch_moe_fp8_sum_dx(p, dy_, dxu_, stream_);
+}
+
+RankComputeTime RankComputeTimer::time(std::span<const int64_t> group_rows, int warmup, int iters, bool fp8) {
     EVENEP_CHECK(warmup >= 0 && iters >= 1, "rank compute: warmup = ", warmup, ", iters = ", iters);
+    EVENEP_CHECK(!fp8 || fp8_, "rank compute: time(fp8) needs a timer constructed with fp8");
+    const size_t elems = static_cast<size_t>(H_) * F_;
+    // The FP8 forward starts with the home's weight cast (prefetch_weight's, once per step, not per launch).
+    auto home_casts = [&] {
+        for (int j = 0; j < fp8_home_casts_; ++j)
+            for (int proj = 0; proj < 3; ++proj) {
+                const size_t m = static_cast<size_t>(j) * 3 + proj;
+                ::evenep::cuda::launch_fp8_cast_weight(reinterpret_cast<const Bf16*>(weights_ + m * elems),
+                                                       proj == 2 ? F_ : H_, proj == 2 ? H_ : F_, false,
+                                                       reinterpret_cast<Fp8E4m3*>(w8_ + m * elems),
+                                                       w_scales_ + m * static_cast<size_t>(sstride_), nullptr, stream_);
+            }
+    };
     std::vector<Launch> ls = split(group_rows);
     RankComputeTime t;
     t.launches = static_cast<int>(ls.size());
@@ -239,9 +385,10 @@ RankComputeTime RankComputeTimer::time(std::span<const int64_t> group_rows, int 
     std::vector<double> fwd, bwd;
     for (int i = 0; i < warmup + iters; ++i) {
         EVENEP_CUDA_CHECK(cudaEventRecord(ev_[0], stream_));
-        for (const Launch& l : ls) forward(l);
+        if (fp8) home_casts();
+        for (const Launch& l : ls) fp8 ? forward_fp8(l) : forward(l);
         EVENEP_CUDA_CHECK(cudaEventRecord(ev_[1], stream_));
-        for (const Launch& l : ls) backward(l);
+        for (const Launch& l : ls) fp8 ? backward_fp8(l) : backward(l);
         EVENEP_CUDA_CHECK(cudaEventRecord(ev_[2], stream_));
         EVENEP_CUDA_CHECK(cudaEventSynchronize(ev_[2]));
         float a = 0, b = 0;

@@ -11,6 +11,15 @@
 // several launches of at most max_rows rows each (a long group is split between launches; its wgrad accumulates),
 // and the launches' times are summed: a rank with more rows than the EvenEP bound (conventional EP under skew) is
 // timed without allocating its worst case. Data is random bf16 (fill_random_bf16), timing only.
+//
+// FP8 (constructed with fp8, time(..., fp8 = true)): the kernels of cuda::MoeLayer's FP8 path for one rank
+// (src/cuda/runtime/moe_layer_fp8.cpp; docs/fp8.md):
+//   forward   the home's weight cast (launch_fp8_cast_weight of `fp8_home_casts` experts x 3 projections, which the
+//             layer runs in prefetch_weight), the forward's transposed e4m3 weights of every group, gate/up FP8
+//             block-scaled GEMMs (grouped_gemm_fp8) on e4m3 rows, swiglu, h cast 1 x 128, down FP8, x dequantised
+//   backward  grad_rows, dWd (bf16 wgrad), dy cast, dh = FP8 dgrad (bf16) widened, swiglu backward, dWg and dWu
+//             (bf16 wgrad), dg and du cast, two FP8 dgrads (bf16), dx = their sum (launch_moe_fp8_sum_dx)
+// on random e4m3 codes (fill_random_e4m3) with constant scales.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,18 +47,27 @@ class RankComputeTimer {
     // Device memory for up to `max_groups` groups (weights bf16 and gradients fp32, 3 projections of H*H' each) and
     // `max_rows` rows per launch. H and ffn_hidden: positive multiples of 8. Throws evenep::Error (kInvalidArgument
     // for bad sizes, kRuntime when the allocation fails).
-    RankComputeTimer(int H, int ffn_hidden, int max_groups, int64_t max_rows, uint64_t seed = 1,
-                     ::evenep::cuda::GemmSchedule wgrad_schedule = ::evenep::cuda::GemmSchedule::kFixed);
+    // fp8: also allocate the FP8 path's buffers (H and ffn_hidden multiples of 128; needs the CUTLASS FP8 GEMM to
+    // time it); fp8_home_casts: experts whose weights the FP8 forward casts (the rank's home experts, epn).
+    RankComputeTimer(int H,
+                     int ffn_hidden,
+                     int max_groups,
+                     int64_t max_rows,
+                     uint64_t seed = 1,
+                     ::evenep::cuda::GemmSchedule wgrad_schedule = ::evenep::cuda::GemmSchedule::kFixed,
+                     bool fp8 = false,
+                     int fp8_home_casts = 0);
     ~RankComputeTimer();
     RankComputeTimer(const RankComputeTimer&) = delete;
     RankComputeTimer& operator=(const RankComputeTimer&) = delete;
 
     // Device bytes a timer of these sizes allocates (for estimates before constructing one).
-    static size_t bytes_needed(int H, int ffn_hidden, int max_groups, int64_t max_rows);
+    static size_t bytes_needed(int H, int ffn_hidden, int max_groups, int64_t max_rows, bool fp8 = false);
 
     // Times `warmup` untimed and `iters` timed runs of the forward and backward of groups with `group_rows[g]` rows
     // (0: an empty group; at most max_groups entries). CUDA events on the timer's stream; synchronises.
-    RankComputeTime time(std::span<const int64_t> group_rows, int warmup, int iters);
+    // fp8: the FP8 path (the timer must have been built with fp8).
+    RankComputeTime time(std::span<const int64_t> group_rows, int warmup, int iters, bool fp8 = false);
 
     // Runs the forward and backward of `group_rows` back to back until `min_seconds` of GPU time have passed (at
     // least once) and returns each run's milliseconds: brings the GPU's clocks from an idle state to the sustained
@@ -68,6 +86,9 @@ class RankComputeTimer {
     std::vector<Launch> split(std::span<const int64_t> group_rows) const;
     void forward(const Launch& l);
     void backward(const Launch& l);
+    void wgrad_of(const Launch& l, int proj, const uint16_t* x, const uint16_t* dy, int in, int out);
+    void forward_fp8(const Launch& l);
+    void backward_fp8(const Launch& l);
 
     int H_, F_, max_groups_;
     int64_t max_rows_;
@@ -82,6 +103,14 @@ class RankComputeTimer {
     float *grads_ = nullptr, *recv_w_ = nullptr, *f32a_ = nullptr, *f32b_ = nullptr;
     void* workspace_ = nullptr;
     int blocks_ = 1;  // grid.x of the elementwise launches
+    // FP8 regions (fp8_): e4m3 weights and their transposes [G][3][H*H'], weight scales [G][3][sstride] fp32, the
+    // received rows' codes and scales, the layer's casts (a: [rows, max(H, H')], b: [rows, H']), du·Wu^T bf16.
+    bool fp8_ = false;
+    int fp8_home_casts_ = 0;
+    uint8_t *w8_ = nullptr, *wt8_ = nullptr, *x8_ = nullptr, *codes_a_ = nullptr, *codes_b_ = nullptr;
+    float *w_scales_ = nullptr, *x_scales_ = nullptr, *scales_a_ = nullptr, *scales_b_ = nullptr;
+    uint16_t* dxu_ = nullptr;
+    int64_t sstride_ = 0;  // floats per matrix's scales (padded to 16 bytes)
 };
 
 }  // namespace evenep::perf::cuda

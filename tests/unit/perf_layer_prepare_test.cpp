@@ -9,6 +9,9 @@
 //                                     counts and sync names are as asked
 //   LayerPrepare.RedundantMinusOneIsEpn  -1 resolves to epn: the same groups and rows as asking for epn
 //   LayerPrepare.EmptyListsThrow      no sync model or no redundant count: evenep::Error
+//   LayerPrepare.Fp8SystemBesideEvenep  with fp8: evenep_fp8 right after evenep, the same rows and groups, timed
+//                                     itself; its modelled dispatch and prefetch carry the FP8 bytes (rows of
+//                                     H + H/32 bytes, copies of half the bytes plus the scales), the other phases equal
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -111,6 +114,38 @@ TEST(LayerPrepare, EmptyListsThrow) {
     c = small_config();
     c.redundant.clear();
     EXPECT_THROW(prepare_layer_point(c, routing), Error);
+}
+
+TEST(LayerPrepare, Fp8SystemBesideEvenep) {
+    LayerBenchConfig c = small_config();
+    c.H = 256, c.ffn_hidden = 128;
+    c.eplb_syncs = {EplbSync::kRing};
+    c.fp8 = true;
+    const Routing routing = routing_of(c);
+    const LayerPointWork w = prepare_layer_point(c, routing);
+    ASSERT_EQ(w.systems.size(), 4u);
+    const SystemStep &ev = w.systems[0], &f8 = w.systems[1];
+    EXPECT_EQ(ev.system, "evenep");
+    EXPECT_FALSE(ev.fp8);
+    EXPECT_EQ(f8.system, "evenep_fp8");
+    EXPECT_TRUE(f8.fp8);
+    EXPECT_EQ(w.systems[2].system, "conventional");
+    EXPECT_EQ(f8.rows, ev.rows);
+    EXPECT_EQ(w.groups[1], w.groups[0]);
+    EXPECT_EQ(w.timed_ranks[1], w.timed_ranks[0]);
+    EXPECT_EQ(w.compute_as[1], -1);
+    // Dispatch: between the row payload's 0.516 and 1 (the 12-byte entry records do not shrink); prefetch 0.5x + the
+    // scales; combine and the backward phases unchanged.
+    ASSERT_GT(ev.comm.dispatch, 0);
+    EXPECT_LT(f8.comm.dispatch, 0.6 * ev.comm.dispatch);
+    EXPECT_GT(f8.comm.dispatch, 0.5 * ev.comm.dispatch);
+    ASSERT_GT(ev.comm.prefetch, 0);
+    EXPECT_NEAR(f8.comm.prefetch / ev.comm.prefetch, 0.5 * (1 + 1.0 / 4096), 1e-9);
+    EXPECT_EQ(f8.comm.combine, ev.comm.combine);
+    EXPECT_EQ(f8.comm.combine_backward, ev.comm.combine_backward);
+    EXPECT_EQ(f8.comm.dispatch_backward, ev.comm.dispatch_backward);
+    EXPECT_EQ(f8.comm.reduce_grad, ev.comm.reduce_grad);
+    EXPECT_LT(f8.max_rank_link_bytes, ev.max_rank_link_bytes);
 }
 
 }  // namespace

@@ -24,8 +24,9 @@
 #if defined(EVENEP_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
-#include "perf/cuda/bench.hpp"
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/grouped_gemm.hpp"
+#include "perf/cuda/bench.hpp"
 #include "perf/cuda/layer_bench.hpp"
 #endif
 
@@ -51,6 +52,7 @@ struct LayerOptions {
     double warm_seconds = 1;
     double max_seconds = 1800;
     bool quick = false, check = false, no_measure = false;
+    bool fp8 = false;  // --fp8: the FP8 layer (evenep_fp8) beside EvenEP's bf16 layer
     std::string json_file;
 };
 
@@ -132,6 +134,13 @@ void validate(const LayerOptions& o) {
             EVENEP_CHECK(o.redundant[i] != o.redundant[j], "bench layer: --redundant: ", o.redundant[i],
                          " is given twice");
     }
+    if (o.fp8)
+        for (const LayerShape& s : layer_shapes(o))
+            EVENEP_CHECK(s.H % 128 == 0 && s.ffn_hidden % 128 == 0,
+                         "bench layer: --fp8 needs H and H' multiples of "
+                         "128 (the scale block); ",
+                         s.shape, " has H = ", s.H, ", H' = ", s.ffn_hidden,
+                         s.shape == "moonep" ? "" : " (--k3-ffn-hidden)");
     for (const Point& p : make_points(o)) {
         const Config cfg{
             .R = p.R, .E = p.E, .K = p.K, .S = p.S, .B = -1, .tp = 128, .slack = o.slack, .policy = o.planner_policy};
@@ -162,7 +171,13 @@ LayerBenchConfig config_of(const LayerOptions& o, const Point& p) {
     c.warm_seconds = o.warm_seconds;
     c.measure_data_movement = !o.no_measure;
     c.check = o.check;
+    c.fp8 = o.fp8;
     return c;
+}
+
+// The FP8 layer over EvenEP's bf16 layer of the same point (evenep_fp8 right after evenep), or null.
+const SystemStep* fp8_system(const LayerPointResult& r) {
+    return r.systems.size() > 1 && r.systems[1].fp8 ? &r.systems[1] : nullptr;
 }
 
 void print_header() {
@@ -209,6 +224,29 @@ nlohmann::json phases_json(const perf::cuda::PhaseMs& m) {
             {"reduce_grad", m.reduce_grad}};
 }
 
+// --fp8: the FP8 layer's step over the bf16 layer's, per point, and how flat the FP8 step is over maxvio per shape.
+void print_fp8_ratios(const std::vector<LayerPointResult>& results) {
+    fmt::print("\nFP8 layer over bf16 layer (EvenEP, same plan, same run): step overlapped, no overlap, compute max\n");
+    std::vector<std::pair<std::string, std::vector<double>>> per_shape;  // shape -> FP8 overlapped steps
+    for (const LayerPointResult& r : results) {
+        const SystemStep* f = fp8_system(r);
+        if (f == nullptr) continue;
+        const SystemStep& ev = r.systems.front();
+        fmt::print("  {:<6} R={:<3} maxvio {:>4g}: {:.3f}x  {:.3f}x  {:.3f}x  (FP8 step {:.2f} ms, bf16 {:.2f} ms)\n",
+                   r.cfg.shape, r.cfg.R, r.cfg.target_maxvio, f->step_overlapped_ms / ev.step_overlapped_ms,
+                   f->step_no_overlap_ms / ev.step_no_overlap_ms, f->compute_max_ms / ev.compute_max_ms,
+                   f->step_overlapped_ms, ev.step_overlapped_ms);
+        const std::string key = fmt::format("{} R={}", r.cfg.shape, r.cfg.R);
+        auto it = std::find_if(per_shape.begin(), per_shape.end(), [&](const auto& p) { return p.first == key; });
+        if (it == per_shape.end()) it = per_shape.insert(per_shape.end(), {key, {}});
+        it->second.push_back(f->step_overlapped_ms);
+    }
+    for (const auto& [key, v] : per_shape)
+        if (v.size() > 1)
+            fmt::print("  {}: FP8 step (overlapped) max/min over maxvio {:.3f}\n", key,
+                       *std::max_element(v.begin(), v.end()) / *std::min_element(v.begin(), v.end()));
+}
+
 // The point's rows in evenep.layer_step/1 (scripts/plots.py): one per system.
 void add_json(nlohmann::json& points, const LayerPointResult& r) {
     const SystemStep& ev = r.systems.front();
@@ -245,6 +283,12 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
         if (s.system == "eplb")
             j["drift"] = r.cfg.drift, j["planned_on_maxvio"] = r.eplb_prev_maxvio, j["replica_sync"] = s.replica_sync,
             j["redundant_slots"] = s.redundant_slots;
+        if (s.fp8) {  // the FP8 layer against EvenEP's bf16 layer of the same point and run
+            j["fp8"] = true;
+            j["fp8_over_bf16_overlapped"] = s.step_overlapped_ms / ev.step_overlapped_ms;
+            j["fp8_over_bf16_no_overlap"] = s.step_no_overlap_ms / ev.step_no_overlap_ms;
+            j["fp8_over_bf16_compute_max"] = s.compute_max_ms / ev.compute_max_ms;
+        }
         if (s.system == "evenep") {
             j["policy"] = std::string(to_string(r.cfg.policy));
             j["slack"] = r.cfg.slack;
@@ -262,6 +306,9 @@ void run(const LayerOptions& o) {
     std::vector<Point> points = make_points(o);
     for (const Point& p : points)  // the rule of every command: refused, never clamped
         if (o.maxvio_given) check_maxvio_reachable(RoutingSpec{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .seed = o.seed}, {p.maxvio});
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, !o.fp8 || ::evenep::cuda::grouped_gemm_has_cutlass(),
+                      "bench layer: --fp8 needs the CUTLASS FP8 grouped GEMM: a build with EVENEP_CUTLASS=ON "
+                      "(CMAKE_CUDA_ARCHITECTURES with 90a) on a compute capability 9.0 device (H100/H200)");
     size_t free_bytes = 0, total_bytes = 0;
     EVENEP_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const double usable = 0.9 * static_cast<double>(free_bytes);
@@ -331,6 +378,7 @@ void run(const LayerOptions& o) {
                        r.systems[s].step_overlapped_ms / r.systems.front().step_overlapped_ms);
         fmt::print("\n");
     }
+    if (o.fp8) print_fp8_ratios(results);
     if (o.check) {
         fmt::print("check: data movement {} wrong, GEMM sampled error {:.1e}\n", wrong, worst_gemm);
         EVENEP_CHECK_KIND(ErrorKind::kRuntime, wrong == 0 && worst_gemm < 1e-2, "bench layer: --check failed: ",
@@ -390,6 +438,10 @@ void register_bench_layer(CLI::App& bench) {
     cmd->add_flag("--quick", o->quick, "the MoonEP point at maxvio 1 and 20 only");
     cmd->add_flag("--check", o->check, "verify the data movement (bitwise) and sample the timed GEMMs");
     cmd->add_flag("--no-measure", o->no_measure, "skip the one-GPU data-movement measurement (modelled only)");
+    cmd->add_flag("--fp8", o->fp8,
+                  "also the FP8 layer (system evenep_fp8: e4m3 dispatch and weight copies, FP8 forward and dgrad "
+                  "GEMMs, bf16 wgrad; docs/fp8.md) beside EvenEP's bf16 layer, with their ratio (CUTLASS build, "
+                  "H100/H200)");
     add_output_file(*cmd, "--json", o->json_file,
                     "write evenep.layer_step/1 JSON (scripts/plots.py --layer); with --workload/--trace "
                     "evenep.workload_run/1 (scripts/plots.py --workload-run), FILE_<shape>.json for several shapes");
@@ -397,6 +449,7 @@ void register_bench_layer(CLI::App& bench) {
     set_run(cmd, [o, wo, cmd] {
         o->planner_policy = apply_policy(o->policy, cmd->count("--slack") > 0, o->slack);
         if (wo->wl.active()) {  // every system over a step sequence (bench_layer_workload.cpp)
+            EVENEP_CHECK(!o->fp8, "bench layer: --fp8 applies to the maxvio grid, not to --workload or --trace");
             validate(*o);
             prepare_workload(*cmd, *o, *wo);
             require_cuda_device("bench layer");

@@ -172,12 +172,14 @@ void run_demo(const DemoOptions& opt) {
     const bool fp8 = opt.precision.fp8;
     EVENEP_CHECK(fp8 || (!opt.precision.ue8m0 && !opt.precision.bf16_partials),
                  "--ue8m0 and --bf16-partials apply to the FP8 run: they need --fp8");
-    EVENEP_CHECK(!fp8 || opt.backend != "cuda",
-                 "--fp8 --backend cuda: the CUDA backend has no FP8 path yet (the CPU oracle has: --backend cpu)");
+    EVENEP_CHECK(!opt.precision.bf16_partials || opt.backend != "cuda",
+                 "--bf16-partials --backend cuda: the CUDA backend has no bf16-partials combine (the CPU oracle has: "
+                 "--backend cpu)");
     std::string no_cuda;
-    const bool cuda_ok = opt.backend != "cpu" && !fp8 && demo_cuda_available(&no_cuda);
-    EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda: ", no_cuda);
-    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU (always with --fp8)
+    const bool cuda_ok = opt.backend != "cpu" && !opt.precision.bf16_partials && demo_cuda_available(&no_cuda) &&
+                         (!fp8 || demo_cuda_fp8_available(&no_cuda));
+    EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda", fp8 ? " --fp8" : "", ": ", no_cuda);
+    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU (with --fp8: also without the CUTLASS FP8 GEMM)
     RoutingInput in = resolve_routing(opt.routing, "demo", [&](const Config& c, bool) {
         const BufferConfig probe{.cfg = c, .H = opt.H, .ffn_hidden = opt.ffn_hidden, .precision = opt.precision};
         probe.validate();
@@ -379,7 +381,10 @@ void run_demo(const DemoOptions& opt) {
         pass = pass && same_plan && traffic_ok;
         Fp8DemoResult fp8_res;
         if (fp8) {
-            fp8_res = run_fp8_demo(problem, opt.precision, ro, res, ref, j);
+            const LayerRunner run = [&](const cpu::MoeProblem& p, const cpu::MoeRunOptions& o) {
+                return on_gpu ? run_moe_layer_cuda(p, o, opt.warmup, nullptr) : cpu::run_moe_layer(p, o);
+            };
+            fp8_res = run_fp8_demo(problem, opt.precision, ro, res, ref, run, on_gpu ? "GPU" : "CPU", j);
             pass = pass && fp8_res.pass;
         }
 
@@ -473,8 +478,8 @@ void register_demo(CLI::App& app) {
         "one GPU with --backend cuda (auto: the GPU when this build has CUDA and a device is present; GPU phase\n"
         "times from CUDA events). Exit 0 = correct, 1 = a check failed, 2 = bad input (including a run whose\n"
         "memory or time estimate passes --max-memory / --max-time). --plan-only prints the plan figures without\n"
-        "running the layer. --fp8 runs the step again on the FP8 path (CPU) and reports both paths against a\n"
-        "dense float64 reference (docs/fp8.md).");
+        "running the layer. --fp8 runs the step again on the FP8 path (same backend; the GPU needs the CUTLASS\n"
+        "FP8 GEMM) and reports both paths against a dense float64 reference (docs/fp8.md).");
     opt->routing.add_to(*cmd);
     add_int(*cmd, "--H", opt->H, "hidden size (multiple of 8)", 8, kMaxHidden);
     add_int(*cmd, "--ffn-hidden", opt->ffn_hidden, "expert FFN intermediate size H'", 1, kMaxHidden);
@@ -490,12 +495,14 @@ void register_demo(CLI::App& app) {
                   "plan, balance and byte figures only: no data, no GEMMs (e.g. the MoonEP point "
                   "--E 384 --K 8 --S 8192 --H 7168 --ffn-hidden 2048)");
     cmd->add_flag("--fp8", opt->precision.fp8,
-                  "also run the FP8 path (CPU): e4m3 dispatch rows with 1x128 scales, e4m3 weight copies with "
+                  "also run the FP8 path (CPU, or the GPU with --backend cuda/auto and a CUTLASS build): e4m3 "
+                  "dispatch rows with 1x128 scales, e4m3 weight copies with "
                   "128x128 scales, block-scaled GEMMs; report it and the bf16 path against a float64 reference "
                   "(H and H' multiples of 128; docs/fp8.md)");
     cmd->add_flag("--ue8m0", opt->precision.ue8m0, "with --fp8: power-of-two (UE8M0) scales");
     cmd->add_flag("--bf16-partials", opt->precision.bf16_partials,
-                  "with --fp8: the FP8 run's combine sends multi-entry partials as bf16 (one more rounding)");
+                  "with --fp8: the FP8 run's combine sends multi-entry partials as bf16 (one more rounding; CPU "
+                  "only)");
     add_output_file(*cmd, "--json", opt->json_file,
                     "write the figures as JSON (written whole at the end; the old file stays on any error)");
     add_output_dir(*cmd, "--dump", opt->dump_dir,

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "evenep/cuda/check.hpp"
+#include "evenep/cuda/grouped_gemm.hpp"
 #include "evenep/cuda/moe_layer.hpp"
 #include "evenep/cuda/team.hpp"
 #endif
@@ -24,6 +25,15 @@ bool demo_cuda_available(std::string* why) {
         return false;
     }
     return true;
+}
+
+bool demo_cuda_fp8_available(std::string* why) {
+    if (cuda::grouped_gemm_has_cutlass()) return true;
+    if (why)
+        *why =
+            "the FP8 layer needs the CUTLASS FP8 grouped GEMM: a build with EVENEP_CUTLASS=ON "
+            "(CMAKE_CUDA_ARCHITECTURES with 90a) on a compute capability 9.0 device (H100/H200)";
+    return false;
 }
 
 cpu::MoeResult run_moe_layer_cuda(const cpu::MoeProblem& p,
@@ -53,6 +63,11 @@ cpu::MoeResult run_moe_layer_cuda(const cpu::MoeProblem& p,
 #else  // !EVENEP_HAVE_CUDA
 
 bool demo_cuda_available(std::string* why) {
+    if (why) *why = "this evenep was built without the CUDA backend";
+    return false;
+}
+
+bool demo_cuda_fp8_available(std::string* why) {
     if (why) *why = "this evenep was built without the CUDA backend";
     return false;
 }

@@ -13,6 +13,10 @@ namespace evenep::cli {
 // in *why (when not null).
 bool demo_cuda_available(std::string* why);
 
+// True when the GPU layer can run the FP8 path here (the CUTLASS FP8 grouped GEMM is built in and runs on this
+// device); else false, with the reason in *why.
+bool demo_cuda_fp8_available(std::string* why);
+
 struct CudaDemoInfo {
     std::string device;            // e.g. "NVIDIA H200 (132 SMs)"
     int warmup_steps = 0;          // untimed steps before the reported one

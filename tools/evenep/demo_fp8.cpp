@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <span>
+#include <string_view>
 
 #include "common.hpp"
 
@@ -14,12 +15,14 @@ Fp8DemoResult run_fp8_demo(const cpu::MoeProblem& problem,
                            const cpu::MoeRunOptions& options,
                            const cpu::MoeResult& bf16,
                            const cpu::DenseResult& dense,
+                           const LayerRunner& run,
+                           const char* backend,
                            nlohmann::json& j) {
     cpu::MoeProblem p8 = problem;
     p8.cfg.precision = precision;
     p8.cfg.validate();
     const double t0 = now_seconds();
-    const cpu::MoeResult f8 = cpu::run_moe_layer(p8, options);
+    const cpu::MoeResult f8 = run(p8, options);
     const double fp8_seconds = now_seconds() - t0;
     const double t1 = now_seconds();
     Fp8DemoResult res;
@@ -30,8 +33,10 @@ Fp8DemoResult run_fp8_demo(const cpu::MoeProblem& problem,
     const bool ok8 = !e8.nonfinite && e8.rel() <= tol.max_rel && e8.mean_rel() <= tol.mean_rel;
     const bool same_plan = f8.plan.alloc == bf16.plan.alloc && f8.dst == bf16.dst;
 
-    fmt::print("FP8 path (e4m3, 1x128 activation / 128x128 weight scales{}{}) vs the dense float64 reference\n",
-               precision.ue8m0 ? ", UE8M0" : ", fp32 scales", precision.bf16_partials ? ", bf16 partials" : "");
+    fmt::print(
+        "FP8 path on the {} (e4m3, 1x128 activation / 128x128 weight scales{}{}) vs the dense float64 "
+        "reference\n",
+        backend, precision.ue8m0 ? ", UE8M0" : ", fp32 scales", precision.bf16_partials ? ", bf16 partials" : "");
     fmt::print("(rel = max|err| / max|ref|, mean = mean|err| / mean|ref|; bounds in docs/fp8.md)\n");
     fmt::print("{:<27} {:>10} {:>10} {:>17}\n", "forward output", "rel", "mean", "tolerance");
     fmt::print("{:<27} {:>10.3e} {:>10.3e}\n", "bf16 path", e16.rel(), e16.mean_rel());
@@ -61,7 +66,8 @@ Fp8DemoResult run_fp8_demo(const cpu::MoeProblem& problem,
     } rows[] = {{"dispatch (fwd)", &a.dispatch, &b.dispatch},
                 {"prefetch_weight", &a.prefetch, &b.prefetch},
                 {"combine (fwd)", &a.combine, &b.combine}};
-    fmt::print("bytes across rank boundaries, counted   {:>12} {:>12} {:>7}\n", "bf16", "fp8", "ratio");
+    fmt::print("bytes across rank boundaries, {:<9} {:>12} {:>12} {:>7}\n",
+               std::string_view(backend) == "CPU" ? "counted" : "modelled", "bf16", "fp8", "ratio");
     nlohmann::json jt;
     for (const auto& r : rows) {
         const double ratio = r.bf->bytes > 0 ? static_cast<double>(r.f8->bytes) / static_cast<double>(r.bf->bytes) : 0;
@@ -74,7 +80,8 @@ Fp8DemoResult run_fp8_demo(const cpu::MoeProblem& problem,
 
     res.pass = ok8 && grads_ok && same_plan;
     res.out = f8.out;
-    j["fp8"] = {{"ue8m0", precision.ue8m0},
+    j["fp8"] = {{"backend", backend},
+                {"ue8m0", precision.ue8m0},
                 {"bf16_partials", precision.bf16_partials},
                 {"fp8_rel", e8.rel()},
                 {"fp8_mean_rel", e8.mean_rel()},

@@ -30,6 +30,18 @@
 // does it (products and sums rounded separately, no FMA contraction, IEEE division). Padding rows of the
 // receive buffer (zero payload and weight) are computed too and give zero rows, exactly as the CPU leaves them.
 //
+// FP8 (ep.options().precision.fp8, docs/fp8.md; the CPU layer's FP8 path, one for one): the dispatch brings e4m3 rows
+// with 1 x 128 scales (Ep::recv_x8 / recv_scale), prefetch_weight casts the home's weights once per step (128 x 128
+// block scales; the home keeps its bf16 master weights) and copies the e4m3 bytes. Forward and dgrad GEMMs run
+// block-scaled on e4m3 operands (cuda::grouped_gemm_fp8, CUTLASS): g, u from the received codes, y from h cast
+// 1 x 128; dh from dy cast 1 x 128, dx from dg and du cast 1 x 128. The forward reads each group's weights K-major:
+// the layer transposes the e4m3 codes of every group with rows into its own [3][num_local][G][H*H'] copy per step.
+// wgrad stays bf16 with x = bf16(float(q)*s), combine and the backward's row exchanges stay bf16. Differences from
+// the CPU layer beyond the bf16 path's: the FP8 GEMMs' in-block accumulation (Hopper's FP8 tensor cores), and dh
+// and dx's two partials leave the GEMM as bf16 (the CPU keeps them fp32): one more bf16 rounding each, far inside
+// the FP8 tolerance (docs/fp8.md section 5). Needs experts with ExpertsShape::fp8 (same ue8m0), H and H' multiples
+// of 128, and the CUTLASS FP8 GEMM (EVENEP_CUTLASS=ON, compute capability 9.0): the constructor refuses otherwise.
+//
 // Usage (every served rank at once; every call asynchronous on `stream`, no host synchronisation, no allocation
 // after construction, so a whole step captures into one CUDA graph):
 //   DeviceEp ep(cfg, H);                                           // or Ep over any Team, NcclEp
@@ -112,6 +124,7 @@ class MoeLayer {
     LayerTimes times() const;
 
     int ffn_hidden() const { return ffn_hidden_; }
+    bool fp8() const { return fp8_; }  // the FP8 path (ep's precision.fp8)
     const MoeLayerOptions& options() const { return options_; }
     // Device bytes the layer allocated (saved activations, scratch, tables, GEMM workspace).
     size_t allocated_bytes() const { return allocated_bytes_; }
@@ -144,6 +157,16 @@ class MoeLayer {
     kernels::MoeKernelParams kernel_params() const;
     size_t table_index(int rank, int proj) const;  // the first of rank's G+1 entries of projection proj's table
     void build_tables(cudaStream_t stream);
+    // The FP8 path (src/cuda/runtime/moe_layer_fp8.cpp).
+    void fp8_check_options() const;
+    size_t fp8_take_regions(size_t offset, size_t rows);  // lays out fp8_regions_ from offset; returns the end
+    void fp8_init();                                      // uploads the FP8 tables' sources (arena allocated)
+    void fp8_build_tables(const kernels::MoeKernelParams& p, cudaStream_t stream);
+    void fp8_gemm(int rank, int proj, GemmOp op, const uint8_t* x, const float* xs, uint16_t* y, cudaStream_t stream);
+    void fp8_forward_experts(const kernels::MoeKernelParams& p, cudaStream_t stream);
+    void fp8_backward_experts(const kernels::MoeKernelParams& p, cudaStream_t stream);
+    uint8_t* codes_at(size_t region, int rank, int dim) const;
+    float* scales_at(size_t region, int rank, int dim) const;
 
     Ep& ep_;
     Experts& experts_;
@@ -161,6 +184,16 @@ class MoeLayer {
         size_t f32a_dim, f32b_dim;  // row widths of the fp32 regions (elements)
         size_t tables, sources, plan_rows, workspace, views, total;
     } regions_{};
+    bool fp8_ = false;
+    struct Fp8Regions {
+        size_t codes_a, scales_a;  // [num_local][NvS][max(H, H')] e4m3 and [..][/128] fp32: h, dy, dg cast 1 x 128
+        size_t codes_b, scales_b;  // [num_local][NvS][H']: du cast 1 x 128 (backward)
+        size_t dxu;                // [num_local][NvS][H] bf16: du·Wu^T (backward)
+        size_t wt;                 // [3][num_local][G][H*H'] e4m3: the forward's transposed weights
+        size_t tables;             // [3 kinds: codes, scales, transposed][3][num_local][G+1] device pointers
+        size_t sources;            // [3][2 kinds][2*num_local + R]: homes | slots | peers, codes then scales
+        size_t views;              // [num_local] kernels::MoeFp8RankView
+    } fp8_regions_{};
     const uint16_t** weight_tables_ = nullptr;    // device [3][num_local][G+1] (cuda::build_group_table)
     float** grad_tables_ = nullptr;               // device [3][num_local][G+1] (null entries without gradients)
     const void* const* table_sources_ = nullptr;  // device: the tables' sources (MoeLayer::build_tables)
@@ -172,6 +205,14 @@ class MoeLayer {
     int blocks_per_rank_ = 1;  // grid.x of the elementwise launches
     std::array<cudaEvent_t, kNumEvents> events_{};
 };
+
+// The byte model of the FP8 layer (docs/fp8.md, "Bytes") from the bf16 model of the same step (evenep_traffic of
+// plan and dst with H, ffn_hidden): dispatch rows of e4m3 codes and H/128 fp32 scales (H + H/32 bytes instead of
+// 2H; entry records unchanged), copies of the 3 e4m3 matrices with their 128 x 128 scales (3 (H H' + 4 H H'/16384)
+// bytes instead of 6 H H'); combine, the backward's row exchanges and reduce_grad stay bf16. H and ffn_hidden
+// multiples of 128. Host only (no device needed).
+TrafficReport fp8_traffic(
+    const TrafficReport& bf16, const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, int ffn_hidden);
 
 // What run_moe_layer measured besides the result.
 struct MoeRunInfo {

@@ -41,6 +41,8 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
                       "); the layer needs 3 of H*H' = ", static_cast<int64_t>(H) * F, " with weights");
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, G <= kMaxGemmGroups, "moe layer: G = ", G, " groups exceed ",
                       kMaxGemmGroups);
+    fp8_ = ep.options().precision.fp8;
+    if (fp8_) fp8_check_options();
     training_ = es.with_grads && B == epn;
     // The auto policy predicts this layer's step (docs/auto.md): its GEMM and weight sizes.
     if (cfg.policy == PlannerPolicy::kAuto) ep.set_auto_model(detail::make_auto_cost_model(H, F, cfg.tp));
@@ -79,6 +81,7 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
     g.plan_rows = take(static_cast<size_t>(NL) * plan_layout_.width * sizeof(int32_t));
     g.workspace = take(grouped_gemm_workspace_bytes(G));
     g.views = take(static_cast<size_t>(R) * sizeof(MoeRankView));
+    if (fp8_) o = fp8_take_regions(o, rows);
     g.total = o;
 
     // Every served rank's fixed pointers: receive buffer and its own plan copy's group ends. The tables' sources:
@@ -112,6 +115,7 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
                                      cudaMemcpyHostToDevice));
         EVENEP_CUDA_CHECK(cudaMemcpy(arena_.get() + g.sources, sources.data(), sources.size() * sizeof(void*),
                                      cudaMemcpyHostToDevice));
+        if (fp8_) fp8_init();
         if (options_.timing)
             for (cudaEvent_t& e : events_) EVENEP_CUDA_CHECK(cudaEventCreate(&e));
         // The rank table is read by kernels on any stream, also non-blocking ones: complete the upload here.
@@ -277,21 +281,26 @@ MoeForward MoeLayer::forward(std::span<const RankIo> io,
     record(kFwdPlanned, stream);
     ep_.dispatch(f.plan, io, stream);
     record(kFwdDispatched, stream);
-    if (ep_.config().num_slots() > 0) experts_.prefetch_weight(ep_, f.plan, stream);
+    // FP8: also without slots, for the home's weight cast it makes (the local and peer groups read the casts).
+    if (ep_.config().num_slots() > 0 || fp8_) experts_.prefetch_weight(ep_, f.plan, stream);
     record(kFwdPrefetched, stream);
 
     // Expert forward: tables from the new plan, g and u straight from the receive buffer (zero-copy input).
     build_tables(stream);
-    for (int r = L0; r < L0 + NL; ++r) {
-        gemm(r, detail::kProjGate, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.g, r, F), false, stream);
-        gemm(r, detail::kProjUp, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.u, r, F), false, stream);
+    if (fp8_) {
+        fp8_forward_experts(p, stream);
+    } else {
+        for (int r = L0; r < L0 + NL; ++r) {
+            gemm(r, detail::kProjGate, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.g, r, F), false, stream);
+            gemm(r, detail::kProjUp, GemmOp::kForward, ep_.recv_x(r), bf16_at(regions_.u, r, F), false, stream);
+        }
+        kernels::launch_swiglu_forward(p, stream);
+        for (int r = L0; r < L0 + NL; ++r)
+            gemm(r, detail::kProjDown, GemmOp::kForward, bf16_at(regions_.h, r, F), bf16_at(regions_.y, r, H), false,
+                 stream);
+        // x saved for the weight gradients, y into the receive buffer for combine (zero-copy output).
+        kernels::launch_moe_place_output(p, stream);
     }
-    kernels::launch_swiglu_forward(p, stream);
-    for (int r = L0; r < L0 + NL; ++r)
-        gemm(r, detail::kProjDown, GemmOp::kForward, bf16_at(regions_.h, r, F), bf16_at(regions_.y, r, H), false,
-             stream);
-    // x saved for the weight gradients, y into the receive buffer for combine (zero-copy output).
-    kernels::launch_moe_place_output(p, stream);
     record(kFwdExperts, stream);
 
     ep_.combine(f.plan, io, true, options_.combine_mode, stream);
@@ -325,24 +334,28 @@ void MoeLayer::backward(const MoeForward& f, std::span<const BackwardIo> bwd, cu
 
     // recv_x: grad_out rows, recv_w: route weights -> dw (in recv_w), dy.
     kernels::launch_moe_grad_rows(p, stream);
-    for (int r = L0; r < L0 + NL; ++r) {
-        const uint16_t* dy = bf16_at(regions_.dy, r, H);
-        wgrad(r, detail::kProjDown, bf16_at(regions_.h, r, F), dy, stream);  // dWd += h^T dy
-        gemm(r, detail::kProjDown, GemmOp::kDgrad, dy, f32_at(regions_.f32a, r, regions_.f32a_dim), true,
-             stream);  // dh = dy Wd^T
+    if (fp8_) {
+        fp8_backward_experts(p, stream);
+    } else {
+        for (int r = L0; r < L0 + NL; ++r) {
+            const uint16_t* dy = bf16_at(regions_.dy, r, H);
+            wgrad(r, detail::kProjDown, bf16_at(regions_.h, r, F), dy, stream);  // dWd += h^T dy
+            gemm(r, detail::kProjDown, GemmOp::kDgrad, dy, f32_at(regions_.f32a, r, regions_.f32a_dim), true,
+                 stream);  // dh = dy Wd^T
+        }
+        kernels::launch_swiglu_backward(p, stream);
+        for (int r = L0; r < L0 + NL; ++r) {
+            const uint16_t* x = bf16_at(regions_.x, r, H);
+            const uint16_t* dg = bf16_at(regions_.dg, r, F);
+            const uint16_t* du = bf16_at(regions_.du, r, F);
+            wgrad(r, detail::kProjGate, x, dg, stream);  // dWg += x^T dg
+            wgrad(r, detail::kProjUp, x, du, stream);    // dWu += x^T du
+            gemm(r, detail::kProjGate, GemmOp::kDgrad, dg, f32_at(regions_.f32a, r, regions_.f32a_dim), true, stream);
+            gemm(r, detail::kProjUp, GemmOp::kDgrad, du, f32_at(regions_.f32b, r, regions_.f32b_dim), true, stream);
+        }
+        // dx = bf16(dg Wg^T + du Wu^T) into the receive buffer in place (zero-copy input of dispatch_backward).
+        kernels::launch_moe_sum_dx(p, stream);
     }
-    kernels::launch_swiglu_backward(p, stream);
-    for (int r = L0; r < L0 + NL; ++r) {
-        const uint16_t* x = bf16_at(regions_.x, r, H);
-        const uint16_t* dg = bf16_at(regions_.dg, r, F);
-        const uint16_t* du = bf16_at(regions_.du, r, F);
-        wgrad(r, detail::kProjGate, x, dg, stream);  // dWg += x^T dg
-        wgrad(r, detail::kProjUp, x, du, stream);    // dWu += x^T du
-        gemm(r, detail::kProjGate, GemmOp::kDgrad, dg, f32_at(regions_.f32a, r, regions_.f32a_dim), true, stream);
-        gemm(r, detail::kProjUp, GemmOp::kDgrad, du, f32_at(regions_.f32b, r, regions_.f32b_dim), true, stream);
-    }
-    // dx = bf16(dg Wg^T + du Wu^T) into the receive buffer in place (zero-copy input of dispatch_backward).
-    kernels::launch_moe_sum_dx(p, stream);
     record(kBwdExperts, stream);
 
     ep_.dispatch_backward(f.plan, b, options_.combine_mode, stream);

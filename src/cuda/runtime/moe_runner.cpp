@@ -43,7 +43,7 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
     const size_t n = static_cast<size_t>(H) * F;
     EVENEP_CHECK(warmup >= 0, "moe run (cuda): warmup = ", warmup, " must be >= 0");
     EVENEP_CHECK(opt.num_layers == 1, "moe run (cuda): one layer per step (num_layers = ", opt.num_layers, ")");
-    EVENEP_CHECK(bc.precision == DataPrecision{}, "moe run (cuda): no FP8 / bf16-partials path on the GPU yet (",
+    EVENEP_CHECK(!bc.precision.bf16_partials, "moe run (cuda): no bf16-partials combine on the GPU yet (",
                  bc.to_string(), "); the CPU oracle has it (docs/fp8.md)");
     EVENEP_CHECK(!opt.backward || c.num_slots() == epn, "moe run (cuda): training needs B = epn");
     EVENEP_CHECK(team.size() == R, "moe run (cuda): the team has ", team.size(), " ranks, the problem R = ", R);
@@ -57,8 +57,10 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
 
     EpOptions eo;
     eo.mode = opt.mode;
+    eo.precision = bc.precision;  // fp8: e4m3 dispatch, e4m3 weight copies, FP8 GEMMs (docs/fp8.md)
     Ep ep(team, c, H, eo);
-    Experts experts(ep, ExpertsShape{3, static_cast<int64_t>(n), true, opt.backward});
+    Experts experts(ep, ExpertsShape{3, static_cast<int64_t>(n), true, opt.backward, bc.precision.fp8,
+                                     bc.precision.ue8m0, bc.precision.fp8 ? H : 0, bc.precision.fp8 ? F : 0});
 
     // The served ranks' inputs and outputs, sized for S tokens.
     std::vector<DeviceArray<uint16_t>> x, out, grad_out, grad_x;
@@ -149,7 +151,10 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
         }
     }
     res.plan = ep.download_plan(last.plan, first);
-    if (num_local == R) res.traffic = evenep_traffic(res.plan, res.dst, H, F, opt.backward);
+    if (num_local == R) {
+        res.traffic = evenep_traffic(res.plan, res.dst, H, F, opt.backward);
+        if (bc.precision.fp8) res.traffic = fp8_traffic(res.traffic, res.plan, res.dst, H, F);
+    }
     res.sizes = buffer_sizes(bc);
     res.times = layer.times();
     if (info) {

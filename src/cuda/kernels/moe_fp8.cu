@@ -1,0 +1,224 @@
+// The FP8 kernels of the GPU MoE layer (declarations and contracts in moe_fp8.hpp): the layer's own 1 x 128 casts
+// (h, dy, dg, du), the output placement with the dequantised x for the bf16 wgrad, the bf16 -> fp32 widening of dh,
+// the dx sum of the two FP8 dgrads' bf16 outputs and the transposed (K-major) e4m3 weights of the forward GEMMs. The
+// casts call evenep/detail/fp8.hpp's functions, so their bytes are cpu::quantize_rows_fp8's (docs/fp8.md).
+#include <cuda_runtime.h>
+
+#include "cuda/device/vec.cuh"
+#include "cuda/kernels/moe_fp8.hpp"
+#include "evenep/cuda/check.hpp"
+#include "evenep/detail/fp8.hpp"
+#include "evenep/error.hpp"
+
+namespace evenep::cuda::kernels {
+namespace {
+
+using device::kWarpSize;
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / kWarpSize;
+inline constexpr int kPerLane = kFp8Block / kWarpSize;  // 4 channels of a 1 x 128 block per lane
+inline constexpr int kTile = 64;                        // transpose tile (bytes x bytes)
+inline constexpr int kTileWords = kTile * kTile / 4;
+
+__device__ __forceinline__ int64_t used_rows(const MoeKernelParams& p, int rank) {
+    const int64_t end = p.ranks[rank].cu_seqlens[p.G - 1];
+    return end < 0 ? 0 : (end > p.nvs ? p.nvs : end);
+}
+
+// One warp per 1 x 128 block: lane l holds channels 4l..4l+3; the amax is a warp max (order-free).
+__global__ void __launch_bounds__(kThreads)
+    cast_rows_kernel(const MoeKernelParams p, const uint16_t* in, int dim, bool ue8m0, uint8_t* codes, float* scales) {
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
+    const int64_t base = static_cast<int64_t>(blockIdx.y) * p.nvs * dim;
+    const int64_t blocks = used_rows(p, rank) * (dim / kFp8Block);
+    const int lane = threadIdx.x % kWarpSize;
+    const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+    for (int64_t b = warp; b < blocks; b += stride) {
+        const int64_t at = base + b * kFp8Block + lane * kPerLane;
+        const uint2 raw = *reinterpret_cast<const uint2*>(in + at);
+        const Bf16 v[kPerLane] = {
+            Bf16{static_cast<uint16_t>(raw.x & 0xFFFFu)}, Bf16{static_cast<uint16_t>(raw.x >> 16)},
+            Bf16{static_cast<uint16_t>(raw.y & 0xFFFFu)}, Bf16{static_cast<uint16_t>(raw.y >> 16)}};
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) amax = fmaxf(amax, bf16_abs(v[j]));
+        for (int off = kWarpSize / 2; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+        const float s = fp8_block_scale(amax, ue8m0);
+        uint32_t q = 0;
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j)
+            q |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(v[j]), s).bits) << (8 * j);
+        *reinterpret_cast<uint32_t*>(codes + at) = q;
+        if (lane == 0) scales[base / kFp8Block + b] = s;
+    }
+}
+
+// Per thread 4 elements: recv_x <- y (8 bytes), x <- the 4 codes dequantised with their block's scale.
+__global__ void __launch_bounds__(kThreads) place_output_kernel(const MoeKernelParams p, const MoeFp8RankView* views) {
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
+    const MoeFp8RankView v = views[blockIdx.y];
+    const int64_t n = used_rows(p, rank) * p.H / kPerLane;
+    const int64_t base = static_cast<int64_t>(blockIdx.y) * p.nvs * p.H;
+    uint2* x = reinterpret_cast<uint2*>(p.x + base);
+    const uint2* y = reinterpret_cast<const uint2*>(p.y + base);
+    uint2* recv = reinterpret_cast<uint2*>(p.ranks[rank].recv_x);
+    const uint32_t* q4 = reinterpret_cast<const uint32_t*>(v.x8);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        recv[i] = y[i];
+        const uint32_t q = q4[i];
+        const float s = v.scale[i * kPerLane / kFp8Block];
+        uint32_t b[kPerLane];
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j)
+            b[j] = float_to_bf16(fp8_dequantize(Fp8E4m3{static_cast<uint8_t>(q >> (8 * j))}, s)).bits;
+        x[i] = make_uint2(b[0] | (b[1] << 16), b[2] | (b[3] << 16));
+    }
+}
+
+__device__ __forceinline__ float lo_bf16(uint32_t w) { return bf16_to_float(Bf16{static_cast<uint16_t>(w & 0xFFFFu)}); }
+__device__ __forceinline__ float hi_bf16(uint32_t w) { return bf16_to_float(Bf16{static_cast<uint16_t>(w >> 16)}); }
+// Two bf16 sums of a word pair, each rounded once (launch_moe_sum_dx's __fadd_rn, then bf16).
+__device__ __forceinline__ uint32_t sum_bf16x2(uint32_t x, uint32_t y) {
+    return static_cast<uint32_t>(float_to_bf16(__fadd_rn(lo_bf16(x), lo_bf16(y))).bits) |
+           static_cast<uint32_t>(float_to_bf16(__fadd_rn(hi_bf16(x), hi_bf16(y))).bits) << 16;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sum_dx_kernel(const MoeKernelParams p, const uint16_t* a, const uint16_t* b) {
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
+    const int64_t n = used_rows(p, rank) * p.H / kPerLane;
+    const int64_t base = static_cast<int64_t>(blockIdx.y) * p.nvs * p.H;
+    const uint2* a2 = reinterpret_cast<const uint2*>(a + base);
+    const uint2* b2 = reinterpret_cast<const uint2*>(b + base);
+    uint2* dx = reinterpret_cast<uint2*>(p.ranks[rank].recv_x);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+        const uint2 u = a2[i], v = b2[i];
+        dx[i] = make_uint2(sum_bf16x2(u.x, v.x), sum_bf16x2(u.y, v.y));
+    }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    widen_kernel(const MoeKernelParams p, const uint16_t* in, int dim, float* out, int64_t out_dim) {
+    const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
+    const int64_t rows = used_rows(p, rank), n = rows * dim;
+    const uint16_t* a = in + static_cast<int64_t>(blockIdx.y) * p.nvs * dim;
+    float* b = out + static_cast<int64_t>(blockIdx.y) * p.nvs * out_dim;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        b[(i / dim) * out_dim + i % dim] = bf16_to_float(Bf16{a[i]});
+}
+
+// Block (x, rank): tiles x, x + gridDim.x, ... of the rank's G groups (kTile x kTile bytes each, through shared
+// memory); the tiles of empty groups are skipped. in and out are multiples of 128, so the tiles cover the matrix
+// exactly.
+__global__ void __launch_bounds__(kThreads) transpose_kernel(
+    const MoeKernelParams p, const uint8_t* const* table, int in, int out, uint8_t* dst, const uint8_t** dst_table) {
+    __shared__ __align__(4) uint8_t tile[kTile][kTile + 4];
+    const int i = static_cast<int>(blockIdx.y), rank = p.rank_begin + i;
+    const int32_t* cu = p.ranks[rank].cu_seqlens;
+    const uint8_t* const* t = table + static_cast<int64_t>(i) * (p.G + 1);
+    const int64_t elems = static_cast<int64_t>(in) * out;
+    auto live = [&](int g) { return t[g] != nullptr && cu[g] > (g == 0 ? 0 : cu[g - 1]); };
+    if (blockIdx.x == 0)
+        for (int g = threadIdx.x; g <= p.G; g += blockDim.x)
+            dst_table[static_cast<int64_t>(i) * (p.G + 1) + g] =
+                g < p.G && live(g) ? dst + (static_cast<int64_t>(i) * p.G + g) * elems : nullptr;
+    const int tiles_in = in / kTile, tiles_out = out / kTile, per_group = tiles_in * tiles_out;
+    const int64_t total = static_cast<int64_t>(p.G) * per_group;
+    for (int64_t w = blockIdx.x; w < total; w += gridDim.x) {
+        const int g = static_cast<int>(w / per_group), k = static_cast<int>(w % per_group);
+        if (!live(g)) continue;  // block-uniform: no thread reaches the barriers
+        const int r0 = (k / tiles_out) * kTile, c0 = (k % tiles_out) * kTile;
+        const uint8_t* src = t[g];
+        uint8_t* d = dst + (static_cast<int64_t>(i) * p.G + g) * elems;
+        // 4-byte words both ways (in, out and the tile's row stride are multiples of 4): a source word is 4 bytes
+        // of one row; a destination word gathers one column's bytes of 4 consecutive source rows.
+        for (int e = threadIdx.x; e < kTileWords; e += kThreads) {
+            const int r = e / (kTile / 4), c = 4 * (e % (kTile / 4));
+            *reinterpret_cast<uint32_t*>(&tile[r][c]) =
+                *reinterpret_cast<const uint32_t*>(src + static_cast<int64_t>(r0 + r) * out + c0 + c);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < kTileWords; e += kThreads) {
+            const int c = e / (kTile / 4), r = 4 * (e % (kTile / 4));  // dst row c0 + c, columns r0 + r ..
+            const uint32_t word = static_cast<uint32_t>(tile[r][c]) | static_cast<uint32_t>(tile[r + 1][c]) << 8 |
+                                  static_cast<uint32_t>(tile[r + 2][c]) << 16 |
+                                  static_cast<uint32_t>(tile[r + 3][c]) << 24;
+            *reinterpret_cast<uint32_t*>(d + static_cast<int64_t>(c0 + c) * in + r0 + r) = word;
+        }
+        __syncthreads();
+    }
+}
+
+void check_params(const MoeKernelParams& p, const char* name) {
+    EVENEP_CHECK(p.ranks != nullptr && p.G >= 1 && p.nvs >= 0 && p.num_local >= 1 && p.blocks_per_rank >= 1, name,
+                 ": G = ", p.G, ", NvS = ", p.nvs, ", served ranks ", p.num_local, ", blocks per rank ",
+                 p.blocks_per_rank, " (rank table ", p.ranks == nullptr ? "null" : "set", ")");
+}
+
+dim3 grid_of(const MoeKernelParams& p) {
+    return dim3(static_cast<unsigned>(p.blocks_per_rank), static_cast<unsigned>(p.num_local));
+}
+
+}  // namespace
+
+void launch_moe_fp8_cast_rows(const MoeKernelParams& p,
+                              const uint16_t* in,
+                              int dim,
+                              bool ue8m0,
+                              uint8_t* codes,
+                              float* scales,
+                              cudaStream_t stream) {
+    check_params(p, "moe fp8 cast rows");
+    EVENEP_CHECK(dim > 0 && dim % kFp8Block == 0, "moe fp8 cast rows: dim = ", dim, " must be a positive multiple of ",
+                 kFp8Block);
+    EVENEP_CHECK(in != nullptr && codes != nullptr && scales != nullptr, "moe fp8 cast rows: null buffer");
+    cast_rows_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, in, dim, ue8m0, codes, scales);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_moe_fp8_place_output(const MoeKernelParams& p, const MoeFp8RankView* views, cudaStream_t stream) {
+    check_params(p, "moe fp8 place output");
+    EVENEP_CHECK(p.H % kFp8Block == 0, "moe fp8 place output: H = ", p.H, " must be a multiple of ", kFp8Block);
+    EVENEP_CHECK(views != nullptr && p.x != nullptr && p.y != nullptr, "moe fp8 place output: null buffer");
+    place_output_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, views);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_moe_fp8_sum_dx(const MoeKernelParams& p, const uint16_t* a, const uint16_t* b, cudaStream_t stream) {
+    check_params(p, "moe fp8 sum dx");
+    EVENEP_CHECK(p.H % kPerLane == 0 && a != nullptr && b != nullptr, "moe fp8 sum dx: H = ", p.H,
+                 " (or a null buffer)");
+    sum_dx_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, a, b);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_moe_widen(
+    const MoeKernelParams& p, const uint16_t* in, int dim, float* out, int64_t out_dim, cudaStream_t stream) {
+    check_params(p, "moe widen");
+    EVENEP_CHECK(dim > 0 && dim <= out_dim && in != nullptr && out != nullptr, "moe widen: dim = ", dim,
+                 ", out_dim = ", out_dim, " (or a null buffer)");
+    widen_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, in, dim, out, out_dim);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_moe_fp8_transpose_weights(const MoeKernelParams& p,
+                                      const uint8_t* const* table,
+                                      int in,
+                                      int out,
+                                      uint8_t* dst,
+                                      const uint8_t** dst_table,
+                                      cudaStream_t stream) {
+    check_params(p, "moe fp8 transpose");
+    EVENEP_CHECK(in > 0 && in % kFp8Block == 0 && out > 0 && out % kFp8Block == 0, "moe fp8 transpose: ", in, " x ",
+                 out, " must be positive multiples of ", kFp8Block);
+    EVENEP_CHECK(table != nullptr && dst != nullptr && dst_table != nullptr, "moe fp8 transpose: null buffer");
+    transpose_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, table, in, out, dst, dst_table);
+    EVENEP_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace evenep::cuda::kernels
