@@ -161,7 +161,8 @@ def cpp_rows(cli, a, idx):
         np.save(routing, idx.to(torch.int32).cpu().numpy())
         shape = ["--R", a.ranks, "--E", a.experts, "--K", a.top_k, "--S", a.tokens, "--H", a.hidden,
                  "--ffn-hidden", a.ffn, "--tp", a.token_padding, "--routing", routing, "--projections", 1,
-                 "--warmup", a.warmup, "--iters", a.iters, "--graph"] + (["--check"] if a.cpp_check else [])
+                 "--warmup", a.warmup, "--iters", a.iters, "--graph", "--policy", a.policy]
+        shape += (["--slack", a.slack] if a.slack is not None else []) + (["--check"] if a.cpp_check else [])
         for sub in dict.fromkeys(c for c, _ in CPP_ROWS.values()):
             _cpp_run(cli, sub, shape, d, out)
     return out
@@ -204,6 +205,9 @@ def main(argv=None):
     p.add_argument("--ops-only", action="store_true", help="skip the MoE layer and the grouped GEMM ops")
     p.add_argument("--cpp", default=None, help="the C++ evenep CLI to compare with ('none': skip; default: found)")
     p.add_argument("--cpp-check", action="store_true", help="the C++ runs verify against the CPU oracle (slow)")
+    p.add_argument("--policy", choices=["auto", "exact", "slack"], default="auto",
+                   help="planner policy of the buffer and of the C++ runs (docs/auto.md; default auto, as Buffer's)")
+    p.add_argument("--slack", type=float, default=None, help="the policy's budget (auto: the largest; default 0.1)")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     a = p.parse_args(argv)
     dev = torch.device(a.device)
@@ -224,7 +228,8 @@ def main(argv=None):
         else:
             print("# no C++ evenep CLI found (--cpp PATH): the C++ columns are empty")
 
-    buf = evenep.Buffer(E, K, s, H, virtual_ranks=R, ffn_hidden=Fh, token_padding=a.token_padding, device=dev)
+    buf = evenep.Buffer(E, K, s, H, virtual_ranks=R, ffn_hidden=Fh, token_padding=a.token_padding, device=dev,
+                        policy=a.policy, slack=a.slack)
     idx = idx.to(dev)
     w = torch.rand(R, s, K, generator=gen).to(dev)
     x = torch.randn(R, s, H, generator=gen).to(dev)
@@ -248,6 +253,7 @@ def main(argv=None):
 
     head = (f"# evenep.bench ({'CUDA ' + torch.cuda.get_device_name(dev) if cuda else 'CPU backend'}): R={R} E={E} "
             f"K={K} s={s} H={H} H'={Fh} tp={a.token_padding} NvS={buf.num_recv_rows} routing={a.routing} "
+            f"policy={a.policy}{'' if a.slack is None else f' slack={a.slack:g}'} "
             f"iters={a.iters} torch {torch.__version__}; self-check combine(dispatch(x)) rel err {check_err:.2g}")
     print(head)
     if cuda:
