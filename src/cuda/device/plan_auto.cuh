@@ -9,7 +9,7 @@
 // CPU tests check it against the sequential loop): a receiver's cut needs only the donors' total rise and the sum of
 // the deficits of the receivers ahead of it in (deficit, rank) order, so no rank waits for another.
 //
-// Critical path (one warp, lane l keeps ranks l + 32 k): the receivers' order (R shuffles), then for all candidates at
+// Critical path (one warp, lane l takes ranks l + 32 k): the receivers' order (R broadcast reads), then for all candidates at
 // once one pass over the lane's ranks and a handful of warp reductions per candidate — instead of, per candidate on
 // its own lane, the sequential plan_slack_targets (O(R) per receiver cut) and an O(R) loop with 64-bit divisions.
 #pragma once
@@ -101,41 +101,30 @@ __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v) {
 // The budget (ppm) of the plan and its targets, on one warp (every lane; needs d.auto_slack or d.slack_ppm > 0):
 // q_out[r] = the target, balance[r] = load - target for every rank. Under auto: detail::plan_auto_slack_ppm's choice
 // (candidates, piece, per-candidate prediction, first cheapest), then detail::plan_slack_targets for it; under a fixed
-// budget its targets.
+// budget its targets. before: [R] int32 scratch. Lane l takes ranks l, l + 32, ... in rolled loops reading the
+// statistics from shared memory (the planner is at its register limit: arrays of ranks in registers spilled).
 __device__ inline int32_t warp_budget_targets(const PlanDims& d,
                                               const BudgetStats& st,
+                                              int32_t* before,
                                               int32_t* q_out,
                                               int64_t* balance,
                                               int lane) {
-    constexpr int K = kMaxRanksPerLane;
     constexpr int C = detail::kAutoMaxCandidates;
     const int R = d.R;
-    // The lane's ranks r = lane + 32 k: load, quota, deficit (receivers: L < q; 0 otherwise), and `before`: the
-    // deficits of the receivers ahead of it in (deficit, rank) order, summed (sums of deficits <= N < 2^31).
-    int32_t L[K], Q[K];
-    uint32_t def[K], before[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const int r = lane + kWarpSize * k;
-        const bool in = r < R;
-        L[k] = in ? st.load[r] : 0;
-        Q[k] = in ? st.q[r] : 0;
-        def[k] = Q[k] > L[k] ? static_cast<uint32_t>(Q[k] - L[k]) : 0u;
-        before[k] = 0;
-    }
-#pragma unroll
-    for (int ks = 0; ks < K; ++ks) {
-        if (kWarpSize * ks >= R) break;  // warp-uniform
-        const int m = min(kWarpSize, R - kWarpSize * ks);
-        for (int j = 0; j < m; ++j) {
-            const uint32_t ds = __shfl_sync(kFullMask, def[ks], j);
-            if (ds == 0) continue;  // warp-uniform: not a receiver
-            const int s = kWarpSize * ks + j;
-#pragma unroll
-            for (int k = 0; k < K; ++k)
-                if (kWarpSize * k < R && detail::plan_slack_receiver_first(ds, s, def[k], lane + kWarpSize * k))
-                    before[k] += ds;
+    auto deficit = [&](int r) {  // receivers (L < q): q - L; 0 otherwise
+        const int32_t l = st.load[r], q = st.q[r];
+        return q > l ? q - l : 0;
+    };
+    // before[r]: the deficits of the receivers ahead of r in (deficit, rank) order, summed (<= N < 2^31).
+#pragma unroll 1
+    for (int r = lane; r < R; r += kWarpSize) {
+        const int32_t dr = deficit(r);
+        int32_t b = 0;
+        for (int s = 0; s < R; ++s) {  // broadcast reads
+            const int32_t ds = deficit(s);
+            if (ds > 0 && detail::plan_slack_receiver_first(ds, s, dr, r)) b += ds;
         }
+        before[r] = b;
     }
     // The candidates: the fixed budget alone, or plan_auto_candidates' (the no-copy budget from the ranks' keys).
     int32_t ppm[C] = {d.slack_ppm};
@@ -143,11 +132,7 @@ __device__ inline int32_t warp_budget_targets(const PlanDims& d,
     if (d.auto_slack) {
         const int32_t mx = detail::plan_auto_max_ppm(d);
         uint32_t key = 0;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const int r = lane + kWarpSize * k;
-            if (r < R) key = max(key, st.no_copy[r]);
-        }
+        for (int r = lane; r < R; r += kWarpSize) key = max(key, st.no_copy[r]);
         key = __reduce_max_sync(kFullMask, key);
         n = detail::plan_auto_candidate_list(mx, detail::plan_auto_no_copy_of_key(key, mx), ppm);
     }
@@ -158,20 +143,20 @@ __device__ inline int32_t warp_budget_targets(const PlanDims& d,
         extra[c] = 0;
         if (c >= n) continue;  // warp-uniform
         unsigned part = 0;
-#pragma unroll
-        for (int k = 0; k < K; ++k)
-            if (lane + kWarpSize * k < R) part += static_cast<unsigned>(detail::plan_slack_donor_rise(L[k], Q[k], ppm[c]));
+#pragma unroll 1
+        for (int r = lane; r < R; r += kWarpSize)
+            part += static_cast<unsigned>(detail::plan_slack_donor_rise(st.load[r], st.q[r], ppm[c]));
         extra[c] = __reduce_add_sync(kFullMask, part);
     }
     int best = 0;
     if (n > 1) {
         // The piece (plan_auto_piece) from the donors' sums and maximum.
         unsigned entries = 0, experts = 0, top = 0;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const int r = lane + kWarpSize * k;
-            if (r >= R || L[k] <= Q[k]) continue;
-            entries += static_cast<unsigned>(L[k]);
+#pragma unroll 1
+        for (int r = lane; r < R; r += kWarpSize) {
+            const int32_t l = st.load[r];
+            if (l <= st.q[r]) continue;
+            entries += static_cast<unsigned>(l);
             experts += static_cast<unsigned>(st.nonzero[r]);
             top = max(top, static_cast<unsigned>(st.top[r]));
         }
@@ -184,17 +169,15 @@ __device__ inline int32_t warp_budget_targets(const PlanDims& d,
         unsigned tokens[C], copy[C], copies[C];
 #pragma unroll
         for (int c = 0; c < C; ++c) compute[c] = 0, tokens[c] = copy[c] = copies[c] = 0;
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            const int r = lane + kWarpSize * k;
-            if (kWarpSize * k >= R) break;  // warp-uniform
-            if (r >= R) continue;
+#pragma unroll 1
+        for (int r = lane; r < R; r += kWarpSize) {
+            const int32_t l = st.load[r], q = st.q[r], b = before[r];
             const int32_t nz = st.nonzero[r], own = st.own[r], src = st.src[r];
 #pragma unroll
             for (int c = 0; c < C; ++c) {
                 if (c >= n) continue;
-                const int32_t t = detail::plan_slack_target(L[k], Q[k], ppm[c], extra[c], before[k]);
-                const detail::AutoRankTerms x = detail::plan_auto_rank_terms(d, piece, L[k], t, nz, own, src);
+                const int32_t t = detail::plan_slack_target(l, q, ppm[c], extra[c], b);
+                const detail::AutoRankTerms x = detail::plan_auto_rank_terms(d, piece, l, t, nz, own, src);
                 const uint64_t cx = static_cast<uint64_t>(x.compute > 0 ? x.compute : 0);
                 compute[c] = cx > compute[c] ? cx : compute[c];
                 tokens[c] = max(tokens[c], static_cast<unsigned>(x.tokens));
@@ -219,13 +202,12 @@ __device__ inline int32_t warp_budget_targets(const PlanDims& d,
 #pragma unroll
     for (int c = 1; c < C; ++c)
         if (c == best) p = ppm[c], x = extra[c];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const int r = lane + kWarpSize * k;
-        if (r >= R) continue;
-        const int32_t t = detail::plan_slack_target(L[k], Q[k], p, x, before[k]);
+#pragma unroll 1
+    for (int r = lane; r < R; r += kWarpSize) {
+        const int32_t l = st.load[r];
+        const int32_t t = detail::plan_slack_target(l, st.q[r], p, x, before[r]);
         q_out[r] = t;
-        balance[r] = static_cast<int64_t>(L[k]) - t;
+        balance[r] = static_cast<int64_t>(l) - t;
     }
     return p;
 }

@@ -244,7 +244,8 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     // Crossing rows of the home matrix: every entry not on its expert's home rank (plan_sparse.hpp).
     const int64_t base_crossing = total - static_cast<int64_t>(s_home_total);
     // Imbalance budget (docs/slack.md, docs/auto.md; d.auto_slack and d.slack_ppm are block-uniform): the rank loop
-    // leaves the decision's per-rank statistics (plan_auto.cuh BudgetStats, in cost_pushed: free until phase 2a), then
+    // leaves the decision's per-rank statistics (plan_auto.cuh BudgetStats, in cost_pushed; cost_remote the receivers'
+    // order: both free until phase 2a), then
     // warp 0 chooses the budget under the auto policy and writes the targets into a.q and the balances
     // (warp_budget_targets: detail::plan_auto_slack_ppm's choice and detail::plan_slack_targets' targets, bit for bit).
     const bool budget = d.auto_slack || d.slack_ppm > 0;
@@ -265,7 +266,7 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     __syncthreads();
     if (budget) {
         if (warp == 0) {
-            const int32_t ppm = warp_budget_targets(d, st, a.q, sc.balance, lane);
+            const int32_t ppm = warp_budget_targets(d, st, sc.cost_remote, a.q, sc.balance, lane);
             if (lane == 0) cost_out[kPlanCostSlackWord] = ppm;
         }
         __syncthreads();
