@@ -11,13 +11,15 @@
 //   GpuPlannerRoutingTest.BenchmarkPointsMatchCpu   MoonEP point (R=8 E=384 K=8 S=8192) at maxvio 0.2/1/10/20 and the
 //   K3
 //       shape (E=896 K=16) at R=8 and R=64 (planner state in global memory), both modes
-//   GpuPlannerSlackTest.RandomHistogramsMatchCpu  slack ε in (0, 1] (plan_slack_targets on thread 0): random
+//   GpuPlannerSlackTest.RandomHistogramsMatchCpu  slack ε in (0, 1] (plan_slack_targets' closed form on a warp): random
 //       configurations and histograms, both kernels, both modes, every rank's plan copy vs make_plan
 //   GpuPlannerSlackTest.FusedAndBenchmarkPointsMatchCpu  the fused path with slack on the library's routings, the
 //       MoonEP point (maxvio 1, 10) and R=64 (global-memory planner state) at ε 0.01 / 0.05 / 0.1
 //   GpuPlannerAutoTest.RandomHistogramsMatchCpu  the auto policy (the budget chosen in phase 1, detail::plan_auto.hpp):
 //       random configurations, largest budgets 0 .. 1, the default and a small layer's cost model, random skews, both
 //       kernels, both modes: the GPU's chosen budget (Plan::slack_ppm) and plan equal the CPU's bit for bit
+//   GpuPlannerAutoTest.ManyRanksMatchCpu  R = 32 .. 100 (several ranks per lane in phase 1b's warp), auto and fixed
+//       budgets, block and cluster kernels, both modes: plan and budget equal the CPU's
 //   GpuPlannerAutoTest.FusedAndBenchmarkPointsMatchCpu  the fused path under auto: the library's routings, the MoonEP
 //       point at maxvio 0.2 / 1 / 10 / 20 and the K3 shape at R = 64 (global-memory planner state); the MoonEP
 //       decisions are not all the same budget
@@ -374,6 +376,35 @@ TEST(GpuPlannerSlackTest, FusedAndBenchmarkPointsMatchCpu) {
 TEST(GpuPlannerAutoTest, RandomHistogramsMatchCpu) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     expect_random_budget_plans_equal(20261204, {0.0, 0.02, 0.1, 0.25, 0.5, 1.0}, PlannerPolicy::kAuto);
+}
+
+// More ranks than a warp has lanes (phase 1b's warp keeps ranks l, l + 32, ... on lane l, src/cuda/device/plan_auto.cuh):
+// R = 32 .. 100, auto (largest budget 0.1 or 1, the default or a small layer's model) and fixed budgets, the block and
+// cluster kernels, both modes.
+TEST(GpuPlannerAutoTest, ManyRanksMatchCpu) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    testing::TestRng rng(20261206);
+    const int ranks[] = {32, 33, 64, 65, 100};
+    for (int it = 0; it < 15; ++it) {
+        const int R = ranks[it % 5], epn = rng.between(1, 6);
+        const int E = R * epn, K = rng.between(1, std::min(8, E)), S = rng.between(8, 64);
+        Config cfg = make_cfg(R, E, K, S, rng.chance(0.5) ? 1 : 8);
+        cfg.policy = it % 3 == 2 ? PlannerPolicy::kFixed : PlannerPolicy::kAuto;
+        cfg.slack = rng.chance(0.5) ? 0.1 : 1.0;
+        const detail::AutoCostModel model = rng.chance(0.5) ? detail::make_auto_cost_model(64, 64, cfg.tp)
+                                                            : detail::default_auto_cost_model();
+        std::vector<int32_t> s(R);
+        for (int r = 0; r < R; ++r) s[r] = rng.chance(0.5) ? S : rng.between(1, S);
+        const std::vector<int32_t> tpe = testing::random_tpe(cfg, s, rng.next(), rng.uniform() * 3.0);
+        for (PlannerKernel kernel : {PlannerKernel::kParallel, PlannerKernel::kCluster})
+            for (PlannerMode mode : {PlannerMode::kOptimized, PlannerMode::kReference}) {
+                expect_tpe_plan_equal(
+                    cfg, tpe, s, mode, kernel,
+                    testing_cat("instance ", it, " ", cfg.to_string(), " ", kernel_name(kernel), " ", to_string(mode)),
+                    /*relay=*/false, model);
+                if (::testing::Test::HasFatalFailure()) return;
+            }
+    }
 }
 
 TEST(GpuPlannerAutoTest, FusedAndBenchmarkPointsMatchCpu) {

@@ -10,6 +10,11 @@
 //   AutoDecision.SlackWins             a hand-built case whose predicted costs are worked out below: the chosen budget
 //                                      is strictly between 0 and the largest, not the no-copy one.
 //   AutoDecision.PredictHandComputed   plan_auto_predict of a 2-rank case against the formula by hand.
+//   AutoDecision.SlackTargetsClosedForm  plan_slack_targets' closed form (plan_slack_donor_rise, _receiver_first,
+//                                      _target: the GPU's warp form) equals the sequential loop, R up to 256.
+//   AutoDecision.PerRankFormIsTheDecision  the decision in per-rank terms (no-copy keys, the donors' sums, rank terms
+//                                      reduced by max / sum: src/cuda/device/plan_auto.cuh's steps) gives every
+//                                      candidate's cost and the choice of plan_auto_predict / plan_auto_choose.
 //   AutoPlans.SameAsSlackPlanner/<n>   random and lognormal routings, both modes: the auto plan equals bit for bit the
 //                                      fixed-budget planner's plan at the chosen budget; the budget is the decision
 //                                      function's; 0 <= budget <= largest; rows within the buffer; validate_plan and
@@ -196,6 +201,120 @@ TEST(AutoDecision, PredictHandComputed) {
     EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 200000, t), 5720);
     EXPECT_EQ(t[0], 120);
     EXPECT_EQ(t[1], 80);
+}
+
+// ---- the per-rank form (the GPU's warp-parallel decision, src/cuda/device/plan_auto.cuh) -------------------------
+
+// plan_slack_targets in closed form, rank by rank, as the GPU warp computes it: each receiver's `before` summed over
+// the ranks ahead of it, the donors' total rise, then plan_slack_target.
+std::vector<int32_t> closed_form_targets(int R, const std::vector<int64_t>& load, const std::vector<int32_t>& q,
+                                         int32_t ppm) {
+    int64_t extra = 0;
+    for (int r = 0; r < R; ++r) extra += detail::plan_slack_donor_rise(load[r], q[r], ppm);
+    std::vector<int32_t> t(R);
+    for (int r = 0; r < R; ++r) {
+        const int64_t def_r = q[r] > load[r] ? q[r] - load[r] : 0;
+        int64_t before = 0;
+        for (int s = 0; s < R; ++s) {
+            const int64_t def_s = q[s] > load[s] ? q[s] - load[s] : 0;
+            if (def_s > 0 && detail::plan_slack_receiver_first(def_s, s, def_r, r)) before += def_s;
+        }
+        t[r] = detail::plan_slack_target(load[r], q[r], ppm, extra, before);
+    }
+    return t;
+}
+
+// Random loads over R ranks (zero loads, a few heavy ranks) with their even quotas.
+void random_loads(testing::TestRng& rng, int R, std::vector<int64_t>& load, std::vector<int32_t>& q) {
+    load.assign(R, 0);
+    q.assign(R, 0);
+    int64_t n = 0;
+    const int scale = rng.chance(0.2) ? 3 : rng.between(10, 100000);
+    for (int r = 0; r < R; ++r) n += load[r] = rng.chance(0.15) ? 0 : rng.between(0, scale) * (rng.chance(0.1) ? 5 : 1);
+    for (int r = 0; r < R; ++r) q[r] = detail::plan_even_quota(n, R, r);
+}
+
+TEST(AutoDecision, SlackTargetsClosedForm) {
+    testing::TestRng rng(20261206);
+    for (int round = 0; round < 3000; ++round) {
+        const int R = round % 10 == 0 ? rng.between(33, 256) : rng.between(1, 40);
+        const int32_t ppm = round % 9 == 0 ? 0 : rng.chance(0.5) ? rng.between(1, 200000) : rng.between(1, 1000000);
+        std::vector<int64_t> load;
+        std::vector<int32_t> q;
+        random_loads(rng, R, load, q);
+        std::vector<int32_t> t = q;
+        const detail::PlanDims d{R, R, 1, 2, 1, 1, true, ppm};
+        detail::plan_slack_targets(d, load.data(), t.data());
+        EXPECT_EQ(closed_form_targets(R, load, q, ppm), t) << "round " << round << " R " << R << " ppm " << ppm;
+    }
+}
+
+// The decision in the per-rank form of plan_auto.cuh: keys, the donors' sums, every candidate's rank terms reduced by
+// max / sum. Returns the chosen budget; cost: each candidate's predicted step.
+int32_t decide_per_rank(const detail::PlanDims& d, const std::vector<int64_t>& load, const std::vector<int32_t>& q,
+                        const detail::AutoRankView& v, std::vector<int64_t>& cost) {
+    const int R = d.R;
+    const int32_t mx = detail::plan_auto_max_ppm(d);
+    uint32_t key = 0;
+    int64_t entries = 0, experts = 0, top = 0;
+    for (int r = 0; r < R; ++r) {
+        key = std::max(key, detail::plan_auto_no_copy_key(load[r], q[r], mx));
+        if (load[r] > q[r]) entries += load[r], experts += v.nonzero[r], top = std::max<int64_t>(top, v.top[r]);
+    }
+    int32_t ppm[detail::kAutoMaxCandidates];
+    const int n = detail::plan_auto_candidate_list(mx, detail::plan_auto_no_copy_of_key(key, mx), ppm);
+    const int64_t piece = detail::plan_auto_piece_of(entries, experts, top);
+    cost.assign(n, 0);
+    for (int c = 0; c < n; ++c) {
+        const std::vector<int32_t> t = closed_form_targets(R, load, q, ppm[c]);
+        int64_t compute = 0, tokens = 0, copy = 0, copies = 0;
+        for (int r = 0; r < R; ++r) {
+            const detail::AutoRankTerms x = detail::plan_auto_rank_terms(d, piece, load[r], t[r], v.nonzero[r],
+                                                                         v.own[r], v.src[r]);
+            compute = std::max(compute, x.compute), tokens = std::max(tokens, x.tokens);
+            copy = std::max(copy, x.copy), copies += x.recv;
+        }
+        cost[c] = detail::plan_auto_step(d.auto_model, compute, tokens, copy, copies);
+    }
+    return ppm[detail::plan_auto_choose(cost.data(), n)];
+}
+
+TEST(AutoDecision, PerRankFormIsTheDecision) {
+    testing::TestRng rng(32);
+    int non_trivial = 0;
+    for (int round = 0; round < 2000; ++round) {
+        const int R = round % 8 == 0 ? rng.between(33, 256) : rng.between(1, 32);
+        const int epn = rng.between(1, 64);
+        detail::PlanDims d{R, R * epn, epn, 2 * epn, epn, 1, true, round % 11 == 0 ? 0 : rng.between(1, 1000000), true};
+        d.auto_model = rng.chance(0.5) ? detail::default_auto_cost_model()
+                                       : detail::make_auto_cost_model(rng.between(16, 8192), rng.between(16, 4096),
+                                                                      rng.between(1, 256));
+        std::vector<int64_t> load;
+        std::vector<int32_t> q;
+        random_loads(rng, R, load, q);
+        std::vector<int32_t> nonzero(R), own(R), src(R), top(R);
+        for (int r = 0; r < R; ++r) {
+            nonzero[r] = load[r] == 0 ? 0 : rng.between(1, static_cast<int>(std::min<int64_t>(epn, load[r])));
+            top[r] = load[r] == 0 ? 0 : static_cast<int32_t>(rng.between(1, static_cast<int>(load[r])));
+            own[r] = static_cast<int32_t>(rng.between(0, static_cast<int>(load[r])));
+            src[r] = own[r] + rng.between(0, 2 * static_cast<int>(q[r]) + 1);
+        }
+        const detail::AutoRankView v{load.data(), q.data(), nonzero.data(), own.data(), src.data(), top.data()};
+        std::vector<int64_t> cost;
+        const int32_t got = decide_per_rank(d, load, q, v, cost);
+        // The sequential decision: candidates, piece, plan_auto_predict each, first cheapest.
+        int32_t ppm[detail::kAutoMaxCandidates];
+        const int n = detail::plan_auto_candidates(d, load.data(), q.data(), ppm);
+        ASSERT_EQ(static_cast<int>(cost.size()), n) << round;
+        const int64_t piece = detail::plan_auto_piece(R, v);
+        std::vector<int32_t> t(R);
+        std::vector<int64_t> want(n);
+        for (int c = 0; c < n; ++c) want[c] = detail::plan_auto_predict(d, v, piece, ppm[c], t.data());
+        EXPECT_EQ(cost, want) << "round " << round;
+        EXPECT_EQ(got, ppm[detail::plan_auto_choose(want.data(), n)]) << "round " << round;
+        non_trivial += got != 0 && got != d.slack_ppm ? 1 : 0;
+    }
+    EXPECT_GT(non_trivial, 0);  // the no-copy or a partial budget chosen somewhere
 }
 
 // ---- plans over a corpus ------------------------------------------------------------------------------------------

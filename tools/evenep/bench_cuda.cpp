@@ -3,6 +3,7 @@
 // formulas: docs/benchmarks.md. Without a CUDA build the subcommands exist and say that they need one.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 
 #include <limits>
@@ -32,6 +33,7 @@ struct GpuBenchOptions {
     std::string planner = "optimized";
     double slack = 0;
     std::string policy;                // --policy (apply_policy; docs/auto.md)
+    std::vector<std::string> policies;  // gpu-plan: --policy P... (several: each point under each, and their difference)
     CLI::Option* opt_slack = nullptr;  // --slack, to tell whether it was given
     int projections = 3;
     double copy_mib = 2048;
@@ -52,13 +54,14 @@ Estimate gpu_host_estimate(const GpuBenchOptions& o, const std::vector<std::arra
         add_near_maxvio_estimate(R, E, K, S, static_cast<int>(std::max<size_t>(1, o.maxvios.size())), point);
         point.add_bytes(plan_bytes(R, E) + 4.0 * R * E, fmt::format("host plan of R*E = {} pairs", R * E));
         point.add_bytes(2.0 * R * S * H, "host tokens R*S*H bf16");
-        point.add_seconds(o.maxvios.size() * (o.warmup + o.iters + 1) * plan_seconds(R, E), "host plans");
+        const size_t runs = o.maxvios.size() * std::max<size_t>(1, o.policies.size());  // a run per point and policy
+        point.add_seconds(runs * (o.warmup + o.iters + 1) * plan_seconds(R, E), "host plans");
         e.add_stage(point);
     }
     return e;
 }
 
-void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
+void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags, bool policies = false) {
     if (shape_flags) {
         add_int(*cmd, "--R", o.R, "virtual ranks", 1, kMaxRanks);
         add_int(*cmd, "--E", o.E, "routed experts", 1, kMaxExperts);
@@ -78,7 +81,16 @@ void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags) {
             ->capture_default_str();
         o.opt_slack =
             add_real(*cmd, "--slack", o.slack, "imbalance budget eps (docs/slack.md); with --policy auto the largest", 0, 1);
-        add_policy_option(*cmd, o.policy);
+        if (policies)
+            cmd->add_option("--policy", o.policies,
+                            "planner policies: exact, slack (budget --slack) or auto (largest budget --slack, default "
+                            "0.1; docs/auto.md); default: slack if --slack > 0, else exact. Several (e.g. --policy "
+                            "exact auto): every point planned under each in turn, then each row's p50 difference to "
+                            "the first policy's (exact ignores --slack then)")
+                ->check(CLI::IsMember({"auto", "exact", "slack"}))
+                ->expected(1, 3);
+        else
+            add_policy_option(*cmd, o.policy);
         add_int(*cmd, "--projections", o.projections, "prefetch/reduce: projections per copy (1..3)", 1, 3);
     }
     add_int(*cmd, "--sm-budget", o.sm_budget, "SMs per virtual rank (clamped to co-residency)", 1, 1 << 16);
@@ -125,6 +137,37 @@ void print_row(const BenchRow& r) {
                r.wrong < 0 ? std::string("-") : std::to_string(r.wrong), r.blocks_per_rank);
 }
 
+// Several policies at one point: each row's p50 under every policy after the first, minus the first's (the same op
+// under each; e.g. auto - exact, the auto decision's cost in the planner). Printed and in the JSON's policy_diff.
+void print_policy_diff(const std::vector<std::string>& policies,
+                       const std::vector<std::vector<BenchRow>>& by_policy,
+                       const char* shape_name,
+                       double target_maxvio,
+                       nlohmann::json& out) {
+    for (size_t p = 1; p < policies.size(); ++p) {
+        fmt::print("{} - {} (p50 us):\n", policies[p], policies[0]);
+        fmt::print("{:<28} {:>6} {:>10} {:>10} {:>10}\n", "op", "maxvio", policies[0], policies[p], "diff");
+        for (const BenchRow& b : by_policy[p]) {
+            const BenchRow* a = nullptr;
+            for (const BenchRow& r : by_policy[0])
+                if (r.op == b.op) a = &r;
+            if (a == nullptr) continue;
+            const double diff = b.median_us - a->median_us;
+            fmt::print("{:<28} {:>6.2f} {:>10.1f} {:>10.1f} {:>+10.1f}\n", b.op, b.maxvio, a->median_us, b.median_us, diff);
+            out["policy_diff"].push_back(nlohmann::json{{"op", b.op},
+                                                        {"shape_name", shape_name},
+                                                        {"target_maxvio", target_maxvio},
+                                                        {"maxvio", b.maxvio},
+                                                        {"base", policies[0]},
+                                                        {"policy", policies[p]},
+                                                        {"base_median_us", a->median_us},
+                                                        {"median_us", b.median_us},
+                                                        {"diff_us", diff}});
+        }
+    }
+    std::fflush(stdout);
+}
+
 struct Shape {
     const char* name;
     int R, E, K, S, H, ffn_hidden;
@@ -147,33 +190,47 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
     }
     out["copy_gbps"] = copy_gbps;
     int64_t wrong = 0;
+    // The policies each point is planned under (gpu-plan's --policy P...; otherwise the one --policy).
+    const std::vector<std::string> policies = o.policies.empty() ? std::vector<std::string>{o.policy} : o.policies;
+    const bool several = policies.size() > 1;
+    const bool slack_given = o.opt_slack != nullptr && o.opt_slack->count() > 0;
     for (const Shape& sh : shapes)
         for (double mv : o.routing.empty() ? o.maxvios : std::vector<double>{0.0}) {  // a given routing: one point
-            BenchConfig bc;
-            bc.R = sh.R, bc.E = sh.E, bc.K = sh.K, bc.S = sh.S, bc.H = sh.H, bc.ffn_hidden = sh.ffn_hidden;
-            bc.tp = o.tp;
-            bc.maxvio = mv;
-            bc.seed = o.seed;
-            bc.sm_budget = o.sm_budget;
-            bc.warmup = o.warmup;
-            bc.iters = o.iters;
-            bc.check = o.check;
-            bc.graph = o.graph;
-            bc.mode = parse_planner_mode(o.planner);
-            bc.slack = o.slack;
-            bc.policy = apply_policy(o.policy, o.opt_slack != nullptr && o.opt_slack->count() > 0, bc.slack);
-            bc.expert_projections = o.projections;
-            bc.routing_in = o.routing;
-            if (npy_dir.active()) bc.routing_npy = npy_dir.file(fmt::format("routing_{}_maxvio{}.npy", sh.name, mv));
-            for (const BenchRow& r : perf::bench_point(bc, ops, copy_gbps)) {
-                print_row(r);
-                std::fflush(stdout);
-                nlohmann::json j = to_json(r);
-                j["shape_name"] = sh.name;
-                j["target_maxvio"] = mv;
-                out["rows"].push_back(j);
-                if (r.wrong > 0) wrong += r.wrong;
+            std::vector<std::vector<BenchRow>> by_policy;
+            for (const std::string& policy : policies) {
+                BenchConfig bc;
+                bc.R = sh.R, bc.E = sh.E, bc.K = sh.K, bc.S = sh.S, bc.H = sh.H, bc.ffn_hidden = sh.ffn_hidden;
+                bc.tp = o.tp;
+                bc.maxvio = mv;
+                bc.seed = o.seed;
+                bc.sm_budget = o.sm_budget;
+                bc.warmup = o.warmup;
+                bc.iters = o.iters;
+                bc.check = o.check;
+                bc.graph = o.graph;
+                bc.mode = parse_planner_mode(o.planner);
+                // Several policies: exact plans with budget 0 whatever --slack (the others' budget).
+                const bool exact_beside = several && policy == "exact";
+                bc.slack = exact_beside ? 0.0 : o.slack;
+                bc.policy = apply_policy(policy, slack_given && !exact_beside, bc.slack);
+                bc.expert_projections = o.projections;
+                bc.routing_in = o.routing;
+                if (npy_dir.active())
+                    bc.routing_npy = npy_dir.file(fmt::format("routing_{}_maxvio{}.npy", sh.name, mv));
+                if (several) fmt::print("policy {} (slack {:g})\n", policy, bc.slack);
+                by_policy.push_back(perf::bench_point(bc, ops, copy_gbps));
+                for (const BenchRow& r : by_policy.back()) {
+                    print_row(r);
+                    std::fflush(stdout);
+                    nlohmann::json j = to_json(r);
+                    j["shape_name"] = sh.name;
+                    j["target_maxvio"] = mv;
+                    if (several) j["policy"] = policy;
+                    out["rows"].push_back(j);
+                    if (r.wrong > 0) wrong += r.wrong;
+                }
             }
+            if (several) print_policy_diff(policies, by_policy, sh.name, mv, out);
         }
     npy_dir.close();
     json.write(out.dump(2) + "\n");
@@ -192,7 +249,7 @@ void add_gpu_command(
     CLI::App& bench, const char* name, const char* help, std::vector<std::string> ops, bool plan_only) {
     auto opt = std::make_shared<GpuBenchOptions>();
     CLI::App* cmd = bench.add_subcommand(name, help);
-    add_common(cmd, *opt, true);
+    add_common(cmd, *opt, true, plan_only);
     set_run(cmd, [opt, ops, plan_only, name] {
         const int hidden = plan_only ? 8 : opt->H;  // as run() below
         check_estimate(fmt::format("bench {}", name),

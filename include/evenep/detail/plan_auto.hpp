@@ -58,28 +58,45 @@ EVENEP_HOST_DEVICE inline void plan_auto_rank_stats(const PlanDims& d,
     for (int e = 0; e < d.E; ++e) src += row[e];
 }
 
+// Rank r's share of the no-copy budget (below): 0 unless it is a donor (L_r > q_r); a donor's smallest budget (ppm,
+// rounded up) under which it keeps all of its own experts' entries; -1 when none exists (entries and a zero quota).
+EVENEP_HOST_DEVICE inline int64_t plan_auto_no_copy_need(int64_t load, int32_t q) {
+    if (load <= q) return 0;
+    if (q <= 0) return -1;
+    // q·ppm >= (L - q)·10^6  =>  ⌈q·ppm / 10^6⌉ >= L - q  =>  slack_cap(q, ppm) >= L.
+    return ((load - q) * kSlackPpmOne + q - 1) / q;
+}
+
 // The smallest budget (ppm, rounded up) under which every rank keeps all of its own experts' entries: then the
 // slack targets are the loads themselves and the plan has no copy at all. -1 when none exists (a rank with entries
 // and a zero quota).
 EVENEP_HOST_DEVICE inline int64_t plan_auto_no_copy_ppm(int R, const int64_t* load, const int32_t* q) {
     int64_t ppm = 0;
     for (int r = 0; r < R; ++r) {
-        if (load[r] <= q[r]) continue;
-        if (q[r] <= 0) return -1;
-        // q·ppm >= (L - q)·10^6  =>  ⌈q·ppm / 10^6⌉ >= L - q  =>  slack_cap(q, ppm) >= L.
-        const int64_t need = ((load[r] - q[r]) * kSlackPpmOne + q[r] - 1) / q[r];
+        const int64_t need = plan_auto_no_copy_need(load[r], q[r]);
+        if (need < 0) return -1;
         ppm = need > ppm ? need : ppm;
     }
     return ppm;
 }
 
-// The candidate budgets (ppm) into ppm[kAutoMaxCandidates], ascending and distinct; returns how many. d.slack_ppm is
-// the largest budget allowed (the buffers are sized for it).
-EVENEP_HOST_DEVICE inline int plan_auto_candidates(const PlanDims& d,
-                                                   const int64_t* load,
-                                                   const int32_t* q,
-                                                   int32_t* ppm) {
-    const int32_t mx = d.slack_ppm > 0 ? d.slack_ppm : 0;
+// The no-copy need as an unsigned key whose maximum over the ranks decides the same candidate (the GPU's warp
+// reduction, plan_auto.cuh): the need when it is within mx (the largest budget), mx + 1 when it is above it or
+// does not exist — either way no no-copy budget within mx. plan_auto_no_copy_of_key turns the maximum back.
+EVENEP_HOST_DEVICE inline uint32_t plan_auto_no_copy_key(int64_t load, int32_t q, int32_t mx) {
+    const int64_t need = plan_auto_no_copy_need(load, q);
+    return need >= 0 && need <= mx ? static_cast<uint32_t>(need) : static_cast<uint32_t>(mx) + 1u;
+}
+EVENEP_HOST_DEVICE inline int64_t plan_auto_no_copy_of_key(uint32_t key, int32_t mx) {
+    return key <= static_cast<uint32_t>(mx) ? static_cast<int64_t>(key) : -1;
+}
+
+// The largest budget a plan of d may choose (d.slack_ppm, at least 0).
+EVENEP_HOST_DEVICE inline int32_t plan_auto_max_ppm(const PlanDims& d) { return d.slack_ppm > 0 ? d.slack_ppm : 0; }
+
+// The candidate budgets (ppm) into ppm[kAutoMaxCandidates], ascending and distinct, from the largest budget mx and
+// the no-copy budget (taken when within [0, mx]); returns how many.
+EVENEP_HOST_DEVICE inline int plan_auto_candidate_list(int32_t mx, int64_t no_copy, int32_t* ppm) {
     int n = 0;
     auto add = [&](int64_t v) {  // v ascending over the calls but the no-copy budget: insert in order
         if (v < 0 || v > mx) return;
@@ -94,8 +111,16 @@ EVENEP_HOST_DEVICE inline int plan_auto_candidates(const PlanDims& d,
     add(mx / 4);
     add(mx / 2);
     add(mx);
-    add(plan_auto_no_copy_ppm(d.R, load, q));
+    add(no_copy);
     return n;
+}
+
+// The candidate budgets (ppm) of a plan of d with these loads and quotas (plan_auto_candidate_list).
+EVENEP_HOST_DEVICE inline int plan_auto_candidates(const PlanDims& d,
+                                                   const int64_t* load,
+                                                   const int32_t* q,
+                                                   int32_t* ppm) {
+    return plan_auto_candidate_list(plan_auto_max_ppm(d), plan_auto_no_copy_ppm(d.R, load, q), ppm);
 }
 
 // Entries of one copied piece, for the copy counts the prediction estimates: over the donors (L_r > q_r), the mean of
@@ -104,16 +129,74 @@ EVENEP_HOST_DEVICE inline int plan_auto_candidates(const PlanDims& d,
 // large experts first) and chose budgets that lost up to 1.6 ms a step on drift; the largest alone under-counts them
 // (a lower bound) and kept exact balance where the no-copy budget won 3.6 ms (zero_load); the midpoint lost at most
 // 0.25 ms a step (drift) and recovered most of the gain elsewhere.
+EVENEP_HOST_DEVICE inline int64_t plan_auto_piece_of(int64_t entries, int64_t experts, int64_t top) {
+    // entries, experts, top: the donors' entries, non-empty experts and largest expert load (0 without a donor)
+    // entries < N < 2^31: the mean divides in 32 bits (the 64-bit quotient; the GPU's 64-bit division is a routine).
+    top = top > 1 ? top : 1;
+    const int64_t mean =
+        experts > 0 && entries > experts ? static_cast<uint32_t>(entries) / static_cast<uint32_t>(experts) : 1;
+    return (mean + top) / 2 > 1 ? (mean + top) / 2 : 1;
+}
 EVENEP_HOST_DEVICE inline int64_t plan_auto_piece(int R, const AutoRankView& v) {
-    int64_t entries = 0, experts = 0, top = 1;
+    int64_t entries = 0, experts = 0, top = 0;
     for (int r = 0; r < R; ++r)
         if (v.load[r] > v.q[r]) {
             entries += v.load[r];
             experts += v.nonzero[r];
             top = v.top[r] > top ? v.top[r] : top;
         }
-    const int64_t mean = experts > 0 && entries > experts ? entries / experts : 1;
-    return (mean + top) / 2 > 1 ? (mean + top) / 2 : 1;
+    return plan_auto_piece_of(entries, experts, top);
+}
+
+// plan_slack_targets in closed form, one rank at a time (the GPU computes every rank's target at once, plan_auto.cuh;
+// tests/unit/planner_auto_test.cpp checks it against plan_slack_targets). With the budget ppm > 0: a donor (L > q)
+// keeps min(L, slack_cap(q, ppm)); the donors' total rise `extra` is cut from the receivers' (L < q) quotas in
+// (deficit, rank) order, each receiver by min(its deficit, what is left of extra after the receivers before it):
+// before = the deficits of the receivers before it (plan_slack_receiver_first), summed.
+EVENEP_HOST_DEVICE inline int64_t plan_slack_donor_rise(int64_t load, int32_t q, int32_t ppm) {
+    if (ppm <= 0 || load <= q) return 0;
+    return imin64(load, slack_cap(q, ppm)) - q;
+}
+EVENEP_HOST_DEVICE inline bool plan_slack_receiver_first(int64_t deficit_s, int s, int64_t deficit_r, int r) {
+    return deficit_s < deficit_r || (deficit_s == deficit_r && s < r);
+}
+EVENEP_HOST_DEVICE inline int32_t plan_slack_target(int64_t load, int32_t q, int32_t ppm, int64_t extra, int64_t before) {
+    if (ppm <= 0) return q;
+    if (load > q) return static_cast<int32_t>(q + plan_slack_donor_rise(load, q, ppm));
+    const int64_t deficit = q - load, left = extra - before;
+    const int64_t cut = left <= 0 ? 0 : imin64(left, deficit);
+    return static_cast<int32_t>(q - cut);
+}
+
+// One rank's terms of the prediction (plan_auto_predict) with target t: its compute, its token phase (entries sent or
+// received, at least 0), its copies (received or pushed) and the copies it receives.
+struct AutoRankTerms {
+    int64_t compute, tokens, copy, recv;
+};
+EVENEP_HOST_DEVICE inline AutoRankTerms plan_auto_rank_terms(
+    const PlanDims& d, int64_t piece, int64_t load, int64_t target, int32_t nonzero, int32_t own, int32_t src) {
+    const AutoCostModel& m = d.auto_model;
+    // |t - L| and piece are in [0, N) and [1, N), N < 2^31 entries: the ceiling divides in 32 bits (the quotient of
+    // the 64-bit division, without the GPU's long 64-bit division routine).
+    const uint32_t gap = static_cast<uint32_t>(target > load ? target - load : load - target);
+    const uint32_t p = static_cast<uint32_t>(piece);
+    const int64_t pieces = (gap + p - 1) / p;
+    const int64_t recv = target > load ? imin64(pieces, d.epn) : 0;
+    const int64_t push = load > target ? pieces : 0;
+    AutoRankTerms t;
+    t.compute = m.row_ps * target + m.group_ps * (nonzero + recv);
+    t.tokens = imax64(0, imax64(src - own, target - own));
+    t.copy = imax64(recv, push);
+    t.recv = recv;
+    return t;
+}
+
+// The predicted step from the ranks' terms: compute, tokens and copy their maxima (each at least 0), copies the sum of
+// the copies received.
+EVENEP_HOST_DEVICE inline int64_t plan_auto_step(
+    const AutoCostModel& m, int64_t compute, int64_t tokens, int64_t copy, int64_t copies) {
+    const int64_t phase = tokens * m.entry_ps;
+    return m.plan_copy_ps * copies + imax64(phase, copy * m.weight_ps) + compute + 3 * phase + copy * m.grad_ps;
 }
 
 // Predicted step time (ps) of planning with budget `ppm`; t: [R] int32 scratch (the targets on exit). With t_r the
@@ -130,22 +213,15 @@ EVENEP_HOST_DEVICE inline int64_t plan_auto_predict(
     PlanDims dd = d;
     dd.slack_ppm = ppm;
     plan_slack_targets(dd, v.load, t);
-    const AutoCostModel& m = d.auto_model;
     int64_t compute = 0, tokens = 0, copy = 0, copies = 0;
     for (int r = 0; r < R; ++r) {
-        const int64_t load = v.load[r], target = t[r];
-        int64_t recv = target > load ? (target - load + piece - 1) / piece : 0;
-        recv = recv < d.epn ? recv : d.epn;
-        const int64_t push = load > target ? (load - target + piece - 1) / piece : 0;
-        const int64_t c = m.row_ps * target + m.group_ps * (v.nonzero[r] + recv);
-        const int64_t sent = v.src[r] - v.own[r], got = target - v.own[r];
-        compute = imax64(compute, c);
-        tokens = imax64(tokens, imax64(sent, got));
-        copy = imax64(copy, imax64(recv, push));
-        copies += recv;
+        const AutoRankTerms k = plan_auto_rank_terms(d, piece, v.load[r], t[r], v.nonzero[r], v.own[r], v.src[r]);
+        compute = imax64(compute, k.compute);
+        tokens = imax64(tokens, k.tokens);
+        copy = imax64(copy, k.copy);
+        copies += k.recv;
     }
-    const int64_t phase = tokens * m.entry_ps;
-    return m.plan_copy_ps * copies + imax64(phase, copy * m.weight_ps) + compute + 3 * phase + copy * m.grad_ps;
+    return plan_auto_step(d.auto_model, compute, tokens, copy, copies);
 }
 
 // The chosen candidate: the first (smallest budget) of the least predicted cost.
@@ -175,6 +251,7 @@ EVENEP_HOST_DEVICE inline int32_t plan_auto_slack_ppm(const PlanDims& d,
     int32_t ppm[kAutoMaxCandidates];
     int64_t cost[kAutoMaxCandidates];
     const int n = plan_auto_candidates(d, load, q, ppm);
+    if (n == 1) return ppm[0];  // nothing to compare
     const int64_t piece = plan_auto_piece(R, v);
     for (int i = 0; i < n; ++i) cost[i] = plan_auto_predict(d, v, piece, ppm[i], t);
     return ppm[plan_auto_choose(cost, n)];
