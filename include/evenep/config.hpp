@@ -65,8 +65,12 @@ PlannerMode parse_planner_mode(std::string_view name);
 // Sets cfg.policy and cfg.slack from a policy named as the CLI's --policy and the Python package's policy= spell it
 // (docs/auto.md): "auto" (each plan's budget in [0, slack]; slack < 0, i.e. not given, means kAutoDefaultSlack),
 // "exact" (budget 0; a given slack must be 0), "slack" (every plan with the budget slack > 0), or "" (exact when
-// slack <= 0, else slack). Throws evenep::Error(kInvalidArgument) naming the bad value; the budget's range is
-// Config::validate's.
-void apply_planner_policy(Config& cfg, std::string_view policy, double slack);
+// slack <= 0, else slack). Throws evenep::Error(kInvalidArgument) naming the bad value, with the arguments called
+// policy_name and slack_name (the CLI: "--policy", "--slack"); the budget's range is Config::validate's.
+void apply_planner_policy(Config& cfg,
+                          std::string_view policy,
+                          double slack,
+                          std::string_view policy_name = "policy",
+                          std::string_view slack_name = "slack");
 
 }  // namespace evenep

@@ -56,20 +56,24 @@ PlannerMode parse_planner_mode(std::string_view name) {
     EVENEP_CHECK(false, "planner: unknown mode '", name, "' (expected 'reference' or 'optimized')");
 }
 
-void apply_planner_policy(Config& cfg, std::string_view policy, double slack) {
+void apply_planner_policy(Config& cfg, std::string_view policy, double slack, std::string_view policy_name,
+                          std::string_view slack_name) {
     const bool given = !(slack < 0);  // NaN counts as given: validate() names it
     if (policy == "auto") {
         cfg.policy = PlannerPolicy::kAuto;
         cfg.slack = given ? slack : kAutoDefaultSlack;
         return;
     }
-    EVENEP_CHECK(policy.empty() || policy == "exact" || policy == "slack", "planner policy '", policy,
+    EVENEP_CHECK(policy.empty() || policy == "exact" || policy == "slack", policy_name, " '", policy,
                  "' is not one of auto, exact, slack");
     if (policy == "exact")
-        EVENEP_CHECK(!given || slack == 0, "planner policy exact plans with budget 0 but slack = ", slack,
-                     " (use policy slack or auto)");
-    if (policy == "slack")
-        EVENEP_CHECK(given && slack > 0, "planner policy slack needs a budget slack > 0 (got slack = ", slack, ")");
+        EVENEP_CHECK(!given || slack == 0, policy_name, " exact plans with budget 0 but ", slack_name, " = ", slack,
+                     " (use ", policy_name, " slack or auto)");
+    if (policy == "slack") {
+        EVENEP_CHECK(given, policy_name, " slack needs a budget ", slack_name, " > 0 (none given)");
+        EVENEP_CHECK(slack > 0, policy_name, " slack needs a budget ", slack_name, " > 0 (got ", slack_name, " = ",
+                     slack, ")");
+    }
     cfg.policy = PlannerPolicy::kFixed;
     cfg.slack = given ? slack : 0.0;
 }

@@ -320,7 +320,7 @@ CLI::Option* add_policy_option(CLI::App& cmd, std::string& policy) {
 
 PlannerPolicy apply_policy(const std::string& policy, bool slack_given, double& slack) {
     Config c;
-    apply_planner_policy(c, policy, slack_given ? slack : -1.0);
+    apply_planner_policy(c, policy, slack_given ? slack : -1.0, "--policy", "--slack");
     slack = c.slack;
     return c.policy;
 }
