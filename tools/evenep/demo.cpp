@@ -176,10 +176,12 @@ void run_demo(const DemoOptions& opt) {
                  "--bf16-partials --backend cuda: the CUDA backend has no bf16-partials combine (the CPU oracle has: "
                  "--backend cpu)");
     std::string no_cuda;
-    const bool cuda_ok = opt.backend != "cpu" && !opt.precision.bf16_partials && demo_cuda_available(&no_cuda) &&
-                         (!fp8 || demo_cuda_fp8_available(&no_cuda));
+    // NOTE: with --fp8, "auto" keeps the CPU: the GPU FP8 layer is taken only when asked (--backend cuda) until it
+    // has been checked on a GPU (issue 34).
+    const bool cuda_ok = opt.backend != "cpu" && (!fp8 || opt.backend == "cuda") && !opt.precision.bf16_partials &&
+                         demo_cuda_available(&no_cuda) && (!fp8 || demo_cuda_fp8_available(&no_cuda));
     EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda", fp8 ? " --fp8" : "", ": ", no_cuda);
-    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU (with --fp8: also without the CUTLASS FP8 GEMM)
+    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU (and runs the CPU with --fp8)
     RoutingInput in = resolve_routing(opt.routing, "demo", [&](const Config& c, bool) {
         const BufferConfig probe{.cfg = c, .H = opt.H, .ffn_hidden = opt.ffn_hidden, .precision = opt.precision};
         probe.validate();
