@@ -182,7 +182,6 @@ class Context {
           planner_(cfg.cfg, mode),
           buffers_(cfg.cfg.R),
           cur_(cfg.cfg.R) {
-        // The auto policy's step-cost coefficients for this buffer's layer shape (docs/auto.md), as cuda::MoeLayer's.
         cpu::run_ranks_or_throw(group_,
                                 [&](Team& t) { buffers_[t.rank()] = std::make_unique<cpu::Buffer>(t, cfg_, mode); });
         // The auto policy's step-cost coefficients for this buffer's layer shape (docs/auto.md), as cuda::MoeLayer's;
