@@ -8,7 +8,8 @@
 #
 # On the device machine, from the repository root:
 #   source .devdeps/unpack.sh && scripts/device/run_checks.sh
-# Environment: BUILD, CUTLASS (ON needs .deps carried), TESTS (space-separated binaries), PYTESTS (pytest paths),
+# Environment: BUILD, CUTLASS (ON needs .deps carried), NCCL (ON: the NCCL team against torch's NCCL, so that
+# tests/python/test_group.py runs), TESTS (space-separated binaries), PYTESTS (pytest paths),
 # BUDGET (seconds for the whole script, default 585).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +23,7 @@ B=${BUILD:-build-gpu}
 T="${TESTS:-gpu_expert_ops_test gpu_fp8_experts_test gpu_datapath_test gpu_backward_test gpu_fp8_dispatch_test gpu_moe_layer_test gpu_experts_test gpu_planner_test fp8_cast_test}"
 {
   cmake -S . -B "$B" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL="${NCCL:-OFF}" -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
     -DEVENEP_CUTLASS="${CUTLASS:-OFF}" -DEVENEP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)" &&
   cmake --build "$B" -j "$(nproc)" --target evenep evenep_python $T
 } > "$OUT/build.log" 2>&1 || tail -40 "$OUT/build.log"
