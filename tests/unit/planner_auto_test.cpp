@@ -11,9 +11,9 @@
 //                                      is strictly between 0 and the largest, not the no-copy one.
 //   AutoDecision.PredictHandComputed   plan_auto_predict of a 2-rank case against the formula by hand.
 //   AutoDecision.SlackTargetsClosedForm  plan_slack_targets' closed form (plan_slack_donor_rise, _receiver_first,
-//                                      _target: a GPU warp's form) equals the sequential loop, R up to 256.
+//                                      _target: the GPU's warp form) equals the sequential loop, R up to 256.
 //   AutoDecision.PerRankFormIsTheDecision  the decision in per-rank terms (no-copy keys, the donors' sums, rank terms
-//                                      reduced by max / sum: the warp-parallel GPU decision of branch h-plan) gives every
+//                                      reduced by max / sum: src/cuda/device/plan_auto.cuh's steps) gives every
 //                                      candidate's cost and the choice of plan_auto_predict / plan_auto_choose.
 //   AutoPlans.SameAsSlackPlanner/<n>   random and lognormal routings, both modes: the auto plan equals bit for bit the
 //                                      fixed-budget planner's plan at the chosen budget; the budget is the decision
@@ -203,7 +203,7 @@ TEST(AutoDecision, PredictHandComputed) {
     EXPECT_EQ(t[1], 80);
 }
 
-// ---- the per-rank form (a warp-parallel GPU decision: branch h-plan, not yet run) -------------------------
+// ---- the per-rank form (the GPU's warp-parallel decision, src/cuda/device/plan_auto.cuh) -------------------------
 
 // plan_slack_targets in closed form, rank by rank, as the GPU warp computes it: each receiver's `before` summed over
 // the ranks ahead of it, the donors' total rise, then plan_slack_target.
@@ -249,7 +249,7 @@ TEST(AutoDecision, SlackTargetsClosedForm) {
     }
 }
 
-// The decision in the per-rank form: keys, the donors' sums, every candidate's rank terms reduced by
+// The decision in the per-rank form of plan_auto.cuh: keys, the donors' sums, every candidate's rank terms reduced by
 // max / sum. Returns the chosen budget; cost: each candidate's predicted step.
 int32_t decide_per_rank(const detail::PlanDims& d, const std::vector<int64_t>& load, const std::vector<int32_t>& q,
                         const detail::AutoRankView& v, std::vector<int64_t>& cost) {

@@ -80,8 +80,8 @@ EVENEP_HOST_DEVICE inline int64_t plan_auto_no_copy_ppm(int R, const int64_t* lo
     return ppm;
 }
 
-// The no-copy need as an unsigned key whose maximum over the ranks decides the same candidate (a GPU warp's
-// reduction): the need when it is within mx (the largest budget), mx + 1 when it is above it or
+// The no-copy need as an unsigned key whose maximum over the ranks decides the same candidate (the GPU's warp
+// reduction, plan_auto.cuh): the need when it is within mx (the largest budget), mx + 1 when it is above it or
 // does not exist — either way no no-copy budget within mx. plan_auto_no_copy_of_key turns the maximum back.
 EVENEP_HOST_DEVICE inline uint32_t plan_auto_no_copy_key(int64_t load, int32_t q, int32_t mx) {
     const int64_t need = plan_auto_no_copy_need(load, q);
@@ -148,7 +148,7 @@ EVENEP_HOST_DEVICE inline int64_t plan_auto_piece(int R, const AutoRankView& v) 
     return plan_auto_piece_of(entries, experts, top);
 }
 
-// plan_slack_targets in closed form, one rank at a time (a GPU warp can compute every rank's target at once;
+// plan_slack_targets in closed form, one rank at a time (the GPU computes every rank's target at once, plan_auto.cuh;
 // tests/unit/planner_auto_test.cpp checks it against plan_slack_targets). With the budget ppm > 0: a donor (L > q)
 // keeps min(L, slack_cap(q, ppm)); the donors' total rise `extra` is cut from the receivers' (L < q) quotas in
 // (deficit, rank) order, each receiver by min(its deficit, what is left of extra after the receivers before it):

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "cuda/device/cluster.cuh"
+#include "cuda/device/plan_auto.cuh"
 #include "cuda/device/plan_fill.cuh"
 #include "cuda/device/plan_finish.cuh"
 #include "cuda/device/plan_home.cuh"
@@ -145,7 +146,15 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     // ---- Phase 1: loads and quotas (plan_loads_and_quotas), each expert's home and its home rank's entries. ----
     if (tid == 0) s_total = s_home_total = 0;
     if (tid <= kCand) s_corr[tid] = 0, s_moved[tid] = 0;
-    for (int r = tid; r < R; r += kThreads) sc.cross[r] = 0;  // before the cluster's home-row blocks add to it
+    // Imbalance budget's statistics (plan_auto.cuh BudgetStats in cost_pushed, free until phase 2a): under the auto
+    // policy the vectorised column pass below also sums the histogram rows (src_r) when it reads them from global
+    // memory (a second pass over [R, E] there is a chain of global reads per rank).
+    const BudgetStats st = budget_stats(sc.cost_pushed, R);
+    uint32_t* const row_src = d.auto_slack && vec_sums ? reinterpret_cast<uint32_t*>(st.src) : nullptr;
+    for (int r = tid; r < R; r += kThreads) {
+        sc.cross[r] = 0;  // before the cluster's home-row blocks add to it
+        if (row_src != nullptr) row_src[r] = 0;
+    }
     __syncthreads();
     {
         unsigned long long part = 0, part_home = 0;
@@ -169,6 +178,10 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
             const int4* src = reinterpret_cast<const int4*>(tpe_in);
             for (int item = tid; item < Q * P; item += kThreads) {
                 const int q = item % Q, p = item / Q;
+                // Row sums (row_src): a warp whose lanes all read the same rows (one p) reduces each row's quads and
+                // lane 0 adds them, other lanes add their own (integers: any order gives the same sums).
+                const bool warp_rows = row_src != nullptr && __activemask() == kFullMask &&
+                                       __all_sync(kFullMask, __shfl_sync(kFullMask, p, 0) == p);
                 int4 acc = make_int4(0, 0, 0, 0);
                 for (int r0 = p; r0 < R; r0 += kLoadsInFlight * P) {
                     // NOTE: every load unconditional (rows past R read row r0 again, dropped after): a guarded load
@@ -184,6 +197,14 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
                         const int r = r0 + k * P;
                         if (r >= R) continue;
                         acc.x += x[k].x, acc.y += x[k].y, acc.z += x[k].z, acc.w += x[k].w;
+                        if (row_src == nullptr) continue;
+                        const unsigned row = static_cast<unsigned>(x[k].x) + static_cast<unsigned>(x[k].y) +
+                                             static_cast<unsigned>(x[k].z) + static_cast<unsigned>(x[k].w);
+                        if (!warp_rows) {
+                            atomicAdd(row_src + r, row);
+                        } else if (const unsigned w = __reduce_add_sync(kFullMask, row); lane == 0) {
+                            atomicAdd(row_src + r, w);
+                        }
                     }
                 }
                 int32_t* o = partial + p * E + 4 * q;
@@ -222,80 +243,35 @@ __device__ __forceinline__ void plan_block_parallel(const PlanDims& d,
     const int64_t total = static_cast<int64_t>(s_total);
     // Crossing rows of the home matrix: every entry not on its expert's home rank (plan_sparse.hpp).
     const int64_t base_crossing = total - static_cast<int64_t>(s_home_total);
+    // Imbalance budget (docs/slack.md, docs/auto.md; d.auto_slack and d.slack_ppm are block-uniform): the rank loop
+    // leaves the decision's per-rank statistics (plan_auto.cuh BudgetStats, in cost_pushed; cost_remote the receivers'
+    // order: both free until phase 2a), then
+    // warp 0 chooses the budget under the auto policy and writes the targets into a.q and the balances
+    // (warp_budget_targets: detail::plan_auto_slack_ppm's choice and detail::plan_slack_targets' targets, bit for bit).
+    const bool budget = d.auto_slack || d.slack_ppm > 0;
+    static_assert(kBudgetStats <= kCand + 1, "plan_block_parallel: the budget statistics fit cost_pushed [kCand + 1][R]");
+    const bool tpe_vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(tpe) % 16 == 0;
     for (int r = warp; r < R; r += kWarps) {  // a warp per rank
         const int64_t l = warp_rank_load(sc.expert_load, r, epn, lane);
+        const int32_t q = detail::plan_even_quota(total, R, r);
         if (lane == 0) {
-            const int32_t q = detail::plan_even_quota(total, R, r);
             a.load_before[r] = l;
             a.q[r] = q;
             sc.balance[r] = l - q;  // load_before - q: the rank's balance
         }
+        if (budget)
+            warp_budget_rank_stats(d, r, l, q, sc.expert_load, t_home, row_src == nullptr ? tpe : nullptr, tpe_vec, st,
+                                   lane);
     }
     __syncthreads();
-    // Auto policy (docs/auto.md; d.auto_slack is block-uniform): the budget of detail::plan_auto_slack_ppm. The rank
-    // statistics a warp per rank (integer sums: the CPU's values whatever the order), then lane i of warp 0 predicts
-    // candidate i (detail::plan_auto_predict, each on its own targets array) and lane 0 picks the first cheapest.
-    // Workspace: cost_pushed / cost_remote (14R int32, first used in phase 2a) hold the [4][R] statistics and the
-    // [5][R] targets.
-    __shared__ int s_plan_ppm;
-    if (d.auto_slack) {
-        static_assert(detail::kAutoMaxCandidates <= kWarpSize, "plan_block_parallel: a lane per auto candidate");
-        static_assert(detail::kAutoRankStats + detail::kAutoMaxCandidates <= 14,
-                      "plan_block_parallel: the auto decision's workspace is cost_pushed + cost_remote (14R)");
-        int32_t* aw = sc.cost_pushed;  // [kAutoRankStats + kAutoMaxCandidates][R] of cost_pushed, cost_remote
-        for (int r = warp; r < R; r += kWarps) {
-            unsigned nonzero = 0, own = 0, src = 0, top = 0;
-            for (int g = lane; g < epn; g += kWarpSize) {
-                const int e = r * epn + g;
-                const unsigned load = static_cast<unsigned>(sc.expert_load[e]);  // < N < 2^31
-                nonzero += load > 0 ? 1u : 0u;
-                own += static_cast<unsigned>(tpe[static_cast<int64_t>(r) * E + e]);
-                top = max(top, load);
-            }
-            for (int e = lane; e < E; e += kWarpSize) src += static_cast<unsigned>(tpe[static_cast<int64_t>(r) * E + e]);
-            nonzero = __reduce_add_sync(kFullMask, nonzero);
-            own = __reduce_add_sync(kFullMask, own);
-            src = __reduce_add_sync(kFullMask, src);
-            top = __reduce_max_sync(kFullMask, top);
-            if (lane == 0)
-                aw[r] = static_cast<int32_t>(nonzero), aw[R + r] = static_cast<int32_t>(own),
-                aw[2 * R + r] = static_cast<int32_t>(src), aw[3 * R + r] = static_cast<int32_t>(top);
-        }
-        __syncthreads();
+    if (budget) {
         if (warp == 0) {
-            __shared__ int64_t s_auto_cost[detail::kAutoMaxCandidates];
-            __shared__ int32_t s_auto_ppm[detail::kAutoMaxCandidates];
-            const detail::AutoRankView v{a.load_before, a.q, aw, aw + R, aw + 2 * R, aw + 3 * R};
-            int32_t ppm[detail::kAutoMaxCandidates];
-            const int n = detail::plan_auto_candidates(d, a.load_before, a.q, ppm);
-            if (lane < n) {
-                const int64_t piece = detail::plan_auto_piece(R, v);
-                s_auto_cost[lane] =
-                    detail::plan_auto_predict(d, v, piece, ppm[lane], aw + (detail::kAutoRankStats + lane) * R);
-                s_auto_ppm[lane] = ppm[lane];
-            }
-            __syncwarp();
-            if (lane == 0) {
-                s_plan_ppm = s_auto_ppm[detail::plan_auto_choose(s_auto_cost, n)];
-                cost_out[kPlanCostSlackWord] = s_plan_ppm;
-            }
+            const int32_t ppm = warp_budget_targets(d, st, sc.cost_remote, a.q, sc.balance, lane);
+            if (lane == 0) cost_out[kPlanCostSlackWord] = ppm;
         }
+        __syncthreads();
     } else if (tid == 0) {
-        s_plan_ppm = d.slack_ppm;
         cost_out[kPlanCostSlackWord] = d.slack_ppm;
-    }
-    __syncthreads();
-    // Imbalance budget (opt-in; s_plan_ppm is block-uniform): the targets of detail::plan_slack_targets replace the
-    // quotas in a.q on thread 0 (sequential, as in plan_loads_and_quotas), and the balances follow them.
-    if (s_plan_ppm > 0) {
-        if (tid == 0) {
-            PlanDims dp = d;
-            dp.slack_ppm = s_plan_ppm;
-            detail::plan_slack_targets(dp, a.load_before, a.q);
-        }
-        __syncthreads();
-        for (int r = tid; r < R; r += kThreads) sc.balance[r] = a.load_before[r] - a.q[r];
-        __syncthreads();
     }
     stamp(1);
     // The cluster's other blocks (plan_cluster.cuh) read expert_load and balance once this arrival is seen.
