@@ -2,6 +2,7 @@
 //   Columns.FromTheArrayList     every per-rank array of at most 4-byte values, in for_each_array's order, contiguous;
 //                                the int64 statistics and the other extents left out; counts 1 / E / G / B
 //   Columns.RowLayoutByName      PlanRowLayout's offsets are the named columns'; width = plan_row_width
+//   Columns.RowLayoutWithoutSlots B = 0: no `copies` column (no values), the layout still builds, copies = width
 //   Pack.RowsHoldEachRanksShare  a real plan (R = 4, E = 8, B = 1 and B = epn): every column of row r equals the
 //                                array's values at r*count (group_source widened), for every rank
 //   Pack.BadRowSize              a row of the wrong size is refused with the sizes named
@@ -63,6 +64,16 @@ TEST(Columns, RowLayoutByName) {
     EXPECT_EQ(l.E, 8);
     EXPECT_EQ(l.G, 4);
     EXPECT_EQ(l.B, 1);
+}
+
+TEST(Columns, RowLayoutWithoutSlots) {
+    const Config cfg = small_config(0);
+    for (const PlanColumn& c : plan_columns(cfg)) EXPECT_STRNE(c.name, "copies");
+    const PlanRowLayout l = PlanRowLayout::make(cfg);
+    EXPECT_EQ(l.B, 0);
+    EXPECT_EQ(l.copies, l.width);
+    EXPECT_EQ(l.group_slot, plan_column(cfg, "group_slot").offset);
+    EXPECT_THROW(plan_column(cfg, "copies"), Error);
 }
 
 TEST(Pack, RowsHoldEachRanksShare) {

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
     float* b = out + static_cast<int64_t>(blockIdx.y) * p.nvs * out_dim;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-        b[(i / dim) * out_dim + i % dim] = bf16_to_float(Bf16{a[i]});
+        b[i] = bf16_to_float(Bf16{a[i]});  // rows packed at dim, as the GEMMs write them (swiglu_backward reads so)
 }
 
 // Block (x, rank): tiles x, x + gridDim.x, ... of the rank's G groups (kTile x kTile bytes each, through shared

@@ -40,7 +40,9 @@ void launch_moe_fp8_place_output(const MoeKernelParams& p, const MoeFp8RankView*
 // launch_moe_sum_dx on the widened values, bit for bit, without the fp32 round trip.
 void launch_moe_fp8_sum_dx(const MoeKernelParams& p, const uint16_t* a, const uint16_t* b, cudaStream_t stream);
 
-// out[row, i] = float(in[row, i]) on the used rows ([.., dim] bf16 -> [.., out_dim] fp32, dim <= out_dim).
+// out[row, i] = float(in[row, i]) on the used rows of every served rank: in is [num_local][NvS][dim] bf16, out the
+// fp32 region of [num_local][NvS][out_dim] (dim <= out_dim) whose rows inside a rank are packed at dim — the layout
+// the dgrad GEMMs write and swiglu_backward reads.
 void launch_moe_widen(
     const MoeKernelParams& p, const uint16_t* in, int dim, float* out, int64_t out_dim, cudaStream_t stream);
 
