@@ -69,7 +69,10 @@ void time_systems(LayerPointWork& w, RankComputeTimer& timer, const LayerBenchCo
     for (size_t i = 0; i < most; ++i)
         for (size_t s = 0; s < w.systems.size(); ++s) {
             if (w.compute_as[s] >= 0 || i >= w.timed_ranks[s].size()) continue;
-            const RankComputeTime t = timer.time(w.groups[s][i], cfg.warmup, cfg.iters, w.systems[s].fp8);
+            const bool fp8 = w.systems[s].fp8;
+            const RankComputeTime t =
+                timer.time(w.groups[s][i], cfg.warmup, cfg.iters, fp8,
+                           fp8 ? std::span<const char>(w.slot_groups[w.timed_ranks[s][i]]) : std::span<const char>{});
             SystemStep& st = w.systems[s];
             st.timed_ranks.push_back(w.timed_ranks[s][i]);
             st.forward_ms.push_back(t.forward_ms);
@@ -173,8 +176,12 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
         if (c.fp8) ev8_traffic = ::evenep::cuda::fp8_traffic(ev_traffic, plan, dst, c.H, c.ffn_hidden);
     }
     std::vector<std::vector<int64_t>> ev_groups(R, std::vector<int64_t>(G));
+    w.slot_groups.assign(R, std::vector<char>(G, 0));
     for (int r = 0; r < R; ++r)
-        for (int g = 0; g < G; ++g) ev_groups[r][g] = plan.group_end(r, g) - plan.group_begin(r, g);
+        for (int g = 0; g < G; ++g) {
+            ev_groups[r][g] = plan.group_end(r, g) - plan.group_begin(r, g);
+            w.slot_groups[r][g] = plan.group_source[static_cast<size_t>(r) * G + g] == WeightSource::kSlot;
+        }
 
     // Conventional EP: every rank its home experts, all their rows.
     const std::vector<int64_t> load = expert_loads(cfg, tpe);

@@ -121,6 +121,8 @@ struct LayerPointWork {
     std::vector<SystemStep> systems;
     std::vector<std::vector<int>> timed_ranks;
     std::vector<std::vector<std::vector<int64_t>>> groups;
+    std::vector<std::vector<char>> slot_groups;  // [rank][g] EvenEP's groups that are copies (kSlot): the FP8 path
+                                                 // transposes their codes each step
     std::vector<int> compute_as;  // [system] -1: timed itself; else the system whose compute it shares
     int max_groups = 0;       // groups per rank at most (2 epn)
     int64_t max_rows = 0;     // the receive buffer's rows NvS (ranks with more are timed in several launches)

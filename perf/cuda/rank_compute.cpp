@@ -59,7 +59,7 @@ ArenaPlan arena_plan(int H, int F, int G, int64_t rows, bool fp8) {
                               ::evenep::cuda::grouped_gemm_workspace_bytes(G)};
     const size_t f = fp8 ? 1 : 0, sf = static_cast<size_t>(scale_floats(H, F));
     const size_t fp8_sizes[10] = {f * 3 * elems * gs,   // w8 [G][3][H*H'] e4m3
-                                  f * 3 * elems * gs,   // wt8: the forward's transposes, [3][G][H*H']
+                                  f * 3 * elems * gs,   // wt8: the forward's transposes, [G][3][H*H']
                                   f * 3 * gs * sf * 4,  // w_scales
                                   f * n * H,            // x8
                                   f * n * H / 32,       // x_scales (H/128 floats a row)
@@ -80,6 +80,8 @@ ArenaPlan arena_plan(int H, int F, int G, int64_t rows, bool fp8) {
 
 // One launch: groups [0, G) with their padded ends, weight and gradient tables (3 projections) and the rank view of
 // the elementwise kernels, in one device allocation.
+inline constexpr int kFp8Kinds = 5;
+
 struct RankComputeTimer::Launch {
     int G = 0;
     int64_t rows = 0;
@@ -97,12 +99,12 @@ struct RankComputeTimer::Launch {
     const kernels::MoeRankView* d_view() const {
         return reinterpret_cast<const kernels::MoeRankView*>(block.get() + align_up(4 * G) + 2 * align_up(8 * 3 * G));
     }
-    // FP8 (timer with fp8): the received rows' view, then per kind (codes, scales, transposes) and projection a
-    // table of G+1 entries (the layer's layout, so that the transpose kernel writes the third kind).
+    // FP8 (timer with fp8): the received rows' view, then per kind (codes, scales, transposed codes, slot codes, slot
+    // transposed codes: the layer's kinds, src/cuda/runtime/moe_layer_fp8.cpp) and projection a table of G+1 entries.
     size_t fp8_offset() const {
         return align_up(4 * G) + 2 * align_up(8 * 3 * G) + align_up(sizeof(kernels::MoeRankView));
     }
-    static size_t fp8_bytes(int G) { return align_up(sizeof(kernels::MoeFp8RankView)) + 8 * 9 * (G + 1); }
+    static size_t fp8_bytes(int G) { return align_up(sizeof(kernels::MoeFp8RankView)) + 8 * kFp8Kinds * 3 * (G + 1); }
     const kernels::MoeFp8RankView* d_fp8_view() const {
         return reinterpret_cast<const kernels::MoeFp8RankView*>(block.get() + fp8_offset());
     }
@@ -184,9 +186,12 @@ RankComputeTimer::~RankComputeTimer() {
     if (stream_) cudaStreamDestroy(stream_);
 }
 
-std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const int64_t> group_rows) const {
+std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const int64_t> group_rows,
+                                                              std::span<const char> slot_group) const {
     EVENEP_CHECK(static_cast<int64_t>(group_rows.size()) <= max_groups_, "rank compute: ", group_rows.size(),
                  " groups exceed max_groups = ", max_groups_);
+    EVENEP_CHECK(slot_group.empty() || slot_group.size() == group_rows.size(), "rank compute: ", slot_group.size(),
+                 " slot marks for ", group_rows.size(), " groups");
     std::vector<Launch> out;
     Launch cur;
     for (size_t g = 0; g < group_rows.size(); ++g) {
@@ -232,8 +237,12 @@ std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const in
             for (int p = 0; p < 3; ++p)
                 for (int j = 0; j < l.G; ++j) {
                     const size_t m = static_cast<size_t>(l.weight[j]) * 3 + p;
-                    t[p * (l.G + 1) + j] = w8_ + m * elems;                                      // codes
-                    t[(3 + p) * (l.G + 1) + j] = w_scales_ + m * static_cast<size_t>(sstride_);  // scales
+                    const bool slot = !slot_group.empty() && slot_group[static_cast<size_t>(l.weight[j])] != 0;
+                    auto at = [&](int kind) -> const void*& { return t[(kind * 3 + p) * (l.G + 1) + j]; };
+                    at(0) = w8_ + m * elems;                                      // codes
+                    at(1) = w_scales_ + m * static_cast<size_t>(sstride_);        // scales
+                    at(2) = wt8_ + m * elems;                                     // transposed codes
+                    if (slot) at(3) = w8_ + m * elems, at(4) = wt8_ + m * elems;  // transposed per step
                 }
         }
         l.block.upload(host.data(), bytes);
@@ -308,7 +317,6 @@ void RankComputeTimer::backward(const Launch& l) {
 void RankComputeTimer::forward_fp8(const Launch& l) {
     kernels::MoeKernelParams p = elementwise_params(l.d_view(), l.G, H_, F_, max_rows_, blocks_);
     p.x = x_, p.g = g_, p.u = u_, p.h = h_, p.y = y_;
-    const size_t elems = static_cast<size_t>(H_) * F_;
     auto gemm = [&](int proj, const uint8_t* x, const float* xs, uint16_t* y, int in, int out) {
         ::evenep::cuda::GroupedGemmFp8Args a;
         a.x = x, a.x_scales = xs, a.cu_seqlens = l.d_cu(), a.y = y;
@@ -318,11 +326,10 @@ void RankComputeTimer::forward_fp8(const Launch& l) {
         a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
         ::evenep::cuda::grouped_gemm_fp8(a, stream_);
     };
-    for (int proj = 0; proj < 3; ++proj)
-        kernels::launch_moe_fp8_transpose_weights(p, reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(0, proj)),
-                                                  proj == 2 ? F_ : H_, proj == 2 ? H_ : F_,
-                                                  wt8_ + static_cast<size_t>(proj) * max_groups_ * elems,
-                                                  reinterpret_cast<const uint8_t**>(l.d_fp8_table(2, proj)), stream_);
+    for (int proj = 0; proj < 3; ++proj)  // the copies' transposes (the homes' come from the cast)
+        kernels::launch_moe_fp8_transpose_groups(p, reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(3, proj)),
+                                                 reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(4, proj)),
+                                                 proj == 2 ? F_ : H_, proj == 2 ? H_ : F_, stream_);
     gemm(0, x8_, x_scales_, g_, H_, F_);
     gemm(1, x8_, x_scales_, u_, H_, F_);
     kernels::launch_swiglu_forward(p, stream_);
@@ -362,22 +369,29 @@ void RankComputeTimer::backward_fp8(const Launch& l) {
     kernels::launch_moe_fp8_sum_dx(p, dy_, dxu_, stream_);
 }
 
-RankComputeTime RankComputeTimer::time(std::span<const int64_t> group_rows, int warmup, int iters, bool fp8) {
+RankComputeTime RankComputeTimer::time(
+    std::span<const int64_t> group_rows, int warmup, int iters, bool fp8, std::span<const char> slot_group) {
     EVENEP_CHECK(warmup >= 0 && iters >= 1, "rank compute: warmup = ", warmup, ", iters = ", iters);
     EVENEP_CHECK(!fp8 || fp8_, "rank compute: time(fp8) needs a timer constructed with fp8");
     const size_t elems = static_cast<size_t>(H_) * F_;
-    // The FP8 forward starts with the home's weight cast (prefetch_weight's, once per step, not per launch).
+    // The FP8 forward starts with the home's weight cast (prefetch_weight's, once per step, not per launch): one
+    // batched launch per projection, with the transposed codes.
     auto home_casts = [&] {
-        for (int j = 0; j < fp8_home_casts_; ++j)
-            for (int proj = 0; proj < 3; ++proj) {
-                const size_t m = static_cast<size_t>(j) * 3 + proj;
-                ::evenep::cuda::launch_fp8_cast_weight(reinterpret_cast<const Bf16*>(weights_ + m * elems),
-                                                       proj == 2 ? F_ : H_, proj == 2 ? H_ : F_, false,
-                                                       reinterpret_cast<Fp8E4m3*>(w8_ + m * elems),
-                                                       w_scales_ + m * static_cast<size_t>(sstride_), nullptr, stream_);
-            }
+        for (int proj = 0; proj < 3; ++proj) {
+            ::evenep::cuda::Fp8WeightCast c;
+            c.w = reinterpret_cast<const Bf16*>(weights_ + proj * elems);
+            c.w_stride = c.codes_stride = static_cast<int64_t>(3 * elems);
+            c.count = fp8_home_casts_;
+            c.in = proj == 2 ? F_ : H_;
+            c.out = proj == 2 ? H_ : F_;
+            c.codes = reinterpret_cast<Fp8E4m3*>(w8_ + proj * elems);
+            c.transposed = reinterpret_cast<Fp8E4m3*>(wt8_ + proj * elems);
+            c.scales = w_scales_ + proj * sstride_;
+            c.scale_stride = 3 * sstride_;
+            ::evenep::cuda::launch_fp8_cast_weights(c, stream_);
+        }
     };
-    std::vector<Launch> ls = split(group_rows);
+    std::vector<Launch> ls = split(group_rows, fp8 ? slot_group : std::span<const char>{});
     RankComputeTime t;
     t.launches = static_cast<int>(ls.size());
     for (const Launch& l : ls) t.rows += l.rows;

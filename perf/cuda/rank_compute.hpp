@@ -14,8 +14,9 @@
 //
 // FP8 (constructed with fp8, time(..., fp8 = true)): the kernels of cuda::MoeLayer's FP8 path for one rank
 // (src/cuda/runtime/moe_layer_fp8.cpp; docs/fp8.md):
-//   forward   the home's weight cast (launch_fp8_cast_weight of `fp8_home_casts` experts x 3 projections, which the
-//             layer runs in prefetch_weight), the forward's transposed e4m3 weights of every group, gate/up FP8
+//   forward   the home's weight cast (launch_fp8_cast_weights of `fp8_home_casts` experts, one launch per projection
+//             writing the codes and their transposes, as the layer's prefetch_weight), the transposes of the groups
+//             marked as copies (slot_group: the prefetched slots, transposed per step by the layer), gate/up FP8
 //             block-scaled GEMMs (grouped_gemm_fp8) on e4m3 rows, swiglu, h cast 1 x 128, down FP8, x dequantised
 //   backward  grad_rows, dWd (bf16 wgrad), dy cast, dh = FP8 dgrad (bf16) widened, swiglu backward, dWg and dWu
 //             (bf16 wgrad), dg and du cast, two FP8 dgrads (bf16), dx = their sum (launch_moe_fp8_sum_dx)
@@ -66,8 +67,13 @@ class RankComputeTimer {
 
     // Times `warmup` untimed and `iters` timed runs of the forward and backward of groups with `group_rows[g]` rows
     // (0: an empty group; at most max_groups entries). CUDA events on the timer's stream; synchronises.
-    // fp8: the FP8 path (the timer must have been built with fp8).
-    RankComputeTime time(std::span<const int64_t> group_rows, int warmup, int iters, bool fp8 = false);
+    // fp8: the FP8 path (the timer must have been built with fp8); slot_group (empty or one mark per group): the
+    // groups that are prefetched copies, whose e4m3 codes the FP8 forward transposes each step.
+    RankComputeTime time(std::span<const int64_t> group_rows,
+                         int warmup,
+                         int iters,
+                         bool fp8 = false,
+                         std::span<const char> slot_group = {});
 
     // Runs the forward and backward of `group_rows` back to back until `min_seconds` of GPU time have passed (at
     // least once) and returns each run's milliseconds: brings the GPU's clocks from an idle state to the sustained
@@ -83,7 +89,7 @@ class RankComputeTimer {
 
   private:
     struct Launch;  // one launch's groups: device cu_seqlens and weight / gradient tables
-    std::vector<Launch> split(std::span<const int64_t> group_rows) const;
+    std::vector<Launch> split(std::span<const int64_t> group_rows, std::span<const char> slot_group = {}) const;
     void forward(const Launch& l);
     void backward(const Launch& l);
     void wgrad_of(const Launch& l, int proj, const uint16_t* x, const uint16_t* dy, int in, int out);

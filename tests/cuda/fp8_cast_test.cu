@@ -8,6 +8,10 @@
 //                                       equal the CPU's; the non-finite flag stays 0. fp32 and UE8M0 scales.
 //   Fp8CastTest.WeightBitwise/<scales>  a 256 x 384 matrix (2 x 3 blocks) with an outlier in one block and a zero
 //                                       block: codes and scales equal the CPU's.
+//   Fp8CastTest.WeightsBatchedTransposed/<scales>  launch_fp8_cast_weights: 3 matrices of 256 x 384 at padded strides
+//                                       in one launch, with the transposed codes: each matrix's codes and scales equal
+//                                       the CPU's, its transposed codes are the codes' transpose, and the padding
+//                                       between matrices is untouched.
 //   Fp8CastFlags.FlagsNonFinite          a NaN in a row, an inf in a weight: the flag is raised; finite input leaves it
 //   0. Fp8CastFlags.RejectsBadShapes        dim 200, weight 128 x 100: evenep::Error naming the value; rows = 0:
 //   nothing.
@@ -94,6 +98,50 @@ TEST_P(Fp8CastTest, WeightBitwise) {
     const auto got_s = d_s.download(want_s.size());
     for (size_t i = 0; i < want_s.size(); ++i)
         ASSERT_EQ(float_as_bits(got_s[i]), float_as_bits(want_s[i])) << "scale " << i;
+}
+
+TEST_P(Fp8CastTest, WeightsBatchedTransposed) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const bool ue8m0 = GetParam();
+    const int in = 256, out = 384, count = 3;
+    const size_t elems = static_cast<size_t>(in) * out, w_stride = elems + 64, c_stride = elems + 256;
+    const size_t s_stride = 8;  // 6 scales, padded
+    std::vector<Bf16> w = random_values(w_stride * count, 107, 0.05f);
+    w[w_stride + 130 * out + 200] = float_to_bf16(-30.0f);  // matrix 1: outlier in block (1, 1)
+    for (int r = 0; r < kFp8Block; ++r)
+        for (int c = 0; c < kFp8Block; ++c) w[2 * w_stride + r * out + 256 + c] = Bf16{0};  // matrix 2: zero block
+    DeviceArray<Bf16> d_w(w.size());
+    DeviceArray<Fp8E4m3> d_q(c_stride * count), d_t(c_stride * count);
+    DeviceArray<float> d_s(s_stride * count);
+    d_w.upload(w.data(), w.size());
+    EVENEP_CUDA_CHECK(cudaMemset(d_q.get(), 0x5A, c_stride * count));
+    EVENEP_CUDA_CHECK(cudaMemset(d_t.get(), 0x5A, c_stride * count));
+    cuda::Fp8WeightCast c;
+    c.w = d_w.get(), c.w_stride = static_cast<int64_t>(w_stride), c.count = count, c.in = in, c.out = out;
+    c.ue8m0 = ue8m0, c.codes = d_q.get(), c.transposed = d_t.get(), c.codes_stride = static_cast<int64_t>(c_stride);
+    c.scales = d_s.get(), c.scale_stride = static_cast<int64_t>(s_stride);
+    cuda::launch_fp8_cast_weights(c, nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> q = bytes_of(d_q.download(c_stride * count)), t = bytes_of(d_t.download(c_stride * count));
+    const std::vector<float> s = d_s.download(s_stride * count);
+    for (int m = 0; m < count; ++m) {
+        std::vector<Fp8E4m3> want(elems);
+        std::vector<float> want_s(6);
+        cpu::quantize_weight_fp8(w.data() + m * w_stride, in, out, ue8m0, want.data(), want_s.data());
+        for (size_t i = 0; i < 6; ++i)
+            ASSERT_EQ(float_as_bits(s[m * s_stride + i]), float_as_bits(want_s[i])) << "matrix " << m << " scale " << i;
+        for (int r = 0; r < in; ++r)
+            for (int col = 0; col < out; ++col) {
+                const size_t i = static_cast<size_t>(r) * out + col;
+                ASSERT_EQ(q[m * c_stride + i], want[i].bits) << "matrix " << m << " code (" << r << ", " << col << ")";
+                ASSERT_EQ(t[m * c_stride + static_cast<size_t>(col) * in + r], want[i].bits)
+                    << "matrix " << m << " transposed code (" << col << ", " << r << ")";
+            }
+        for (size_t i = elems; i < c_stride; ++i) {
+            ASSERT_EQ(q[m * c_stride + i], 0x5A) << "matrix " << m << " padding " << i;
+            ASSERT_EQ(t[m * c_stride + i], 0x5A) << "matrix " << m << " transposed padding " << i;
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Scales, Fp8CastTest, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {

@@ -4,9 +4,10 @@
 //   Fp8ExpertsTest.PrefetchE4m3/<direct|relay|ue8m0>  R = 8, E = 32, H = 256, H' = 128, three projections (gate/up
 //       [H, H'], down [H', H]); weights random with an outlier block, an all-zero block and a tiny block. After
 //       prefetch_weight every home's weights8 / weight_scale equal cpu::quantize_weight_fp8 of its bf16 master
-//       weights (the function cpu::ExpertWeights::cast_fp8 calls), and every slot holding expert e holds e's bf16
-//       weights, e4m3 codes and scales bit for bit (relay: a copy tree deeper than one level, asserted); unused slots
-//       keep their sentinel bytes.
+//       weights (the function cpu::ExpertWeights::cast_fp8 calls) and its weights8t their transpose, and every slot
+//       holding expert e holds e's e4m3 codes and scales bit for bit (relay: a copy tree deeper than one level,
+//       asserted); the bf16 slots are not written (sentinel kept: the FP8 GEMMs read codes only); unused slots keep
+//       their sentinel bytes.
 //   Fp8ExpertsTest.ShapeChecks   fp8 with H = 200, elems != H*H', ue8m0 without fp8: refused naming the values.
 #include <gtest/gtest.h>
 
@@ -119,6 +120,13 @@ TEST_P(Fp8ExpertsTest, PrefetchE4m3) {
                     << "home scale e " << e << " p " << p << " " << i;
             for (size_t i = 0; i < n; ++i)
                 ASSERT_EQ(hq[i], q[e][p][i].bits) << "home code e " << e << " p " << p << " " << i;
+            const std::vector<uint8_t> ht = get(ex.weight8t(r, p, g), n);
+            const size_t in = static_cast<size_t>(detail::proj_in_dim(p, H, F));
+            const size_t out = static_cast<size_t>(detail::proj_out_dim(p, H, F));
+            for (size_t i = 0; i < in; ++i)
+                for (size_t j = 0; j < out; ++j)
+                    ASSERT_EQ(ht[j * in + i], q[e][p][i * out + j].bits)
+                        << "home transposed code e " << e << " p " << p << " (" << j << ", " << i << ")";
         }
     for (int r = 0; r < R; ++r)
         for (int b = 0; b < B; ++b) {
@@ -134,7 +142,7 @@ TEST_P(Fp8ExpertsTest, PrefetchE4m3) {
                     for (size_t i = 0; i < n; ++i) ASSERT_EQ(sw[i], 0x7777) << at << " (unused slot) " << i;
                     continue;
                 }
-                for (size_t i = 0; i < n; ++i) ASSERT_EQ(sw[i], w[e][p][i].bits) << at << " bf16 " << i;
+                for (size_t i = 0; i < n; ++i) ASSERT_EQ(sw[i], 0x7777) << at << " bf16 (not prefetched) " << i;
                 for (size_t i = 0; i < n; ++i) ASSERT_EQ(sq[i], q[e][p][i].bits) << at << " code " << i;
                 for (size_t i = 0; i < ns; ++i)
                     ASSERT_EQ(float_as_bits(ss[i]), float_as_bits(s[e][p][i])) << at << " scale " << i;

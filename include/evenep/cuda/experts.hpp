@@ -9,13 +9,16 @@
 //   grads       [P][epn][elems] fp32   the local experts' gradients
 // with_weights allocates weights + slots (prefetch), with_grads slot_grads + grads (reduce_grad); benchmarks at
 // large shapes allocate one pair at a time (freed before the next) and as many projections as fit.
-// FP8 (ExpertsShape::fp8, with_weights; H and H' multiples of 128; docs/fp8.md), four more regions:
+// FP8 (ExpertsShape::fp8, with_weights; H and H' multiples of 128; docs/fp8.md), six more regions:
 //   weights8 / slots8       [P][n][elems]  e4m3  the e4m3 cast of each matrix (row-major like the bf16 one)
+//   weights8t / slots8t     [P][n][elems]  e4m3  the same codes transposed, [out, in]: the forward GEMM's K-major
+//                           operand (weights8t written by the cast; slots8t filled by the layer, cuda::MoeLayer)
 //   weight_scales / slot_scales [P][n][sstride]  fp32 one scale per 128 x 128 block, row-major over (in block, out
 //                           block); sstride = the (in/128)*(out/128) scales padded to 16 bytes
-// and prefetch_weight first casts every local expert of each served rank (fp8.cu's weight cast kernel, the
-// functions of evenep/detail/fp8.hpp: bitwise the CPU pool's ExpertWeights::cast_fp8), then copies the bf16
-// weights, the e4m3 codes and the scales into the slots of every copy (three prefetch launches, relays alike).
+// and prefetch_weight first casts every local expert of each served rank (fp8.cu's batched weight cast, one launch
+// per rank and projection writing weights8 and weights8t; the functions of evenep/detail/fp8.hpp: bitwise the CPU
+// pool's ExpertWeights::cast_fp8), then copies the e4m3 codes and the scales into the slots of every copy (two
+// prefetch launches, relays alike). With fp8 the bf16 slots are not filled: the FP8 GEMMs read only codes.
 //
 //   prefetch_weight(ep, plan)  for every slot b of every rank r with e = copies[r][b] >= 0: slots(r)[p][b] =
 //                        weights of e on home(e). Owner push: each (expert, projection) tile is read from HBM once and
@@ -71,6 +74,7 @@ class ExpertPool {
     uint16_t* slot(int rank, int proj, int slot) const;  // [elems] bf16 (device pointer)
     float* slot_grad(int rank, int proj, int slot) const;
     uint8_t* slot8(int rank, int proj, int slot) const;     // [elems] e4m3 codes (shape.fp8)
+    uint8_t* slot8t(int rank, int proj, int slot) const;    // [elems] their transpose (shape.fp8; the layer fills it)
     float* slot_scale(int rank, int proj, int slot) const;  // [in/128 * out/128] scales (shape.fp8)
     const Window& window() const { return *window_; }
     size_t slots_offset() const { return slots_; }
@@ -85,7 +89,7 @@ class ExpertPool {
     char* at(int rank, size_t region, int proj, int index, size_t elem_bytes) const;
     ExpertsShape shape_;
     int R_, B_, rank_begin_;
-    size_t slots_ = 0, slot_grads_ = 0, slots8_ = 0, slot_scales_ = 0;
+    size_t slots_ = 0, slot_grads_ = 0, slots8_ = 0, slot_scales_ = 0, slots8t_ = 0;
     OwnedWindow window_;
     const Experts* filled_by_ = nullptr;  // the last prefetch_weight's layer and plan
     uint64_t filled_plan_ = 0;
@@ -113,8 +117,10 @@ class Experts {
     float* slot_grad(int rank, int proj, int slot) const { return pool_->slot_grad(rank, proj, slot); }
     float* grad(int rank, int proj, int local_expert) const;
     uint8_t* weight8(int rank, int proj, int local_expert) const;     // [elems] e4m3 cast (shape.fp8)
+    uint8_t* weight8t(int rank, int proj, int local_expert) const;    // the cast transposed, [out, in] (shape.fp8)
     float* weight_scale(int rank, int proj, int local_expert) const;  // its 128 x 128 block scales (shape.fp8)
     uint8_t* slot8(int rank, int proj, int slot) const { return pool_->slot8(rank, proj, slot); }
+    uint8_t* slot8t(int rank, int proj, int slot) const { return pool_->slot8t(rank, proj, slot); }
     float* slot_scale(int rank, int proj, int slot) const { return pool_->slot_scale(rank, proj, slot); }
 
     void prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
@@ -125,7 +131,7 @@ class Experts {
     // (slots, slot_grads), bytes.
     struct Offsets {
         size_t weights, slots, slot_grads, grads, total;
-        size_t weights8 = 0, weight_scales = 0, slots8 = 0, slot_scales = 0;  // shape.fp8
+        size_t weights8 = 0, weight_scales = 0, slots8 = 0, slot_scales = 0, weights8t = 0;  // shape.fp8
     };
     const Offsets& offsets() const { return off_; }
     const Window& window() const { return *window_; }

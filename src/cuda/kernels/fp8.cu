@@ -12,8 +12,7 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kRowThreads = kFp8Block;  // one thread per element of a 1 x 128 block
-constexpr int kWeightThreads = 256;     // 64 elements per thread of a 128 x 128 block
-constexpr int kWeightPerThread = kFp8Block * kFp8Block / kWeightThreads;
+constexpr int kWeightThreads = 256;     // 64 elements per thread of a 128 x 128 block (8 loads of 16 bytes)
 static_assert(kRowThreads % kWarp == 0 && kWeightThreads % kWarp == 0, "whole warps");
 
 // Max of v over the thread block (every thread gets it). v >= 0 (magnitudes); max is exact, so any order agrees
@@ -53,44 +52,79 @@ __global__ void __launch_bounds__(kRowThreads) fp8_cast_rows_kernel(RowCastParam
     if (t == 0) p.scales[b] = s;
 }
 
-struct WeightCastParams {
-    const Bf16* w;
-    Fp8E4m3* codes;
-    float* scales;
-    uint32_t* nonfinite;
-    int in, out;
-    bool ue8m0;
-};
-
-// Block (bi, bo) = blockIdx.x as bi * (out/128) + bo casts the 128 x 128 block at rows bi*128, columns bo*128.
-__global__ void __launch_bounds__(kWeightThreads) fp8_cast_weight_kernel(WeightCastParams p) {
+// Block b of launch_fp8_cast_weights: matrix b / tiles, 128 x 128 block b % tiles at (bi, bo) = (t / nob, t % nob).
+// Thread t loads 8 vectors of 8 bf16 (16 bytes; vector v = t + 256 k is row v / 16, columns 8 (v % 16) ..), so a warp
+// reads two whole 256-byte row segments; it stores its 8 codes of each vector as 8 bytes. With `transposed`, the
+// block's codes go through shared memory and each thread writes 32 bytes of two transposed rows (a column of the block:
+// 32 consecutive input rows).
+constexpr int kVec = 8;                                          // bf16 per 16-byte load
+constexpr int kWeightVecs = kFp8Block * kFp8Block / kVec / kWeightThreads;  // 8 per thread
+constexpr int kTChunk = 32;                                      // transposed bytes per store (two 16-byte words)
+constexpr int kTilePitch = kFp8Block + 16;                       // smem row pitch (bytes), 16-byte aligned
+__global__ void __launch_bounds__(kWeightThreads) fp8_cast_weights_kernel(Fp8WeightCast p) {
     __shared__ float smem[kWeightThreads / kWarp];
+    __shared__ __align__(16) uint8_t tile[kFp8Block][kTilePitch];
     const int nob = p.out / kFp8Block;
-    const int bi = static_cast<int>(blockIdx.x) / nob, bo = static_cast<int>(blockIdx.x) % nob;
+    const int tiles = (p.in / kFp8Block) * nob;
+    const int m = static_cast<int>(blockIdx.x) / tiles, k = static_cast<int>(blockIdx.x) % tiles;
+    const int bi = k / nob, bo = k % nob;
+    const Bf16* w = p.w + m * p.w_stride;
     const int64_t base = static_cast<int64_t>(bi) * kFp8Block * p.out + static_cast<int64_t>(bo) * kFp8Block;
     const int t = threadIdx.x;
-    // Element e = t + k*256 of the block: row e / 128, column e % 128 (consecutive threads, consecutive columns).
-    Bf16 v[kWeightPerThread];
+    uint4 raw[kWeightVecs];
     float amax = 0.0f;
     bool finite = true;
 #pragma unroll
-    for (int k = 0; k < kWeightPerThread; ++k) {
-        const int e = t + k * kWeightThreads;
-        v[k] = p.w[base + static_cast<int64_t>(e / kFp8Block) * p.out + e % kFp8Block];
-        finite = finite && bf16_is_finite(v[k]);
-        const float a = bf16_abs(v[k]);
-        amax = a > amax ? a : amax;
+    for (int j = 0; j < kWeightVecs; ++j) {
+        const int v = t + j * kWeightThreads, row = v / (kFp8Block / kVec), col = kVec * (v % (kFp8Block / kVec));
+        raw[j] = *reinterpret_cast<const uint4*>(w + base + static_cast<int64_t>(row) * p.out + col);
+        const uint32_t words[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const Bf16 x{static_cast<uint16_t>(half ? words[h] >> 16 : words[h] & 0xFFFFu)};
+                finite = finite && bf16_is_finite(x);
+                const float a = bf16_abs(x);
+                amax = a > amax ? a : amax;
+            }
     }
     if (!finite && p.nonfinite != nullptr) atomicExch(p.nonfinite, 1u);
     amax = block_amax<kWeightThreads>(amax, t / kWarp, t % kWarp, smem);
     const float s = fp8_block_scale(amax, p.ue8m0);
+    Fp8E4m3* codes = p.codes + m * p.codes_stride;
 #pragma unroll
-    for (int k = 0; k < kWeightPerThread; ++k) {
-        const int e = t + k * kWeightThreads;
-        p.codes[base + static_cast<int64_t>(e / kFp8Block) * p.out + e % kFp8Block] =
-            fp8_quantize(bf16_to_float(v[k]), s);
+    for (int j = 0; j < kWeightVecs; ++j) {
+        const int v = t + j * kWeightThreads, row = v / (kFp8Block / kVec), col = kVec * (v % (kFp8Block / kVec));
+        const uint32_t words[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+        uint32_t q[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+            const uint16_t bits = static_cast<uint16_t>(i % 2 ? words[i / 2] >> 16 : words[i / 2] & 0xFFFFu);
+            q[i / 4] |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(Bf16{bits}), s).bits) << (8 * (i % 4));
+        }
+        *reinterpret_cast<uint2*>(codes + base + static_cast<int64_t>(row) * p.out + col) = make_uint2(q[0], q[1]);
+        if (p.transposed != nullptr) *reinterpret_cast<uint2*>(&tile[row][col]) = make_uint2(q[0], q[1]);
     }
-    if (t == 0) p.scales[blockIdx.x] = s;
+    if (t == 0) p.scales[m * p.scale_stride + k] = s;
+    if (p.transposed == nullptr) return;  // block-uniform
+    __syncthreads();
+    // Transposed row (bo*128 + c), columns bi*128 + r0 .. r0 + 31 = tile[r0 .. r0 + 31][c]; chunk u = t + 256 j is
+    // (c, r0) = (u % 128, 32 (u / 128)): a warp reads 32 consecutive bytes of each tile row (no bank conflict).
+    Fp8E4m3* tr = p.transposed + m * p.codes_stride;
+#pragma unroll
+    for (int j = 0; j < kFp8Block * (kFp8Block / kTChunk) / kWeightThreads; ++j) {
+        const int u = t + j * kWeightThreads, c = u % kFp8Block, r0 = kTChunk * (u / kFp8Block);
+        uint32_t word[kTChunk / 4];
+#pragma unroll
+        for (int i = 0; i < kTChunk / 4; ++i)
+            word[i] = static_cast<uint32_t>(tile[r0 + 4 * i][c]) | static_cast<uint32_t>(tile[r0 + 4 * i + 1][c]) << 8 |
+                      static_cast<uint32_t>(tile[r0 + 4 * i + 2][c]) << 16 |
+                      static_cast<uint32_t>(tile[r0 + 4 * i + 3][c]) << 24;
+        auto* d = reinterpret_cast<uint4*>(tr + static_cast<int64_t>(bo * kFp8Block + c) * p.in + bi * kFp8Block + r0);
+        d[0] = make_uint4(word[0], word[1], word[2], word[3]);
+        d[1] = make_uint4(word[4], word[5], word[6], word[7]);
+    }
 }
 
 }  // namespace
@@ -122,12 +156,26 @@ void launch_fp8_cast_weight(const Bf16* w,
                             float* scales,
                             uint32_t* nonfinite,
                             cudaStream_t stream) {
-    EVENEP_CHECK(in >= kFp8Block && in % kFp8Block == 0 && out >= kFp8Block && out % kFp8Block == 0,
-                 "fp8 weight cast: dims ", in, " x ", out, " must be positive multiples of ", kFp8Block);
-    EVENEP_CHECK(w != nullptr && codes != nullptr && scales != nullptr, "fp8 weight cast: null buffer");
-    const int blocks = (in / kFp8Block) * (out / kFp8Block);
-    launch_clustered(fp8_cast_weight_kernel, blocks, 1, kWeightThreads, 0, stream, false,
-                     WeightCastParams{w, codes, scales, nonfinite, in, out, ue8m0});
+    Fp8WeightCast c;
+    c.w = w, c.in = in, c.out = out, c.ue8m0 = ue8m0, c.codes = codes, c.scales = scales, c.nonfinite = nonfinite;
+    launch_fp8_cast_weights(c, stream);
+}
+
+void launch_fp8_cast_weights(const Fp8WeightCast& c, cudaStream_t stream) {
+    EVENEP_CHECK(c.in >= kFp8Block && c.in % kFp8Block == 0 && c.out >= kFp8Block && c.out % kFp8Block == 0,
+                 "fp8 weight cast: dims ", c.in, " x ", c.out, " must be positive multiples of ", kFp8Block);
+    EVENEP_CHECK(c.count >= 0, "fp8 weight cast: count = ", c.count, " must be >= 0");
+    if (c.count == 0) return;
+    EVENEP_CHECK(c.w != nullptr && c.codes != nullptr && c.scales != nullptr, "fp8 weight cast: null buffer");
+    const int64_t tiles = static_cast<int64_t>(c.in / kFp8Block) * (c.out / kFp8Block);
+    const int64_t elems = static_cast<int64_t>(c.in) * c.out;
+    EVENEP_CHECK(c.count == 1 || (c.w_stride >= elems && c.codes_stride >= elems && c.scale_stride >= tiles &&
+                                  c.w_stride % kVec == 0 && c.codes_stride % 16 == 0),
+                 "fp8 weight cast: strides (weights ", c.w_stride, ", codes ", c.codes_stride, ", scales ",
+                 c.scale_stride, ") must hold one ", c.in, " x ", c.out, " matrix each, 16-byte aligned");
+    EVENEP_CHECK(tiles * c.count <= INT32_MAX, "fp8 weight cast: ", tiles * c.count, " blocks exceed one grid");
+    launch_clustered(fp8_cast_weights_kernel, static_cast<int>(tiles * c.count), 1, kWeightThreads, 0, stream, false,
+                     c);
 }
 
 }  // namespace evenep::cuda

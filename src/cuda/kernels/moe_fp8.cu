@@ -1,6 +1,6 @@
 // The FP8 kernels of the GPU MoE layer (declarations and contracts in moe_fp8.hpp): the layer's own 1 x 128 casts
 // (h, dy, dg, du), the output placement with the dequantised x for the bf16 wgrad, the bf16 -> fp32 widening of dh,
-// the dx sum of the two FP8 dgrads' bf16 outputs and the transposed (K-major) e4m3 weights of the forward GEMMs. The
+// the dx sum of the two FP8 dgrads' bf16 outputs and the transposes (K-major) of the prefetched e4m3 copies. The
 // casts call evenep/detail/fp8.hpp's functions, so their bytes are cpu::quantize_rows_fp8's (docs/fp8.md).
 #include <cuda_runtime.h>
 
@@ -113,20 +113,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // Block (x, rank): tiles x, x + gridDim.x, ... of the rank's G groups (kTile x kTile bytes each, through shared
-// memory); the tiles of empty groups are skipped. in and out are multiples of 128, so the tiles cover the matrix
-// exactly.
+// memory); the tiles of groups without rows or without both pointers are skipped. in and out are multiples of 128,
+// so the tiles cover the matrix exactly.
 __global__ void __launch_bounds__(kThreads) transpose_kernel(
-    const MoeKernelParams p, const uint8_t* const* table, int in, int out, uint8_t* dst, const uint8_t** dst_table) {
+    const MoeKernelParams p, const uint8_t* const* table, const uint8_t* const* dst_table, int in, int out) {
     __shared__ __align__(4) uint8_t tile[kTile][kTile + 4];
     const int i = static_cast<int>(blockIdx.y), rank = p.rank_begin + i;
     const int32_t* cu = p.ranks[rank].cu_seqlens;
     const uint8_t* const* t = table + static_cast<int64_t>(i) * (p.G + 1);
-    const int64_t elems = static_cast<int64_t>(in) * out;
-    auto live = [&](int g) { return t[g] != nullptr && cu[g] > (g == 0 ? 0 : cu[g - 1]); };
-    if (blockIdx.x == 0)
-        for (int g = threadIdx.x; g <= p.G; g += blockDim.x)
-            dst_table[static_cast<int64_t>(i) * (p.G + 1) + g] =
-                g < p.G && live(g) ? dst + (static_cast<int64_t>(i) * p.G + g) * elems : nullptr;
+    const uint8_t* const* dt = dst_table + static_cast<int64_t>(i) * (p.G + 1);
+    auto live = [&](int g) { return t[g] != nullptr && dt[g] != nullptr && cu[g] > (g == 0 ? 0 : cu[g - 1]); };
     const int tiles_in = in / kTile, tiles_out = out / kTile, per_group = tiles_in * tiles_out;
     const int64_t total = static_cast<int64_t>(p.G) * per_group;
     for (int64_t w = blockIdx.x; w < total; w += gridDim.x) {
@@ -134,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) transpose_kernel(
         if (!live(g)) continue;  // block-uniform: no thread reaches the barriers
         const int r0 = (k / tiles_out) * kTile, c0 = (k % tiles_out) * kTile;
         const uint8_t* src = t[g];
-        uint8_t* d = dst + (static_cast<int64_t>(i) * p.G + g) * elems;
+        uint8_t* d = const_cast<uint8_t*>(dt[g]);
         // 4-byte words both ways (in, out and the tile's row stride are multiples of 4): a source word is 4 bytes
         // of one row; a destination word gathers one column's bytes of 4 consecutive source rows.
         for (int e = threadIdx.x; e < kTileWords; e += kThreads) {
@@ -206,18 +202,17 @@ void launch_moe_widen(
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_moe_fp8_transpose_weights(const MoeKernelParams& p,
-                                      const uint8_t* const* table,
-                                      int in,
-                                      int out,
-                                      uint8_t* dst,
-                                      const uint8_t** dst_table,
-                                      cudaStream_t stream) {
+void launch_moe_fp8_transpose_groups(const MoeKernelParams& p,
+                                     const uint8_t* const* table,
+                                     const uint8_t* const* dst_table,
+                                     int in,
+                                     int out,
+                                     cudaStream_t stream) {
     check_params(p, "moe fp8 transpose");
     EVENEP_CHECK(in > 0 && in % kFp8Block == 0 && out > 0 && out % kFp8Block == 0, "moe fp8 transpose: ", in, " x ",
                  out, " must be positive multiples of ", kFp8Block);
-    EVENEP_CHECK(table != nullptr && dst != nullptr && dst_table != nullptr, "moe fp8 transpose: null buffer");
-    transpose_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, table, in, out, dst, dst_table);
+    EVENEP_CHECK(table != nullptr && dst_table != nullptr, "moe fp8 transpose: null table");
+    transpose_kernel<<<grid_of(p), kThreads, 0, stream>>>(p, table, dst_table, in, out);
     EVENEP_CUDA_CHECK(cudaGetLastError());
 }
 

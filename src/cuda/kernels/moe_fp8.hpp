@@ -46,15 +46,15 @@ void launch_moe_fp8_sum_dx(const MoeKernelParams& p, const uint16_t* a, const ui
 void launch_moe_widen(
     const MoeKernelParams& p, const uint16_t* in, int dim, float* out, int64_t out_dim, cudaStream_t stream);
 
-// The forward's K-major weights: for every served rank and group g < G with rows and a non-null table entry,
-// dst [rank][g] = table[rank][g]^T ([in][out] e4m3 -> [out][in]) and dst_table[rank][g] = its address; other
-// entries (and the gap entry G) null. table and dst_table: device [num_local][G+1]; dst [num_local][G][in*out].
-void launch_moe_fp8_transpose_weights(const MoeKernelParams& p,
-                                      const uint8_t* const* table,
-                                      int in,
-                                      int out,
-                                      uint8_t* dst,
-                                      const uint8_t** dst_table,
-                                      cudaStream_t stream);
+// The forward's K-major copies: for every served rank and group g < G with rows whose table and dst_table entries
+// are both non-null, dst_table[rank][g] = table[rank][g]^T ([in][out] e4m3 -> [out][in]). The layer passes the
+// tables of its slot groups only (the homes' transposes come from the weight cast, Experts::prefetch_weight).
+// table and dst_table: device [num_local][G+1].
+void launch_moe_fp8_transpose_groups(const MoeKernelParams& p,
+                                     const uint8_t* const* table,
+                                     const uint8_t* const* dst_table,
+                                     int in,
+                                     int out,
+                                     cudaStream_t stream);
 
 }  // namespace evenep::cuda::kernels

@@ -58,6 +58,8 @@ ExpertPool::ExpertPool(Ep& ep, const ExpertsShape& shape)
     if (shape.fp8) o += region_bytes(P * B_ * n);
     slot_scales_ = o;
     if (shape.fp8) o += region_bytes(P * B_ * static_cast<size_t>(shape.scale_stride()));
+    slots8t_ = o;
+    if (shape.fp8) o += region_bytes(P * B_ * n);
     window_ = OwnedWindow(ep.team(), o > 0 ? o : 256);
 }
 
@@ -87,6 +89,13 @@ uint8_t* ExpertPool::slot8(int rank, int proj, int slot) const {
     at(rank, slots8_, proj, slot, 1);  // range check
     return reinterpret_cast<uint8_t*>(copy_of(*window_, rank_begin_, rank) +
                                       entry_at(slots8_, B_, proj, slot, static_cast<size_t>(shape_.elems)));
+}
+
+uint8_t* ExpertPool::slot8t(int rank, int proj, int slot) const {
+    EVENEP_CHECK(shape_.fp8, "expert pool: allocated without fp8");
+    at(rank, slots8t_, proj, slot, 1);  // range check
+    return reinterpret_cast<uint8_t*>(copy_of(*window_, rank_begin_, rank) +
+                                      entry_at(slots8t_, B_, proj, slot, static_cast<size_t>(shape_.elems)));
 }
 
 float* ExpertPool::slot_scale(int rank, int proj, int slot) const {
@@ -145,6 +154,8 @@ void Experts::init(Ep& ep) {
     if (shape_.fp8) o += region_bytes(P * epn_ * n);
     off_.weight_scales = o;
     if (shape_.fp8) o += region_bytes(P * epn_ * static_cast<size_t>(shape_.scale_stride()));
+    off_.weights8t = o;
+    if (shape_.fp8) o += region_bytes(P * epn_ * n);
     off_.total = o > 0 ? o : 256;
     off_.slots = pool_->slots_offset();
     off_.slot_grads = pool_->slot_grads_offset();
@@ -176,6 +187,13 @@ uint8_t* Experts::weight8(int rank, int proj, int local_expert) const {
         copy_of(*window_, rank_begin_, rank) +
         entry_at(off_.weights8, epn_, proj, local_expert, static_cast<size_t>(shape_.elems)));
 }
+uint8_t* Experts::weight8t(int rank, int proj, int local_expert) const {
+    EVENEP_CHECK(shape_.fp8, "experts: allocated without fp8");
+    at(rank, off_.weights8t, epn_, proj, local_expert, 1);  // range check
+    return reinterpret_cast<uint8_t*>(
+        copy_of(*window_, rank_begin_, rank) +
+        entry_at(off_.weights8t, epn_, proj, local_expert, static_cast<size_t>(shape_.elems)));
+}
 float* Experts::weight_scale(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.fp8, "experts: allocated without fp8");
     at(rank, off_.weight_scales, epn_, proj, local_expert, 1);  // range check
@@ -202,25 +220,36 @@ void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, i
                  "prefetch_weight: experts sized for another group");
     ep.use(plan, stream);
     const ExpertsView bf16 = kernel_view();
-    last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), bf16, ep.options().sm_budget, stream);
-    if (shape_.fp8) {
-        // The home's cast of every local expert (once per prefetch), then the codes and the scales through the same
-        // copy kernel: a view whose "bf16 elements" are byte pairs of the e4m3 / scale regions.
+    if (!shape_.fp8) {
+        last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), bf16, ep.options().sm_budget, stream);
+    } else {
+        // The home's cast of every local expert (once per prefetch; one launch per served rank and projection, which
+        // also writes the transposed codes), then the codes and the scales through the same copy kernel: a view whose
+        // "bf16 elements" are byte pairs of the e4m3 / scale regions. The bf16 slots are not filled: no FP8 GEMM reads
+        // them.
         const int H = shape_.hidden, F = shape_.ffn;
         for (int i = 0; i < ep.num_local_ranks(); ++i) {
             const int r = ep.rank_begin() + i;
-            for (int p = 0; p < shape_.num_projections; ++p)
-                for (int le = 0; le < epn_; ++le)
-                    launch_fp8_cast_weight(reinterpret_cast<const Bf16*>(weight(r, p, le)),
-                                           detail::proj_in_dim(p, H, F), detail::proj_out_dim(p, H, F), shape_.ue8m0,
-                                           reinterpret_cast<Fp8E4m3*>(weight8(r, p, le)), weight_scale(r, p, le),
-                                           nullptr, stream);
+            for (int p = 0; p < shape_.num_projections; ++p) {
+                Fp8WeightCast c;
+                c.w = reinterpret_cast<const Bf16*>(weight(r, p, 0));
+                c.w_stride = c.codes_stride = shape_.elems;
+                c.count = epn_;
+                c.in = detail::proj_in_dim(p, H, F);
+                c.out = detail::proj_out_dim(p, H, F);
+                c.ue8m0 = shape_.ue8m0;
+                c.codes = reinterpret_cast<Fp8E4m3*>(weight8(r, p, 0));
+                c.transposed = reinterpret_cast<Fp8E4m3*>(weight8t(r, p, 0));
+                c.scales = weight_scale(r, p, 0);
+                c.scale_stride = shape_.scale_stride() / 4;
+                launch_fp8_cast_weights(c, stream);
+            }
         }
         ExpertsView codes = bf16;
         codes.weights = off_.weights8;
         codes.slots = off_.slots8;
         codes.elems = shape_.elems / 2;
-        launch_prefetch_weight(ep.view(channel), ep.layout(), codes, ep.options().sm_budget, stream);
+        last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), codes, ep.options().sm_budget, stream);
         ExpertsView scales = bf16;
         scales.weights = off_.weight_scales;
         scales.slots = off_.slot_scales;

@@ -19,7 +19,9 @@ namespace evenep::cuda {
 namespace {
 
 inline constexpr int kProjections = detail::kNumProjections;
-inline constexpr int kTableKinds = 3;  // codes, scales, transposed codes
+// Group tables (and their sources) per projection: codes, scales, transposed codes (the forward's), then the slot
+// groups' codes and transposed codes alone (the per-step transposes of the prefetched copies).
+enum TableKind { kCodes = 0, kScales, kTransposed, kSlotCodes, kSlotTransposed, kTableKinds };
 
 int proj_in(int proj, int H, int F) { return proj == detail::kProjDown ? F : H; }
 int proj_out(int proj, int H, int F) { return proj == detail::kProjDown ? H : F; }
@@ -57,9 +59,8 @@ size_t MoeLayer::fp8_take_regions(size_t o, size_t rows) {
         f.scales_b = take(rows * F / kFp8Block * 4);
         f.dxu = take(rows * H * 2);
     }
-    f.wt = take(static_cast<size_t>(kProjections) * NL * G * static_cast<size_t>(experts_.shape().elems));
     f.tables = take(static_cast<size_t>(kTableKinds) * kProjections * NL * (G + 1) * sizeof(void*));
-    f.sources = take(static_cast<size_t>(kProjections) * 2 * (2 * NL + R) * sizeof(void*));
+    f.sources = take(static_cast<size_t>(kProjections) * kTableKinds * (2 * NL + R) * sizeof(void*));
     f.views = take(static_cast<size_t>(NL) * sizeof(kernels::MoeFp8RankView));
     return o;
 }
@@ -67,19 +68,22 @@ size_t MoeLayer::fp8_take_regions(size_t o, size_t rows) {
 void MoeLayer::fp8_init() {
     const int NL = ep_.num_local_ranks(), L0 = ep_.rank_begin(), R = ep_.config().R, B = ep_.config().num_slots();
     const size_t per = 2 * static_cast<size_t>(NL) + R;
-    std::vector<const void*> sources(kProjections * 2 * per, nullptr);
+    std::vector<const void*> sources(kProjections * kTableKinds * per, nullptr);
     for (int p = 0; p < kProjections; ++p) {
-        const void** codes = sources.data() + (2 * p) * per;  // homes | slots | peers
-        const void** scales = codes + per;
-        for (int i = 0; i < NL; ++i) {
-            codes[i] = experts_.weight8(L0 + i, p, 0);
-            scales[i] = experts_.weight_scale(L0 + i, p, 0);
-            codes[NL + i] = B > 0 ? experts_.slot8(L0 + i, p, 0) : nullptr;
-            scales[NL + i] = B > 0 ? experts_.slot_scale(L0 + i, p, 0) : nullptr;
+        auto kind = [&](TableKind k) { return sources.data() + (static_cast<size_t>(p) * kTableKinds + k) * per; };
+        for (int i = 0; i < NL; ++i) {  // homes | slots | peers; the slot kinds have slots only
+            kind(kCodes)[i] = experts_.weight8(L0 + i, p, 0);
+            kind(kScales)[i] = experts_.weight_scale(L0 + i, p, 0);
+            kind(kTransposed)[i] = experts_.weight8t(L0 + i, p, 0);
+            if (B == 0) continue;
+            kind(kCodes)[NL + i] = kind(kSlotCodes)[NL + i] = experts_.slot8(L0 + i, p, 0);
+            kind(kScales)[NL + i] = experts_.slot_scale(L0 + i, p, 0);
+            kind(kTransposed)[NL + i] = kind(kSlotTransposed)[NL + i] = experts_.slot8t(L0 + i, p, 0);
         }
         for (int r = 0; r < R; ++r) {
-            codes[2 * NL + r] = experts_.weight8(r, p, 0);
-            scales[2 * NL + r] = experts_.weight_scale(r, p, 0);
+            kind(kCodes)[2 * NL + r] = experts_.weight8(r, p, 0);
+            kind(kScales)[2 * NL + r] = experts_.weight_scale(r, p, 0);
+            kind(kTransposed)[2 * NL + r] = experts_.weight8t(r, p, 0);
         }
     }
     std::vector<kernels::MoeFp8RankView> views(NL);
@@ -100,9 +104,10 @@ float* MoeLayer::scales_at(size_t region, int rank, int dim) const {
     return reinterpret_cast<float*>(arena_.get() + region) + i * ep_.layout().nvs * (dim / kFp8Block);
 }
 
-// Per projection: the e4m3 codes' and the scales' tables of the resident plan (build_group_table over the homes'
-// casts, the slots and the peers' casts, as build_tables does for bf16), then the forward's transposed codes of every
-// group with rows. Needs the plan tensor build_tables packed.
+// Per projection: the tables of the resident plan (build_group_table over the homes' casts, the slots and the peers'
+// casts, as build_tables does for bf16) of every kind, then the transposes of the slot groups with rows (the copies
+// prefetched this step; the homes' and peers' transposed codes come from their weight cast). Needs the plan tensor
+// build_tables packed.
 void MoeLayer::fp8_build_tables(const kernels::MoeKernelParams& kp, cudaStream_t stream) {
     const Config& cfg = ep_.config();
     const int NL = ep_.num_local_ranks(), G = ep_.layout().G, H = ep_.hidden(), F = ffn_hidden_;
@@ -114,14 +119,15 @@ void MoeLayer::fp8_build_tables(const kernels::MoeKernelParams& kp, cudaStream_t
     const ExpertsShape& es = experts_.shape();
     for (int proj = 0; proj < kProjections; ++proj) {
         const size_t at = table_index(ep_.rank_begin(), proj);
-        for (int kind = 0; kind < 2; ++kind) {
-            const void* const* s = sources + (2 * proj + kind) * per;
+        for (int kind = 0; kind < kTableKinds; ++kind) {
+            if (cfg.num_slots() == 0 && (kind == kSlotCodes || kind == kSlotTransposed)) continue;
+            const void* const* s = sources + (static_cast<size_t>(proj) * kTableKinds + kind) * per;
             GroupTableArgs a;
             a.plan = PlanRows{plan_rows_, NL, plan_layout_};
             a.nvs = ep_.layout().nvs;
             a.expert_base = ep_.rank_begin() * cfg.epn();
             a.num_home = cfg.epn();
-            a.mat_bytes = kind == 0 ? es.elems : es.scale_stride();
+            a.mat_bytes = kind == kScales ? es.scale_stride() : es.elems;
             a.table = tables + kind * kind_stride + at;
             a.homes = s;
             a.row_slots = s + NL;
@@ -129,11 +135,11 @@ void MoeLayer::fp8_build_tables(const kernels::MoeKernelParams& kp, cudaStream_t
             a.num_peers = cfg.R;
             build_group_table(a, stream);
         }
-        uint8_t* wt = reinterpret_cast<uint8_t*>(arena + fp8_regions_.wt) +
-                      static_cast<size_t>(proj) * NL * G * static_cast<size_t>(es.elems);
-        kernels::launch_moe_fp8_transpose_weights(
-            kp, reinterpret_cast<const uint8_t* const*>(tables + at), proj_in(proj, H, F), proj_out(proj, H, F), wt,
-            reinterpret_cast<const uint8_t**>(tables + 2 * kind_stride + at), stream);
+        if (cfg.num_slots() > 0)
+            kernels::launch_moe_fp8_transpose_groups(
+                kp, reinterpret_cast<const uint8_t* const*>(tables + kSlotCodes * kind_stride + at),
+                reinterpret_cast<const uint8_t* const*>(tables + kSlotTransposed * kind_stride + at),
+                proj_in(proj, H, F), proj_out(proj, H, F), stream);
     }
 }
 
@@ -148,8 +154,9 @@ void MoeLayer::fp8_gemm(
     a.x_scales = xs;
     a.cu_seqlens = ep_.cu_seqlens(rank);
     // The forward reads W^T (K-major), dgrad W as it is; both the same 128 x 128 scales.
-    a.weights = reinterpret_cast<const uint8_t* const*>(tables + (op == GemmOp::kForward ? 2 * kind_stride : 0) + at);
-    a.weight_scales = reinterpret_cast<const float* const*>(tables + kind_stride + at);
+    a.weights = reinterpret_cast<const uint8_t* const*>(tables + (op == GemmOp::kForward ? kTransposed : kCodes) *
+                                                                        kind_stride + at);
+    a.weight_scales = reinterpret_cast<const float* const*>(tables + kScales * kind_stride + at);
     a.y = y;
     a.num_groups = G;
     a.in_dim = proj_in(proj, ep_.hidden(), ffn_hidden_);

@@ -31,7 +31,7 @@ void launch_fp8_cast_rows(const Bf16* in,
                           cudaStream_t stream);
 
 // Weights: w [in, out] bf16 (both positive multiples of 128) -> codes [in, out] and scales [in/128, out/128]
-// (128 x 128 blocks, row-major).
+// (128 x 128 blocks, row-major). launch_fp8_cast_weights with count 1.
 void launch_fp8_cast_weight(const Bf16* w,
                             int in,
                             int out,
@@ -40,5 +40,24 @@ void launch_fp8_cast_weight(const Bf16* w,
                             float* scales,
                             uint32_t* nonfinite,
                             cudaStream_t stream);
+
+// Weights, `count` matrices in one launch: matrix m is w + m*w_stride elements, [in, out] bf16 (both positive
+// multiples of 128) -> codes + m*codes_stride [in, out] e4m3 and scales + m*scale_stride floats [in/128, out/128]
+// (128 x 128 blocks, row-major), and, when `transposed` is set, transposed + m*codes_stride [out, in]: the same codes
+// K-major (the forward GEMM's operand; e4m3 wgmma reads only K-major), written from the same pass, so no separate
+// transpose reads the codes again. count = 0 launches nothing.
+struct Fp8WeightCast {
+    const Bf16* w = nullptr;
+    int64_t w_stride = 0;  // elements
+    int count = 1, in = 0, out = 0;
+    bool ue8m0 = false;
+    Fp8E4m3* codes = nullptr;
+    Fp8E4m3* transposed = nullptr;  // nullable
+    int64_t codes_stride = 0;       // elements, for codes and transposed
+    float* scales = nullptr;
+    int64_t scale_stride = 0;  // floats
+    uint32_t* nonfinite = nullptr;
+};
+void launch_fp8_cast_weights(const Fp8WeightCast& cast, cudaStream_t stream);
 
 }  // namespace evenep::cuda
