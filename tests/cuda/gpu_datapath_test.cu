@@ -7,6 +7,8 @@
 //       modes (pull, push partials) with and without apply_weights: out and gathered weights equal to the oracle's.
 //       Routings: lognormal, round robin and every adversarial kind (masked entries, unequal s_r, all K entries on
 //       one remote rank, ...); configs: R=4 E=32 K=4 tp=8, R=8 E=64 K=8 tp=1, R=2 E=8 K=6 (K > R) tp=128, R=1.
+//   DatapathFlowTest.Bf16PartialsMatchOracle  precision.bf16_partials (chains of >= 2 entries add a bf16-rounded
+//       partial): both combine modes equal the oracle's bf16-partials combine, every routing, three shapes
 //   DatapathTest.SmBudgetDoesNotChangeResults  budget 1 and 64 give the same bits
 //   DatapathTest.PlanReuse             dispatch twice with one plan (new x): rows and outputs follow the new x
 //   DatapathTest.GraphCaptureReplay    plan -> dispatch -> placeholder -> combine captured into one CUDA graph;
@@ -131,6 +133,7 @@ void check_case(
     EpOptions opt;
     opt.mode = mode;
     opt.sm_budget = sm_budget;
+    opt.precision = bc.precision;
     GpuGroup g(cfg, bc.H, opt);
     g.upload(tokens);
     g.plan = g.ep.plan(g.io.io, routing.s, nullptr, oo.s_total);
@@ -176,6 +179,19 @@ TEST_P(DatapathTest, MatchesOracle) {
 INSTANTIATE_TEST_SUITE_P(Routings, DatapathTest, ::testing::ValuesIn(datapath_params()), [](const auto& info) {
     return param_name(info.param);
 });
+
+TEST(DatapathFlowTest, Bf16PartialsMatchOracle) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const DatapathParam shapes[] = {{4, 32, 4, 96, 8, 40, 0}, {8, 64, 8, 64, 1, 16, 0}, {2, 8, 6, 48, 128, 24, 0}};
+    for (const DatapathParam& p : shapes) {
+        BufferConfig bc = testing::buffer_config(p.R, p.E, p.K, p.S, p.tp, p.H);
+        bc.precision.bf16_partials = true;
+        for (const auto& r : testing::test_routings(bc.cfg, 3)) {
+            check_case(bc, r.routing, PlannerMode::kOptimized, 32, cat(param_name(p), " bf16 partials ", r.name));
+            if (HasFatalFailure()) return;
+        }
+    }
+}
 
 TEST(DatapathFlowTest, SmBudgetDoesNotChangeResults) {
     EVENEP_SKIP_WITHOUT_DEVICE();

@@ -9,7 +9,8 @@
 //       R=2 E=8 K=6 H=384 (K > R; 3 scales, not a multiple of the kernel's 4-block unroll), R=1.
 //   Fp8DispatchFlowTest.RefusesNonFinite    a NaN / an inf in one token row (also in a fully masked token): check()
 //       throws Error(kInvalidArgument) naming rank, token and channel.
-//   Fp8DispatchFlowTest.ConfigChecks        fp8 with H = 200, ue8m0 without fp8, bf16_partials: refused naming them.
+//   Fp8DispatchFlowTest.ConfigChecks        fp8 with H = 200, ue8m0 without fp8: refused naming them; bf16_partials
+//                                           accepted (EpLayout::bf16_partials set); the FP8 regions move the plan only.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -241,7 +242,10 @@ TEST(Fp8DispatchFlowTest, ConfigChecks) {
     };
     refused(200, DataPrecision{true, false, false}, "H = 200");
     refused(256, DataPrecision{false, true, false}, "ue8m0");
-    refused(256, DataPrecision{true, false, true}, "bf16_partials");
+    EpOptions partials;
+    partials.precision = DataPrecision{true, false, true};
+    const EpLayout p = Ep::check_and_layout(cfg, 256, partials);  // accepted: the flag rides in the layout
+    EXPECT_TRUE(p.bf16_partials);
     EpOptions fp8;
     fp8.precision.fp8 = true;
     const EpLayout on = Ep::check_and_layout(cfg, 256, fp8);
@@ -249,6 +253,7 @@ TEST(Fp8DispatchFlowTest, ConfigChecks) {
     EXPECT_EQ(on.buf.recv_x_offset, off.buf.recv_x_offset);
     EXPECT_EQ(on.buf.stage_offset, off.buf.stage_offset);
     EXPECT_EQ(on.buf.recv_x8_bytes(), on.nvs * 256);
+    EXPECT_FALSE(on.bf16_partials);
     EXPECT_EQ(on.plan_begin - off.plan_begin,
               static_cast<size_t>(on.buf.total_bytes - off.buf.total_bytes));  // the plan region moves, nothing else
 }

@@ -172,16 +172,12 @@ void run_demo(const DemoOptions& opt) {
     const bool fp8 = opt.precision.fp8;
     EVENEP_CHECK(fp8 || (!opt.precision.ue8m0 && !opt.precision.bf16_partials),
                  "--ue8m0 and --bf16-partials apply to the FP8 run: they need --fp8");
-    EVENEP_CHECK(!opt.precision.bf16_partials || opt.backend != "cuda",
-                 "--bf16-partials --backend cuda: the CUDA backend has no bf16-partials combine (the CPU oracle has: "
-                 "--backend cpu)");
     std::string no_cuda;
-    // NOTE: with --fp8, "auto" keeps the CPU: the GPU FP8 layer is taken only when asked (--backend cuda) until it
-    // has been checked on a GPU (issue 34).
-    const bool cuda_ok = opt.backend != "cpu" && (!fp8 || opt.backend == "cuda") && !opt.precision.bf16_partials &&
+    // With --fp8, "auto" takes the GPU FP8 layer where the build and device have it (CUTLASS, sm_90a), else the CPU.
+    const bool cuda_ok = opt.backend != "cpu" &&
                          demo_cuda_available(&no_cuda) && (!fp8 || demo_cuda_fp8_available(&no_cuda));
     EVENEP_CHECK(opt.backend != "cuda" || cuda_ok, "--backend cuda", fp8 ? " --fp8" : "", ": ", no_cuda);
-    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU (and runs the CPU with --fp8)
+    const bool on_gpu = cuda_ok;  // "auto" falls back to the CPU
     RoutingInput in = resolve_routing(opt.routing, "demo", [&](const Config& c, bool) {
         const BufferConfig probe{.cfg = c, .H = opt.H, .ffn_hidden = opt.ffn_hidden, .precision = opt.precision};
         probe.validate();
@@ -503,8 +499,7 @@ void register_demo(CLI::App& app) {
                   "(H and H' multiples of 128; docs/fp8.md)");
     cmd->add_flag("--ue8m0", opt->precision.ue8m0, "with --fp8: power-of-two (UE8M0) scales");
     cmd->add_flag("--bf16-partials", opt->precision.bf16_partials,
-                  "with --fp8: the FP8 run's combine sends multi-entry partials as bf16 (one more rounding; CPU "
-                  "only)");
+                  "with --fp8: the FP8 run's combine sends multi-entry partials as bf16 (one more rounding)");
     add_output_file(*cmd, "--json", opt->json_file,
                     "write the figures as JSON (written whole at the end; the old file stays on any error)");
     add_output_dir(*cmd, "--dump", opt->dump_dir,

@@ -67,8 +67,9 @@ struct EpOptions {
     TeamOptions team;          // for the convenience constructors that create their team (DeviceEp, NcclEp)
     // precision.fp8: dispatch sends e4m3 rows + 1x128 scales into recv_x8 / recv_scale instead of bf16 rows into
     // recv_x (bit-identical to cpu::Buffer's FP8 dispatch; H % 128 == 0; ue8m0: power-of-two scales). Combine and
-    // the backward calls stay bf16; dispatch refuses RankIo::rows. bf16_partials is not implemented on the GPU yet
-    // (refused).
+    // the backward calls stay bf16; dispatch refuses RankIo::rows. bf16_partials: combine (and dispatch_backward)
+    // round the partial of each chain of >= 2 entries to bf16 (push mode sends it as a bf16 row), bit-identical to
+    // cpu::Buffer's (docs/fp8.md).
     DataPrecision precision{};
 };
 

@@ -191,6 +191,9 @@ struct EpLayout {
     // coefficients. Not part of the offsets: set by the Ep after make (Ep::check_and_layout, Ep::set_auto_model).
     bool auto_slack = false;
     detail::AutoCostModel auto_model = {};
+    // DataPrecision::bf16_partials (set by the Ep after make, not part of the offsets): combine's partials of chains of
+    // >= 2 entries are rounded to bf16 (and cross as bf16 in push mode), as cpu::Buffer's combine.
+    bool bf16_partials = false;
     int64_t nvs;     // receive rows per rank (SPEC invariant 4, grown by the slack bound)
     detail::BufferLayout buf;
     size_t plan_begin;  // start of the plan region (hist, dst, the plan arrays; ends at plan.work64)

@@ -14,6 +14,9 @@
 //                (token, destination rank) crosses the link once. Identical to the CPU oracle's combine.
 // The two modes give the same bits: 0 + term equals term except for -0, and acc, which starts at +0, is never -0,
 // so acc + (0 + term) == acc + term.
+// bf16 partials (EpLayout::bf16_partials, DataPrecision::bf16_partials; upstream MoonEP's format): the partial of a
+// chain of >= 2 entries is rounded to bf16 before it is added (pull: in registers; push: it crosses as a bf16 row in
+// the first of its two staging units, half the bytes) — one more rounding, as the CPU oracle's combine.
 // Both first pass a team barrier (kCombineReady: every rank's expert output is final) and, with out_w set,
 // gather recv_w of every entry back to [s, K] (0 for masked entries).
 #include <cuda_runtime.h>
@@ -64,7 +67,8 @@ __device__ __forceinline__ void zero(float (&v)[kUnroll][8]) {
 }
 
 // acc[u][i] += (0 + sum of the chain's terms), for the lanes of `chain` (ascending), vectors v0 + u*32 + lane;
-// row: each live lane's receive row (device::recv_rows).
+// row: each live lane's receive row (device::recv_rows). bf16_partials: a chain of >= 2 entries adds its partial
+// rounded to bf16.
 template <int kUnroll>
 __device__ __forceinline__ void add_chain(float (&acc)[kUnroll][8],
                                           unsigned chain,
@@ -73,17 +77,19 @@ __device__ __forceinline__ void add_chain(float (&acc)[kUnroll][8],
                                           int num_vec,
                                           int v0,
                                           int lane,
-                                          bool apply_weights) {
+                                          bool apply_weights,
+                                          bool bf16_partials) {
     float part[kUnroll][8];
     zero(part);
     for (unsigned m = chain; m; m &= m - 1) {
         const int l = __ffs(m) - 1;
         add_row_terms(part, device::shfl_ptr(row, l), __shfl_sync(0xffffffffu, w, l), num_vec, v0, lane, apply_weights);
     }
+    const bool round = bf16_partials && (chain & (chain - 1)) != 0;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[u][i] = __fadd_rn(acc[u][i], part[u][i]);
+        for (int i = 0; i < 8; ++i) acc[u][i] = __fadd_rn(acc[u][i], round ? round_to_bf16(part[u][i]) : part[u][i]);
 }
 
 template <int kUnroll>
@@ -109,6 +115,7 @@ struct CombineCtx {
     char* const* peers;
     char* base;  // this rank's symmetric allocation
     bool apply;  // multiply rows by their route weights
+    bool bf16_partials;
 };
 
 template <int kThreads>
@@ -120,6 +127,7 @@ __device__ __forceinline__ CombineCtx combine_ctx(const DataParams& p, const dev
     x.warp = c.block * kWarps + static_cast<int>(threadIdx.x) / kWarpSize, x.num_warps = c.num_blocks * kWarps;
     x.peers = p.team.peers, x.base = p.team.peers[c.rank];
     x.apply = p.apply_weights != 0;
+    x.bf16_partials = p.lay.bf16_partials;
     return x;
 }
 
@@ -146,7 +154,7 @@ __global__ void __launch_bounds__(kThreads) combine_pull_kernel(const DataParams
             zero(acc);
             for (unsigned m = te.payloads; m; m &= m - 1) {
                 const unsigned chain = __shfl_sync(0xffffffffu, te.same, __ffs(m) - 1);
-                add_chain<kUnroll>(acc, chain, row, w, num_vec, v0, lane, apply);
+                add_chain<kUnroll>(acc, chain, row, w, num_vec, v0, lane, apply, x.bf16_partials);
             }
             store_out<kUnroll>(orow, acc, v0, lane, num_vec);
         }
@@ -193,6 +201,11 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams
             for (int u = 0; u < kUnroll; ++u) {
                 const int v = v0 + u * kWarpSize + lane;
                 if (v >= num_vec) continue;
+                if (x.bf16_partials) {  // a bf16 row in the chain's first unit
+                    device::st_v4(reinterpret_cast<uint16_t*>(slot) + static_cast<int64_t>(v) * kBf16PerVec,
+                                  device::pack_bf16x8(part[u]));
+                    continue;
+                }
                 float4* q = reinterpret_cast<float4*>(prow + static_cast<int64_t>(v) * kBf16PerVec);
                 q[0] = make_float4(part[u][0], part[u][1], part[u][2], part[u][3]);
                 q[1] = make_float4(part[u][4], part[u][5], part[u][6], part[u][7]);
@@ -221,7 +234,10 @@ __global__ void __launch_bounds__(kThreads) combine_push_kernel(const DataParams
             for (unsigned m = te.payloads; m; m &= m - 1) {
                 const int l = __ffs(m) - 1;
                 const char* slot = tstage + unit * unit_bytes;
-                if (multi & (1u << l)) {
+                if ((multi & (1u << l)) && x.bf16_partials) {  // a rounded partial: weights already applied
+                    add_row_terms(acc, reinterpret_cast<const uint16_t*>(slot), 1.0f, num_vec, v0, lane, false);
+                    unit += 2;
+                } else if (multi & (1u << l)) {
                     const float* prow = reinterpret_cast<const float*>(slot);
 #pragma unroll
                     for (int u = 0; u < kUnroll; ++u) {

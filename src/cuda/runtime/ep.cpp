@@ -86,10 +86,10 @@ EpLayout Ep::check_and_layout(const Config& cfg_in, int hidden, const EpOptions&
     EVENEP_CHECK(!pr.fp8 || hidden % kFp8Block == 0, "cuda ep: fp8 needs the hidden size H = ", hidden,
                  " to be a multiple of ", kFp8Block, " (one scale per 128 channels)");
     EVENEP_CHECK(pr.fp8 || !pr.ue8m0, "cuda ep: precision.ue8m0 needs precision.fp8");
-    EVENEP_CHECK(!pr.bf16_partials, "cuda ep: precision.bf16_partials is not implemented on the GPU backend yet");
     EpLayout layout = EpLayout::make(cfg.R, cfg.E, cfg.K, cfg.S, cfg.tp, cfg.num_slots(), hidden,
                                      options.max_plan_blocks, cfg.slack_ppm(), options.precision.fp8);
     layout.auto_slack = cfg.policy == PlannerPolicy::kAuto;
+    layout.bf16_partials = pr.bf16_partials;
     layout.auto_model = options.auto_model;
     // Return addresses are int32: R * S * U units must fit.
     const int64_t units = static_cast<int64_t>(cfg.R) * layout.buf.stage_units();

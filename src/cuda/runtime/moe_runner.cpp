@@ -43,8 +43,6 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
     const size_t n = static_cast<size_t>(H) * F;
     EVENEP_CHECK(warmup >= 0, "moe run (cuda): warmup = ", warmup, " must be >= 0");
     EVENEP_CHECK(opt.num_layers == 1, "moe run (cuda): one layer per step (num_layers = ", opt.num_layers, ")");
-    EVENEP_CHECK(!bc.precision.bf16_partials, "moe run (cuda): no bf16-partials combine on the GPU yet (",
-                 bc.to_string(), "); the CPU oracle has it (docs/fp8.md)");
     EVENEP_CHECK(!opt.backward || c.num_slots() == epn, "moe run (cuda): training needs B = epn");
     EVENEP_CHECK(team.size() == R, "moe run (cuda): the team has ", team.size(), " ranks, the problem R = ", R);
     EVENEP_CHECK(p.x.size() == static_cast<size_t>(R) && p.topk_idx.size() == static_cast<size_t>(R) &&
