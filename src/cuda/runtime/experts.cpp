@@ -86,16 +86,12 @@ float* ExpertPool::slot_grad(int rank, int proj, int slot) const {
 
 uint8_t* ExpertPool::slot8(int rank, int proj, int slot) const {
     EVENEP_CHECK(shape_.fp8, "expert pool: allocated without fp8");
-    at(rank, slots8_, proj, slot, 1);  // range check
-    return reinterpret_cast<uint8_t*>(copy_of(*window_, rank_begin_, rank) +
-                                      entry_at(slots8_, B_, proj, slot, static_cast<size_t>(shape_.elems)));
+    return reinterpret_cast<uint8_t*>(at(rank, slots8_, proj, slot, 1));
 }
 
 uint8_t* ExpertPool::slot8t(int rank, int proj, int slot) const {
     EVENEP_CHECK(shape_.fp8, "expert pool: allocated without fp8");
-    at(rank, slots8t_, proj, slot, 1);  // range check
-    return reinterpret_cast<uint8_t*>(copy_of(*window_, rank_begin_, rank) +
-                                      entry_at(slots8t_, B_, proj, slot, static_cast<size_t>(shape_.elems)));
+    return reinterpret_cast<uint8_t*>(at(rank, slots8t_, proj, slot, 1));
 }
 
 float* ExpertPool::slot_scale(int rank, int proj, int slot) const {
@@ -182,17 +178,11 @@ float* Experts::grad(int rank, int proj, int local_expert) const {
 
 uint8_t* Experts::weight8(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.fp8, "experts: allocated without fp8");
-    at(rank, off_.weights8, epn_, proj, local_expert, 1);  // range check
-    return reinterpret_cast<uint8_t*>(
-        copy_of(*window_, rank_begin_, rank) +
-        entry_at(off_.weights8, epn_, proj, local_expert, static_cast<size_t>(shape_.elems)));
+    return reinterpret_cast<uint8_t*>(at(rank, off_.weights8, epn_, proj, local_expert, 1));
 }
 uint8_t* Experts::weight8t(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.fp8, "experts: allocated without fp8");
-    at(rank, off_.weights8t, epn_, proj, local_expert, 1);  // range check
-    return reinterpret_cast<uint8_t*>(
-        copy_of(*window_, rank_begin_, rank) +
-        entry_at(off_.weights8t, epn_, proj, local_expert, static_cast<size_t>(shape_.elems)));
+    return reinterpret_cast<uint8_t*>(at(rank, off_.weights8t, epn_, proj, local_expert, 1));
 }
 float* Experts::weight_scale(int rank, int proj, int local_expert) const {
     EVENEP_CHECK(shape_.fp8, "experts: allocated without fp8");
