@@ -56,6 +56,9 @@ struct WorkloadRunner::State {
     std::vector<std::vector<EplbPlacement>> eplb_placement;
     std::vector<EplbWindow> lplb_window;
     std::vector<std::vector<LplbEdge>> lplb_edges;
+    // [layer] evenep_placed: the homes' window and permutation (slot_expert[r*epn + j] = the expert rank r homes).
+    std::vector<EplbWindow> placed_window;
+    std::vector<EplbPlacement> placed;
 
     explicit State(const WorkloadRunConfig& c)
         : planner(c.cfg, c.mode),
@@ -107,6 +110,11 @@ WorkloadRunner::WorkloadRunner(const WorkloadRunConfig& cfg) : cfg_(cfg) {
     const EplbConfig lcfg{.num_ranks = R, .num_experts = E, .slots_per_rank = epn};
     for (int l = 0; l < cfg_.layers; ++l) state_->lplb_window.emplace_back(lcfg, cfg_.eplb_schedule);
     state_->lplb_edges.resize(cfg_.layers);
+    if (cfg_.placed) {
+        add("evenep_placed", "evenep_placed", 0, "");
+        for (int l = 0; l < cfg_.layers; ++l) state_->placed_window.emplace_back(lcfg, cfg_.eplb_schedule);
+        state_->placed.resize(cfg_.layers);
+    }
 }
 
 WorkloadRunner::~WorkloadRunner() = default;
@@ -125,6 +133,7 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
     // Re-placements due this step: their weight moves go to each layer's first unit.
     std::vector<std::vector<std::vector<Move>>> replace_moves(cfg_.layers,
                                                               std::vector<std::vector<Move>>(num_eplb + 1));
+    std::vector<std::vector<Move>> placed_moves(cfg_.layers);
     for (int l = 0; l < cfg_.layers; ++l) {
         for (size_t i = 0; i < num_eplb; ++i) {
             EplbWindow& w = st.eplb_window[l][i];
@@ -147,6 +156,20 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
                     if (j >= st.lplb_edges[l].size() || next[j].expert != st.lplb_edges[l][j].expert)
                         replace_moves[l][num_eplb].push_back({next[j].home, next[j].holder, model.weight_bytes()});
             st.lplb_edges[l] = std::move(next);
+        }
+        if (cfg_.placed && (step == 0 || st.placed_window[l].due(step))) {
+            EplbPlacement next = st.placed_window[l].place();
+            if (step != 0) {
+                std::vector<int32_t> old_home(E), new_home(E);
+                for (int i = 0; i < E; ++i) {
+                    old_home[st.placed[l].slot_expert[i]] = i / epn;
+                    new_home[next.slot_expert[i]] = i / epn;
+                }
+                for (int e = 0; e < E; ++e)
+                    if (old_home[e] != new_home[e])
+                        placed_moves[l].push_back({old_home[e], new_home[e], model.weight_bytes()});
+            }
+            st.placed[l] = std::move(next);
         }
     }
 
@@ -209,8 +232,25 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
             add_copy_moves(model, R, E, s);
             s.plan_us = cfg_.plan_us;
         }
+        // evenep_placed: the histogram relabelled by the homes' permutation, planned as evenep_auto's
+        std::vector<int32_t> placed_tpe;
+        if (cfg_.placed) {
+            SystemStep& s = sys[5 + num_eplb];
+            const std::vector<int32_t>& perm = st.placed[l].slot_expert;
+            placed_tpe.resize(u.tpe.size());
+            for (int r = 0; r < R; ++r)
+                for (int e = 0; e < E; ++e)
+                    placed_tpe[static_cast<size_t>(r) * E + e] = u.tpe[static_cast<size_t>(r) * E + perm[e]];
+            st.auto_planner.plan(placed_tpe, u.s, st.plan);
+            s.alloc.assign(st.plan.alloc.begin(), st.plan.alloc.end());
+            add_copy_moves(model, R, E, s);
+            s.plan_us = cfg_.plan_us;
+            if (first) s.prefetch.insert(s.prefetch.end(), placed_moves[l].begin(), placed_moves[l].end());
+        }
         for (size_t i = 0; i < num_systems; ++i) {
-            const StepCost c = evaluate_step(model, R, E, u.tpe, sys[i]);
+            const bool relabelled = cfg_.placed && i == 5 + num_eplb;
+            const StepCost c = evaluate_step(model, R, E, relabelled ? std::span<const int32_t>(placed_tpe) : u.tpe,
+                                             sys[i]);
             if (observer_) observer_(k, i, sys[i], c);
             step_ms[i] += c.step_ms;
             imb[i] += c.rows_max_over_mean;
@@ -223,6 +263,7 @@ void WorkloadRunner::run_step(int64_t step, std::span<const StepUnit> units) {
     for (int l = 0; l < cfg_.layers; ++l) {
         for (EplbWindow& w : st.eplb_window[l]) w.record(layer_load[l]);
         st.lplb_window[l].record(layer_load[l]);
+        if (cfg_.placed) st.placed_window[l].record(layer_load[l]);
     }
     for (size_t i = 0; i < num_systems; ++i) {
         SystemSeries& s = series_[i];

@@ -12,7 +12,13 @@
 //                 perf/baselines.hpp's models, ring by default);
 //   lplb          perf/lplb.hpp: the replica graph re-chosen on EPLB's schedule, an exact min-max split per unit,
 //                 each replica synchronised with its home once per step (same model);
-//   llep          perf/llep.hpp: spills per unit, copies fetched and gradients returned as EvenEP's.
+//   llep          perf/llep.hpp: spills per unit, copies fetched and gradients returned as EvenEP's;
+//   evenep_placed (only with `placed`) evenep_auto over homes that are themselves re-placed on EPLB's schedule: an
+//                 EplbWindow with no redundant slot (a permutation of the experts over the ranks, epn each) re-chosen
+//                 every step_interval steps from the window's loads; the step's histogram is relabelled so that the
+//                 placement's rank r holds experts r*epn .. (r+1)*epn - 1 and planned as evenep_auto's; a
+//                 re-placement moves each expert whose home changed (bf16 weights, model.weight_bytes, as EPLB's
+//                 re-placements are counted). A design study (the library's homes are fixed): docs/benchmarks.md.
 // A step is a list of units (layers x micro-batches); a system's step time is the sum of its units' step_ms.
 #pragma once
 
@@ -43,13 +49,14 @@ struct WorkloadRunConfig {
     EplbSync eplb_sync = EplbSync::kRing;
     std::string lplb_topology = "auto";  // auto: hypercube when R is a power of two, else torus
     double llep_threshold = 1.0;
+    bool placed = false;  // add evenep_placed (see above)
 
     // Throws evenep::Error naming the value.
     void validate() const;
 };
 
 struct SystemSeries {
-    std::string name;   // evenep_auto, evenep_exact, conventional, eplb, lplb, llep
+    std::string name;   // evenep_auto, evenep_exact, conventional, eplb, lplb, llep, evenep_placed
     std::string label;  // the table's label (eplb/2, eplb/epn, ...)
     int num_redundant = 0;  // eplb: redundant slots per rank
     std::string topology;   // lplb

@@ -48,7 +48,8 @@ PlanRowLayout PlanRowLayout::make(const Config& cfg) {
     };
     const std::vector<PlanColumn> cols = plan_columns(cfg);
     for (const auto& [name, at] : named) {
-        const auto c = std::find_if(cols.begin(), cols.end(), [&](const PlanColumn& k) { return std::strcmp(k.name, name) == 0; });
+        const auto c = std::find_if(cols.begin(), cols.end(),
+                                    [&](const PlanColumn& k) { return std::strcmp(k.name, name) == 0; });
         // NOTE: without slots (B = 0) `copies` has no values and so no column: the offset points past the row and
         // nothing reads it (every reader loops over B of them).
         if (c == cols.end() && l.B == 0 && std::strcmp(name, "copies") == 0) {

@@ -122,7 +122,8 @@ TEST_P(Fp8CastTest, WeightsBatchedTransposed) {
     c.scales = d_s.get(), c.scale_stride = static_cast<int64_t>(s_stride);
     cuda::launch_fp8_cast_weights(c, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<uint8_t> q = bytes_of(d_q.download(c_stride * count)), t = bytes_of(d_t.download(c_stride * count));
+    const std::vector<uint8_t> q = bytes_of(d_q.download(c_stride * count));
+    const std::vector<uint8_t> t = bytes_of(d_t.download(c_stride * count));
     const std::vector<float> s = d_s.download(s_stride * count);
     for (int m = 0; m < count; ++m) {
         std::vector<Fp8E4m3> want(elems);

@@ -20,6 +20,11 @@
 //                                       the entries; evenep_exact and llep balanced, lplb never above conventional;
 //                                       evenep_auto's budgets and rows within its largest budget; EPLB slot counts
 //                                       deduplicated (4 = epn)
+//   WorkloadRunner.PlacedHomes          with `placed`: evenep_placed comes last, its rows sum to the entries; on a
+//                                       static hot_rank run, after the homes' re-placement it moves fewer copy bytes
+//                                       and models a shorter step than evenep_auto on the fixed homes, and the
+//                                       re-placement step itself carries the home moves (weight bytes above the
+//                                       steady steps'); without `placed` there is no such system
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -288,6 +293,38 @@ TEST(WorkloadRunner, EverySystemPerStep) {
         EXPECT_LE(lplb.rows_max_over_mean[t], conv.rows_max_over_mean[t]);
         EXPECT_GT(conv.rows_max_over_mean[t], 1.2) << "hot_rank is skewed";
     }
+}
+
+TEST(WorkloadRunner, PlacedHomes) {
+    WorkloadRunConfig rc;
+    rc.cfg = Config{.R = 4, .E = 64, .K = 2, .S = 1024};
+    rc.model = StepModel{.H = 256, .ffn_hidden = 256, .tp = 8};
+    rc.eplb_schedule = EplbSchedule{.step_interval = 4, .window = 2};
+    rc.eplb_redundant = {1};
+    rc.placed = true;
+    // 4 contiguous hot experts (8x): one home rank holds about 35 % of the entries until the homes are re-placed.
+    const WorkloadSpec spec{.kind = Workload::kHotRank, .E = 64, .K = 2, .num_tokens = 4096, .seed = 7};
+    WorkloadRunner run(rc);
+    constexpr int kSteps = 8;
+    for (int step = 0; step < kSteps; ++step) {
+        const WorkloadHistogram h = workload_histogram(spec, 4, step, 0);
+        const StepUnit unit{.layer = 0, .tpe = h.tpe, .s = h.s};
+        run.run_step(step, std::span<const StepUnit>(&unit, 1));
+    }
+    const std::vector<SystemSeries>& s = run.series();
+    const SystemSeries &au = s[0], &pl = s.back();
+    ASSERT_EQ(pl.name, "evenep_placed");
+    for (int t = 0; t < kSteps; ++t)
+        EXPECT_EQ(std::accumulate(pl.rows[t].begin(), pl.rows[t].end(), int64_t{0}), 4096 * 2);
+    // Step 4 re-places the homes from steps 2..3's loads; steps 5.. run on the new homes.
+    for (int t = 5; t < kSteps; ++t) {
+        EXPECT_LT(pl.weight_bytes[t], au.weight_bytes[t]) << "step " << t << ": fewer copies on spread homes";
+        EXPECT_LT(pl.step_ms[t], au.step_ms[t]) << "step " << t;
+    }
+    EXPECT_GT(pl.weight_bytes[4], pl.weight_bytes[5]) << "the re-placement step moves the homes";
+    rc.placed = false;
+    WorkloadRunner plain(rc);
+    for (const SystemSeries& x : plain.series()) EXPECT_NE(x.name, "evenep_placed");
 }
 
 }  // namespace

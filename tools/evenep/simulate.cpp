@@ -311,8 +311,9 @@ void register_simulate(CLI::App& app) {
         "simulate",
         "Scale model on the CPU: planner time, copies, copy traffic, buffer bytes, link bytes and compute imbalance\n"
         "(conventional EP, EPLB-style replication under drift, EvenEP) for each R and maxvio (docs/benchmarks.md).\n"
-        "With --workload W or --trace F.npy: every system (evenep_exact, conventional, eplb, lplb, llep) over a step\n"
-        "sequence on the same histograms, per-step time of the CPU step model (docs/benchmarks.md, docs/traces.md).");
+        "With --workload W or --trace F.npy: every system (evenep_auto, evenep_exact, conventional, eplb, lplb, llep;\n"
+        "evenep_placed with --placed) over a step sequence on the same histograms, per-step time of the CPU step\n"
+        "model (docs/benchmarks.md, docs/traces.md).");
     add_ints(*cmd, "--R", opt->ranks, "EP group sizes", 1, kMaxRanks);
     add_reals(*cmd, "--maxvio", opt->maxvios, "routing skews (target max/mean - 1); refused when unreachable", 0, 1e6);
     add_int(*cmd, "--E", opt->E, "routed experts", 1, kMaxExperts);

@@ -72,15 +72,15 @@ const std::vector<perf::StepUnit>& StepSource::units(int t) {
 
 nlohmann::json system_json(const perf::SystemSeries& s, const perf::WorkloadRunConfig& rc) {
     nlohmann::json params = nlohmann::json::object();
-    if (s.name == "eplb" || s.name == "lplb") {
+    if (s.name == "eplb" || s.name == "lplb" || s.name == "evenep_placed") {
         params["step_interval"] = rc.eplb_schedule.step_interval;
         params["window"] = rc.eplb_schedule.window;
-        params["replica_sync"] = perf::to_string(rc.eplb_sync);
+        if (s.name != "evenep_placed") params["replica_sync"] = perf::to_string(rc.eplb_sync);
     }
     if (s.name == "eplb") params["num_redundant"] = s.num_redundant;
     if (s.name == "lplb") params["topology"] = s.topology;
     if (s.name == "llep") params["threshold"] = rc.llep_threshold;
-    if (s.name == "evenep_auto") params["max_slack"] = rc.auto_slack;
+    if (s.name == "evenep_auto" || s.name == "evenep_placed") params["max_slack"] = rc.auto_slack;
     if (s.name != "conventional" && s.name != "eplb") params["plan_us"] = rc.plan_us;
     nlohmann::json j{
         {"name", s.name},
@@ -164,6 +164,9 @@ void add_workload_options(CLI::App& cmd, WorkloadOptions& o, bool model_flags) {
     add_real(cmd, "--llep-threshold", o.llep_threshold, "workload/trace: LLEP spills above threshold x the fair share",
              1, 1e6)
         ->capture_default_str();
+    cmd.add_flag("--placed", o.placed,
+                 "workload/trace: also evenep_placed, evenep_auto over homes re-placed on EPLB's schedule (a "
+                 "permutation, no spare slot; a modelled design study, docs/benchmarks.md)");
     add_real(cmd, "--plan-us", o.plan_us,
              "workload/trace: per-unit planning time of evenep_auto, evenep_exact, lplb and llep", 0, 1e9)
         ->capture_default_str();
@@ -204,6 +207,7 @@ perf::WorkloadRunConfig workload_run_config(const WorkloadOptions& o,
     rc.eplb_sync = perf::parse_eplb_sync(eplb_sync);
     rc.lplb_topology = o.lplb_topology;
     rc.llep_threshold = o.llep_threshold;
+    rc.placed = o.placed;
     rc.validate();
     return rc;
 }

@@ -28,13 +28,14 @@ struct WorkloadOptions {
     double gemm_tflops = 700;
     double group_us = -1;
     double link_gbps = 367;
+    bool placed = false;  // --placed: the evenep_placed system (perf/workload_run.hpp)
 
     bool active() const { return !workload.empty() || !trace.empty(); }
 };
 
 // The workload/trace flags of simulate and bench layer: --workload, --trace, --steps, --micro-batches, --eplb-interval,
-// --eplb-window, --lplb-topology, --llep-threshold, --plan-us, and with model_flags the step model's --gemm-tflops,
-// --group-us, --link-gbps (bench layer has its own --link-gbps and measures the compute).
+// --eplb-window, --lplb-topology, --llep-threshold, --placed, --plan-us, and with model_flags the step model's
+// --gemm-tflops, --group-us, --link-gbps (bench layer has its own --link-gbps and measures the compute).
 void add_workload_options(CLI::App& cmd, WorkloadOptions& o, bool model_flags);
 
 // The run configuration of both commands (validated): redundant empty = EPLB at 1, 2, 4 and epn slots per rank;

@@ -189,7 +189,7 @@ class MoeLayer {
         size_t codes_a, scales_a;  // [num_local][NvS][max(H, H')] e4m3 and [..][/128] fp32: h, dy, dg cast 1 x 128
         size_t codes_b, scales_b;  // [num_local][NvS][H']: du cast 1 x 128 (backward)
         size_t dxu;                // [num_local][NvS][H] bf16: du·Wu^T (backward)
-        size_t tables;   // [5 kinds: codes, scales, transposed, slot codes, slot transposed][3][num_local][G+1] pointers
+        size_t tables;   // [5 kinds: codes, scales, transposed, slot codes, slot transposed][3][num_local][G+1]
         size_t sources;  // [3][5 kinds][2*num_local + R]: homes | slots | peers of each kind
         size_t views;              // [num_local] kernels::MoeFp8RankView
     } fp8_regions_{};
