@@ -22,10 +22,12 @@
 //   WorkloadsCli.TraceRoundTripThroughSimulate  `workloads --write-trace` then `simulate --trace --json`: schema
 //                                            evenep.workload_run/1, T steps, every system with T step_ms and rows
 //                                            summing to the trace's entries; `simulate --workload` on the same
-//                                            workload gives the same step_ms
+//                                            workload gives the same step_ms; with --placed the same systems'
+//                                            step_ms plus evenep_placed last (its rows summing to the entries)
 //   WorkloadsCli.BadInputExitsTwo            a malformed trace, an unknown workload, --R 3 against a trace of R 2,
 //                                            two R with --workload, a grid flag with --workload, a workload flag
-//                                            without it, --micro-batches with --trace: exit 2, one line
+//                                            without it (--steps, --placed), --micro-batches with --trace: exit 2,
+//                                            one line
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -301,6 +303,24 @@ TEST(WorkloadsCli, TraceRoundTripThroughSimulate) {
     EXPECT_EQ(k["workload"], "rotating");
     for (size_t i = 0; i < j["systems"].size(); ++i)
         EXPECT_EQ(k["systems"][i]["step_ms"], j["systems"][i]["step_ms"]) << j["systems"][i]["label"];
+    // --placed: one more system, last; the others unchanged.
+    const CliRun p = run_cli("simulate --trace " + (dir / "t.npy").string() + shape + model + "--placed --json " +
+                             (dir / "pl.json").string());
+    ASSERT_EQ(p.exit_code, 0) << p.output;
+    std::ifstream f3(dir / "pl.json");
+    const nlohmann::json q = nlohmann::json::parse(f3);
+    ASSERT_EQ(q["systems"].size(), j["systems"].size() + 1);
+    for (size_t i = 0; i < j["systems"].size(); ++i)
+        EXPECT_EQ(q["systems"][i]["step_ms"], j["systems"][i]["step_ms"]) << j["systems"][i]["label"];
+    const nlohmann::json& placed = q["systems"].back();
+    EXPECT_EQ(placed["name"], "evenep_placed");
+    EXPECT_EQ(placed["params"]["step_interval"], 2);
+    for (int step = 0; step < 6; ++step) {
+        int64_t rows = 0, entries = 0;
+        for (const nlohmann::json& v : placed["rows"][step]) rows += v.get<int64_t>();
+        for (int32_t c : t.histogram(step, 0)) entries += c;
+        EXPECT_EQ(rows, entries) << "evenep_placed step " << step;
+    }
     fs::remove_all(dir);
 }
 
@@ -318,6 +338,7 @@ TEST(WorkloadsCli, BadInputExitsTwo) {
         "simulate --quick --workload balanced --R 4 8",
         "simulate --quick --workload balanced --maxvio 1",
         "simulate --quick --steps 3",
+        "simulate --quick --placed",
         "simulate --trace " + ok_npy + " --K 2 --S 4 --micro-batches 2",
         "workloads --write-trace " + (dir / "x.npy").string() + " --workload nope"};
     for (const std::string& args : cases) {

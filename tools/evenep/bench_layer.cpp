@@ -456,7 +456,7 @@ void register_bench_layer(CLI::App& bench) {
             return run_layer_workload(*wo);
         }
         for (const char* flag : {"--steps", "--micro-batches", "--eplb-interval", "--eplb-window", "--lplb-topology",
-                                 "--llep-threshold", "--plan-us", "--timed-ranks"})
+                                 "--llep-threshold", "--placed", "--plan-us", "--timed-ranks"})
             EVENEP_CHECK(cmd->count(flag) == 0, "bench layer: ", flag, " applies to --workload or --trace");
         o->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *o);

@@ -31,7 +31,7 @@ void check_workload_flags(const CLI::App& cmd, const WorkloadOptions& o) {
         return;
     }
     for (const char* flag : {"--steps", "--micro-batches", "--eplb-interval", "--eplb-window", "--lplb-topology",
-                             "--llep-threshold", "--plan-us", "--gemm-tflops", "--group-us", "--link-gbps"})
+                             "--llep-threshold", "--placed", "--plan-us", "--gemm-tflops", "--group-us", "--link-gbps"})
         EVENEP_CHECK(cmd.count(flag) == 0, flag, " applies to --workload or --trace");
 }
 
