@@ -1,6 +1,5 @@
 // The plan tensor's columns (evenep/plan.hpp plan_columns), derived from the one list of plan arrays
 // (evenep::for_each_array), and the CPU packing of one rank's row.
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -46,19 +45,10 @@ PlanRowLayout PlanRowLayout::make(const Config& cfg) {
         {"group_slot", &l.group_slot},
         {"copies", &l.copies},
     };
-    const std::vector<PlanColumn> cols = plan_columns(cfg);
-    for (const auto& [name, at] : named) {
-        const auto c = std::find_if(cols.begin(), cols.end(),
-                                    [&](const PlanColumn& k) { return std::strcmp(k.name, name) == 0; });
-        // NOTE: without slots (B = 0) `copies` has no values and so no column: the offset points past the row and
-        // nothing reads it (every reader loops over B of them).
-        if (c == cols.end() && l.B == 0 && std::strcmp(name, "copies") == 0) {
-            *at = l.width;
-            continue;
-        }
-        EVENEP_CHECK_KIND(ErrorKind::kInternal, c != cols.end(), "plan tensor: no column ", name);
-        *at = c->offset;
-    }
+    // NOTE: without slots (B = 0) `copies` has no values and so no column: its offset points past the row and nothing
+    // reads it (every reader loops over B of them).
+    for (const auto& [name, at] : named)
+        *at = l.B == 0 && std::strcmp(name, "copies") == 0 ? l.width : plan_column(cfg, name).offset;
     return l;
 }
 
