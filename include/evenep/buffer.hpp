@@ -123,9 +123,14 @@ struct TrafficReport {
 };
 
 // EvenEP traffic from the plan and every rank's encoded destinations dst[r] ([s_r*K], compute_dst).
-// `training` adds the backward phases and reduce_grad.
-TrafficReport evenep_traffic(
-    const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, int ffn_hidden, bool training);
+// `training` adds the backward phases and reduce_grad; `bf16_partials` (DataPrecision::bf16_partials): the combine
+// and dispatch_backward partials of >= 2 entries cross as bf16 rows (no fp32 rows).
+TrafficReport evenep_traffic(const Plan& plan,
+                             const std::vector<std::vector<int32_t>>& dst,
+                             int H,
+                             int ffn_hidden,
+                             bool training,
+                             bool bf16_partials = false);
 
 // Conventional EP (no copies) for the same routing: topk_idx[r] is [s_r*K], -1 masked.
 TrafficReport conventional_traffic(const Config& cfg,

@@ -110,8 +110,12 @@ PhaseTraffic TrafficReport::total() const {
 
 int64_t TrafficReport::total_bytes() const { return total().bytes; }
 
-TrafficReport evenep_traffic(
-    const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, int ffn_hidden, bool training) {
+TrafficReport evenep_traffic(const Plan& plan,
+                             const std::vector<std::vector<int32_t>>& dst,
+                             int H,
+                             int ffn_hidden,
+                             bool training,
+                             bool bf16_partials) {
     const Config& cfg = plan.cfg;
     const int R = cfg.R, K = cfg.K, B = cfg.num_slots(), epn = cfg.epn();
     const int64_t nvs = cfg.recv_rows();
@@ -152,7 +156,7 @@ TrafficReport evenep_traffic(
             }
             for (int j = 0; j < n; ++j) {
                 if (dests[j] == r) continue;
-                const bool fp32 = counts[j] >= 2;
+                const bool fp32 = counts[j] >= 2 && !bf16_partials;
                 rep.combine.rows += 1;
                 rep.combine.fp32_rows += fp32 ? 1 : 0;
                 rep.combine.move(dests[j], r, fp32 ? 2 * row_bytes : row_bytes);

@@ -219,6 +219,12 @@ TEST(CpuFp8Path, Bf16PartialsCombine) {
     EXPECT_EQ(got.traffic.fp32_rows, 0);
     EXPECT_EQ(got.traffic.rows, wide.traffic.rows);
     EXPECT_EQ(wide.traffic.bytes - got.traffic.bytes, wide.traffic.fp32_rows * cfg.H * 2);
+    // The byte model with bf16 partials (what the GPU demo reports) counts what the ranks moved: the partials and
+    // the gathered weights, as it counts them for dispatch_backward (cpu_combine_test's comparison).
+    const TrafficReport model = evenep_traffic(disp.plan, disp.dst, cfg.H, cfg.ffn_hidden, true, true);
+    EXPECT_EQ(got.traffic, model.dispatch_backward);
+    EXPECT_EQ(model.combine.fp32_rows, 0);
+    EXPECT_EQ(model.combine.rows, got.traffic.rows);
 }
 
 // ---- weight prefetch -----------------------------------------------------------------------------------

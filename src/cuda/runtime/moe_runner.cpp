@@ -150,7 +150,7 @@ MoeResult run_moe_layer(Team& team, const MoeProblem& p, const MoeRunOptions& op
     }
     res.plan = ep.download_plan(last.plan, first);
     if (num_local == R) {
-        res.traffic = evenep_traffic(res.plan, res.dst, H, F, opt.backward);
+        res.traffic = evenep_traffic(res.plan, res.dst, H, F, opt.backward, bc.precision.bf16_partials);
         if (bc.precision.fp8) res.traffic = fp8_traffic(res.traffic, res.plan, res.dst, H, F);
     }
     res.sizes = buffer_sizes(bc);
