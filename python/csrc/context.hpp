@@ -165,6 +165,27 @@ inline at::ScalarType gemm_out_dtype(std::optional<at::ScalarType> d, const char
     return t;
 }
 
+// A backend's grouped GEMM kernel Impl(op, x, w, slots, plan, buffer, out_dtype, transposed) as the kernels of the
+// two ops of one schema: grouped_gemm (kTransposed false) and grouped_gemm_dgrad (true).
+using GroupedGemmImpl = at::Tensor (*)(const char*,
+                                       const at::Tensor&,
+                                       const at::Tensor&,
+                                       const at::Tensor&,
+                                       const at::Tensor&,
+                                       int64_t,
+                                       std::optional<at::ScalarType>,
+                                       bool);
+template <GroupedGemmImpl Impl, bool kTransposed>
+at::Tensor grouped_gemm_kernel(const at::Tensor& x,
+                               const at::Tensor& w,
+                               const at::Tensor& slots,
+                               const at::Tensor& plan,
+                               int64_t buffer,
+                               std::optional<at::ScalarType> out_dtype) {
+    return Impl(kTransposed ? "grouped_gemm_dgrad" : "grouped_gemm", x, w, slots, plan, buffer, out_dtype,
+                kTransposed);
+}
+
 // The group total of unequal token counts (SPEC §1), -1 when every rank has the same count.
 inline int64_t group_total(const std::vector<int32_t>& s) {
     if (std::all_of(s.begin(), s.end(), [&](int32_t v) { return v == s[0]; })) return -1;

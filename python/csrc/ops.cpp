@@ -310,8 +310,9 @@ at::Tensor reduce_grad_op(const at::Tensor& slot_grads, const at::Tensor& plan, 
     });
 }
 
-// reduce_grad_add_: grad[e] += (0 + the slot gradients of e's copies, ranks then slots ascending) for every expert
-// with copies, in place (fp32; the CUDA kernel's order); the other experts' rows are not touched.
+// reduce_grad_add_: grad[e] += each slot gradient of e's copies in turn (ranks then slots ascending) for every expert
+// with copies, in place (fp32; the order of the CUDA op and of the library's expert pools: (g + s1) + s2); the other
+// experts' rows are not touched.
 void reduce_grad_add_op(at::Tensor& grad, const at::Tensor& slot_grads, const at::Tensor& plan, int64_t buffer) {
     auto ctx = context(buffer);
     translate([&] {
@@ -321,12 +322,7 @@ void reduce_grad_add_op(at::Tensor& grad, const at::Tensor& slot_grads, const at
         check_tensor(slot_grads, "reduce_grad_add_", "slot_grads", at::kFloat,
                      {c.R, c.num_slots(), slot_grads.size(2), slot_grads.size(3)});
         check_tensor(grad, "reduce_grad_add_", "grad", at::kFloat, {c.E, slot_grads.size(2), slot_grads.size(3)});
-        std::map<int, at::Tensor> sums;  // expert -> 0 + its copies' gradients, in the library's order
-        for_each_copy(*ctx, plan, "reduce_grad_add_", [&](int r, int b, int e) {
-            auto it = sums.try_emplace(e, at::zeros_like(grad[e])).first;
-            it->second.add_(slot_grads[r][b]);
-        });
-        for (auto& [e, sum] : sums) grad[e].add_(sum);
+        for_each_copy(*ctx, plan, "reduce_grad_add_", [&](int r, int b, int e) { grad[e].add_(slot_grads[r][b]); });
         return 0;
     });
 }
@@ -369,23 +365,6 @@ at::Tensor grouped_gemm_impl(const char* op,
         }
         return dtype == at::kFloat ? out : out.to(dtype);
     });
-}
-
-at::Tensor grouped_gemm_op(const at::Tensor& x,
-                           const at::Tensor& w,
-                           const at::Tensor& slots,
-                           const at::Tensor& plan,
-                           int64_t buffer,
-                           std::optional<at::ScalarType> out_dtype) {
-    return grouped_gemm_impl("grouped_gemm", x, w, slots, plan, buffer, out_dtype, false);
-}
-at::Tensor grouped_gemm_dgrad_op(const at::Tensor& dy,
-                                 const at::Tensor& w,
-                                 const at::Tensor& slots,
-                                 const at::Tensor& plan,
-                                 int64_t buffer,
-                                 std::optional<at::ScalarType> out_dtype) {
-    return grouped_gemm_impl("grouped_gemm_dgrad", dy, w, slots, plan, buffer, out_dtype, true);
 }
 
 // wgrad: for every used row of every group, grad_W_g += x_row^T · dy_row (fp32), W_g the group's weight: the home
@@ -485,8 +464,8 @@ TORCH_LIBRARY_IMPL(evenep, CPU, m) {
     m.impl("prefetch_weight", &prefetch_weight_op);
     m.impl("reduce_grad", &reduce_grad_op);
     m.impl("reduce_grad_add_", &reduce_grad_add_op);
-    m.impl("grouped_gemm", &grouped_gemm_op);
-    m.impl("grouped_gemm_dgrad", &grouped_gemm_dgrad_op);
+    m.impl("grouped_gemm", &grouped_gemm_kernel<grouped_gemm_impl, false>);
+    m.impl("grouped_gemm_dgrad", &grouped_gemm_kernel<grouped_gemm_impl, true>);
     m.impl("grouped_gemm_wgrad", &grouped_gemm_wgrad_op);
 }
 // CUDA kernels of the same schemas: TORCH_LIBRARY_IMPL(evenep, CUDA, m) in python/csrc/ops_cuda.cpp (built where

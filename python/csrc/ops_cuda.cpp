@@ -59,12 +59,16 @@ uint16_t* rows_of(const CudaContext& ctx, const at::Tensor& t, int i) {
 }
 
 // Plans from idx (int32 [L, s_pad, K] on the device) with s_r tokens on each of the R ranks: the new resident plan.
-cuda::EpPlan new_plan(OpScope& sc, const at::Tensor& idx, const std::vector<int32_t>& s) {
+// plan_out: the plan tensor [L, W] the planner writes in its last phase (RankIo::plan), or null.
+cuda::EpPlan new_plan(OpScope& sc, const at::Tensor& idx, const std::vector<int32_t>& s, int32_t* plan_out) {
     CudaContext& ctx = *sc.ctx;
     const int L = ctx.L(), K = ctx.cfg().K;
-    const int64_t s_pad = idx.size(1);
+    const int64_t s_pad = idx.size(1), W = ctx.plan_layout().width;
     std::vector<cuda::RankIo> io(L);
-    for (int i = 0; i < L; ++i) io[i].topk_idx = ptr<const int32_t>(idx) + i * s_pad * K;
+    for (int i = 0; i < L; ++i) {
+        io[i].topk_idx = ptr<const int32_t>(idx) + i * s_pad * K;
+        if (plan_out) io[i].plan = plan_out + i * W;
+    }
     ctx.drop_last_plan();
     return ctx.ep().plan(io, s, sc.stream, group_total(s));
 }
@@ -74,10 +78,9 @@ at::Tensor plan_cuda(const at::Tensor& topk_idx, int64_t buffer, std::optional<a
         OpScope sc(buffer, "plan");
         at::Tensor idx = topk_int32(*sc.ctx, topk_idx, "plan");
         CudaContext& ctx = *sc.ctx;
-        cuda::EpPlan p =
-            new_plan(sc, idx, token_counts(ctx.cfg(), idx.size(1), num_tokens, "plan", ctx.rank_begin(), ctx.L()));
         at::Tensor t = at::empty({ctx.L(), ctx.plan_layout().width}, on(ctx, at::kInt));
-        cuda::pack_plan(ctx.ep(), ptr<int32_t>(t), sc.stream);
+        cuda::EpPlan p = new_plan(
+            sc, idx, token_counts(ctx.cfg(), idx.size(1), num_tokens, "plan", ctx.rank_begin(), ctx.L()), ptr<int32_t>(t));
         ctx.set_last_plan(t, std::move(p));
         return t;
     });
@@ -119,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
         // when this is its tensor and it is still resident, else planned again (a pure function of the routing).
         cuda::EpPlan p = ctx.last_plan(plan);
         if (!p.valid()) {
-            p = new_plan(sc, idx, s);
+            p = new_plan(sc, idx, s, nullptr);
             ctx.set_last_plan(plan, p);  // the plan of this tensor now: the next dispatch of it plans no more
         }
         const std::span<const int32_t> ps = p.s();
@@ -300,9 +303,10 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
         check_plan(ctx, plan, "prefetch_weight");
         const int64_t mat_bytes = w.size(1) * w.size(2) * w.element_size();
         at::Tensor slots = at::empty({ctx.L(), L.B, w.size(1), w.size(2)}, w.options());
-        if (!ctx.multi_process()) {
-            cuda::prefetch_from_home(ctx.plan_rows(plan, c.R), w.data_ptr(), slots.data_ptr(), mat_bytes,
-                                     unwritten_zero(), sc.stream);
+        if (!ctx.multi_process()) {  // every rank here: the function cuda::Experts uses on the local team
+            cuda::prefetch_copies(
+                cuda::ExpertCopies::of_tensors(ctx.plan_rows(plan, c.R), w.data_ptr(), slots.data_ptr(), mat_bytes),
+                unwritten_zero(), sc.stream);
             return slots;
         }
         // group=: the owners push their weights (raw bytes of w's dtype) into the holders' slots.
@@ -321,9 +325,10 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
     });
 }
 
-// Adds every copy's gradient home: grad[e] = (accumulate ? grad[e] : 0) + the sum of the slot gradients of e's
-// copies (ranks ascending, slots ascending), fp32, for the home experts of the served ranks. With accumulate the
-// experts without copies are not touched (no dense zero-fill or add); without, they get 0.
+// Adds every copy's gradient home: grad[e] = (accumulate ? grad[e] : 0) + each slot gradient of e's copies in turn
+// (ranks ascending, slots ascending), fp32, for the home experts of the served ranks: cuda::reduce_copies (virtual
+// ranks) and cuda::Experts::reduce_grad (group=) add in that one order. With accumulate the experts without copies
+// are not touched (no dense zero-fill or add); without, they get 0.
 void reduce_into(
     OpScope& sc, const char* op, const at::Tensor& sg, const at::Tensor& plan, at::Tensor& grad, bool accumulate) {
     CudaContext& ctx = *sc.ctx;
@@ -336,8 +341,9 @@ void reduce_into(
     check_cuda(ctx, grad, op, "grad", at::kFloat, {ctx.num_home(), sg.size(2), sg.size(3)});
     const int64_t n = sg.size(2) * sg.size(3);
     if (!ctx.multi_process()) {
-        cuda::reduce_to_home(ctx.plan_rows(plan, c.R), ptr<const float>(sg), ptr<float>(grad), n, accumulate,
-                             sc.stream);
+        cuda::reduce_copies(cuda::ExpertCopies::of_tensors(ctx.plan_rows(plan, c.R), grad.data_ptr(),
+                                                           const_cast<void*>(sg.data_ptr()), n * 4),
+                            accumulate, /*zero_consumed=*/false, sc.stream);
         return;
     }
     // group=: slot gradients into the reduce buffer, the home ranks pull them (cuda::Experts::reduce_grad adds them
@@ -469,23 +475,6 @@ at::Tensor grouped_gemm_impl(const char* op,
     });
 }
 
-at::Tensor grouped_gemm_cuda(const at::Tensor& x,
-                             const at::Tensor& w,
-                             const at::Tensor& slots,
-                             const at::Tensor& plan,
-                             int64_t buffer,
-                             std::optional<at::ScalarType> out_dtype) {
-    return grouped_gemm_impl("grouped_gemm", x, w, slots, plan, buffer, out_dtype, false);
-}
-at::Tensor grouped_gemm_dgrad_cuda(const at::Tensor& dy,
-                                   const at::Tensor& w,
-                                   const at::Tensor& slots,
-                                   const at::Tensor& plan,
-                                   int64_t buffer,
-                                   std::optional<at::ScalarType> out_dtype) {
-    return grouped_gemm_impl("grouped_gemm_dgrad", dy, w, slots, plan, buffer, out_dtype, true);
-}
-
 // wgrad: grad_W_g = x_g^T · dy_g (fp32) per group into the home gradient [E*L/R, a, b] (local and peer groups) or
 // the slot gradient [L, B, a, b]. With B >= E/R (training: no peer groups) every gradient matrix belongs to at most
 // one group: one launch for every served rank, written without being read (never split: deterministic). With
@@ -554,7 +543,7 @@ TORCH_LIBRARY_IMPL(evenep, CUDA, m) {
     m.impl("prefetch_weight", &prefetch_weight_cuda);
     m.impl("reduce_grad", &reduce_grad_cuda);
     m.impl("reduce_grad_add_", &reduce_grad_add_cuda);
-    m.impl("grouped_gemm", &grouped_gemm_cuda);
-    m.impl("grouped_gemm_dgrad", &grouped_gemm_dgrad_cuda);
+    m.impl("grouped_gemm", &grouped_gemm_kernel<grouped_gemm_impl, false>);
+    m.impl("grouped_gemm_dgrad", &grouped_gemm_kernel<grouped_gemm_impl, true>);
     m.impl("grouped_gemm_wgrad", &grouped_gemm_wgrad_cuda);
 }

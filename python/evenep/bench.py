@@ -4,8 +4,9 @@ op as seen from Python.
 CPU (--device cpu): virtual ranks as threads; wall-clock medians; the reference is evenep.nn.TorchMoE (a loop).
 CUDA (--device cuda): R virtual ranks on one GPU (cuda::Ep); CUDA-event medians; the reference is the plain
 PyTorch MoE (argsort permute + torch._grouped_mm + index_add_, the same parameters); both eager and as a replayed
-CUDA graph (which removes the launch overhead). Per op: the GPU time (events) and the host time of the Python
-call (launch overhead, no synchronisation). --json PATH also writes the rows as JSON.
+CUDA graph (which removes the launch overhead). Per op: the GPU time (events around each call, the calls issued
+back to back and synchronised once, as the C++ benchmark times them) and the host time of the Python call (launch
+overhead, no synchronisation). --json PATH also writes the rows as JSON.
 
 --moonep: the MoonEP point (R=8 E=384 K=8 s=8192 H=7168 H'=2048), the data-path ops only (plan, dispatch, combine,
 combine_backward, dispatch_backward, prefetch_weight, reduce_grad; bf16 weights): the MoE layer's fp32 parameters
@@ -60,11 +61,16 @@ def _median_ms(fn, warmup, iters):
 
 
 def _cuda_ms(fn, warmup, iters):
-    """GPU time per call (CUDA events, median and min) and the host time of issuing it (median)."""
+    """GPU time per call (CUDA events, median and min) and the host time of issuing it (median), timed as the C++
+    `evenep bench` times (perf/cuda/timing.cpp time_op): an event pair around each call, the calls issued back to
+    back and synchronised once at the end. A call whose host side takes longer than its GPU work still shows it (the
+    GPU then waits for the launch); a shorter one is hidden behind the previous call, as in a training step. (Waiting
+    for each call before issuing the next would add the launch latency to every figure: about 0.6 ms for the replay
+    of a captured dispatch at the MoonEP point on an H100, whose kernels take as long as the eager call's.)"""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    gpu, host = [], []
+    events, host = [], []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -72,8 +78,9 @@ def _cuda_ms(fn, warmup, iters):
         fn()
         host.append((time.perf_counter() - t0) * 1e3)
         b.record()
-        b.synchronize()
-        gpu.append(a.elapsed_time(b))
+        events.append((a, b))
+    torch.cuda.synchronize()
+    gpu = [a.elapsed_time(b) for a, b in events]
     return statistics.median(gpu), min(gpu), statistics.median(host)
 
 
@@ -163,9 +170,15 @@ def cpp_rows(cli, a, idx):
                  "--ffn-hidden", a.ffn, "--tp", a.token_padding, "--routing", routing, "--projections", 1,
                  "--warmup", a.warmup, "--iters", a.iters, "--graph", "--policy", a.policy]
         shape += (["--slack", a.slack] if a.slack is not None else []) + (["--check"] if a.cpp_check else [])
-        for sub in dict.fromkeys(c for c, _ in CPP_ROWS.values()):
+        wanted = _wanted_ops(a)
+        for sub in dict.fromkeys(c for op, (c, _) in CPP_ROWS.items() if wanted is None or op in wanted):
             _cpp_run(cli, sub, shape, d, out)
     return out
+
+
+def _wanted_ops(a):
+    """The op rows --ops names (a set), or None: all."""
+    return None if a.ops is None else {o.strip() for o in a.ops.split(",") if o.strip()}
 
 
 def _cpp_run(cli, sub, shape, d, out):
@@ -203,6 +216,9 @@ def main(argv=None):
     p.add_argument("--no-graph", action="store_true", help="CUDA: skip the CUDA-graph replays")
     p.add_argument("--moonep", action="store_true", help="the MoonEP point, data-path ops only (CUDA)")
     p.add_argument("--ops-only", action="store_true", help="skip the MoE layer and the grouped GEMM ops")
+    p.add_argument("--ops", default=None,
+                   help="comma-separated op rows to time (e.g. plan,dispatch,combine: the MoonEP point's data path "
+                        "without the expert tensors, which fits an 80 GB GPU); default: all")
     p.add_argument("--cpp", default=None, help="the C++ evenep CLI to compare with ('none': skip; default: found)")
     p.add_argument("--cpp-check", action="store_true", help="the C++ runs verify against the CPU oracle (slow)")
     p.add_argument("--policy", choices=["auto", "exact", "slack"], default="auto",
@@ -257,8 +273,9 @@ def main(argv=None):
             f"iters={a.iters} torch {torch.__version__}; self-check combine(dispatch(x)) rel err {check_err:.2g}")
     print(head)
     if cuda:
-        print("# GPU ms: CUDA events around the call (median, min); host ms: issuing the call from Python; C++ ms: "
-              "`evenep bench` median of the same call on the same routing, graph rows vs its _graph rows")
+        print("# GPU ms: CUDA events around each call, the calls issued back to back as the C++ bench issues them "
+              "(median, min); host ms: issuing the call from Python; C++ ms: `evenep bench` median of the same call "
+              "on the same routing, graph rows vs its _graph rows")
         print(f"{'what':<44}{'GPU ms':>10}{'min ms':>10}{'host ms':>10}{'C++ ms':>10}{'py/C++':>8}")
         for name, med, mn, host in rows:
             c = _cpp_of(name, cpp)
@@ -321,15 +338,22 @@ def _layer_rows(a, buf, x, idx, w, add, cuda):
                 print(f"# {name} graph skipped: {str(e).splitlines()[0]}")
 
 
+EXPERT_OPS = ("prefetch_weight", "reduce_grad", "reduce_grad_add_", "grouped_gemm fwd", "grouped_gemm dgrad",
+              "grouped_gemm wgrad")
+
+
 def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
     dev, (R, E, s, H, Fh) = xb.device, (a.ranks, a.experts, a.tokens, a.hidden, a.ffn)
     ops = torch.ops.evenep
+    wanted = _wanted_ops(a)
     recv_x, recv_w, _, h = buf.dispatch(xb, idx, w, plan)
-    W = torch.randn(E, H, Fh, device=dev, dtype=torch.bfloat16 if a.ops_only else torch.float32)
-    slots = buf.prefetch_weight(W, plan)
+    W = slots = zero_slots = home_grad = None
+    if wanted is None or wanted & set(EXPERT_OPS):  # the expert tensors (56 GB at the MoonEP point) only when timed
+        W = torch.randn(E, H, Fh, device=dev, dtype=torch.bfloat16 if a.ops_only else torch.float32)
+        slots = buf.prefetch_weight(W, plan)
+        zero_slots = torch.zeros(R, buf.num_slots, H, Fh, device=dev)
+        home_grad = torch.zeros(E, H, Fh, device=dev)
     g = torch.randn(R, s, H, device=dev).bfloat16()
-    zero_slots = torch.zeros(R, buf.num_slots, H, Fh, device=dev)
-    home_grad = torch.zeros(E, H, Fh, device=dev)
     calls = {
         "plan": lambda: buf.plan(idx),
         "dispatch": lambda: buf.dispatch(xb, idx, w, plan),
@@ -350,9 +374,14 @@ def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
             "grouped_gemm dgrad": lambda: ops.grouped_gemm_dgrad(dy, W, slots, plan, buf.id),
             "grouped_gemm wgrad": lambda: ops.grouped_gemm_wgrad(recv_x, dy, plan, buf.id),
         })
+    if wanted is not None:
+        unknown = wanted - set(calls)
+        if unknown:
+            raise SystemExit(f"python -m evenep.bench: --ops names {sorted(unknown)}, not among {sorted(calls)}")
+        calls = {k: v for k, v in calls.items() if k in wanted}
     # The dense reduce_grad (an [E, a, b] fp32 result: 22.5 GB at the MoonEP point) runs after the graph replays, so
     # that its heavy writes do not precede the rows compared with the C++ figures.
-    last = ("reduce_grad",)
+    last = tuple(k for k in ("reduce_grad",) if k in calls)
     for name, fn in calls.items():
         if name in last:
             continue
@@ -364,6 +393,8 @@ def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
         # CUDA-graph replay of the ops the C++ benchmark times (no launch overhead); plan last: a plan captured in a
         # graph replaces the resident plan without a copy.
         for name in ("dispatch", "combine", "prefetch_weight", "reduce_grad_add_", "plan"):
+            if name not in calls:
+                continue
             try:
                 buf.dispatch(xb, idx, w, plan)
                 add(f"op {name} graph", capture(calls[name])[0])

@@ -4,6 +4,8 @@
 //   ExpertOpsTest.PackPlanMatchesHostRows/<routing>  cuda::pack_plan of the resident plan equals
 //       evenep::pack_plan_row of every rank's downloaded plan, bit for bit (every column of plan_columns, int8
 //       group_source widened); routings: lognormal (sigma 1.5: copies) and round robin; R=4 E=16 K=4 tp=8, B = E/R.
+//   ExpertOpsTest.PlannerWritesPlanRows/<routing>  Ep::plan with RankIo::plan: the planner's last phase writes the
+//       rows pack_plan gives, bit for bit, with each planner kernel (cluster, parallel, serial), nothing past them.
 //   ExpertOpsTest.UnpackPlanCombinesLikeThePlan/<routing>  cuda::unpack_plan of the packed plan and handle (s = 32,
 //       20, 32, 9; s_pad = S for every rank), after another plan replaced it: combine equals the plan's combine bit
 //       for bit (zero rows past s_r), pack_plan gives the tensor back, every_rank: every buffer's copies table whole.
@@ -41,8 +43,8 @@ struct Planned {
     DeviceEp ep;
     GroupIo io;
     EpPlan plan;
-    Planned(const BufferConfig& b, const Routing& routing)
-        : bc(b), ep(b.cfg, b.H, EpOptions{}), io(b.cfg.R, b.cfg.S, b.cfg.K, b.H) {
+    Planned(const BufferConfig& b, const Routing& routing, const EpOptions& options = {})
+        : bc(b), ep(b.cfg, b.H, options), io(b.cfg.R, b.cfg.S, b.cfg.K, b.H) {
         const auto tokens = testing::random_tokens(bc, routing, 7);
         for (int r = 0; r < bc.cfg.R; ++r) {
             io.idx[r].upload(tokens[r].topk_idx);
@@ -78,6 +80,34 @@ TEST_P(ExpertOpsTest, PackPlanMatchesHostRows) {
         for (const PlanColumn& c : plan_columns(bc.cfg))
             for (int64_t j = 0; j < c.count; ++j)
                 ASSERT_EQ(got[r * W + c.offset + j], want[c.offset + j]) << c.name << "[" << r << "][" << j << "]";
+    }
+}
+
+// Ep::plan with RankIo::plan set writes every rank's row in the planner's last phase: the rows pack_plan gives, bit
+// for bit, with each planner form (the cluster planner's three launches, the fused one-block and serial launches),
+// and nothing outside the rows.
+TEST_P(ExpertOpsTest, PlannerWritesPlanRows) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const BufferConfig bc = testing::buffer_config(4, 16, 4, 32, 8, 16);
+    const Routing routing = routing_of(GetParam(), RoutingSpec{4, 16, 4, 32, 3});
+    const int64_t W = plan_row_width(bc.cfg), R = bc.cfg.R;
+    for (PlannerKernel kernel : {PlannerKernel::kCluster, PlannerKernel::kParallel, PlannerKernel::kSerial}) {
+        EpOptions o;
+        o.planner_kernel = kernel;
+        Planned p(bc, routing, o);
+        const std::vector<int32_t> want = p.packed();
+        DeviceArray<int32_t> rows(static_cast<size_t>(R * W + 1));
+        const std::vector<int32_t> fill(R * W + 1, -7);
+        rows.upload(fill);
+        std::vector<RankIo> io = p.io.io;
+        for (int r = 0; r < R; ++r) io[r].plan = rows.get() + r * W;
+        p.ep.plan(io, routing.s, nullptr);
+        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<int32_t> got = rows.download();
+        for (int64_t i = 0; i < R * W; ++i)
+            ASSERT_EQ(got[i], want[i]) << "planner kernel " << static_cast<int>(kernel) << ", rank " << i / W
+                                       << ", column " << i % W;
+        EXPECT_EQ(got[R * W], -7) << "written past the rows";
     }
 }
 

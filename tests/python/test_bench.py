@@ -27,6 +27,10 @@ def test_bench_cpu(tmp_path):
     assert names[0] == "MoE fwd+bwd evenep" and "op dispatch" in names and "op grouped_gemm wgrad" in names
     names = _run(tmp_path, "--ops-only")
     assert not any(n.startswith("MoE") or "grouped_gemm" in n for n in names) and "op reduce_grad" in names
+    names = _run(tmp_path, "--ops-only", "--ops", "plan,combine")
+    assert names == ["op plan", "op combine"]
+    with pytest.raises(SystemExit, match="plan_x"):
+        bench.main([*TINY, "--ops-only", "--ops", "plan_x"])
 
 
 def test_cpp_rows_map():

@@ -135,7 +135,8 @@ class Ep {
     // The team view of channel `channel` with peers = this Ep's buffers (for launchers called directly).
     TeamView view(int channel) const;
 
-    // Plans from every served rank's topk_idx (io[i].topk_idx; the other pointers are not read). s: [R] tokens of
+    // Plans from every served rank's topk_idx (io[i].topk_idx; where io[i].plan is set the planner also writes the
+    // rank's row of the plan tensor there, in its last phase; the other pointers are not read). s: [R] tokens of
     // every rank (1..S), the same array on every rank; when they differ, s_total must be their sum (SPEC §1).
     // Checked on the host (throws, nothing launched); bad expert ids are found on the device and reported by
     // check() as Error(kInvalidArgument) naming rank, token, k and value.

@@ -1,7 +1,8 @@
 // evenep/cuda/expert_ops.hpp — functional device operations over caller-owned memory and the plan as a tensor: what
 // a framework binding (the PyTorch package, python/csrc) needs around cuda::Ep and cuda::Experts to keep its own
 // tensors — packing the plan and the handle, moving receive rows, the grouped GEMM's weight tables with the copies,
-// prefetch and reduction of copies for ranks that hold every home weight, and the weighted combine's row backward.
+// prefetch and reduction of copies where every rank is in this process (the same functions serve cuda::Experts on
+// the local team), and the weighted combine's row backward.
 //
 // The plan tensor: int32 [rows, width], row i = one rank's share of the plan in the columns of evenep::plan_columns
 // (evenep/plan_tensor.hpp; PlanRowLayout names the ones read here). A PlanRows names such a tensor on the device. The
@@ -96,29 +97,47 @@ struct GroupTableArgs {
 // G entries with its own cu_seqlens) both take their tables from here.
 void build_group_table(const GroupTableArgs& args, cudaStream_t stream);
 
-// ---- copies (prefetch slots) of ranks that hold every home weight (one process, virtual ranks) ----
+// ---- copies of experts (prefetch slots) and their gradients, every rank in this process ----
 
 // out[i, b] = copies[i][b] >= 0 ? in[i, b] : 0 for the plan's rows (mat_bytes per slot, a multiple of 16).
 void select_slots(const PlanRows& plan, const void* in, void* out, int64_t mat_bytes, cudaStream_t stream);
 
-// slots[r, b] = weight[copies[r][b]] (mat_bytes each) for every row r of the plan (every rank); where copies = -1
-// zero with zero_empty, else not written. weight: [E] matrices.
-void prefetch_from_home(const PlanRows& plan,
-                        const void* weight,
-                        void* slots,
-                        int64_t mat_bytes,
-                        bool zero_empty,
-                        cudaStream_t stream);
+// A region of matrices of each rank: rank r's matrix i at (bases ? bases[r] : base + r * rank_stride) + offset +
+// i * mat_bytes (ExpertCopies::mat_bytes). bases: a device table [R] (a team window's d_peers, one allocation per
+// rank: cuda::Experts); else one allocation holding every rank's matrices (a tensor).
+struct RankMatrices {
+    char* const* bases = nullptr;
+    char* base = nullptr;
+    int64_t rank_stride = 0;
+    size_t offset = 0;
+};
 
-// grad[e] = (accumulate ? grad[e] : 0) + the sum over r ascending, b ascending with copies[r][b] == e of
-// slot_grads[r, b] (fp32, that order: cuda::Experts::reduce_grad's and the CPU backend's, bit for bit); with
-// accumulate the experts without copies are not touched. mat_elems fp32 per matrix; grad: [E] matrices.
-void reduce_to_home(const PlanRows& plan,
-                    const float* slot_grads,
-                    float* grad,
-                    int64_t mat_elems,
-                    bool accumulate,
-                    cudaStream_t stream);
+// The copies table and the matrices it moves: slot b of rank r holds expert copies[r][b] (-1: none), whose home is
+// matrix e % epn of rank e / epn in `home`; the slot is matrix b of rank r in `slots`. Every rank's matrices are
+// addressable from this process (the local team's windows, or tensors): cuda::Experts on the local team and the
+// PyTorch ops' virtual ranks both move copies through these two functions.
+struct ExpertCopies {
+    const int32_t* copies = nullptr;  // device: row r's B entries at copies + r * copies_stride
+    int64_t copies_stride = 0;
+    int R = 0, B = 0, E = 0, epn = 0;
+    RankMatrices home, slots;
+    int64_t mat_bytes = 0;  // a multiple of 16 for the 16-byte paths (prefetch: any size; reduce: fp32 matrices)
+    // The copies of a plan tensor's rows (every rank) over one allocation of home matrices [E] and one of slots
+    // [rows, B].
+    static ExpertCopies of_tensors(const PlanRows& plan, const void* home, void* slots, int64_t mat_bytes);
+};
+
+// slots(r)[b] = home matrix of copies[r][b] for every row and slot; a slot without a copy is zeroed with zero_empty,
+// else not written. One kernel; each block walks the used slots (staged in shared memory) and copies its share of
+// each with 16-byte loads (a matrix's grid, so empty slots cost nothing).
+void prefetch_copies(const ExpertCopies& c, bool zero_empty, cudaStream_t stream);
+
+// For every expert e with copies (fp32 matrices, mat_bytes / 4 elements): g = (accumulate ? home(e) : 0), then
+// g += slots(r)[b] for each (r, b) with copies[r][b] == e in ascending (rank, slot) order, home(e) = g — the order
+// of the CPU backend (cpu::ExpertPool) and of cuda::Experts on any team: bit for bit. Without accumulate the experts
+// without copies get 0, with it they are not touched. zero_consumed: the slots read are zeroed (cuda::Experts'
+// contract). One kernel.
+void reduce_copies(const ExpertCopies& c, bool accumulate, bool zero_consumed, cudaStream_t stream);
 
 // ---- the weighted combine's backward ----
 

@@ -28,9 +28,12 @@
 //                        ascending with home(copies[r][b]) == h, rank r's slot gradient to its local fp32 gradient of
 //                        that expert (g = g + slot, fp32, in that order: deterministic) and zeroes the consumed slot;
 //                        team barrier (kReduceDone). Unused slots are untouched. The CPU backend's order exactly.
-// Both read the copies table from each rank's copy of the given plan in `ep` (made resident first), launch one
-// cooperative kernel over the ranks this process serves on the team channel `channel` (default 1, so that
-// prefetch_weight may run beside dispatch on another stream), are collective on the NCCL team and graph capturable.
+// Both read the copies table from each rank's copy of the given plan in `ep` (made resident first), are collective
+// on the NCCL team and graph capturable. Where this process serves every rank (the local team) and the plan has no
+// relayed copy tree, they are the PyTorch ops' functions, one kernel per projection and region without a barrier
+// (cuda::prefetch_copies / reduce_copies, evenep/cuda/expert_ops.hpp: the same slots and the same sums, bit for bit);
+// otherwise one cooperative kernel over the ranks this process serves on the team channel `channel` (default 1, so
+// that prefetch_weight may run beside dispatch on another stream).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -125,7 +128,7 @@ class Experts {
 
     void prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
     void reduce_grad(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
-    int last_blocks_per_rank() const { return last_blocks_; }
+    int last_blocks_per_rank() const { return last_blocks_; }  // of the cooperative kernel (0: the local functions)
 
     // Region offsets inside one rank's copy of the layer's window (weights, grads) and of the pool's window
     // (slots, slot_grads), bytes.
@@ -138,6 +141,8 @@ class Experts {
 
   private:
     void init(Ep& ep);
+    // Copies the slots of the regions of `view` (per projection: weights -> slots) for the resident plan.
+    void copy_to_slots(Ep& ep, const ExpertsView& view, cudaStream_t stream, int channel);
     char* at(int rank, size_t region, int n, int proj, int index, size_t elem_bytes) const;
     ExpertsView kernel_view() const;
 

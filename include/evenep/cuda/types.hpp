@@ -17,6 +17,9 @@ struct RankIo {
                                         // dispatch writes them and combine reads them there instead of recv_x of
                                         // the rank's buffer (nullptr: the buffer's). Local team only (every rank's
                                         // rows in this process); the metadata (recv_w, chains) stays in the buffer
+    int32_t* plan = nullptr;            // Ep::plan: [plan_row_width] int32, this rank's row of the plan tensor
+                                        // (evenep/plan_tensor.hpp), written by the planner's last phase: the bits of
+                                        // cuda::pack_plan without its launch (nullptr: not written)
 };
 
 enum class PlannerKernel : int {

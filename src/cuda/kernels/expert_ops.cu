@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/device/plan_pack.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "evenep/cuda/expert_ops.hpp"
 #include "evenep/detail/layout.hpp"
@@ -16,7 +17,6 @@ namespace evenep::cuda {
 namespace {
 
 inline constexpr int kThreads = 256;
-inline constexpr int kMaxPlanColumns = 24;        // plan_columns has 16 today
 inline constexpr size_t kMaxCopyListSmem = 200 * 1024;  // the copies tables staged in shared memory
 
 int blocks_for(int64_t n, int cap = 1024) {
@@ -43,33 +43,13 @@ __device__ __forceinline__ const int32_t* i32(const char* base, size_t off) {
     return reinterpret_cast<const int32_t*>(base + off);
 }
 
-// One plan column: where rank r's share lies in the rank's buffer, where it goes in the row.
-struct PackColumn {
-    size_t src;  // byte offset of the array
-    int64_t dst, count;
-    int bytes;  // 1 (int8) or 4
-};
-struct PackColumns {
-    PackColumn c[kMaxPlanColumns];
-    int n;
-    int64_t width;
-};
 
 // ---------------------------------------------------------------------------------------------------------
 // Packing
 // ---------------------------------------------------------------------------------------------------------
-__global__ void __launch_bounds__(kThreads) pack_plan_kernel(RankBuffers o, PackColumns cols, int32_t* plan) {
+__global__ void __launch_bounds__(kThreads) pack_plan_kernel(RankBuffers o, PlanPackColumns cols, int32_t* plan) {
     const int r = o.rank_begin + static_cast<int>(blockIdx.x);  // row blockIdx.x: served rank r
-    const char* b = o.bases[r];
-    int32_t* row = plan + blockIdx.x * cols.width;
-    for (int k = 0; k < cols.n; ++k) {
-        const PackColumn& c = cols.c[k];
-        for (int64_t j = threadIdx.x; j < c.count; j += blockDim.x) {
-            const int64_t at = static_cast<int64_t>(r) * c.count + j;
-            row[c.dst + j] = c.bytes == 1 ? static_cast<int32_t>(reinterpret_cast<const int8_t*>(b + c.src)[at])
-                                          : i32(b, c.src)[at];
-        }
-    }
+    device::pack_plan_row(o.bases[r], r, cols, plan + blockIdx.x * cols.width, threadIdx.x, blockDim.x);
 }
 
 __global__ void __launch_bounds__(kThreads) pack_handle_kernel(RankBuffers o, int32_t* handle, int64_t s_pad) {
@@ -86,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) pack_handle_kernel(RankBuffers o, in
 // kernel reads or writes out of bounds, whatever the handle holds). blockIdx.y: the row; blockIdx.z: the target
 // (q = r when there is one target, else q = blockIdx.z: every rank of the team).
 __global__ void __launch_bounds__(kThreads) unpack_plan_kernel(RankBuffers o,
-                                                               PackColumns cols,
+                                                               PlanPackColumns cols,
                                                                const int32_t* plan,
                                                                const int32_t* handle,
                                                                int64_t s_pad,
@@ -98,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) unpack_plan_kernel(RankBuffers o,
     const int32_t* row = plan + i_row * cols.width;
     const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
     for (int k = 0; k < cols.n; ++k) {
-        const PackColumn& c = cols.c[k];
+        const PlanPackColumn& c = cols.c[k];
         for (int64_t j = tid; j < c.count; j += step) {
             const int64_t at = static_cast<int64_t>(r) * c.count + j;
             if (c.bytes == 1)
@@ -205,35 +185,40 @@ __global__ void __launch_bounds__(kThreads) select_slots_kernel(PlanRows plan, c
     for (int64_t i = tid; i < n; i += step) dst[i] = have ? src[i] : make_uint4(0, 0, 0, 0);
 }
 
-// The plan's copies tables staged into shared memory: cp[j] = copies of row j / B, slot j % B (j < rows*B).
-__device__ void stage_copies(const PlanRows& plan, int32_t* cp) {
-    const PlanRowLayout& c = plan.layout;
-    for (int j = threadIdx.x; j < plan.rows * c.B; j += blockDim.x)
-        cp[j] = plan.data[static_cast<int64_t>(j / c.B) * c.width + c.copies + j % c.B];
+// The copies tables staged into shared memory: cp[j] = copies of row j / B, slot j % B (j < R*B).
+__device__ void stage_copies(const ExpertCopies& c, int32_t* cp) {
+    for (int j = threadIdx.x; j < c.R * c.B; j += blockDim.x)
+        cp[j] = c.copies[static_cast<int64_t>(j / c.B) * c.copies_stride + j % c.B];
     __syncthreads();
+}
+
+__device__ __forceinline__ char* matrix(const RankMatrices& m, int rank, int64_t index, int64_t mat_bytes) {
+    char* b = m.bases ? m.bases[rank] : m.base + rank * m.rank_stride;
+    return b + m.offset + index * mat_bytes;
+}
+__device__ __forceinline__ char* home_of(const ExpertCopies& c, int e) {
+    return matrix(c.home, e / c.epn, e % c.epn, c.mat_bytes);
 }
 
 // Every block walks the slots (from shared memory) and copies its share of each used one: the grid is sized by one
 // matrix, not by R*B matrices, so empty slots cost nothing.
-__global__ void __launch_bounds__(kThreads)
-    prefetch_kernel(PlanRows plan, const char* weight, char* slots, int64_t mat_bytes, bool zero_empty) {
+__global__ void __launch_bounds__(kThreads) prefetch_copies_kernel(ExpertCopies c, bool zero_empty) {
     extern __shared__ int32_t cp[];
-    stage_copies(plan, cp);
-    const int E = plan.layout.E;
-    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
-    for (int j = 0; j < plan.rows * plan.layout.B; ++j) {
+    stage_copies(c, cp);
+    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x, bytes = c.mat_bytes;
+    for (int j = 0; j < c.R * c.B; ++j) {
         const int32_t e = cp[j];
-        const bool have = e >= 0 && e < E;
+        const bool have = e >= 0 && e < c.E;
         if (!have && !zero_empty) continue;
-        char* dst = slots + j * mat_bytes;
-        const char* src = weight + (have ? e : 0) * mat_bytes;
-        if (mat_bytes % 16 == 0) {
-            const int64_t n = mat_bytes / 16;
+        char* dst = matrix(c.slots, j / c.B, j % c.B, bytes);
+        const char* src = have ? home_of(c, e) : nullptr;
+        if (bytes % 16 == 0) {
+            const int64_t n = bytes / 16;
             for (int64_t i = tid; i < n; i += step)
                 reinterpret_cast<uint4*>(dst)[i] =
                     have ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
         } else {
-            for (int64_t i = tid; i < mat_bytes; i += step) dst[i] = have ? src[i] : 0;
+            for (int64_t i = tid; i < bytes; i += step) dst[i] = have ? src[i] : 0;
         }
     }
 }
@@ -242,11 +227,11 @@ __global__ void __launch_bounds__(kThreads)
 // expert scans the staged table), then walks the experts and sums its share of each: the grid is sized by one
 // matrix, and with accumulate the experts without copies cost nothing.
 __global__ void __launch_bounds__(kThreads)
-    reduce_kernel(PlanRows plan, const float* sg, float* grad, int64_t n, bool vec, bool accumulate) {
+    reduce_copies_kernel(ExpertCopies c, bool vec, bool accumulate, bool zero_consumed) {
     extern __shared__ int32_t lists[];
-    const int E = plan.layout.E, RB = plan.rows * plan.layout.B;
+    const int E = c.E, RB = c.R * c.B;
     int32_t *cp = lists, *next = lists + RB, *head = lists + 2 * RB;
-    stage_copies(plan, cp);
+    stage_copies(c, cp);
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int32_t prev = -1;
         head[e] = -1;
@@ -259,34 +244,36 @@ __global__ void __launch_bounds__(kThreads)
         if (prev >= 0) next[prev] = -1;
     }
     __syncthreads();
-    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x, n = c.mat_bytes / 4;
+    auto slot = [&](int32_t j) { return reinterpret_cast<float*>(matrix(c.slots, j / c.B, j % c.B, c.mat_bytes)); };
     for (int e = 0; e < E; ++e) {
         const int32_t first = head[e];
-        if (accumulate && first < 0) continue;  // nothing to add: grad[e] stays as it is
+        if (accumulate && first < 0) continue;  // nothing to add: home(e) stays as it is
+        float* g = reinterpret_cast<float*>(home_of(c, e));
         if (vec) {  // n % 4 == 0, 16-byte aligned: the same fp32 sums, four lanes at a time
-            const int64_t n4 = n / 4;
-            const float4* s4 = reinterpret_cast<const float4*>(sg);
-            float4* g4 = reinterpret_cast<float4*>(grad) + e * n4;
-            for (int64_t i = tid; i < n4; i += step) {
-                float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float4* g4 = reinterpret_cast<float4*>(g);
+            for (int64_t i = tid; i < n / 4; i += step) {
+                float4 acc = accumulate ? g4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 for (int32_t j = first; j >= 0; j = next[j]) {
-                    const float4 v = s4[j * n4 + i];
+                    float4* s4 = reinterpret_cast<float4*>(slot(j)) + i;
+                    const float4 v = *s4;
                     acc.x += v.x;
                     acc.y += v.y;
                     acc.z += v.z;
                     acc.w += v.w;
-                }
-                if (accumulate) {
-                    const float4 g = g4[i];
-                    acc = make_float4(g.x + acc.x, g.y + acc.y, g.z + acc.z, g.w + acc.w);
+                    if (zero_consumed) *s4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
                 g4[i] = acc;
             }
         } else {
             for (int64_t i = tid; i < n; i += step) {
-                float acc = 0.0f;
-                for (int32_t j = first; j >= 0; j = next[j]) acc += sg[j * n + i];
-                grad[e * n + i] = accumulate ? grad[e * n + i] + acc : acc;
+                float acc = accumulate ? g[i] : 0.0f;
+                for (int32_t j = first; j >= 0; j = next[j]) {
+                    float* sj = slot(j) + i;
+                    acc += *sj;
+                    if (zero_consumed) *sj = 0.0f;
+                }
+                g[i] = acc;
             }
         }
     }
@@ -307,17 +294,8 @@ size_t checked_smem(size_t bytes, const char* what) {
 
 namespace {
 
-// The plan tensor's columns (evenep::for_each_plan_column) with where each array lies in a rank's buffer.
-PackColumns pack_columns(const Ep& ep, const char* what) {
-    PackColumns cols{};
-    PlanOffsets offsets = ep.layout().plan;
-    for_each_plan_column(ep.config(), offsets, [&](const PlanColumn& c, const auto& off) {
-        EVENEP_CHECK_KIND(ErrorKind::kInternal, cols.n < kMaxPlanColumns, what, ": more than ", kMaxPlanColumns,
-                          " plan columns");
-        cols.c[cols.n++] = PackColumn{off.at, c.offset, c.count, c.value_bytes};
-        cols.width = c.offset + c.count;
-    });
-    return cols;
+PlanPackColumns pack_columns(const Ep& ep, const char* what) {
+    return plan_pack_columns(ep.config(), ep.layout().plan, what);
 }
 
 }  // namespace
@@ -331,7 +309,7 @@ void pack_plan(const Ep& ep, int32_t* plan, cudaStream_t stream) {
 
 EpPlan unpack_plan(Ep& ep, const UnpackPlanArgs& a, cudaStream_t stream) {
     check_plan_rows(a.plan, "unpack_plan");
-    const PackColumns cols = pack_columns(ep, "unpack_plan");
+    const PlanPackColumns cols = pack_columns(ep, "unpack_plan");
     const int L = ep.num_local_ranks(), R = ep.config().R;
     EVENEP_CHECK(a.plan.rows == L && a.plan.layout.width == cols.width, "unpack_plan: plan tensor of ", a.plan.rows,
                  " rows of ", a.plan.layout.width, " columns, expected ", L, " rows (the served ranks) of ",
@@ -392,38 +370,78 @@ void select_slots(const PlanRows& plan, const void* in, void* out, int64_t mat_b
     check_launch(stream);
 }
 
-void prefetch_from_home(const PlanRows& plan,
-                        const void* weight,
-                        void* slots,
-                        int64_t mat_bytes,
-                        bool zero_empty,
-                        cudaStream_t stream) {
-    check_plan_rows(plan, "prefetch_from_home");
-    if (static_cast<int64_t>(plan.rows) * plan.layout.B == 0 || mat_bytes == 0) return;
-    const size_t smem =
-        checked_smem(static_cast<size_t>(plan.rows) * plan.layout.B * sizeof(int32_t), "prefetch_from_home");
-    allow_dynamic_smem(prefetch_kernel, smem);
-    prefetch_kernel<<<blocks_for(mat_bytes % 16 == 0 ? mat_bytes / 16 : mat_bytes, 1024), kThreads, smem, stream>>>(
-        plan, static_cast<const char*>(weight), static_cast<char*>(slots), mat_bytes, zero_empty);
+ExpertCopies ExpertCopies::of_tensors(const PlanRows& plan, const void* home, void* slots, int64_t mat_bytes) {
+    check_plan_rows(plan, "ExpertCopies::of_tensors");
+    const PlanRowLayout& L = plan.layout;
+    EVENEP_CHECK(plan.rows >= 1 && L.E % plan.rows == 0, "ExpertCopies::of_tensors: ", plan.rows,
+                 " plan rows for E = ", L.E, " (every rank's row expected)");
+    ExpertCopies c;
+    c.copies = plan.data + L.copies;
+    c.copies_stride = L.width;
+    c.R = plan.rows;
+    c.B = L.B;
+    c.E = L.E;
+    c.epn = L.E / plan.rows;
+    c.mat_bytes = mat_bytes;
+    c.home.base = static_cast<char*>(const_cast<void*>(home));
+    c.home.rank_stride = c.epn * mat_bytes;
+    c.slots.base = static_cast<char*>(slots);
+    c.slots.rank_stride = c.B * mat_bytes;
+    return c;
+}
+
+namespace {
+
+void check_copies(const ExpertCopies& c, const char* what) {
+    EVENEP_CHECK(c.copies != nullptr && c.R >= 1 && c.B >= 0 && c.E >= 1 && c.epn >= 1 && c.mat_bytes >= 0 &&
+                     c.copies_stride >= c.B,
+                 what, ": copies ", c.copies ? "set" : "null", ", R = ", c.R, ", B = ", c.B, ", E = ", c.E,
+                 ", epn = ", c.epn, ", stride ", c.copies_stride, ", ", c.mat_bytes, " bytes per matrix");
+    EVENEP_CHECK((c.home.bases || c.home.base) && (c.slots.bases || c.slots.base), what,
+                 ": home and slots need a base or a table of bases");
+}
+
+bool aligned16(const RankMatrices& m) {
+    return m.offset % 16 == 0 && m.rank_stride % 16 == 0 && reinterpret_cast<uintptr_t>(m.base) % 16 == 0;
+}
+
+}  // namespace
+
+void prefetch_copies(const ExpertCopies& c, bool zero_empty, cudaStream_t stream) {
+    check_copies(c, "prefetch_copies");
+    if (static_cast<int64_t>(c.R) * c.B == 0 || c.mat_bytes == 0) return;
+    EVENEP_CHECK(c.mat_bytes % 16 != 0 || (aligned16(c.home) && aligned16(c.slots)),
+                 "prefetch_copies: matrices of a multiple of 16 bytes must start 16-byte aligned");
+    const size_t smem = checked_smem(static_cast<size_t>(c.R) * c.B * sizeof(int32_t), "prefetch_copies");
+    allow_dynamic_smem(prefetch_copies_kernel, smem);
+    prefetch_copies_kernel<<<blocks_for(c.mat_bytes % 16 == 0 ? c.mat_bytes / 16 : c.mat_bytes, 1024), kThreads, smem,
+                             stream>>>(c, zero_empty);
     check_launch(stream);
 }
 
-void reduce_to_home(const PlanRows& plan,
-                    const float* slot_grads,
-                    float* grad,
-                    int64_t mat_elems,
-                    bool accumulate,
-                    cudaStream_t stream) {
-    check_plan_rows(plan, "reduce_to_home");
-    if (plan.layout.E == 0 || mat_elems == 0) return;
-    const size_t smem = checked_smem(
-        (2 * static_cast<size_t>(plan.rows) * plan.layout.B + plan.layout.E) * sizeof(int32_t), "reduce_to_home");
-    allow_dynamic_smem(reduce_kernel, smem);
-    const bool vec = mat_elems % 4 == 0 && reinterpret_cast<uintptr_t>(slot_grads) % 16 == 0 &&
-                     reinterpret_cast<uintptr_t>(grad) % 16 == 0;
-    reduce_kernel<<<blocks_for(vec ? mat_elems / 4 : mat_elems, 1024), kThreads, smem, stream>>>(
-        plan, slot_grads, grad, mat_elems, vec, accumulate);
+void reduce_copies(const ExpertCopies& c, bool accumulate, bool zero_consumed, cudaStream_t stream) {
+    check_copies(c, "reduce_copies");
+    EVENEP_CHECK(c.mat_bytes % 4 == 0, "reduce_copies: ", c.mat_bytes, " bytes per matrix, expected fp32 matrices");
+    if (c.mat_bytes == 0) return;
+    const size_t smem = checked_smem((2 * static_cast<size_t>(c.R) * c.B + c.E) * sizeof(int32_t), "reduce_copies");
+    allow_dynamic_smem(reduce_copies_kernel, smem);
+    const bool vec = c.mat_bytes % 16 == 0 && aligned16(c.home) && aligned16(c.slots);
+    const int64_t n = c.mat_bytes / 4;
+    reduce_copies_kernel<<<blocks_for(vec ? n / 4 : n, 1024), kThreads, smem, stream>>>(c, vec, accumulate,
+                                                                                     zero_consumed);
     check_launch(stream);
+}
+
+PlanPackColumns plan_pack_columns(const Config& cfg, const PlanOffsets& offsets, const char* what) {
+    PlanPackColumns cols{};
+    PlanOffsets off = offsets;
+    for_each_plan_column(cfg, off, [&](const PlanColumn& c, const auto& at) {
+        EVENEP_CHECK_KIND(ErrorKind::kInternal, cols.n < kMaxPlanColumns, what, ": more than ", kMaxPlanColumns,
+                          " plan columns");
+        cols.c[cols.n++] = PlanPackColumn{at.at, c.offset, c.count, c.value_bytes};
+        cols.width = c.offset + c.count;
+    });
+    return cols;
 }
 
 }  // namespace evenep::cuda

@@ -21,6 +21,7 @@
 
 #include "cuda/device/plan_block.cuh"
 #include "cuda/device/plan_cluster.cuh"
+#include "cuda/device/plan_pack.cuh"
 #include "cuda/device/plan_stamps.cuh"
 #include "cuda/device/team.cuh"
 #include "cuda/device/vec.cuh"
@@ -53,6 +54,7 @@ struct PlanParams {
     int relay;            // plan the relayed copy tree (detail/plan_relay.hpp), else direct pushes
     int fill_tpe;         // plan_cluster_kernel: where its fill blocks read the histogram (device::FillTpe)
     int gated;            // plan_cluster_kernel: plan only the ranks whose gate (EpLayout::plan.gate) is open
+    PlanPackColumns pack;  // phase 4: the plan tensor's columns, packed into RankIo::plan where set (pack.n > 0)
 };
 
 // What one plan_team_kernel launch runs: all four phases (the one-block planner on each rank's block 0 in phase 3), or
@@ -314,6 +316,13 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
         __syncthreads();
     }
     if (stamps) device::stamp_time(timing, detail::kStampFusedStagingDone);
+    // The plan tensor's row (RankIo::plan): the plan arrays are final here; the blocks of the rank share the copy.
+    if (p.pack.n > 0 && p.io != nullptr) {
+        int32_t* row = p.io[c.rank].plan;
+        if (row != nullptr)
+            device::pack_plan_row(base, c.rank, p.pack, row, static_cast<int64_t>(c.block) * kThreads + tid,
+                                  static_cast<int64_t>(c.num_blocks) * kThreads);
+    }
     int32_t* dst = EpLayout::at<int32_t>(base, L.dst);
     int32_t* wh = smem + E + warp * E;  // this warp's running position per expert
     const int wchunk = (t1 - t0 + kWarps - 1) / kWarps;
@@ -373,6 +382,8 @@ __global__ void __launch_bounds__(kThreads) plan_team_kernel(const __grid_consta
     }
     if (stamps) device::stamp_time(timing, detail::kStampFusedEnd);
 }
+
+static_assert(sizeof(PlanParams) <= 4096, "PlanParams must stay within the classic 4 KiB kernel parameter block");
 
 PlanParams make_params(const TeamView& team,
                        const EpLayout& layout,
@@ -512,6 +523,7 @@ int launch_plan(const TeamView& team,
     const PlannerKernel kernel = options.kernel;
     PlanParams p = make_params(team, layout, d_io, s, s_total, options.locality);
     p.relay = options.relay ? 1 : 0;
+    p.pack = options.pack;
     if (kernel == PlannerKernel::kCluster) {
         PlanParams pc = p;
         const size_t cluster_bytes = cluster_smem(pc);

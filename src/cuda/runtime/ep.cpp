@@ -252,10 +252,17 @@ EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStre
                      ": topk_idx must be a device pointer");
     EVENEP_CHECK(static_cast<int>(s.size()) == cfg_.R, "cuda ep: s has ", s.size(), " values, expected R = ", cfg_.R);
     check_group_tokens(cfg_, s, s_total);
+    PlanOptions po = plan_options(options_);
+    for (int i = 0; i < num_local_ranks(); ++i) {
+        if (io[i].plan == nullptr) continue;
+        EVENEP_CHECK(reinterpret_cast<uintptr_t>(io[i].plan) % alignof(int32_t) == 0, "cuda ep: plan: rank ",
+                     rank_begin() + i, ": RankIo::plan must be 4-byte aligned");
+        if (po.pack.n == 0) po.pack = plan_pack_columns(cfg_, layout_.plan, "cuda ep: plan");
+    }
     EpPlan plan = new_resident_plan(s, s_total, stream);
     const RankIo* d_io = store_io(fwd_, io, stream);
-    last_blocks_ = launch_plan(view(options_.channel), layout_, d_io, s, s_total, plan_options(options_),
-                               options_.sm_budget, stream);
+    last_blocks_ =
+        launch_plan(view(options_.channel), layout_, d_io, s, s_total, po, options_.sm_budget, stream);
     return plan;
 }
 

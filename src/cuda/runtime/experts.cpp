@@ -5,6 +5,7 @@
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/detail/fp8_cast.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
+#include "evenep/cuda/expert_ops.hpp"
 #include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 
@@ -204,6 +205,42 @@ ExpertsView Experts::kernel_view() const {
     return v;
 }
 
+namespace {
+
+// Every rank in this process and no relayed copy tree: the copies move through cuda::prefetch_copies /
+// reduce_copies (the PyTorch ops' functions) over the windows, one launch per projection and region.
+bool pulls_locally(const Ep& ep) { return ep.num_local_ranks() == ep.config().R && !ep.options().relay; }
+
+// Projection p of a view's region pair: homes (bases, `home`) and slots (pool bases, `slot`), matrices of `bytes`.
+ExpertCopies local_copies(const Ep& ep, const ExpertsView& v, size_t home, size_t slot, int p, int64_t bytes) {
+    const Config& cfg = ep.config();
+    ExpertCopies c;
+    c.copies = reinterpret_cast<const int32_t*>(ep.base(ep.rank_begin()) + ep.layout().plan.copies);
+    c.copies_stride = cfg.num_slots();
+    c.R = cfg.R;
+    c.B = cfg.num_slots();
+    c.E = cfg.E;
+    c.epn = cfg.epn();
+    c.mat_bytes = bytes;
+    c.home.bases = v.bases;
+    c.home.offset = home + static_cast<size_t>(p) * c.epn * bytes;
+    c.slots.bases = v.pool_bases;
+    c.slots.offset = slot + static_cast<size_t>(p) * c.B * bytes;
+    return c;
+}
+
+}  // namespace
+
+void Experts::copy_to_slots(Ep& ep, const ExpertsView& v, cudaStream_t stream, int channel) {
+    if (!pulls_locally(ep)) {
+        last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), v, ep.options().sm_budget, stream);
+        return;
+    }
+    for (int p = 0; p < v.num_projections; ++p)
+        prefetch_copies(local_copies(ep, v, v.weights, v.slots, p, v.elems * 2), false, stream);
+    last_blocks_ = 0;
+}
+
 void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel) {
     EVENEP_CHECK(shape_.with_weights, "prefetch_weight: experts allocated without weights");
     EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_,
@@ -211,7 +248,7 @@ void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, i
     ep.use(plan, stream);
     const ExpertsView bf16 = kernel_view();
     if (!shape_.fp8) {
-        last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), bf16, ep.options().sm_budget, stream);
+        copy_to_slots(ep, bf16, stream, channel);
     } else {
         // The home's cast of every local expert (once per prefetch; one launch per served rank and projection, which
         // also writes the transposed codes), then the codes and the scales through the same copy kernel: a view whose
@@ -239,12 +276,14 @@ void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, i
         codes.weights = off_.weights8;
         codes.slots = off_.slots8;
         codes.elems = shape_.elems / 2;
-        last_blocks_ = launch_prefetch_weight(ep.view(channel), ep.layout(), codes, ep.options().sm_budget, stream);
+        copy_to_slots(ep, codes, stream, channel);
+        const int codes_blocks = last_blocks_;
         ExpertsView scales = bf16;
         scales.weights = off_.weight_scales;
         scales.slots = off_.slot_scales;
         scales.elems = shape_.scale_stride() / 2;
-        launch_prefetch_weight(ep.view(channel), ep.layout(), scales, ep.options().sm_budget, stream);
+        copy_to_slots(ep, scales, stream, channel);
+        last_blocks_ = codes_blocks;
     }
     pool_->filled_by_ = this;
     pool_->filled_plan_ = plan.id();
@@ -254,7 +293,15 @@ void Experts::reduce_grad(Ep& ep, const EpPlan& plan, cudaStream_t stream, int c
     EVENEP_CHECK(shape_.with_grads, "reduce_grad: experts allocated without gradients");
     EVENEP_CHECK(ep.config().R == R_ && ep.config().num_slots() == B_, "reduce_grad: experts sized for another group");
     ep.use(plan, stream);
-    last_blocks_ = launch_reduce_grad(ep.view(channel), ep.layout(), kernel_view(), ep.options().sm_budget, stream);
+    const ExpertsView v = kernel_view();
+    if (!pulls_locally(ep)) {
+        last_blocks_ = launch_reduce_grad(ep.view(channel), ep.layout(), v, ep.options().sm_budget, stream);
+        return;
+    }
+    for (int p = 0; p < v.num_projections; ++p)
+        reduce_copies(local_copies(ep, v, v.grads, v.slot_grads, p, v.elems * 4), /*accumulate=*/true,
+                      /*zero_consumed=*/true, stream);
+    last_blocks_ = 0;
 }
 
 }  // namespace evenep::cuda

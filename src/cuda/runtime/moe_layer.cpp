@@ -201,13 +201,12 @@ size_t MoeLayer::table_index(int rank, int proj) const {
 }
 
 // The grouped GEMM's weight and gradient tables of the resident plan, by the library's cuda::build_group_table
-// (the PyTorch ops' tables): the plan as a tensor, then per projection one launch over the served ranks for the
-// weights (homes, slots, peers) and, with gradients, one for the gradients (kPeer groups: null).
+// (the PyTorch ops' tables): from the plan tensor the planner wrote (forward), per projection one launch over the
+// served ranks for the weights (homes, slots, peers) and, with gradients, one for the gradients (kPeer groups: null).
 void MoeLayer::build_tables(cudaStream_t stream) {
     const Config& cfg = ep_.config();
     const int NL = ep_.num_local_ranks();
     const size_t per_proj = 4 * static_cast<size_t>(NL) + cfg.R;
-    pack_plan(ep_, plan_rows_, stream);
     for (int proj = 0; proj < kProjections; ++proj) {
         const void* const* s = table_sources_ + proj * per_proj;
         GroupTableArgs a;
@@ -275,11 +274,14 @@ MoeForward MoeLayer::forward(std::span<const RankIo> io,
 
     record(kFwdStart, stream);
     MoeForward f;
-    f.plan = ep_.plan(io, s, stream, s_total);
+    // The planner also writes the plan tensor the tables are built from (RankIo::plan: no packing launch).
+    std::vector<RankIo> pio(io.begin(), io.end());
+    for (int i = 0; i < NL; ++i) pio[i].plan = plan_rows_ + i * plan_layout_.width;
+    f.plan = ep_.plan(pio, s, stream, s_total);
     for (const RankIo& x : io) f.topk_w.push_back(x.topk_w);
     f.serial = ++forwards_;
     record(kFwdPlanned, stream);
-    ep_.dispatch(f.plan, io, stream);
+    ep_.dispatch(f.plan, pio, stream);
     record(kFwdDispatched, stream);
     // FP8: also without slots, for the home's weight cast it makes (the local and peer groups read the casts).
     if (ep_.config().num_slots() > 0 || fp8_) experts_.prefetch_weight(ep_, f.plan, stream);

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "evenep/buffer.hpp"
+#include "evenep/cuda/detail/plan_pack.hpp"
 #include "evenep/cuda/team.hpp"
 #include "evenep/cuda/types.hpp"
 #include "evenep/detail/ep_layout.hpp"
@@ -28,6 +29,7 @@ struct PlanOptions {
     bool locality = true;                             // PlannerMode::kOptimized (false: kReference)
     PlannerKernel kernel = PlannerKernel::kParallel;  // the planner's form (evenep/cuda/types.hpp)
     bool relay = false;                               // plan the relayed copy tree (EpOptions::relay)
+    PlanPackColumns pack{};  // launch_plan: the plan tensor's columns, for the ranks whose RankIo::plan is set
 };
 
 struct EpOptions;
