@@ -80,7 +80,7 @@ ArenaPlan arena_plan(int H, int F, int G, int64_t rows, bool fp8) {
 
 // One launch: groups [0, G) with their padded ends, weight and gradient tables (3 projections) and the rank view of
 // the elementwise kernels, in one device allocation.
-inline constexpr int kFp8Kinds = 5;
+inline constexpr int kFp8Kinds = 4;
 
 struct RankComputeTimer::Launch {
     int G = 0;
@@ -99,8 +99,8 @@ struct RankComputeTimer::Launch {
     const kernels::MoeRankView* d_view() const {
         return reinterpret_cast<const kernels::MoeRankView*>(block.get() + align_up(4 * G) + 2 * align_up(8 * 3 * G));
     }
-    // FP8 (timer with fp8): the received rows' view, then per kind (codes, scales, transposed codes, slot codes, slot
-    // transposed codes: the layer's kinds, src/cuda/runtime/moe_layer_fp8.cpp) and projection a table of G+1 entries.
+    // FP8 (timer with fp8): the received rows' view, then per kind (codes, scales, transposed codes, slot codes: the
+    // layer's kinds, src/cuda/runtime/moe_layer_fp8.cpp) and projection a table of G+1 entries.
     size_t fp8_offset() const {
         return align_up(4 * G) + 2 * align_up(8 * 3 * G) + align_up(sizeof(kernels::MoeRankView));
     }
@@ -242,7 +242,7 @@ std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const in
                     at(0) = w8_ + m * elems;                                      // codes
                     at(1) = w_scales_ + m * static_cast<size_t>(sstride_);        // scales
                     at(2) = wt8_ + m * elems;                                     // transposed codes
-                    if (slot) at(3) = w8_ + m * elems, at(4) = wt8_ + m * elems;  // transposed per step
+                    if (slot) at(3) = w8_ + m * elems;  // transposed per step (into at(2))
                 }
         }
         l.block.upload(host.data(), bytes);
@@ -328,7 +328,7 @@ void RankComputeTimer::forward_fp8(const Launch& l) {
     };
     for (int proj = 0; proj < 3; ++proj)  // the copies' transposes (the homes' come from the cast)
         kernels::launch_moe_fp8_transpose_groups(p, reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(3, proj)),
-                                                 reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(4, proj)),
+                                                 reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(2, proj)),
                                                  proj == 2 ? F_ : H_, proj == 2 ? H_ : F_, stream_);
     gemm(0, x8_, x_scales_, g_, H_, F_);
     gemm(1, x8_, x_scales_, u_, H_, F_);

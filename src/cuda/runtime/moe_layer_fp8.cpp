@@ -20,8 +20,9 @@ namespace {
 
 inline constexpr int kProjections = detail::kNumProjections;
 // Group tables (and their sources) per projection: codes, scales, transposed codes (the forward's), then the slot
-// groups' codes and transposed codes alone (the per-step transposes of the prefetched copies).
-enum TableKind { kCodes = 0, kScales, kTransposed, kSlotCodes, kSlotTransposed, kTableKinds };
+// groups' codes alone (null for the other groups): the sources of the per-step transposes of the prefetched copies,
+// which write through the kTransposed table (the transpose skips the groups whose source is null).
+enum TableKind { kCodes = 0, kScales, kTransposed, kSlotCodes, kTableKinds };
 
 int proj_in(int proj, int H, int F) { return proj == detail::kProjDown ? F : H; }
 int proj_out(int proj, int H, int F) { return proj == detail::kProjDown ? H : F; }
@@ -78,7 +79,7 @@ void MoeLayer::fp8_init() {
             if (B == 0) continue;
             kind(kCodes)[NL + i] = kind(kSlotCodes)[NL + i] = experts_.slot8(L0 + i, p, 0);
             kind(kScales)[NL + i] = experts_.slot_scale(L0 + i, p, 0);
-            kind(kTransposed)[NL + i] = kind(kSlotTransposed)[NL + i] = experts_.slot8t(L0 + i, p, 0);
+            kind(kTransposed)[NL + i] = experts_.slot8t(L0 + i, p, 0);
         }
         for (int r = 0; r < R; ++r) {
             kind(kCodes)[2 * NL + r] = experts_.weight8(r, p, 0);
@@ -120,7 +121,7 @@ void MoeLayer::fp8_build_tables(const kernels::MoeKernelParams& kp, cudaStream_t
     for (int proj = 0; proj < kProjections; ++proj) {
         const size_t at = table_index(ep_.rank_begin(), proj);
         for (int kind = 0; kind < kTableKinds; ++kind) {
-            if (cfg.num_slots() == 0 && (kind == kSlotCodes || kind == kSlotTransposed)) continue;
+            if (cfg.num_slots() == 0 && kind == kSlotCodes) continue;
             const void* const* s = sources + (static_cast<size_t>(proj) * kTableKinds + kind) * per;
             GroupTableArgs a;
             a.plan = PlanRows{plan_rows_, NL, plan_layout_};
@@ -138,7 +139,7 @@ void MoeLayer::fp8_build_tables(const kernels::MoeKernelParams& kp, cudaStream_t
         if (cfg.num_slots() > 0)
             kernels::launch_moe_fp8_transpose_groups(
                 kp, reinterpret_cast<const uint8_t* const*>(tables + kSlotCodes * kind_stride + at),
-                reinterpret_cast<const uint8_t* const*>(tables + kSlotTransposed * kind_stride + at),
+                reinterpret_cast<const uint8_t* const*>(tables + kTransposed * kind_stride + at),
                 proj_in(proj, H, F), proj_out(proj, H, F), stream);
     }
 }
