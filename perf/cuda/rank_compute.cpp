@@ -242,7 +242,7 @@ std::vector<RankComputeTimer::Launch> RankComputeTimer::split(std::span<const in
                     at(0) = w8_ + m * elems;                                      // codes
                     at(1) = w_scales_ + m * static_cast<size_t>(sstride_);        // scales
                     at(2) = wt8_ + m * elems;                                     // transposed codes
-                    if (slot) at(3) = w8_ + m * elems;  // transposed per step (into at(2))
+                    if (slot) at(3) = w8_ + m * elems;                            // transposed per step (into at(2))
                 }
         }
         l.block.upload(host.data(), bytes);

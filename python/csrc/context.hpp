@@ -182,8 +182,7 @@ at::Tensor grouped_gemm_kernel(const at::Tensor& x,
                                const at::Tensor& plan,
                                int64_t buffer,
                                std::optional<at::ScalarType> out_dtype) {
-    return Impl(kTransposed ? "grouped_gemm_dgrad" : "grouped_gemm", x, w, slots, plan, buffer, out_dtype,
-                kTransposed);
+    return Impl(kTransposed ? "grouped_gemm_dgrad" : "grouped_gemm", x, w, slots, plan, buffer, out_dtype, kTransposed);
 }
 
 // The group total of unequal token counts (SPEC §1), -1 when every rank has the same count.

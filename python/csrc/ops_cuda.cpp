@@ -79,8 +79,9 @@ at::Tensor plan_cuda(const at::Tensor& topk_idx, int64_t buffer, std::optional<a
         at::Tensor idx = topk_int32(*sc.ctx, topk_idx, "plan");
         CudaContext& ctx = *sc.ctx;
         at::Tensor t = at::empty({ctx.L(), ctx.plan_layout().width}, on(ctx, at::kInt));
-        cuda::EpPlan p = new_plan(
-            sc, idx, token_counts(ctx.cfg(), idx.size(1), num_tokens, "plan", ctx.rank_begin(), ctx.L()), ptr<int32_t>(t));
+        cuda::EpPlan p =
+            new_plan(sc, idx, token_counts(ctx.cfg(), idx.size(1), num_tokens, "plan", ctx.rank_begin(), ctx.L()),
+                     ptr<int32_t>(t));
         ctx.set_last_plan(t, std::move(p));
         return t;
     });
@@ -204,8 +205,7 @@ at::Tensor combine_backward_cuda(const at::Tensor& grad_out,
             io[r].rows = rows_of(ctx, out, r);
         }
         ctx.ep().combine_backward(p, io, sc.stream);
-        if (ctx.multi_process())
-            cuda::gather_recv(ctx.ep(), ptr<uint16_t>(out), nullptr, sc.stream);
+        if (ctx.multi_process()) cuda::gather_recv(ctx.ep(), ptr<uint16_t>(out), nullptr, sc.stream);
         return out;
     });
 }
@@ -334,7 +334,8 @@ void reduce_into(
     CudaContext& ctx = *sc.ctx;
     const Config& c = ctx.cfg();
     const PlanRowLayout& L = ctx.plan_layout();
-    TORCH_CHECK_VALUE(sg.dim() == 4, "evenep.", op, ": slot_grads has shape ", sg.sizes(), ", expected [L, B, in, out]");
+    TORCH_CHECK_VALUE(sg.dim() == 4, "evenep.", op, ": slot_grads has shape ", sg.sizes(),
+                      ", expected [L, B, in, out]");
     check_cuda(ctx, sg, op, "slot_grads", at::kFloat, {ctx.L(), L.B, sg.size(2), sg.size(3)});
     check_plan(ctx, plan, op);
     if (!grad.defined()) grad = at::empty({ctx.num_home(), sg.size(2), sg.size(3)}, on(ctx, at::kFloat));

@@ -12,7 +12,8 @@
 //   ExpertOpsFlowTest.WeightRowsMatchHostRowGrad  cuda::weight_rows over the packed plan: rows = bf16(w * rows) and
 //       grad_w = <rows, y> equal detail::row_grad on the host bit for bit (H = 520: 65 vectors, lanes with 3 and 2
 //       vectors), grad_w = 0 and rows untouched past each rank's groups.
-//   ExpertOpsFlowTest.GroupTableFromPlan  cuda::build_group_table: cu = i*NvS + cu_seqlens, gap group ends at (i+1)*NvS,
+//   ExpertOpsFlowTest.GroupTableFromPlan  cuda::build_group_table: cu = i*NvS + cu_seqlens, gap group ends at
+//   (i+1)*NvS,
 //       pointers of kLocal groups into home, kSlot into slots (rank, slot), null for empty groups and the gap.
 //   ExpertOpsFlowTest.GroupTablePerRowSources  the same with separate allocations per rank (cuda::MoeLayer's use):
 //       homes[i] for the row's own experts, row_slots[i], peers[e / epn] for experts outside the row's range, cu null;

@@ -43,7 +43,6 @@ __device__ __forceinline__ const int32_t* i32(const char* base, size_t off) {
     return reinterpret_cast<const int32_t*>(base + off);
 }
 
-
 // ---------------------------------------------------------------------------------------------------------
 // Packing
 // ---------------------------------------------------------------------------------------------------------
@@ -428,7 +427,7 @@ void reduce_copies(const ExpertCopies& c, bool accumulate, bool zero_consumed, c
     const bool vec = c.mat_bytes % 16 == 0 && aligned16(c.home) && aligned16(c.slots);
     const int64_t n = c.mat_bytes / 4;
     reduce_copies_kernel<<<blocks_for(vec ? n / 4 : n, 1024), kThreads, smem, stream>>>(c, vec, accumulate,
-                                                                                     zero_consumed);
+                                                                                        zero_consumed);
     check_launch(stream);
 }
 

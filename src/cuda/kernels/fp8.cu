@@ -57,10 +57,16 @@ __global__ void __launch_bounds__(kRowThreads) fp8_cast_rows_kernel(RowCastParam
 // reads two whole 256-byte row segments; it stores its 8 codes of each vector as 8 bytes. With `transposed`, the
 // block's codes go through shared memory and each thread writes 32 bytes of two transposed rows (a column of the block:
 // 32 consecutive input rows).
-constexpr int kVec = 8;                                          // bf16 per 16-byte load
+constexpr int kVec = 8;                                                     // bf16 per 16-byte load
 constexpr int kWeightVecs = kFp8Block * kFp8Block / kVec / kWeightThreads;  // 8 per thread
-constexpr int kTChunk = 32;                                      // transposed bytes per store (two 16-byte words)
-constexpr int kTilePitch = kFp8Block + 16;                       // smem row pitch (bytes), 16-byte aligned
+constexpr int kTChunk = 32;                 // transposed bytes per store (two 16-byte words)
+constexpr int kTilePitch = kFp8Block + 16;  // smem row pitch (bytes), 16-byte aligned
+
+// Element i (0..7) of 8 bf16 loaded as one 16-byte vector (little-endian: the lower half of each word first).
+__device__ __forceinline__ Bf16 bf16_lane(const uint4& v, int i) {
+    const uint32_t w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
+    return Bf16{static_cast<uint16_t>(i % 2 ? w >> 16 : w & 0xFFFFu)};
+}
 __global__ void __launch_bounds__(kWeightThreads) fp8_cast_weights_kernel(Fp8WeightCast p) {
     __shared__ float smem[kWeightThreads / kWarp];
     __shared__ __align__(16) uint8_t tile[kFp8Block][kTilePitch];
@@ -78,16 +84,13 @@ __global__ void __launch_bounds__(kWeightThreads) fp8_cast_weights_kernel(Fp8Wei
     for (int j = 0; j < kWeightVecs; ++j) {
         const int v = t + j * kWeightThreads, row = v / (kFp8Block / kVec), col = kVec * (v % (kFp8Block / kVec));
         raw[j] = *reinterpret_cast<const uint4*>(w + base + static_cast<int64_t>(row) * p.out + col);
-        const uint32_t words[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
 #pragma unroll
-        for (int h = 0; h < 4; ++h)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const Bf16 x{static_cast<uint16_t>(half ? words[h] >> 16 : words[h] & 0xFFFFu)};
-                finite = finite && bf16_is_finite(x);
-                const float a = bf16_abs(x);
-                amax = a > amax ? a : amax;
-            }
+        for (int i = 0; i < kVec; ++i) {
+            const Bf16 x = bf16_lane(raw[j], i);
+            finite = finite && bf16_is_finite(x);
+            const float a = bf16_abs(x);
+            amax = a > amax ? a : amax;
+        }
     }
     if (!finite && p.nonfinite != nullptr) atomicExch(p.nonfinite, 1u);
     amax = block_amax<kWeightThreads>(amax, t / kWarp, t % kWarp, smem);
@@ -96,13 +99,11 @@ __global__ void __launch_bounds__(kWeightThreads) fp8_cast_weights_kernel(Fp8Wei
 #pragma unroll
     for (int j = 0; j < kWeightVecs; ++j) {
         const int v = t + j * kWeightThreads, row = v / (kFp8Block / kVec), col = kVec * (v % (kFp8Block / kVec));
-        const uint32_t words[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
         uint32_t q[2] = {0, 0};
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-            const uint16_t bits = static_cast<uint16_t>(i % 2 ? words[i / 2] >> 16 : words[i / 2] & 0xFFFFu);
-            q[i / 4] |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(Bf16{bits}), s).bits) << (8 * (i % 4));
-        }
+        for (int i = 0; i < kVec; ++i)
+            q[i / 4] |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(bf16_lane(raw[j], i)), s).bits)
+                        << (8 * (i % 4));
         *reinterpret_cast<uint2*>(codes + base + static_cast<int64_t>(row) * p.out + col) = make_uint2(q[0], q[1]);
         if (p.transposed != nullptr) *reinterpret_cast<uint2*>(&tile[row][col]) = make_uint2(q[0], q[1]);
     }

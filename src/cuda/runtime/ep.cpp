@@ -261,8 +261,7 @@ EpPlan Ep::plan(std::span<const RankIo> io, std::span<const int32_t> s, cudaStre
     }
     EpPlan plan = new_resident_plan(s, s_total, stream);
     const RankIo* d_io = store_io(fwd_, io, stream);
-    last_blocks_ =
-        launch_plan(view(options_.channel), layout_, d_io, s, s_total, po, options_.sm_budget, stream);
+    last_blocks_ = launch_plan(view(options_.channel), layout_, d_io, s, s_total, po, options_.sm_budget, stream);
     return plan;
 }
 

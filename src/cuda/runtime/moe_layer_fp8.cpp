@@ -139,8 +139,8 @@ void MoeLayer::fp8_build_tables(const kernels::MoeKernelParams& kp, cudaStream_t
         if (cfg.num_slots() > 0)
             kernels::launch_moe_fp8_transpose_groups(
                 kp, reinterpret_cast<const uint8_t* const*>(tables + kSlotCodes * kind_stride + at),
-                reinterpret_cast<const uint8_t* const*>(tables + kTransposed * kind_stride + at),
-                proj_in(proj, H, F), proj_out(proj, H, F), stream);
+                reinterpret_cast<const uint8_t* const*>(tables + kTransposed * kind_stride + at), proj_in(proj, H, F),
+                proj_out(proj, H, F), stream);
     }
 }
 
