@@ -12,9 +12,12 @@
 //   ExpertOpsFlowTest.WeightRowsMatchHostRowGrad  cuda::weight_rows over the packed plan: rows = bf16(w * rows) and
 //       grad_w = <rows, y> equal detail::row_grad on the host bit for bit (H = 520: 65 vectors, lanes with 3 and 2
 //       vectors), grad_w = 0 and rows untouched past each rank's groups.
-//   ExpertOpsFlowTest.GroupTableFromPlan  cuda::build_group_table: cu = i*NvS + cu_seqlens, gap group ends at
-//   (i+1)*NvS,
-//       pointers of kLocal groups into home, kSlot into slots (rank, slot), null for empty groups and the gap.
+//   ExpertOpsFlowTest.GroupTableFromPlan  cuda::build_group_table: cu = i*NvS + cu_seqlens, the gap group ends at
+//       (i+1)*NvS, pointers of kLocal groups into home, kSlot into slots (rank, slot), null for empty groups and the
+//       gap.
+//   ExpertCopiesArgs.RefusedNamingTheValue  ExpertCopies::of_tensors, prefetch_copies and reduce_copies throw on the
+//       host (plan rows that are not every rank, null copies, a matrix that is not fp32 words, no home base), naming
+//       the value; of_tensors' strides (no device needed).
 //   ExpertOpsFlowTest.GroupTablePerRowSources  the same with separate allocations per rank (cuda::MoeLayer's use):
 //       homes[i] for the row's own experts, row_slots[i], peers[e / epn] for experts outside the row's range, cu null;
 //       with gradient sources (no peers) kPeer groups get null.
@@ -22,6 +25,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/cpu_testing.hpp"
@@ -323,6 +327,42 @@ TEST(ExpertOpsFlowTest, GroupTablePerRowSources) {
             EXPECT_EQ(t[r * (L.G + 1) + L.G], nullptr);
         }
     }
+}
+
+// The copies functions refuse bad arguments on the host, naming the value, before anything is launched (no device
+// needed: these run in CI too).
+TEST(ExpertCopiesArgs, RefusedNamingTheValue) {
+    const BufferConfig bc = testing::buffer_config(4, 16, 4, 32, 8, 16);
+    const PlanRowLayout layout = PlanRowLayout::make(bc.cfg);
+    const int32_t fake = 0;  // never dereferenced: every call below throws first
+    auto message = [](const auto& call) {
+        try {
+            call();
+        } catch (const Error& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
+    char home[16], slots[16];
+    EXPECT_NE(message([&] { ExpertCopies::of_tensors(PlanRows{&fake, 3, layout}, home, slots, 16); })
+                  .find("3 plan rows for E = 16"),
+              std::string::npos);
+    ExpertCopies c = ExpertCopies::of_tensors(PlanRows{&fake, 4, layout}, home, slots, 16);
+    EXPECT_EQ(c.epn, 4);
+    EXPECT_EQ(c.home.rank_stride, 4 * 16);
+    EXPECT_EQ(c.slots.rank_stride, layout.B * 16);
+    ExpertCopies bad = c;
+    bad.copies = nullptr;
+    EXPECT_NE(message([&] { prefetch_copies(bad, false, nullptr); }).find("prefetch_copies: copies null"),
+              std::string::npos);
+    bad = c;
+    bad.mat_bytes = 6;
+    EXPECT_NE(message([&] { reduce_copies(bad, true, false, nullptr); }).find("6 bytes per matrix"),
+              std::string::npos);
+    bad = c;
+    bad.home.base = nullptr;
+    EXPECT_NE(message([&] { reduce_copies(bad, true, false, nullptr); }).find("home and slots need a base"),
+              std::string::npos);
 }
 
 }  // namespace
