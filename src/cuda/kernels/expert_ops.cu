@@ -222,15 +222,24 @@ __global__ void __launch_bounds__(kThreads) prefetch_copies_kernel(ExpertCopies 
     }
 }
 
+// Shared memory of reduce_copies_kernel: the slot entries' matrices (RB pointers), then cp [RB], next [RB], head [E].
+size_t reduce_smem_bytes(const ExpertCopies& c) {
+    const size_t RB = static_cast<size_t>(c.R) * c.B;
+    return RB * sizeof(char*) + (2 * RB + c.E) * sizeof(int32_t);
+}
+
 // Every block lists each expert's copies in shared memory (head[e] -> next[j] ..., slots ascending: one thread per
-// expert scans the staged table), then walks the experts and sums its share of each: the grid is sized by one
-// matrix, and with accumulate the experts without copies cost nothing.
+// expert scans the staged table) with each slot entry's matrix (so the summing loop addresses a slot by one shared
+// load, no division), then walks the experts and sums its share of each: the grid is sized by one matrix, and with
+// accumulate the experts without copies cost nothing.
 __global__ void __launch_bounds__(kThreads)
     reduce_copies_kernel(ExpertCopies c, bool vec, bool accumulate, bool zero_consumed) {
-    extern __shared__ int32_t lists[];
+    extern __shared__ __align__(16) unsigned char reduce_smem[];
     const int E = c.E, RB = c.R * c.B;
-    int32_t *cp = lists, *next = lists + RB, *head = lists + 2 * RB;
-    stage_copies(c, cp);
+    char** slot_at = reinterpret_cast<char**>(reduce_smem);
+    int32_t *cp = reinterpret_cast<int32_t*>(slot_at + RB), *next = cp + RB, *head = cp + 2 * RB;
+    for (int j = threadIdx.x; j < RB; j += blockDim.x) slot_at[j] = matrix(c.slots, j / c.B, j % c.B, c.mat_bytes);
+    stage_copies(c, cp);  // (its barrier also publishes slot_at)
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int32_t prev = -1;
         head[e] = -1;
@@ -244,7 +253,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const int64_t tid = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x, n = c.mat_bytes / 4;
-    auto slot = [&](int32_t j) { return reinterpret_cast<float*>(matrix(c.slots, j / c.B, j % c.B, c.mat_bytes)); };
+    auto slot = [&](int32_t j) { return reinterpret_cast<float*>(slot_at[j]); };
     for (int e = 0; e < E; ++e) {
         const int32_t first = head[e];
         if (accumulate && first < 0) continue;  // nothing to add: home(e) stays as it is
@@ -422,7 +431,7 @@ void reduce_copies(const ExpertCopies& c, bool accumulate, bool zero_consumed, c
     check_copies(c, "reduce_copies");
     EVENEP_CHECK(c.mat_bytes % 4 == 0, "reduce_copies: ", c.mat_bytes, " bytes per matrix, expected fp32 matrices");
     if (c.mat_bytes == 0) return;
-    const size_t smem = checked_smem((2 * static_cast<size_t>(c.R) * c.B + c.E) * sizeof(int32_t), "reduce_copies");
+    const size_t smem = checked_smem(reduce_smem_bytes(c), "reduce_copies");
     allow_dynamic_smem(reduce_copies_kernel, smem);
     const bool vec = c.mat_bytes % 16 == 0 && aligned16(c.home) && aligned16(c.slots);
     const int64_t n = c.mat_bytes / 4;
