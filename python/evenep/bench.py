@@ -230,6 +230,12 @@ def main(argv=None):
     cuda = dev.type == "cuda"
     if a.moonep:
         a.ops_only = True
+    wanted = _wanted_ops(a)
+    if wanted is not None:  # before the C++ runs and the layer rows
+        known = [o for o in OP_ROWS if not (a.ops_only and o in GEMM_OPS)]
+        unknown = wanted - set(known)
+        if unknown:
+            raise SystemExit(f"python -m evenep.bench: --ops names {sorted(unknown)}, not among {sorted(known)}")
     for k, v in (MOONEP if a.moonep else CUDA_DEFAULTS if cuda else CPU_DEFAULTS).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -338,8 +344,10 @@ def _layer_rows(a, buf, x, idx, w, add, cuda):
                 print(f"# {name} graph skipped: {str(e).splitlines()[0]}")
 
 
-EXPERT_OPS = ("prefetch_weight", "reduce_grad", "reduce_grad_add_", "grouped_gemm fwd", "grouped_gemm dgrad",
-              "grouped_gemm wgrad")
+GEMM_OPS = ("grouped_gemm fwd", "grouped_gemm dgrad", "grouped_gemm wgrad")  # not with --ops-only
+EXPERT_OPS = ("prefetch_weight", "reduce_grad", "reduce_grad_add_") + GEMM_OPS
+# The op rows of _op_rows, in its order (the names --ops takes).
+OP_ROWS = ("plan", "dispatch", "combine", "combine_backward", "combine_backward+dispatch_backward", *EXPERT_OPS)
 
 
 def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
@@ -374,10 +382,8 @@ def _op_rows(a, buf, xb, idx, w, plan, add, cuda):
             "grouped_gemm dgrad": lambda: ops.grouped_gemm_dgrad(dy, W, slots, plan, buf.id),
             "grouped_gemm wgrad": lambda: ops.grouped_gemm_wgrad(recv_x, dy, plan, buf.id),
         })
-    if wanted is not None:
-        unknown = wanted - set(calls)
-        if unknown:
-            raise SystemExit(f"python -m evenep.bench: --ops names {sorted(unknown)}, not among {sorted(calls)}")
+    assert tuple(calls) == OP_ROWS[:len(calls)], "OP_ROWS names the calls of _op_rows"
+    if wanted is not None:  # checked in main, before anything ran
         calls = {k: v for k, v in calls.items() if k in wanted}
     # The dense reduce_grad (an [E, a, b] fp32 result: 22.5 GB at the MoonEP point) runs after the graph replays, so
     # that its heavy writes do not precede the rows compared with the C++ figures.
