@@ -39,7 +39,7 @@ struct BenchConfig {
 };
 
 struct BenchRow {
-    std::string op;     // copy_memcpy, copy_kernel, plan_rank, plan_rank_serial, plan_fused(_block), dispatch,
+    std::string op;     // copy_memcpy, copy_kernel, plan_rank, plan_rank_serial, plan_fused(_rows, _block), dispatch,
                         // combine_pull, combine_push, combine_pull_weighted, prefetch, reduce; "<op>_graph": the
                         // same op timed as CUDA graph replays (BenchConfig::graph)
     std::string shape;  // "R8 E384 K8 S8192 H7168"

@@ -12,6 +12,8 @@
 #include "evenep/cuda/detail/ep_hooks.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/detail/plan_stamps.hpp"
+#include "evenep/plan_tensor.hpp"
+#include "perf/cuda/device_buf.hpp"
 #include "perf/cuda/point.hpp"
 
 namespace evenep::perf {
@@ -93,9 +95,19 @@ void bench_plan(Point& p) {
     }
     // The fused path (histogram, all-gather, plan and dst of every rank: Ep::plan) with the cluster planner (three
     // launches, Ep's default) and with the one-block planner (one cooperative launch), side by side, each checked.
-    auto fused_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what) {
+    // With `rows`, each rank's call also writes its row of the plan tensor (RankIo::plan), as evenep.Buffer.plan
+    // does (python -m evenep.bench compares its plan op with that row); the rows are checked against the CPU plan's.
+    const int64_t width = plan_row_width(p.cfg);
+    DeviceArray<int32_t> plan_rows;
+    std::vector<cuda::RankIo> io_rows = p.io;
+    auto fused_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what, bool rows) {
         if (!cuda::plan_fits_co_resident(ep.view(ep.options().channel), ep.layout(), kernel)) return;
-        auto call = [&] { return cuda::plan_with_kernel(ep, p.io, p.routing.s, stream, kernel); };
+        if (rows && plan_rows.size() == 0) {
+            plan_rows = DeviceArray<int32_t>(static_cast<size_t>(R * width));
+            for (int r = 0; r < R; ++r) io_rows[r].plan = plan_rows.get() + r * width;
+        }
+        const std::vector<cuda::RankIo>& io = rows ? io_rows : p.io;
+        auto call = [&] { return cuda::plan_with_kernel(ep, io, p.routing.s, stream, kernel); };
         int64_t wrong_fused = -1;
         if (bc.check) {
             const cuda::EpPlan checked = call();
@@ -105,6 +117,14 @@ void bench_plan(Point& p) {
                 wrong_fused += plan_wrong(ep.download_plan(checked, r));
                 const std::vector<int32_t> gd = ep.download_dst(checked, r);
                 for (size_t i = 0; i < gd.size(); ++i) wrong_fused += gd[i] != p.dst[r][i];
+            }
+            if (rows) {
+                const std::vector<int32_t> got = download(plan_rows.get(), plan_rows.size());
+                std::vector<int32_t> want(static_cast<size_t>(width));
+                for (int r = 0; r < R; ++r) {
+                    pack_plan_row(plan, r, want);
+                    wrong_fused += !std::equal(want.begin(), want.end(), got.begin() + r * width);
+                }
             }
         }
         const Stats fused = time_op([&] { call(); }, stream, bc.warmup, bc.iters);
@@ -127,12 +147,13 @@ void bench_plan(Point& p) {
         p.add(name, fused, 0, ep.last_blocks_per_rank(), wrong_fused, fused_note.str());
         p.add_graph(name, fused_graph, 0, ep.last_blocks_per_rank(), -1, "histogram + all-gather + plan + dst");
     };
-    fused_row(cuda::PlannerKernel::kCluster, "plan_fused",
-              cuda::plan_on_clusters(ep.view(ep.options().channel), ep.layout())
-                  ? "three launches (each rank's plan on a cluster of 8 blocks)"
-                  : "one launch (the one-block planner: this shape does not fit the cluster, or its ranks' clusters "
-                    "do not all fit the device at once)");
-    fused_row(cuda::PlannerKernel::kParallel, "plan_fused_block", "one launch (each rank's plan on one block)");
+    const std::string fused_what = cuda::plan_on_clusters(ep.view(ep.options().channel), ep.layout())
+                                         ? "three launches (each rank's plan on a cluster of 8 blocks)"
+                                         : "one launch (the one-block planner: this shape does not fit the cluster, "
+                                           "or its ranks' clusters do not all fit the device at once)";
+    fused_row(cuda::PlannerKernel::kCluster, "plan_fused", fused_what, false);
+    fused_row(cuda::PlannerKernel::kCluster, "plan_fused_rows", fused_what + ", writing the plan tensor's rows", true);
+    fused_row(cuda::PlannerKernel::kParallel, "plan_fused_block", "one launch (each rank's plan on one block)", false);
     // One rank's planner alone: gathered histogram -> its plan (rank 0's copy).
     const std::vector<int32_t> tpe = p.routing.tpe();
     EVENEP_CUDA_CHECK(cudaMemcpy(ep.base(0) + ep.layout().tpe, tpe.data(), tpe.size() * 4, cudaMemcpyHostToDevice));

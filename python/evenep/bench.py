@@ -41,7 +41,7 @@ MOONEP = dict(ranks=8, experts=384, top_k=8, tokens=8192, hidden=7168, ffn=2048,
 # Python op -> the C++ `evenep bench` subcommand and row of the same call (pull-mode weighted combine, one
 # projection per copy for prefetch/reduce: the op moves one [H, H'] matrix per copy).
 CPP_ROWS = {
-    "plan": ("gpu-plan", "plan_fused"),
+    "plan": ("gpu-plan", "plan_fused_rows"),
     "dispatch": ("dispatch", "dispatch"),
     "combine": ("combine", "combine_pull_weighted"),
     "prefetch_weight": ("prefetch", "prefetch"),
@@ -60,16 +60,34 @@ def _median_ms(fn, warmup, iters):
     return statistics.median(times), min(times)
 
 
+WARM_MS = 100.0  # GPU time run back to back before each CUDA row is timed (_cuda_ms)
+
+
 def _cuda_ms(fn, warmup, iters):
     """GPU time per call (CUDA events, median and min) and the host time of issuing it (median), timed as the C++
     `evenep bench` times (perf/cuda/timing.cpp time_op): an event pair around each call, the calls issued back to
     back and synchronised once at the end. A call whose host side takes longer than its GPU work still shows it (the
     GPU then waits for the launch); a shorter one is hidden behind the previous call, as in a training step. (Waiting
     for each call before issuing the next would add the launch latency to every figure: about 0.6 ms for the replay
-    of a captured dispatch at the MoonEP point on an H100, whose kernels take as long as the eager call's.)"""
+    of a captured dispatch at the MoonEP point on an H100, whose kernels take as long as the eager call's.)
+
+    After the `warmup` calls, the calls go on back to back until WARM_MS of GPU time has passed: after the GPU idled
+    (host work between rows, a graph capture) the first 20-35 ms of work run slower. On an H100 at the MoonEP point
+    the first 4-7 dispatch or combine calls took 0.4-0.6 ms longer, eager and replayed alike; the C++ bench warms
+    the GPU before its rows too (perf/cuda/plan.cpp, rank_compute.cpp)."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    warm = 0.0
+    n = 1
+    while warm < WARM_MS:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(n):
+            fn()
+        b.record()
+        b.synchronize()
+        warm += a.elapsed_time(b)
+        n *= 2
     events, host = [], []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
