@@ -11,7 +11,7 @@
 #include "cuda/kernels/moe_fp8.hpp"
 #include "cuda/kernels/swiglu.hpp"
 #include "evenep/cuda/check.hpp"
-#include "evenep/cuda/detail/fp8_cast.hpp"
+#include "evenep/cuda/fp8_cast.hpp"
 #include "evenep/detail/bf16.hpp"
 #include "evenep/error.hpp"
 #include "perf/cuda/timing.hpp"

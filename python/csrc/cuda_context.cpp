@@ -41,6 +41,7 @@ CudaContext::CudaContext(
     eo.mode = mode;
     eo.sm_budget = num_sms;
     eo.team = to;
+    eo.precision = cfg.precision;  // fp8: the FP8 dispatch (ops_fp8_cuda.cpp)
     if (cfg.cfg.policy == PlannerPolicy::kAuto)
         eo.auto_model = detail::make_auto_cost_model(cfg.H, cfg.ffn_hidden, cfg.cfg.tp);
     ep_ = std::make_unique<cuda::Ep>(*team_, cfg.cfg, cfg.H, eo);
@@ -223,10 +224,13 @@ int64_t create_cuda_buffer(int64_t num_ranks,
                            int64_t device,
                            int64_t num_sms,
                            std::string policy,
-                           double slack) {
+                           double slack,
+                           bool fp8,
+                           bool ue8m0) {
     return translate([&] {
-        const BufferConfig cfg = make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden,
-                                                    num_slots, token_padding, policy, slack);
+        const BufferConfig cfg =
+            make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding,
+                               policy, slack, DataPrecision{fp8, ue8m0, false});
         return register_context(new_context(cfg, planner, device, num_sms, nullptr));
     });
 }
@@ -315,7 +319,7 @@ TORCH_LIBRARY_FRAGMENT(evenep, m) {
     m.def(
         "create_cuda_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
         "int num_slots, int token_padding, str planner, int device, int num_sms, str policy=\"auto\", "
-        "float slack=-1.) -> int",
+        "float slack=-1., bool fp8=False, bool ue8m0=False) -> int",
         &create_cuda_buffer);
     m.def(
         "create_nccl_buffer(int[] config, str planner, str unique_id, int rank, int world_size, int device, "

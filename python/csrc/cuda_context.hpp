@@ -22,6 +22,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "context.hpp"
 #include "evenep/cuda/ep.hpp"
@@ -129,5 +131,43 @@ void check_cuda(const CudaContext& ctx,
                 std::initializer_list<int64_t> sizes);
 // topk_idx ([L, s, K] int32 or int64 on the device) as int32 (int64 ids past int32 clamped to its range).
 at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const char* op);
+
+template <typename T>
+T* ptr(const at::Tensor& t) {
+    return reinterpret_cast<T*>(t.data_ptr());
+}
+
+inline at::TensorOptions on(const CudaContext& ctx, at::ScalarType dtype) {
+    return at::TensorOptions().dtype(dtype).device(at::kCUDA, ctx.device());
+}
+
+// torch.use_deterministic_algorithms(True) with torch.utils.deterministic.fill_uninitialized_memory: what an op
+// leaves unwritten is zero (torch.empty itself then fills NaN; these ops promise zero, as on the CPU).
+inline bool unwritten_zero() {
+    return at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory();
+}
+
+// An output whose unwritten parts are unspecified (zero under unwritten_zero()).
+inline at::Tensor output(const CudaContext& ctx, at::IntArrayRef shape, at::ScalarType dtype) {
+    return unwritten_zero() ? at::zeros(shape, on(ctx, dtype)) : at::empty(shape, on(ctx, dtype));
+}
+
+// Rank i's rows of an [L, NvS, row_elems] tensor of elements of type T as the kernels' caller-owned receive rows
+// (virtual ranks only: nullptr on the NCCL team, whose rows live in its window).
+template <typename T = uint16_t>
+T* rows_of(const CudaContext& ctx, const at::Tensor& t, int i, int64_t row_elems) {
+    return ctx.multi_process() ? nullptr : static_cast<T*>(t.data_ptr()) + i * ctx.nvs() * row_elems;
+}
+inline uint16_t* rows_of(const CudaContext& ctx, const at::Tensor& t, int i) { return rows_of(ctx, t, i, ctx.H()); }
+
+// The dispatch ops (ops_cuda.cpp, ops_fp8_cuda.cpp): the plan the kernels use for plan tensor `plan` (the latest
+// plan op's while resident, else planned again from idx with s_r tokens per rank; refused when made for other
+// token counts), and what follows the data movement: recv_w [L, NvS] gathered from the buffers (and recv_x when
+// given: the NCCL team's rows, copied out of its window), cu_seqlens (the plan's column) and the handle (recorded).
+cuda::EpPlan dispatch_plan(OpScope& sc, const at::Tensor& idx, const at::Tensor& plan, const std::vector<int32_t>& s);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dispatch_results(OpScope& sc,
+                                                                const at::Tensor& plan,
+                                                                int64_t s_pad,
+                                                                const at::Tensor* recv_x);
 
 }  // namespace evenep::python

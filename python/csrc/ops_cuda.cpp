@@ -33,31 +33,6 @@
 namespace evenep::python {
 namespace {
 
-template <typename T>
-T* ptr(const at::Tensor& t) {
-    return reinterpret_cast<T*>(t.data_ptr());
-}
-
-at::TensorOptions on(const CudaContext& ctx, at::ScalarType dtype) {
-    return at::TensorOptions().dtype(dtype).device(at::kCUDA, ctx.device());
-}
-
-// torch.use_deterministic_algorithms(True) with torch.utils.deterministic.fill_uninitialized_memory: what an op
-// leaves unwritten is zero (torch.empty itself then fills NaN; these ops promise zero, as on the CPU).
-bool unwritten_zero() {
-    return at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory();
-}
-
-// An output whose unwritten parts are unspecified (zero under unwritten_zero()).
-at::Tensor output(const CudaContext& ctx, at::IntArrayRef shape, at::ScalarType dtype) {
-    return unwritten_zero() ? at::zeros(shape, on(ctx, dtype)) : at::empty(shape, on(ctx, dtype));
-}
-
-// Rank i's rows of an [L, NvS, H] bf16 tensor as the kernels' caller-owned receive rows (virtual ranks only).
-uint16_t* rows_of(const CudaContext& ctx, const at::Tensor& t, int i) {
-    return ctx.multi_process() ? nullptr : const_cast<uint16_t*>(ptr<const uint16_t>(t)) + i * ctx.nvs() * ctx.H();
-}
-
 // Plans from idx (int32 [L, s_pad, K] on the device) with s_r tokens on each of the R ranks: the new resident plan.
 // plan_out: the plan tensor [L, W] the planner writes in its last phase (RankIo::plan), or null.
 cuda::EpPlan new_plan(OpScope& sc, const at::Tensor& idx, const std::vector<int32_t>& s, int32_t* plan_out) {
@@ -72,6 +47,41 @@ cuda::EpPlan new_plan(OpScope& sc, const at::Tensor& idx, const std::vector<int3
     ctx.drop_last_plan();
     return ctx.ep().plan(io, s, sc.stream, group_total(s));
 }
+
+}  // namespace
+
+cuda::EpPlan dispatch_plan(OpScope& sc, const at::Tensor& idx, const at::Tensor& plan, const std::vector<int32_t>& s) {
+    CudaContext& ctx = *sc.ctx;
+    // The kernels read the encoded destinations, which the plan tensor lacks: the plan of the latest plan op when
+    // this is its tensor and it is still resident, else planned again (a pure function of the routing).
+    cuda::EpPlan p = ctx.last_plan(plan);
+    if (!p.valid()) {
+        p = new_plan(sc, idx, s, nullptr);
+        ctx.set_last_plan(plan, p);  // the plan of this tensor now: the next dispatch of it plans no more
+    }
+    const std::span<const int32_t> ps = p.s();
+    for (int r = ctx.rank_begin(); r < ctx.rank_begin() + ctx.L(); ++r)
+        TORCH_CHECK_VALUE(ps[r] == s[r], "evenep.dispatch: the plan was made for ", ps[r], " tokens on rank ", r,
+                          " but x holds ", s[r]);
+    return p;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dispatch_results(OpScope& sc,
+                                                                const at::Tensor& plan,
+                                                                int64_t s_pad,
+                                                                const at::Tensor* recv_x) {
+    CudaContext& ctx = *sc.ctx;
+    const PlanRowLayout& L = ctx.plan_layout();
+    at::Tensor recv_w = at::empty({ctx.L(), ctx.nvs()}, on(ctx, at::kFloat));
+    cuda::gather_recv(ctx.ep(), recv_x ? ptr<uint16_t>(*recv_x) : nullptr, ptr<float>(recv_w), sc.stream);
+    at::Tensor cu = plan.narrow(1, L.cu_seqlens, L.G).clone(at::MemoryFormat::Contiguous);
+    at::Tensor handle = at::empty({ctx.L(), s_pad * ctx.cfg().K}, on(ctx, at::kInt));
+    cuda::pack_handle(ctx.ep(), ptr<int32_t>(handle), s_pad, sc.stream);
+    ctx.handles().add(handle, plan, plan.clone());
+    return {recv_w, cu, handle};
+}
+
+namespace {
 
 at::Tensor plan_cuda(const at::Tensor& topk_idx, int64_t buffer, std::optional<at::IntArrayRef> num_tokens) {
     return translate([&] {
@@ -119,19 +129,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
         check_cuda(ctx, topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
         check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {R, L.width});
         const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch", r0, R);
-        // The kernels read the encoded destinations, which the plan tensor lacks: the plan of the latest plan op
-        // when this is its tensor and it is still resident, else planned again (a pure function of the routing).
-        cuda::EpPlan p = ctx.last_plan(plan);
-        if (!p.valid()) {
-            p = new_plan(sc, idx, s, nullptr);
-            ctx.set_last_plan(plan, p);  // the plan of this tensor now: the next dispatch of it plans no more
-        }
-        const std::span<const int32_t> ps = p.s();
-        for (int r = r0; r < r0 + R; ++r)
-            TORCH_CHECK_VALUE(ps[r] == s[r], "evenep.dispatch: the plan was made for ", ps[r], " tokens on rank ", r,
-                              " but x holds ", s[r]);
+        const cuda::EpPlan p = dispatch_plan(sc, idx, plan, s);
         at::Tensor recv_x = output(ctx, {R, nvs, H}, at::kBFloat16);
-        at::Tensor recv_w = at::empty({R, nvs}, on(ctx, at::kFloat));
         std::vector<cuda::RankIo> io(R);
         for (int r = 0; r < R; ++r) {
             io[r].x = ptr<const uint16_t>(x) + r * s_pad * H;
@@ -139,12 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
             io[r].rows = rows_of(ctx, recv_x, r);
         }
         ctx.ep().dispatch(p, io, sc.stream);
-        cuda::gather_recv(ctx.ep(), ctx.multi_process() ? ptr<uint16_t>(recv_x) : nullptr, ptr<float>(recv_w),
-                          sc.stream);
-        at::Tensor cu = plan.narrow(1, L.cu_seqlens, L.G).clone(at::MemoryFormat::Contiguous);
-        at::Tensor handle = at::empty({R, s_pad * K}, on(ctx, at::kInt));
-        cuda::pack_handle(ctx.ep(), ptr<int32_t>(handle), s_pad, sc.stream);
-        ctx.handles().add(handle, plan, plan.clone());
+        auto [recv_w, cu, handle] = dispatch_results(sc, plan, s_pad, ctx.multi_process() ? &recv_x : nullptr);
         return std::make_tuple(recv_x, recv_w, cu, handle);
     });
 }

@@ -16,11 +16,10 @@
 
 #include "context.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
+#include "fp8_args.hpp"
 
 namespace evenep::python {
 namespace {
-
-constexpr int64_t kBlock = kFp8Block;
 
 template <typename T>
 std::span<T> span_of(const at::Tensor& t) {
@@ -28,31 +27,6 @@ std::span<T> span_of(const at::Tensor& t) {
 }
 
 at::Tensor fp8_zeros(at::IntArrayRef sizes) { return at::zeros(sizes, at::kByte).view(at::kFloat8_e4m3fn); }
-
-// The sizes of t with the last `n` dimensions divided by 128 (the scales of a 1x128 or 128x128 blocked tensor).
-std::vector<int64_t> scale_sizes(const at::Tensor& t, int n) {
-    std::vector<int64_t> s(t.sizes().begin(), t.sizes().end());
-    for (int i = 0; i < n; ++i) s[s.size() - 1 - i] /= kBlock;
-    return s;
-}
-
-// t with its last n dimensions positive multiples of 128; with `dtype` also on the CPU, of dtype, contiguous.
-void check_blocked(
-    const at::Tensor& t, const char* op, const char* name, int n, std::optional<at::ScalarType> dtype = std::nullopt) {
-    if (dtype) {
-        TORCH_CHECK_VALUE(t.device().is_cpu(), "evenep.", op, ": ", name, " is on ", t.device(), ", expected cpu");
-        TORCH_CHECK_VALUE(t.scalar_type() == *dtype, "evenep.", op, ": ", name, " has dtype ", t.scalar_type(),
-                          ", expected ", *dtype);
-        TORCH_CHECK_VALUE(t.is_contiguous(), "evenep.", op, ": ", name, " is not contiguous");
-    }
-    TORCH_CHECK_VALUE(t.dim() >= n, "evenep.", op, ": ", name, " has shape ", t.sizes(), ", expected at least ", n,
-                      " dimensions");
-    for (int i = 0; i < n; ++i) {
-        const int64_t d = t.size(t.dim() - 1 - i);
-        TORCH_CHECK_VALUE(d > 0 && d % kBlock == 0, "evenep.", op, ": ", name, " has shape ", t.sizes(),
-                          "; FP8 needs dimension ", t.dim() - 1 - i, " = ", d, " a positive multiple of 128");
-    }
-}
 
 // quantize_fp8: x bf16 [..., D] (D a multiple of 128) -> e4m3 codes [..., D], fp32 scales [..., D/128] (one per
 // 1x128 block): cpu::quantize_rows_fp8, the cast of the library's FP8 dispatch, bit for bit.

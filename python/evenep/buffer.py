@@ -91,7 +91,9 @@ class Buffer:
             buffer is sized for it: num_recv_rows grows with slack.
         fp8: True for the FP8 data path (docs/fp8.md, docs/python.md "FP8"): dispatch sends e4m3 rows with one fp32
             scale per 128 channels (dedup kept) and returns (recv_x_fp8, recv_scales); H and H' must be multiples
-            of 128. A bool (anything else: ValueError). CPU only for now (NotImplementedError on CUDA).
+            of 128. A bool (anything else: ValueError). On CUDA with virtual ranks the library's FP8 dispatch
+            (bit for bit the CPU's); not with group= (NotImplementedError); evenep.nn.MoE(fp8=True) needs the CPU
+            backend (no CUDA FP8 grouped GEMM op yet).
         ue8m0: with fp8, every scale rounded up to a power of two (UE8M0).
     """
 
@@ -146,11 +148,10 @@ class Buffer:
         if ue8m0 and not fp8:
             raise ValueError("evenep.Buffer: ue8m0=True needs fp8=True (it rounds the FP8 scales)")
         self.fp8, self.ue8m0 = fp8, ue8m0
-        if fp8 and (group is not None or torch.device("cpu" if device is None else device).type != "cpu"):
+        if fp8 and group is not None:
             raise NotImplementedError(
-                "evenep.Buffer(fp8=True): the FP8 path runs on the CPU backend only for now; the CUDA ops have no "
-                "FP8 dispatch (cuda::EpOptions::precision is not wired into create_cuda_buffer / the dispatch op) "
-                "and no FP8 grouped GEMM op (docs/python.md, FP8)"
+                "evenep.Buffer(fp8=True, group=...): the FP8 dispatch writes caller-owned rows, which the NCCL team "
+                "does not have yet; FP8 runs on the CPU backend and on CUDA with virtual ranks (docs/python.md, FP8)"
             )
         if group is not None:
             self._init_group(group, virtual_ranks, device, num_sms, num_experts, top_k, max_tokens, hidden,
@@ -182,7 +183,7 @@ class Buffer:
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             self._release = ops.release_cuda_buffer
-            self._id = ops.create_cuda_buffer(*args, self.device.index, num_sms, *policy_args)
+            self._id = ops.create_cuda_buffer(*args, self.device.index, num_sms, *policy_args, fp8, ue8m0)
         elif self.device.type == "cpu":
             self._release = ops.release_buffer
             self._id = ops.create_buffer(*args, *policy_args, fp8, ue8m0)

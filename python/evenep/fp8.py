@@ -6,7 +6,8 @@ cpu::quantize_weight_fp8, the functions of the library's FP8 dispatch and weight
 or per 128x128 block of an [in, out] matrix (weights); s = max(amax / 448, 2^-126), a power of two with ue8m0;
 q = e4m3(x / s) round-to-nearest-even, saturating. dequantize is float(q) * s in fp32 (exact with ue8m0).
 
-Ops (CPU kernels in python/csrc/ops_fp8.cpp; the shapes write R for the served ranks L as in _ops.py):
+Ops (CPU kernels in python/csrc/ops_fp8.cpp, CUDA kernels of the casts and dispatch_fp8 in ops_fp8_cuda.cpp;
+the shapes write R for the served ranks L as in _ops.py):
 
   quantize_fp8(x [..., D] bf16, ue8m0=False) -> codes [..., D] e4m3, scales [..., D/128] f32
   quantize_fp8_weight(weight [..., a, b] bf16, ue8m0=False) -> codes [..., a, b] e4m3, scales [..., a/128, b/128] f32

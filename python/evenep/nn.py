@@ -105,6 +105,10 @@ class MoE(_Experts):
         if fp8 != buffer.fp8:
             raise ValueError(f"evenep.nn.MoE(fp8={fp8}) needs a buffer created with fp8={fp8} (the buffer has "
                              f"fp8={buffer.fp8})")
+        if fp8 and buffer.device.type != "cpu":
+            raise NotImplementedError("evenep.nn.MoE(fp8=True): the FP8 expert GEMM (grouped_gemm_fp8) has no CUDA "
+                                      "kernel in this package yet; use a CPU buffer, or fp8=False on CUDA (an FP8 "
+                                      "CUDA buffer dispatches and combines: Buffer.dispatch)")
         self.fp8 = fp8
         if trace is not None and buffer.group is not None:
             raise NotImplementedError("evenep.nn.MoE(trace=...): a group= buffer plans this rank's row only; record "

@@ -23,7 +23,7 @@
 
 #include "cuda/gpu_testing.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
-#include "evenep/cuda/detail/fp8_cast.hpp"
+#include "evenep/cuda/fp8_cast.hpp"
 #include "evenep/detail/hash.hpp"
 #include "evenep/error.hpp"
 

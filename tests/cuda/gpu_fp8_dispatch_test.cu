@@ -5,10 +5,15 @@
 //       (recv_x8) and scales (recv_scale) of every row [0, rows_used) of every rank equal to the oracle's, with fp32
 //       and with UE8M0 scales; token rows carry outliers, all-zero 128-blocks, tiny blocks (e4m3 subnormals after
 //       scaling) and huge blocks; then y rows written into recv_x and combine (pull and push, weighted and not) equal
-//       to the oracle's bf16 combine. Configs: R=4 E=16 K=4 H=512 (4 scales per row), R=8 E=64 K=8 H=256,
-//       R=2 E=8 K=6 H=384 (K > R; 3 scales, not a multiple of the kernel's 4-block unroll), R=1.
+//       to the oracle's bf16 combine. The same dispatch into caller-owned codes and scales (RankIo::rows8 /
+//       row_scales) and from the oracle's own cast of the rows (RankIo::x8 / x_scales, moved as given) equal it too.
+//       Configs: R=4 E=16 K=4 H=512 (4 scales per row), R=8 E=64 K=8 H=256, R=2 E=8 K=6 H=384 (K > R; 3 scales, not a
+//       multiple of the kernel's 4-block unroll), R=1.
 //   Fp8DispatchFlowTest.RefusesNonFinite    a NaN / an inf in one token row (also in a fully masked token): check()
 //       throws Error(kInvalidArgument) naming rank, token and channel.
+//   Fp8DispatchFlowTest.RefusesBadQuantisedRows  caller-quantised rows (RankIo::x8) with a NaN code, a scale <= 0,
+//       inf, or not a power of two under ue8m0: check() names rank, token and channel/block; unpaired pointers and
+//       FP8 pointers on a bf16 Ep are refused by the call.
 //   Fp8DispatchFlowTest.ConfigChecks        fp8 with H = 200, ue8m0 without fp8: refused naming them; bf16_partials
 //                                           accepted (EpLayout::bf16_partials set); the FP8 regions move the plan only.
 #include <cuda_runtime.h>
@@ -22,6 +27,7 @@
 
 #include "common/cpu_testing.hpp"
 #include "common/plan_testing.hpp"
+#include "evenep/cpu/grouped_gemm.hpp"
 #include "evenep/cpu/oracle.hpp"
 #include "evenep/cuda/ep.hpp"
 #include "evenep/detail/bf16.hpp"
@@ -111,6 +117,70 @@ void expect_fp8_dispatch_equal(const Ep& ep,
     }
 }
 
+// The caller's tensors (RankIo): the bf16 rows dispatched into caller-owned codes and scales (rows8 / row_scales),
+// and the oracle's own cast of the rows (cpu::quantize_rows_fp8, as DeepEP's x_fp8) dispatched as given (x8 /
+// x_scales) into the buffer: both equal the oracle's FP8 dispatch bit for bit, and neither touches the other side
+// (the buffer's codes stay poisoned in the first, the caller's in the second is not given).
+void expect_caller_io_equal(Ep& ep,
+                            GroupIo& io,
+                            const EpPlan& plan,
+                            const std::vector<cpu::RankTokens>& tokens,
+                            const cpu::GroupDispatchResult& od,
+                            const std::string& what) {
+    const Config& cfg = ep.config();
+    const int R = cfg.R, H = ep.hidden(), spr = H / kFp8Block;
+    const int64_t nvs = ep.layout().nvs;
+    std::vector<DeviceArray<uint8_t>> rows8, x8;
+    std::vector<DeviceArray<float>> scales, xs;
+    std::vector<RankIo> caller = io.io;
+    for (int r = 0; r < R; ++r) {
+        rows8.emplace_back(static_cast<size_t>(nvs * H));
+        scales.emplace_back(static_cast<size_t>(nvs * spr));
+        EVENEP_CUDA_CHECK(cudaMemset(rows8[r].get(), 0x5a, nvs * H));
+        EVENEP_CUDA_CHECK(cudaMemset(scales[r].get(), 0x5a, nvs * spr * 4));
+        EVENEP_CUDA_CHECK(cudaMemset(ep.recv_x8(r), 0x5a, ep.layout().buf.recv_x8_bytes()));
+        caller[r].rows8 = rows8[r].get();
+        caller[r].row_scales = scales[r].get();
+    }
+    ep.dispatch(plan, caller, nullptr);
+    ep.check(nullptr);
+    for (int r = 0; r < R; ++r) {
+        const int64_t rows = od.plan.rows_used(r);
+        const std::vector<uint8_t> got = rows8[r].download(static_cast<size_t>(rows * H));
+        const std::vector<float> sc = scales[r].download(static_cast<size_t>(rows * spr));
+        for (int64_t i = 0; i < rows * H; ++i)
+            ASSERT_EQ(got[i], od.recv_x8[r][i].bits) << what << ": caller rows8 rank " << r << " row " << i / H;
+        for (int64_t i = 0; i < rows * spr; ++i)
+            ASSERT_EQ(float_as_bits(sc[i]), float_as_bits(od.recv_scale[r][i]))
+                << what << ": caller row_scales rank " << r << " row " << i / spr;
+        const std::vector<uint8_t> window = ep.download_recv_x8(r, 1);
+        ASSERT_EQ(window[0], 0x5a) << what << ": rows8 given, but the buffer's recv_x8 of rank " << r << " changed";
+    }
+    // The same rows quantised by the caller: moved as given into the buffer.
+    const bool ue8m0 = ep.options().precision.ue8m0;
+    caller = io.io;
+    for (int r = 0; r < R; ++r) {
+        const int64_t n = static_cast<int64_t>(tokens[r].x.size()) / H;
+        std::vector<Fp8E4m3> codes(static_cast<size_t>(n * H));
+        std::vector<float> sc(static_cast<size_t>(n * spr));
+        cpu::quantize_rows_fp8(tokens[r].x, n, H, ue8m0, codes, sc);
+        std::vector<uint8_t> bytes(codes.size());
+        for (size_t i = 0; i < codes.size(); ++i) bytes[i] = codes[i].bits;
+        x8.emplace_back(bytes.size());
+        xs.emplace_back(sc.size());
+        x8[r].upload(std::span<const uint8_t>(bytes));
+        xs[r].upload(std::span<const float>(sc));
+        caller[r].x = nullptr;
+        caller[r].x8 = x8[r].get();
+        caller[r].x_scales = xs[r].get();
+        EVENEP_CUDA_CHECK(cudaMemset(ep.recv_x8(r), 0x5a, ep.layout().buf.recv_x8_bytes()));
+        EVENEP_CUDA_CHECK(cudaMemset(ep.recv_scale(r), 0x5a, ep.layout().buf.recv_scale_bytes()));
+    }
+    ep.dispatch(plan, caller, nullptr);
+    ep.check(nullptr);
+    expect_fp8_dispatch_equal(ep, plan, od, what + " (x8 given)");
+}
+
 // Combine stays bf16: expert outputs y written into recv_x, then combine equals the oracle's.
 void expect_combine_equal(Ep& ep,
                           GroupIo& io,
@@ -183,6 +253,8 @@ TEST_P(Fp8DispatchTest, MatchesOracle) {
         ep.check(nullptr);
         expect_fp8_dispatch_equal(ep, plan, od, what);
         if (HasFatalFailure()) return;
+        expect_caller_io_equal(ep, io, plan, tokens, od, what);
+        if (HasFatalFailure()) return;
         expect_combine_equal(ep, io, plan, tokens, bc, oo, what);
         if (HasFatalFailure()) return;
     }
@@ -226,6 +298,85 @@ TEST(Fp8DispatchFlowTest, RefusesNonFinite) {
                 EXPECT_NE(m.find("not finite"), std::string::npos) << m;
             }
         }
+}
+
+// Caller-quantised rows: a NaN code, a scale <= 0 or not finite, and (ue8m0) a scale not a power of two are refused
+// by check() naming rank, token and channel / block; the calls' own refusals name the pointers.
+TEST(Fp8DispatchFlowTest, RefusesBadQuantisedRows) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const Routing routing = make_lognormal({2, 4, 2, 6, 5}, 1.0);
+    struct Bad {
+        int what;  // 0: code, 1: scale
+        float scale;
+        bool ue8m0;
+        const char* needle;
+    };
+    const Bad cases[] = {{0, 1.0f, false, "x_fp8[3, 77] is NaN (e4m3 code 255)"},
+                         {1, 0.0f, false, "scales[3, 1] = 0 is not positive and finite"},
+                         {1, -2.0f, false, "scales[3, 1] = -2 is not positive and finite"},
+                         {1, INFINITY, false, "is not positive and finite"},
+                         {1, 0.75f, true, "scales[3, 1] = 0.75 is not a power of two"}};
+    for (const Bad& c : cases) {
+        BufferConfig bc = testing::buffer_config(2, 4, 2, 6, 1, 256, 128);
+        bc.precision.fp8 = true;
+        bc.precision.ue8m0 = c.ue8m0;
+        EpOptions opt;
+        opt.precision = bc.precision;
+        DeviceEp ep(bc.cfg, bc.H, opt);
+        GroupIo io(2, bc.cfg.S, bc.cfg.K, bc.H);
+        std::vector<DeviceArray<uint8_t>> x8;
+        std::vector<DeviceArray<float>> xs;
+        std::vector<RankIo> caller = io.io;
+        for (int r = 0; r < 2; ++r) {
+            io.idx[r].upload(routing.topk_idx[r]);
+            io.w[r].upload(std::vector<float>(static_cast<size_t>(bc.cfg.S * bc.cfg.K), 0.5f));
+            std::vector<uint8_t> codes(static_cast<size_t>(bc.cfg.S * bc.H), 0x38);  // 1.0
+            std::vector<float> sc(static_cast<size_t>(bc.cfg.S * 2), 1.0f);
+            if (r == 1 && c.what == 0) codes[3 * 256 + 77] = 0xFF;
+            if (r == 1 && c.what == 1) sc[3 * 2 + 1] = c.scale;
+            x8.emplace_back(codes.size());
+            xs.emplace_back(sc.size());
+            x8[r].upload(std::span<const uint8_t>(codes));
+            xs[r].upload(std::span<const float>(sc));
+            caller[r].x = nullptr;
+            caller[r].x8 = x8[r].get();
+            caller[r].x_scales = xs[r].get();
+        }
+        const EpPlan plan = ep.plan(io.io, routing.s, nullptr, s_total_of(routing));
+        ep.dispatch(plan, caller, nullptr);
+        try {
+            ep.check(nullptr);
+            ADD_FAILURE() << "accepted: " << c.needle;
+        } catch (const Error& e) {
+            const std::string m = e.what();
+            EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << m;
+            EXPECT_NE(m.find("rank 1"), std::string::npos) << m;
+            EXPECT_NE(m.find(c.needle), std::string::npos) << m;
+        }
+        ep.team().recover();
+        // Pointers: x8 without x_scales, rows8 without row_scales, fp8 pointers on a bf16 Ep are refused by name.
+        std::vector<RankIo> half = caller;
+        half[0].x_scales = nullptr;
+        EXPECT_THROW(ep.dispatch(plan, half, nullptr), Error);
+        half = caller;
+        half[1].rows8 = x8[1].get();
+        EXPECT_THROW(ep.dispatch(plan, half, nullptr), Error);
+    }
+    DeviceEp bf16(testing::buffer_config(2, 4, 2, 6, 1, 256, 128).cfg, 256, EpOptions{});
+    GroupIo io(2, 6, 2, 256);
+    DeviceArray<uint8_t> rows8(static_cast<size_t>(bf16.layout().nvs * 256));
+    DeviceArray<float> scales(static_cast<size_t>(bf16.layout().nvs * 2));
+    for (int r = 0; r < 2; ++r) io.idx[r].upload(routing.topk_idx[r]);
+    const EpPlan plan = bf16.plan(io.io, routing.s, nullptr, s_total_of(routing));
+    std::vector<RankIo> caller = io.io;
+    caller[0].rows8 = rows8.get();
+    caller[0].row_scales = scales.get();
+    try {
+        bf16.dispatch(plan, caller, nullptr);
+        ADD_FAILURE() << "a bf16 Ep accepted rows8";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("no precision.fp8"), std::string::npos) << e.what();
+    }
 }
 
 TEST(Fp8DispatchFlowTest, ConfigChecks) {

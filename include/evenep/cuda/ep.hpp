@@ -65,11 +65,12 @@ struct EpOptions {
     // default the MoonEP layer's (H = 7168, H' = 2048, tp = 128); MoeLayer sets its own layer's (set_auto_model).
     detail::AutoCostModel auto_model = detail::default_auto_cost_model();
     TeamOptions team;          // for the convenience constructors that create their team (DeviceEp, NcclEp)
-    // precision.fp8: dispatch sends e4m3 rows + 1x128 scales into recv_x8 / recv_scale instead of bf16 rows into
-    // recv_x (bit-identical to cpu::Buffer's FP8 dispatch; H % 128 == 0; ue8m0: power-of-two scales). Combine and
-    // the backward calls stay bf16; dispatch refuses RankIo::rows. bf16_partials: combine (and dispatch_backward)
-    // round the partial of each chain of >= 2 entries to bf16 (push mode sends it as a bf16 row), bit-identical to
-    // cpu::Buffer's (docs/fp8.md).
+    // precision.fp8: dispatch sends e4m3 rows + 1x128 scales into recv_x8 / recv_scale (or the caller's
+    // RankIo::rows8 / row_scales) instead of bf16 rows into recv_x (bit-identical to cpu::Buffer's FP8 dispatch;
+    // H % 128 == 0; ue8m0: power-of-two scales); rows the caller quantised (RankIo::x8 / x_scales) are moved as
+    // given. Combine and the backward calls stay bf16; dispatch refuses RankIo::rows. bf16_partials: combine (and
+    // dispatch_backward) round the partial of each chain of >= 2 entries to bf16 (push mode sends it as a bf16 row),
+    // bit-identical to cpu::Buffer's (docs/fp8.md).
     DataPrecision precision{};
 };
 

@@ -58,6 +58,9 @@ enum class DeviceErrorKind : int32_t {
     kBadExpertId = 2,     // rank's topk_idx[token, k] = value is outside [-1, E)
     kInternal = 3,        // a planner invariant broke on rank (value: remote experts, aux: epn)
     kNonFiniteInput = 4,  // FP8 dispatch: rank's x[token, k = channel] (value: its bf16 bits) is NaN or infinite
+    kBadFp8Input = 5,     // FP8 dispatch of caller-quantised rows (RankIo::x8): aux 0: x8[token, k = channel] is a
+                          // NaN code (value: the byte); aux 1: x_scales[token, k = block] (value: its fp32 bits) is
+                          // not finite and > 0 (aux 2: not a power of two, with ue8m0)
 };
 
 struct DeviceErrorRecord {

@@ -20,6 +20,14 @@ struct RankIo {
     int32_t* plan = nullptr;            // Ep::plan: [plan_row_width] int32, this rank's row of the plan tensor
                                         // (evenep/plan_tensor.hpp), written by the planner's last phase: the bits of
                                         // cuda::pack_plan without its launch (nullptr: not written)
+    // The FP8 dispatch (EpOptions::precision.fp8; docs/fp8.md); codes 16-byte aligned; each pair set together:
+    const uint8_t* x8 = nullptr;      // [S, H] e4m3 codes quantised by the caller (DeepEP's x_fp8), with x_scales
+    const float* x_scales = nullptr;  // [S, H/128] their fp32 scales (4-byte aligned): moved as given, x unread;
+                                      // a NaN code or a scale not finite and > 0 (a power of two with ue8m0) is
+                                      // recorded as DeviceErrorKind::kBadFp8Input
+    uint8_t* rows8 = nullptr;         // [NvS, H] e4m3 receive codes and [NvS, H/128] scales of this rank for this
+    float* row_scales = nullptr;      // call instead of the buffer's recv_x8 / recv_scale (local team only, as rows;
+                                      // scales 4-byte aligned)
 };
 
 enum class PlannerKernel : int {

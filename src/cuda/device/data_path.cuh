@@ -29,6 +29,17 @@ __device__ __forceinline__ uint16_t* recv_rows(const DataParams& p, int rank) {
     return rows != nullptr ? rows : EpLayout::at<uint16_t>(p.team.peers[rank], p.lay.recv_x());
 }
 
+// The FP8 dispatch's receive codes [NvS, H] and scales [NvS, H/128] of `rank`: the caller's (RankIo::rows8 /
+// row_scales, local team only) or the rank's buffer's (recv_x8 / recv_scale).
+__device__ __forceinline__ uint8_t* recv_rows8(const DataParams& p, int rank) {
+    uint8_t* rows = multi_process(p.team) ? nullptr : p.io[rank].rows8;
+    return rows != nullptr ? rows : EpLayout::at<uint8_t>(p.team.peers[rank], p.lay.recv_x8());
+}
+__device__ __forceinline__ float* recv_scales(const DataParams& p, int rank) {
+    float* scales = multi_process(p.team) ? nullptr : p.io[rank].row_scales;
+    return scales != nullptr ? scales : EpLayout::at<float>(p.team.peers[rank], p.lay.recv_scale());
+}
+
 // A 64-bit pointer from lane `src` (warp-uniform call).
 template <typename T>
 __device__ __forceinline__ T* shfl_ptr(T* ptr, int src) {

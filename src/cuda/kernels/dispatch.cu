@@ -14,8 +14,10 @@
 // quantises the row once — per 1 x 128 block a lane holds 4 channels, the amax is a warp max (order-free, so the
 // scale equals cpu::Buffer's), then e4m3(x / s) with fp8.hpp's functions — and stores the codes and scales into
 // recv_x8 / recv_scale of every chain head row (recv_x is not written); every token row is checked for NaN/Inf
-// (masked tokens too, as the CPU backend does), recorded as DeviceErrorKind::kNonFiniteInput. A' zeroes the
-// padding rows' codes and scales, B copies codes and scales along the chains.
+// (masked tokens too, as the CPU backend does), recorded as DeviceErrorKind::kNonFiniteInput. Rows quantised by
+// the caller (RankIo::x8, x_scales) are moved as given, checked (DeviceErrorKind::kBadFp8Input). The receive codes
+// and scales are the caller's (RankIo::rows8 / row_scales) or the buffer's. A' zeroes the padding rows' codes and
+// scales, B copies codes and scales along the chains.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,18 +39,62 @@ inline constexpr int kFp8Unroll = 4;       // 1 x 128 blocks whose channels a la
 inline constexpr int kFp8PerLane = kFp8Block / kWarpSize;  // channels of one block per lane (4: 8 bytes of bf16)
 static_assert(kFp8PerLane == 4, "the FP8 send loads 4 bf16 channels per lane as one uint2");
 
-// FP8 send of token t's row (phase A): quantise each 1 x 128 block once, store codes and scale into every payload
-// (chain head) row of the token. Warp-uniform.
+// One 1 x 128 block of caller-quantised codes (RankIo::x8) as the cast would give it: lane's 4 codes of block b of
+// token t and the block's scale, checked (a NaN code; a scale not finite and > 0, or not a power of two with ue8m0:
+// recorded as DeviceErrorKind::kBadFp8Input, first failing lane). Warp-uniform.
+__device__ __forceinline__ uint32_t
+load_quantised_block(const DataParams& p, const RankIo& io, int rank, int t, int b, int lane, float& scale) {
+    const int H = p.lay.H, spr = H / kFp8Block, ch = b * kFp8Block + lane * kFp8PerLane;
+    const uint32_t q = __ldg(reinterpret_cast<const uint32_t*>(io.x8 + static_cast<int64_t>(t) * H + ch));
+    scale = __ldg(io.x_scales + static_cast<int64_t>(t) * spr + b);
+    int nan_i = -1;
+#pragma unroll
+    for (int i = 0; i < kFp8PerLane; ++i)
+        if (nan_i < 0 && ((q >> (8 * i)) & 0x7Fu) == 0x7Fu) nan_i = i;
+    const uint32_t sbits = float_as_bits(scale);
+    const int scale_bad = !(isfinite(scale) && scale > 0.0f) ? 1 : (p.ue8m0 != 0 && (sbits & 0x7FFFFFu) != 0) ? 2 : 0;
+    const unsigned bad = __ballot_sync(0xffffffffu, nan_i >= 0 || (lane == 0 && scale_bad != 0));
+    if (bad != 0 && lane == __ffs(bad) - 1) {
+        if (nan_i >= 0)
+            device::record_error(p.team, DeviceErrorKind::kBadFp8Input, rank, -1, Phase::kNone, t, ch + nan_i,
+                                 static_cast<int32_t>((q >> (8 * nan_i)) & 0xFFu), 0, 0);
+        else
+            device::record_error(p.team, DeviceErrorKind::kBadFp8Input, rank, -1, Phase::kNone, t, b,
+                                 static_cast<int32_t>(sbits), scale_bad, 0);
+    }
+    return q;
+}
+
+// FP8 send of token t's row (phase A): quantise each 1 x 128 block once (or take the caller's codes and scale,
+// RankIo::x8), store codes and scale into every payload (chain head) row of the token. Warp-uniform.
 __device__ __forceinline__ void send_token_fp8(
-    const DataParams& p, const device::TokenEntries& te, const uint16_t* xrow, int rank, int t, int lane) {
+    const DataParams& p, const device::TokenEntries& te, const RankIo& io, int rank, int t, int lane) {
     const EpLayout& L = p.lay;
     const int H = L.H, spr = H / kFp8Block;
+    const uint16_t* xrow = io.x8 != nullptr ? nullptr : io.x + static_cast<int64_t>(t) * H;
     uint8_t* my_row = nullptr;
     float* my_scale = nullptr;
     if (te.payload) {
-        char* db = p.team.peers[te.drank];
-        my_row = EpLayout::at<uint8_t>(db, L.recv_x8()) + static_cast<int64_t>(te.row) * H;
-        my_scale = EpLayout::at<float>(db, L.recv_scale()) + static_cast<int64_t>(te.row) * spr;
+        my_row = device::recv_rows8(p, te.drank) + static_cast<int64_t>(te.row) * H;
+        my_scale = device::recv_scales(p, te.drank) + static_cast<int64_t>(te.row) * spr;
+    }
+    auto store = [&](int b, uint32_t q, float s) {
+        const int ch = b * kFp8Block + lane * kFp8PerLane;
+        for (unsigned m = te.payloads; m; m &= m - 1) {
+            const int src = __ffs(m) - 1;
+            uint8_t* drow = device::shfl_ptr(my_row, src);
+            float* dscale = device::shfl_ptr(my_scale, src);
+            *reinterpret_cast<uint32_t*>(drow + ch) = q;
+            if (lane == 0) dscale[b] = s;
+        }
+    };
+    if (io.x8 != nullptr) {
+        for (int b = 0; b < spr; ++b) {
+            float s = 0.0f;
+            const uint32_t q = load_quantised_block(p, io, rank, t, b, lane, s);
+            store(b, q, s);
+        }
+        return;
     }
     for (int b0 = 0; b0 < spr; b0 += kFp8Unroll) {
         uint2 v[kFp8Unroll];
@@ -86,13 +132,7 @@ __device__ __forceinline__ void send_token_fp8(
 #pragma unroll
             for (int i = 0; i < kFp8PerLane; ++i)
                 q |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(x[i]), s).bits) << (8 * i);
-            for (unsigned m = te.payloads; m; m &= m - 1) {
-                const int src = __ffs(m) - 1;
-                uint8_t* drow = device::shfl_ptr(my_row, src);
-                float* dscale = device::shfl_ptr(my_scale, src);
-                *reinterpret_cast<uint32_t*>(drow + ch) = q;
-                if (lane == 0) dscale[b] = s;
-            }
+            store(b, q, s);
         }
     }
 }
@@ -134,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
                 te.payload ? detail::encode_ret(c.rank, unit, L.buf.stage_units()) : detail::kRetDuplicate;
         }
         if (p.fp8) {  // the row is read (checked) even when fully masked
-            send_token_fp8(p, te, io.x + static_cast<int64_t>(t) * H, c.rank, t, lane);
+            send_token_fp8(p, te, io, c.rank, t, lane);
             continue;
         }
         if (te.payloads == 0) continue;  // a fully masked token: nothing to send, its row is not read
@@ -163,8 +203,8 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
     float* recv_w = EpLayout::at<float>(base, L.recv_w());
     int32_t* next = EpLayout::at<int32_t>(base, L.recv_next());
     int32_t* ret = EpLayout::at<int32_t>(base, L.recv_ret());
-    uint8_t* recv_x8 = EpLayout::at<uint8_t>(base, L.recv_x8());
-    float* recv_scale = EpLayout::at<float>(base, L.recv_scale());
+    uint8_t* recv_x8 = device::recv_rows8(p, c.rank);
+    float* recv_scale = device::recv_scales(p, c.rank);
     const int spr = H / kFp8Block, num_vec8 = H / 16;  // fp8 only: scales per row, 16-byte vectors of codes
     device::for_each_padding_row(L, base, c.rank, gw, num_warps, [&](int32_t row) {
         if (p.fp8) {

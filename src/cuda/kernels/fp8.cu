@@ -1,10 +1,10 @@
-// FP8 cast kernels (launchers declared in evenep/cuda/detail/fp8_cast.hpp): one thread block per scaling block,
+// FP8 cast kernels (launchers declared in evenep/cuda/fp8_cast.hpp): one thread block per scaling block,
 // amax by warp shuffles then shared memory, every element quantised by the shared host/device functions of
 // evenep/detail/fp8.hpp — the CPU oracle's bytes, bit for bit.
 #include <cuda_runtime.h>
 
 #include "cuda/kernels/launch.cuh"
-#include "evenep/cuda/detail/fp8_cast.hpp"
+#include "evenep/cuda/fp8_cast.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep::cuda {

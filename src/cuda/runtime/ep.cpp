@@ -151,8 +151,10 @@ void Ep::check_io(std::span<const RankIo> io, bool need_x, const char* call) con
         const int r = rank_begin() + i;
         const RankIo& v = io[i];
         if (need_x) {
-            EVENEP_CHECK(v.x && v.topk_w, "cuda ep: ", call, ": rank ", r, ": x and topk_w must be device pointers");
-            EVENEP_CHECK(reinterpret_cast<uintptr_t>(v.x) % 16 == 0, "cuda ep: ", call, ": rank ", r,
+            const void* x = v.x8 != nullptr ? static_cast<const void*>(v.x8) : v.x;
+            EVENEP_CHECK(x && v.topk_w, "cuda ep: ", call, ": rank ", r,
+                         ": x (or x8 and x_scales) and topk_w must be device pointers");
+            EVENEP_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "cuda ep: ", call, ": rank ", r,
                          ": x must be 16-byte aligned");
         } else {
             EVENEP_CHECK(v.topk_w && v.out, "cuda ep: ", call, ": rank ", r,
@@ -281,10 +283,26 @@ EpPlan Ep::new_resident_plan(std::span<const int32_t> s, int64_t s_total, cudaSt
 void Ep::dispatch(const EpPlan& plan, std::span<const RankIo> io, cudaStream_t stream) {
     const std::span<const int32_t> s = checked_s(plan, "dispatch");
     check_io(io, true, "dispatch");
-    if (options_.precision.fp8)
-        for (size_t i = 0; i < io.size(); ++i)
-            EVENEP_CHECK(io[i].rows == nullptr, "cuda ep: dispatch: rank ", rank_begin() + static_cast<int>(i),
-                         ": RankIo::rows is set but precision.fp8 sends e4m3 rows into recv_x8 (leave rows null)");
+    for (size_t i = 0; i < io.size(); ++i) {
+        const RankIo& v = io[i];
+        const int r = rank_begin() + static_cast<int>(i);
+        const bool fp8_io = v.x8 || v.x_scales || v.rows8 || v.row_scales;
+        if (!options_.precision.fp8) {
+            EVENEP_CHECK(!fp8_io, "cuda ep: dispatch: rank ", r,
+                         ": RankIo::x8 / x_scales / rows8 / row_scales are set but the Ep has no precision.fp8");
+            continue;
+        }
+        EVENEP_CHECK(v.rows == nullptr, "cuda ep: dispatch: rank ", r,
+                     ": RankIo::rows is set but precision.fp8 sends e4m3 rows (give rows8 and row_scales instead)");
+        EVENEP_CHECK((v.x8 == nullptr) == (v.x_scales == nullptr), "cuda ep: dispatch: rank ", r,
+                     ": RankIo::x8 and x_scales are set together or not at all");
+        EVENEP_CHECK((v.rows8 == nullptr) == (v.row_scales == nullptr), "cuda ep: dispatch: rank ", r,
+                     ": RankIo::rows8 and row_scales are set together or not at all");
+        EVENEP_CHECK(
+            reinterpret_cast<uintptr_t>(v.x_scales) % 4 == 0 && reinterpret_cast<uintptr_t>(v.row_scales) % 4 == 0,
+            "cuda ep: dispatch: rank ", r, ": x_scales and row_scales must be 4-byte aligned");
+        check_rows(reinterpret_cast<const uint16_t*>(v.rows8), r, "dispatch");
+    }
     use(plan, stream);
     const RankIo* d_io = store_io(fwd_, io, stream);
     last_blocks_ =

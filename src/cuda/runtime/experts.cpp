@@ -3,9 +3,9 @@
 #include "evenep/cuda/experts.hpp"
 
 #include "evenep/cuda/check.hpp"
-#include "evenep/cuda/detail/fp8_cast.hpp"
 #include "evenep/cuda/detail/launchers.hpp"
 #include "evenep/cuda/expert_ops.hpp"
+#include "evenep/cuda/fp8_cast.hpp"
 #include "evenep/detail/align.hpp"
 #include "evenep/error.hpp"
 

@@ -66,6 +66,17 @@ std::string format_device_error(const DeviceErrorRecord& rec, const char* note) 
                << ", channel " << rec.k
                << ") is not finite; the FP8 dispatch quantises each 128-channel block by its amax";
             break;
+        case DeviceErrorKind::kBadFp8Input:
+            os << "dispatch: rank " << rec.rank << ": ";
+            if (rec.aux == 0) {
+                os << "x_fp8[" << rec.token << ", " << rec.k << "] is NaN (e4m3 code " << (rec.value & 0xFF) << ")";
+            } else {
+                const float v = bits_as_float(static_cast<uint32_t>(rec.value));
+                os << "scales[" << rec.token << ", " << rec.k << "] = " << v << " is not "
+                   << (rec.aux == 2 ? "a power of two (the buffer has ue8m0 scales)" : "positive and finite");
+            }
+            os << " (rows quantised by the caller are moved as given)";
+            break;
         case DeviceErrorKind::kInternal:
             os << "internal: rank " << rec.rank << " at phase '" << phase << "': value " << rec.value
                << " breaks a planner invariant (bound " << rec.aux << ")";
@@ -99,7 +110,8 @@ bool throw_recorded(const DeviceErrorRecord* h_record, cudaError_t sync_err, con
     if (!msg.empty()) {
         const auto kind = static_cast<DeviceErrorKind>(static_cast<const volatile DeviceErrorRecord*>(h_record)->kind);
         const ErrorKind ek = kind == DeviceErrorKind::kBarrierTimeout ? ErrorKind::kTimeout
-                             : kind == DeviceErrorKind::kBadExpertId || kind == DeviceErrorKind::kNonFiniteInput
+                             : kind == DeviceErrorKind::kBadExpertId || kind == DeviceErrorKind::kNonFiniteInput ||
+                                     kind == DeviceErrorKind::kBadFp8Input
                                  ? ErrorKind::kInvalidArgument
                                  : ErrorKind::kInternal;
         if (sync_err != cudaSuccess) throw Error(ek, msg + " (device trapped: " + cudaGetErrorName(sync_err) + ")");

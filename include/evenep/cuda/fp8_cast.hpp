@@ -1,5 +1,6 @@
-// evenep/cuda/detail/fp8_cast.hpp — launchers of the FP8 cast kernels (src/cuda/kernels/fp8.cu): not a contract of
-// the library; for the FP8 data path of the CUDA backend and the tests.
+// evenep/cuda/fp8_cast.hpp — the FP8 casts on the device (kernels in src/cuda/kernels/fp8.cu): activations 1 x 128,
+// weights 128 x 128, as the FP8 data path (docs/fp8.md) and the PyTorch package's evenep.fp8.quantize /
+// quantize_weight on CUDA tensors use them.
 //
 // Both casts call the functions of evenep/detail/fp8.hpp (fp8_block_scale, fp8_quantize), so their bytes equal the
 // CPU oracle's cpu::quantize_rows_fp8 / cpu::quantize_weight_fp8 bit for bit (docs/fp8.md); the amax is a max, so
