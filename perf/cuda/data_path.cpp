@@ -5,7 +5,10 @@
 
 #include <cstring>
 #include <sstream>
+#include <utility>
+#include <vector>
 
+#include "evenep/detail/fp8.hpp"
 #include "evenep/detail/layout.hpp"
 #include "perf/cuda/point.hpp"
 
@@ -17,10 +20,11 @@ struct DataBytes {
     int64_t entries = 0, heads = 0, multi_heads = 0, multi_entries = 0, padding_rows = 0, tokens = 0;
 };
 
-DataBytes count_bytes(const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H) {
+// fp8: the dispatch moves e4m3 rows and their scales (H + 4 H/128 bytes a row; the source still reads the bf16 row).
+DataBytes count_bytes(const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, bool fp8) {
     const int R = plan.R(), K = plan.cfg.K, G = plan.G();
     const int64_t nvs = plan.cfg.recv_rows();
-    const double row = 2.0 * H;
+    const double row = 2.0 * H, sent = fp8 ? H + 4.0 * (H / kFp8Block) : row;
     DataBytes b;
     for (int r = 0; r < R; ++r) {
         for (int g = 0; g < G; ++g)
@@ -46,7 +50,7 @@ DataBytes count_bytes(const Plan& plan, const std::vector<std::vector<int32_t>>&
             b.heads += heads;
             // dispatch: K codes, live weights, 12 B metadata per live entry, x row once (if any head), one row
             // write per head.
-            b.dispatch += 4.0 * K + 16.0 * live + (heads ? row : 0) + row * heads;
+            b.dispatch += 4.0 * K + 16.0 * live + (heads ? row : 0) + sent * heads;
             // combine pull: K codes + K weights, one y row per live entry, gathered weights are not requested,
             // one out row.
             b.combine_pull += 8.0 * K + row * live + row;
@@ -57,7 +61,7 @@ DataBytes count_bytes(const Plan& plan, const std::vector<std::vector<int32_t>>&
     const int64_t dups = b.entries - b.heads;
     // dispatch, destination side: padding rows (row + weight + next + ret), entry-row metadata scan (ret + next),
     // duplicate fill (one read per multi-entry head, one write per duplicate).
-    b.dispatch += b.padding_rows * (row + 12.0) + 8.0 * b.entries + row * b.multi_heads + row * dups;
+    b.dispatch += b.padding_rows * (sent + 12.0) + 8.0 * b.entries + sent * b.multi_heads + sent * dups;
     // combine push: destination reads every entry row once and its metadata; writes one unit per single head and
     // two per multi head; the source reads the same units back.
     const int64_t single_heads = b.heads - b.multi_heads;
@@ -80,7 +84,7 @@ void bench_data_path(Point& p, bool want_dispatch, bool want_combine) {
     cuda::DeviceEp& ep = *p.ep;
     const int R = bc.R, H = bc.H;
     cudaStream_t stream = p.stream;
-    const DataBytes bytes = count_bytes(p.plan, p.dst, H);
+    const DataBytes bytes = count_bytes(p.plan, p.dst, H, bc.fp8);
     const std::vector<int> cols = check_columns(H);
     const size_t C = cols.size();
     std::vector<cpu::RankTokens> tokens;
@@ -88,6 +92,36 @@ void bench_data_path(Point& p, bool want_dispatch, bool want_combine) {
     oracle.mode = bc.mode;
     if (bc.check) tokens = p.oracle_tokens(cols);
 
+    std::ostringstream note;
+    note << bytes.entries << " entries, " << bytes.heads << " rows sent, " << bytes.entries - bytes.heads
+         << " filled on the destination, " << bytes.padding_rows << " padding rows";
+    if (bc.fp8) {
+        // The FP8 dispatch (e4m3 rows + 1x128 scales, quantised in the send) into the buffers' recv_x8 / recv_scale,
+        // and into caller-owned codes and scales (RankIo::rows8 / row_scales, as the PyTorch op). Not checked here:
+        // the sampled columns of --check cannot give a 128-block's amax (tests/cuda/gpu_fp8_dispatch_test.cu checks
+        // every byte against the oracle).
+        std::vector<DeviceArray<uint8_t>> rows8;
+        std::vector<DeviceArray<float>> scales;
+        std::vector<cuda::RankIo> caller = p.io;
+        const int64_t nvs = ep.layout().nvs, spr = H / kFp8Block;
+        for (int r = 0; r < R; ++r) {
+            rows8.emplace_back(static_cast<size_t>(nvs * H));
+            scales.emplace_back(static_cast<size_t>(nvs * spr));
+            caller[r].rows8 = rows8.back().get();
+            caller[r].row_scales = scales.back().get();
+        }
+        for (const auto& [name, io] : {std::pair<const char*, const std::vector<cuda::RankIo>*>{"dispatch_fp8", &p.io},
+                                       {"dispatch_fp8_rows", &caller}}) {
+            const Stats st = time_op([&] { ep.dispatch(p.ep_plan, *io, stream); }, stream, bc.warmup, bc.iters);
+            const std::optional<Stats> stg = p.graph_stats([&] { ep.dispatch(p.ep_plan, *io, stream); });
+            ep.check(stream);
+            if (want_dispatch) {
+                p.add(name, st, bytes.dispatch, ep.last_blocks_per_rank(), -1, note.str() + ", e4m3 rows");
+                p.add_graph(name, stg, bytes.dispatch, ep.last_blocks_per_rank(), -1, note.str() + ", e4m3 rows");
+            }
+        }
+        return;  // combine stays bf16: bench combine without --fp8
+    }
     {
         const Stats st = time_op([&] { ep.dispatch(p.ep_plan, p.io, stream); }, stream, bc.warmup, bc.iters);
         const std::optional<Stats> stg = p.graph_stats([&] { ep.dispatch(p.ep_plan, p.io, stream); });
@@ -106,9 +140,6 @@ void bench_data_path(Point& p, bool want_dispatch, bool want_combine) {
                              std::memcmp(&gw[i], &want.recv_w[r][i], sizeof(float)) != 0;
             }
         }
-        std::ostringstream note;
-        note << bytes.entries << " entries, " << bytes.heads << " rows sent, " << bytes.entries - bytes.heads
-             << " filled on the destination, " << bytes.padding_rows << " padding rows";
         if (want_dispatch) {
             p.add("dispatch", st, bytes.dispatch, ep.last_blocks_per_rank(), wrong, note.str());
             p.add_graph("dispatch", stg, bytes.dispatch, ep.last_blocks_per_rank(), wrong, note.str());

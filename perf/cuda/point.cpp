@@ -92,6 +92,7 @@ Point::Point(const BenchConfig& config, double copy_anchor_gbps) : bc(config), c
     opt.mode = bc.mode;
     opt.sm_budget = bc.sm_budget;
     opt.auto_model = auto_model;
+    opt.precision.fp8 = bc.fp8;
     ep = std::make_unique<cuda::DeviceEp>(cfg, H, opt);
     io.resize(R);
     for (int r = 0; r < R; ++r) {

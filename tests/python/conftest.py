@@ -10,6 +10,7 @@ Routings (topk_idx [R, s, K], -1 masked; distinct experts per token where possib
 """
 
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -75,3 +76,15 @@ def small():
 def rel_err(got, ref):
     got, ref = got.float(), ref.float()
     return ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+@contextlib.contextmanager
+def deterministic():
+    """torch.use_deterministic_algorithms(True): the CUDA ops write zero where they otherwise leave memory unwritten
+    (rows past the groups, slots without a copy), as the CPU ops do."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev)

@@ -34,7 +34,7 @@ def test_bench_cpu(tmp_path):
 
 
 def test_cpp_rows_map():
-    cpp = {"plan_fused": 1.0, "dispatch": 2.0, "dispatch_graph": 1.5, "combine_pull_weighted": 3.0}
+    cpp = {"plan_fused_rows": 1.0, "dispatch": 2.0, "dispatch_graph": 1.5, "combine_pull_weighted": 3.0}
     assert bench._cpp_of("op plan", cpp) == 1.0
     assert bench._cpp_of("op dispatch", cpp) == 2.0 and bench._cpp_of("op dispatch graph", cpp) == 1.5
     assert bench._cpp_of("op combine", cpp) == 3.0 and bench._cpp_of("op combine graph", cpp) is None

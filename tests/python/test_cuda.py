@@ -7,7 +7,6 @@ CUDA-graph capture of a whole forward+backward+optimizer step replayed with chan
 steps; torch.compile(fullgraph=True); bad input (raises, the buffer stays usable).
 """
 
-import contextlib
 import copy
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 
 import evenep
 from evenep.bench import capture
-from conftest import ROUTINGS, make_routing, make_weights, rel_err
+from conftest import ROUTINGS, deterministic as _deterministic, make_routing, make_weights, rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,17 +59,6 @@ def _used_slots(t, buf, plan):
     used = buf.layout.field(plan.cpu(), "copies") >= 0
     t = t.cpu()
     return torch.where(used.reshape(*used.shape, *([1] * (t.dim() - 2))), t, torch.zeros((), dtype=t.dtype))
-
-
-@contextlib.contextmanager
-def _deterministic():
-    """torch.use_deterministic_algorithms(True): the ops write zero where they otherwise leave memory unwritten."""
-    prev = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(prev)
 
 
 @pytest.mark.parametrize("kind", ROUTINGS)
@@ -493,14 +481,3 @@ def test_out_of_memory_cuda(pair):
     with pytest.raises(torch.OutOfMemoryError):
         evenep.Buffer(8, 2, 2**22, 8192, virtual_ranks=8, token_padding=8, device="cuda")
     _gpu_still_works(pair)
-
-
-# --- FP8 (docs/python.md, FP8) -------------------------------------------------------------------------------------
-# The CUDA ops have no FP8 path yet: Buffer(fp8=True, device="cuda") is refused naming what is missing, and the FP8
-# ops have no CUDA kernel (torch's NotImplementedError). When they are wired, these become the bit-for-bit
-# comparisons with the CPU ops (dispatch_fp8's codes and scales; quantize_fp8 / quantize_fp8_weight).
-def test_fp8_refused_on_cuda():
-    with pytest.raises(NotImplementedError, match="FP8 dispatch"):
-        evenep.Buffer(**{**CFG, "hidden": 128, "ffn_hidden": 128}, device="cuda", fp8=True)
-    with pytest.raises(NotImplementedError):
-        evenep.fp8.quantize(torch.zeros(2, 128, dtype=torch.bfloat16, device="cuda"))

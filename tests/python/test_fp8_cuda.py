@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import evenep
-from conftest import ROUTINGS, make_routing, make_weights
+from conftest import ROUTINGS, deterministic, make_routing, make_weights
 from evenep import fp8
 from evenep.bench import capture
 
@@ -198,5 +198,6 @@ def test_opcheck():
     _opcheck(evenep.ops.quantize_fp8_weight, (torch.randn(E, H, F, device="cuda").bfloat16(), False))
     plan = gpu.plan(idx)
     q, s = fp8.quantize(x)
-    for args in ((x, None), (q, s)):
-        _opcheck(evenep.ops.dispatch_fp8, (*args, idx, w, plan, gpu.id))
+    with deterministic():  # rows past the groups are zero, so every run returns the same tensors
+        for args in ((x, None), (q, s)):
+            _opcheck(evenep.ops.dispatch_fp8, (*args, idx, w, plan, gpu.id))

@@ -30,6 +30,7 @@ struct GpuBenchOptions {
     int warmup = 5, iters = 20;
     bool check = false;
     bool graph = false;
+    bool fp8 = false;  // bench dispatch --fp8
     std::string planner = "optimized";
     double slack = 0;
     std::string policy;                // --policy (apply_policy; docs/auto.md)
@@ -208,6 +209,7 @@ int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const st
                 bc.iters = o.iters;
                 bc.check = o.check;
                 bc.graph = o.graph;
+                bc.fp8 = o.fp8;
                 bc.mode = parse_planner_mode(o.planner);
                 // Several policies: exact plans with budget 0 whatever --slack (the others' budget).
                 const bool exact_beside = several && policy == "exact";
@@ -250,6 +252,11 @@ void add_gpu_command(
     auto opt = std::make_shared<GpuBenchOptions>();
     CLI::App* cmd = bench.add_subcommand(name, help);
     add_common(cmd, *opt, true, plan_only);
+    if (std::string(name) == "dispatch")
+        cmd->add_flag("--fp8", opt->fp8,
+                      "the FP8 dispatch (e4m3 rows + 1x128 fp32 scales, quantised in the send; H a multiple of 128): "
+                      "rows dispatch_fp8 (into the buffers) and dispatch_fp8_rows (into caller-owned codes and "
+                      "scales, as the PyTorch op); not checked by --check (gpu_fp8_dispatch_test checks the bytes)");
     set_run(cmd, [opt, ops, plan_only, name] {
         const int hidden = plan_only ? 8 : opt->H;  // as run() below
         check_estimate(fmt::format("bench {}", name),
