@@ -326,7 +326,8 @@ class Buffer:
         evenep.nn.MoE(fp8=True) uses the straight-through form (evenep.fp8.DispatchFp8).
         """
         if self.fp8:
-            recv_x8, recv_sc, _, recv_w, cu, handle = self._dispatch_fp8(x, topk_idx, topk_weights, plan, num_tokens)
+            recv_x8, recv_sc, _, recv_w, cu, handle = self._dispatch_fp8(x, topk_idx, topk_weights, plan, num_tokens,
+                                                                         dequantized=False)
             return (recv_x8, recv_sc), recv_w, cu, handle
         if isinstance(x, tuple):
             raise ValueError("evenep.dispatch: x is a tuple (x_fp8, scales) but the buffer was created without "
@@ -343,9 +344,10 @@ class Buffer:
             _trace.record_plan(self._trace, plan, self.layout)
         return plan
 
-    def _dispatch_fp8(self, x, topk_idx, topk_weights, plan=None, num_tokens=None):
+    def _dispatch_fp8(self, x, topk_idx, topk_weights, plan=None, num_tokens=None, dequantized=True):
         """The FP8 dispatch with its straight-through form (evenep.fp8.DispatchFp8): (recv_x8, recv_scales,
-        recv_deq bf16 (differentiable), recv_w, cu_seqlens, Handle)."""
+        recv_deq bf16 (differentiable; with dequantized=False an empty tensor, nothing dequantised), recv_w,
+        cu_seqlens, Handle)."""
         scales = None
         if isinstance(x, tuple):
             if len(x) != 2:
@@ -358,7 +360,7 @@ class Buffer:
         n = _tokens("dispatch", num_tokens, self.info.S)
         plan = self._plan_for(plan, topk_idx, n)
         recv_x8, recv_sc, recv_deq, recv_w, cu, dst = _fp8.DispatchFp8.apply(x, scales, topk_idx, topk_weights, plan,
-                                                                            self._id, n)
+                                                                            self._id, n, dequantized)
         return recv_x8, recv_sc, recv_deq, recv_w, cu, Handle(plan, dst, topk_weights.detach(), recv_w)
 
     def combine(self, expert_out: torch.Tensor, handle: Handle, apply_weights: bool = True) -> torch.Tensor:

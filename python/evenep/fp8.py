@@ -112,13 +112,20 @@ class DispatchFp8(torch.autograd.Function):
     """dispatch_fp8 with a straight-through gradient: returns (recv_x8, recv_scales, recv_deq, recv_w, cu_seqlens,
     handle), recv_deq = bf16(float(q) * s) the dequantised rows. The gradient of recv_deq (and of recv_w) goes back by
     the bf16 dispatch_backward as if the rows had not been quantised (to x when x is bf16; pre-quantised input gets
-    none). The codes, scales, cu_seqlens and handle are not differentiable."""
+    none). The codes, scales, cu_seqlens and handle are not differentiable. dequantized=False (Buffer.dispatch, which
+    returns the codes and scales only): recv_deq is an empty tensor and nothing is dequantised (at the MoonEP point the
+    dequantisation costs ten times the dispatch)."""
 
     @staticmethod
-    def forward(ctx, x, x_scales, topk_idx, topk_weights, plan, buffer, num_tokens):
+    def forward(ctx, x, x_scales, topk_idx, topk_weights, plan, buffer, num_tokens, dequantized=True):
         recv_x8, recv_sc, recv_w, cu, dst = ops.dispatch_fp8(x, x_scales, topk_idx, topk_weights, plan, buffer,
                                                              num_tokens)
-        recv_deq = dequantize(recv_x8, recv_sc)
+        if dequantized:
+            recv_deq = dequantize(recv_x8, recv_sc)
+        else:
+            recv_deq = recv_x8.new_empty(0, dtype=torch.bfloat16)
+            ctx.mark_non_differentiable(recv_deq)
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None (_dispatch_backward fills zeros)
         ctx.mark_non_differentiable(recv_x8, recv_sc, cu, dst)
         ctx.save_for_backward(topk_weights, plan, dst)
         ctx.buffer, ctx.x_dtype, ctx.pre = buffer, x.dtype, x_scales is not None
@@ -128,7 +135,7 @@ class DispatchFp8(torch.autograd.Function):
     def backward(ctx, _g8, _gs, grad_deq, grad_recv_w, _gcu, _gdst):
         # The bf16 dispatch's backward (the same saved tensors: topk_weights, plan, handle; buffer, x_dtype).
         grad_x, _, grad_w, *_ = _ops._dispatch_backward(ctx, grad_deq, grad_recv_w, None, None)
-        return None if ctx.pre else grad_x, None, None, grad_w, None, None, None
+        return None if ctx.pre else grad_x, None, None, grad_w, None, None, None, None
 
 
 class ExpertLinearFp8(torch.autograd.Function):
