@@ -63,6 +63,17 @@ def _median_ms(fn, warmup, iters):
 WARM_MS = 100.0  # GPU time run back to back before each CUDA row is timed (_cuda_ms)
 
 
+def back_to_back_ms(fn, n):
+    """GPU ms per call of n calls issued back to back, one CUDA event pair around them all (waited for)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / n
+
+
 def _cuda_ms(fn, warmup, iters):
     """GPU time per call (CUDA events, median and min) and the host time of issuing it (median), timed as the C++
     `evenep bench` times (perf/cuda/timing.cpp time_op): an event pair around each call, the calls issued back to
@@ -80,13 +91,7 @@ def _cuda_ms(fn, warmup, iters):
     warm = 0.0
     n = 1
     while warm < WARM_MS:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        b.synchronize()
-        warm += a.elapsed_time(b)
+        warm += back_to_back_ms(fn, n) * n
         n *= 2
     events, host = [], []
     for _ in range(iters):

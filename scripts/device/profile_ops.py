@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import evenep
-from evenep.bench import _routing, capture
+from evenep.bench import _routing, back_to_back_ms, capture
 
 R, E, K, S, H, F = 8, 384, 8, 8192, 7168, 2048
 
@@ -39,13 +39,7 @@ def events(fn, n=10):
 def back_to_back(fn, n=10):
     """ms per call of n calls issued back to back (one event pair around all)."""
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / n
+    return back_to_back_ms(fn, n)
 
 
 def kernels(fn, tag, n=5):
