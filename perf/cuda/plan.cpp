@@ -98,14 +98,11 @@ void bench_plan(Point& p) {
     // With `rows`, each rank's call also writes its row of the plan tensor (RankIo::plan), as evenep.Buffer.plan
     // does (python -m evenep.bench compares its plan op with that row); the rows are checked against the CPU plan's.
     const int64_t width = plan_row_width(p.cfg);
-    DeviceArray<int32_t> plan_rows;
+    DeviceArray<int32_t> plan_rows(static_cast<size_t>(R * width));
     std::vector<cuda::RankIo> io_rows = p.io;
+    for (int r = 0; r < R; ++r) io_rows[r].plan = plan_rows.get() + r * width;
     auto fused_row = [&](cuda::PlannerKernel kernel, const std::string& name, const std::string& what, bool rows) {
         if (!cuda::plan_fits_co_resident(ep.view(ep.options().channel), ep.layout(), kernel)) return;
-        if (rows && plan_rows.size() == 0) {
-            plan_rows = DeviceArray<int32_t>(static_cast<size_t>(R * width));
-            for (int r = 0; r < R; ++r) io_rows[r].plan = plan_rows.get() + r * width;
-        }
         const std::vector<cuda::RankIo>& io = rows ? io_rows : p.io;
         auto call = [&] { return cuda::plan_with_kernel(ep, io, p.routing.s, stream, kernel); };
         int64_t wrong_fused = -1;

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -160,11 +161,18 @@ T* rows_of(const CudaContext& ctx, const at::Tensor& t, int i, int64_t row_elems
 }
 inline uint16_t* rows_of(const CudaContext& ctx, const at::Tensor& t, int i) { return rows_of(ctx, t, i, ctx.H()); }
 
-// The dispatch ops (ops_cuda.cpp, ops_fp8_cuda.cpp): the plan the kernels use for plan tensor `plan` (the latest
-// plan op's while resident, else planned again from idx with s_r tokens per rank; refused when made for other
-// token counts), and what follows the data movement: recv_w [L, NvS] gathered from the buffers (and recv_x when
-// given: the NCCL team's rows, copied out of its window), cu_seqlens (the plan's column) and the handle (recorded).
-cuda::EpPlan dispatch_plan(OpScope& sc, const at::Tensor& idx, const at::Tensor& plan, const std::vector<int32_t>& s);
+// The dispatch ops (ops_cuda.cpp, ops_fp8_cuda.cpp), after checking their rows x: topk_idx, topk_weights and plan
+// checked for s_pad tokens per rank, and the plan the kernels use for plan tensor `plan` (the latest plan op's while
+// resident, else planned again from topk_idx with s_r tokens per rank, num_tokens or s_pad; refused when made for
+// other token counts); then what follows the data movement: recv_w [L, NvS] gathered from the buffers (and recv_x
+// when given: the NCCL team's rows, copied out of its window), cu_seqlens (the plan's column) and the handle
+// (recorded).
+cuda::EpPlan dispatch_plan(OpScope& sc,
+                           const at::Tensor& topk_idx,
+                           const at::Tensor& topk_weights,
+                           const at::Tensor& plan,
+                           int64_t s_pad,
+                           std::optional<at::IntArrayRef> num_tokens);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> dispatch_results(OpScope& sc,
                                                                 const at::Tensor& plan,
                                                                 int64_t s_pad,

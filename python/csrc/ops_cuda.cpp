@@ -50,8 +50,18 @@ cuda::EpPlan new_plan(OpScope& sc, const at::Tensor& idx, const std::vector<int3
 
 }  // namespace
 
-cuda::EpPlan dispatch_plan(OpScope& sc, const at::Tensor& idx, const at::Tensor& plan, const std::vector<int32_t>& s) {
+cuda::EpPlan dispatch_plan(OpScope& sc,
+                           const at::Tensor& topk_idx,
+                           const at::Tensor& topk_weights,
+                           const at::Tensor& plan,
+                           int64_t s_pad,
+                           std::optional<at::IntArrayRef> num_tokens) {
     CudaContext& ctx = *sc.ctx;
+    const int L = ctx.L(), K = ctx.cfg().K;
+    at::Tensor idx = topk_int32(ctx, topk_idx, "dispatch");
+    check_cuda(ctx, topk_weights, "dispatch", "topk_weights", at::kFloat, {L, s_pad, K});
+    check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {L, ctx.plan_layout().width});
+    const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch", ctx.rank_begin(), L);
     // The kernels read the encoded destinations, which the plan tensor lacks: the plan of the latest plan op when
     // this is its tensor and it is still resident, else planned again (a pure function of the routing).
     cuda::EpPlan p = ctx.last_plan(plan);
@@ -121,15 +131,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_cuda(const a
     return translate([&] {
         OpScope sc(buffer, "dispatch");
         CudaContext& ctx = *sc.ctx;
-        const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H(), r0 = ctx.rank_begin();  // R: the served ranks (L)
-        const PlanRowLayout& L = ctx.plan_layout();
+        const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H();  // R: the served ranks (L)
         const int64_t s_pad = x.dim() == 3 ? x.size(1) : -1, nvs = ctx.nvs();
         check_cuda(ctx, x, "dispatch", "x", at::kBFloat16, {R, s_pad, H});
-        at::Tensor idx = topk_int32(ctx, topk_idx, "dispatch");
-        check_cuda(ctx, topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
-        check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {R, L.width});
-        const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch", r0, R);
-        const cuda::EpPlan p = dispatch_plan(sc, idx, plan, s);
+        const cuda::EpPlan p = dispatch_plan(sc, topk_idx, topk_weights, plan, s_pad, num_tokens);
         at::Tensor recv_x = output(ctx, {R, nvs, H}, at::kBFloat16);
         std::vector<cuda::RankIo> io(R);
         for (int r = 0; r < R; ++r) {

@@ -26,13 +26,12 @@
 namespace evenep::python {
 namespace {
 
-bool capturing_now(const at::Tensor& t) {
-    return stream_capturing(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
-}
+// The current torch stream of t's device (the casts run on it).
+cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
 
 // Raises when the cast's device flag is set: names the first non-finite element of x (outside graph capture).
 void check_finite_cast(const at::Tensor& flag, const at::Tensor& x, const char* op, const char* name) {
-    if (capturing_now(x) || flag.item<int32_t>() == 0) return;
+    if (stream_capturing(stream_of(x)) || flag.item<int32_t>() == 0) return;
     const at::Tensor bad = at::nonzero(at::logical_not(at::isfinite(x.reshape({-1})))).cpu();
     const int64_t i = bad.numel() > 0 ? bad[0][0].item<int64_t>() : -1;
     std::vector<int64_t> at_index(static_cast<size_t>(x.dim()), 0);
@@ -54,8 +53,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_cuda(const at::Tensor& x, bool u
         at::Tensor scales = at::empty(scale_sizes(x, 1), x.options().dtype(at::kFloat));
         at::Tensor flag = at::zeros({1}, x.options().dtype(at::kInt));
         cuda::launch_fp8_cast_rows(ptr<const Bf16>(x), rows, static_cast<int>(D), ue8m0, ptr<Fp8E4m3>(codes),
-                                   ptr<float>(scales), ptr<uint32_t>(flag),
-                                   c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+                                   ptr<float>(scales), ptr<uint32_t>(flag), stream_of(x));
         check_finite_cast(flag, x, "quantize_fp8", "x");
         return std::make_tuple(codes, scales);
     });
@@ -82,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_weight_cuda(const at::Tensor& w,
         c.scales = ptr<float>(scales);
         c.scale_stride = (in / kBlock) * (out / kBlock);
         c.nonfinite = ptr<uint32_t>(flag);
-        cuda::launch_fp8_cast_weights(c, c10::cuda::getCurrentCUDAStream(w.device().index()).stream());
+        cuda::launch_fp8_cast_weights(c, stream_of(w));
         check_finite_cast(flag, w, "quantize_fp8_weight", "weight");
         return std::make_tuple(codes, scales);
     });
@@ -105,16 +103,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_
         TORCH_CHECK_VALUE(ctx.buffer_config().precision.fp8, "evenep.dispatch_fp8: buffer ", buffer,
                           " was created without fp8=True (its rows are bf16: use dispatch)");
         TORCH_CHECK(!ctx.multi_process(), "evenep.dispatch_fp8: FP8 buffers with group= are not supported");
-        const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H(), r0 = ctx.rank_begin();
+        const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H();
         const int64_t s_pad = x.dim() == 3 ? x.size(1) : -1, nvs = ctx.nvs(), spr = H / kBlock;
         const bool pre = x_scales.has_value();
         check_cuda(ctx, x, "dispatch", pre ? "x_fp8" : "x", pre ? at::kFloat8_e4m3fn : at::kBFloat16, {R, s_pad, H});
         if (pre) check_cuda(ctx, *x_scales, "dispatch", "scales", at::kFloat, {R, s_pad, spr});
-        at::Tensor idx = topk_int32(ctx, topk_idx, "dispatch");
-        check_cuda(ctx, topk_weights, "dispatch", "topk_weights", at::kFloat, {R, s_pad, K});
-        check_cuda(ctx, plan, "dispatch", "plan", at::kInt, {R, ctx.plan_layout().width});
-        const std::vector<int32_t> s = token_counts(ctx.cfg(), s_pad, num_tokens, "dispatch", r0, R);
-        const cuda::EpPlan p = dispatch_plan(sc, idx, plan, s);
+        const cuda::EpPlan p = dispatch_plan(sc, topk_idx, topk_weights, plan, s_pad, num_tokens);
         at::Tensor recv_x8 = output(ctx, {R, nvs, H}, at::kFloat8_e4m3fn);
         at::Tensor recv_sc = output(ctx, {R, nvs, spr}, at::kFloat);
         std::vector<cuda::RankIo> io(R);

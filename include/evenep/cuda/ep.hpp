@@ -200,7 +200,7 @@ class Ep {
     const char* plan_source(const EpPlan& plan, int rank, size_t offset) const;
     int local_index(int rank) const;
     void check_io(std::span<const RankIo> io, bool need_x, const char* call) const;
-    void check_rows(const uint16_t* rows, int rank, const char* call) const;
+    void check_rows(const void* rows, int rank, const char* call) const;  // caller-owned receive rows (bf16 or e4m3)
     struct Tables {
         RankIo* eager = nullptr;     // [R] device table of eager calls
         RankIo* graph = nullptr;     // [R] device table of captured calls

@@ -166,7 +166,7 @@ void Ep::check_io(std::span<const RankIo> io, bool need_x, const char* call) con
     }
 }
 
-void Ep::check_rows(const uint16_t* rows, int rank, const char* call) const {
+void Ep::check_rows(const void* rows, int rank, const char* call) const {
     if (rows == nullptr) return;
     EVENEP_CHECK(num_local_ranks() == team_.size(), "cuda ep: ", call, ": rank ", rank,
                  ": caller-owned receive rows need every rank in this process (the local team); this team serves ",
@@ -301,7 +301,7 @@ void Ep::dispatch(const EpPlan& plan, std::span<const RankIo> io, cudaStream_t s
         EVENEP_CHECK(
             reinterpret_cast<uintptr_t>(v.x_scales) % 4 == 0 && reinterpret_cast<uintptr_t>(v.row_scales) % 4 == 0,
             "cuda ep: dispatch: rank ", r, ": x_scales and row_scales must be 4-byte aligned");
-        check_rows(reinterpret_cast<const uint16_t*>(v.rows8), r, "dispatch");
+        check_rows(v.rows8, r, "dispatch");
     }
     use(plan, stream);
     const RankIo* d_io = store_io(fwd_, io, stream);
