@@ -28,8 +28,9 @@ struct BenchConfig {
     bool check =
         false;  // verify (full plan and dst; data path against the CPU oracle on sampled columns), report #wrong
     bool graph = false;  // also capture each timed op once into a CUDA graph and time its replays ("<op>_graph" rows)
-    bool fp8 = false;    // the Ep has precision.fp8: dispatch rows are dispatch_fp8 (into the buffers) and
-                         // dispatch_fp8_rows (into caller-owned codes and scales), e4m3 bytes; no combine rows
+    bool fp8 = false;    // the Ep has precision.fp8 (fp32 scales): dispatch rows are dispatch_fp8 (into the buffers),
+                         // dispatch_fp8_rows (into caller-owned codes and scales) and dispatch_fp8_quantised (from
+                         // caller-quantised rows, RankIo::x8), e4m3 bytes; no combine rows
     PlannerMode mode = PlannerMode::kOptimized;
     double slack = 0;                              // Config::slack (the largest budget under the auto policy)
     PlannerPolicy policy = PlannerPolicy::kFixed;  // Config::policy (docs/auto.md; auto's model: this H, H', tp)

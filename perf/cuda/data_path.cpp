@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "evenep/cuda/fp8_cast.hpp"
 #include "evenep/detail/fp8.hpp"
 #include "evenep/detail/layout.hpp"
 #include "perf/cuda/point.hpp"
@@ -20,11 +21,13 @@ struct DataBytes {
     int64_t entries = 0, heads = 0, multi_heads = 0, multi_entries = 0, padding_rows = 0, tokens = 0;
 };
 
-// fp8: the dispatch moves e4m3 rows and their scales (H + 4 H/128 bytes a row; the source still reads the bf16 row).
-DataBytes count_bytes(const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, bool fp8) {
+// fp8: the dispatch moves e4m3 rows and their scales (H + 4 H/128 bytes a row); the source reads the bf16 row, or
+// with fp8_source the caller's codes and scales (RankIo::x8, x_scales).
+DataBytes count_bytes(
+    const Plan& plan, const std::vector<std::vector<int32_t>>& dst, int H, bool fp8, bool fp8_source) {
     const int R = plan.R(), K = plan.cfg.K, G = plan.G();
     const int64_t nvs = plan.cfg.recv_rows();
-    const double row = 2.0 * H, sent = fp8 ? H + 4.0 * (H / kFp8Block) : row;
+    const double row = 2.0 * H, sent = fp8 ? H + 4.0 * (H / kFp8Block) : row, read = fp8_source ? sent : row;
     DataBytes b;
     for (int r = 0; r < R; ++r) {
         for (int g = 0; g < G; ++g)
@@ -50,7 +53,7 @@ DataBytes count_bytes(const Plan& plan, const std::vector<std::vector<int32_t>>&
             b.heads += heads;
             // dispatch: K codes, live weights, 12 B metadata per live entry, x row once (if any head), one row
             // write per head.
-            b.dispatch += 4.0 * K + 16.0 * live + (heads ? row : 0) + sent * heads;
+            b.dispatch += 4.0 * K + 16.0 * live + (heads ? read : 0) + sent * heads;
             // combine pull: K codes + K weights, one y row per live entry, gathered weights are not requested,
             // one out row.
             b.combine_pull += 8.0 * K + row * live + row;
@@ -84,7 +87,7 @@ void bench_data_path(Point& p, bool want_dispatch, bool want_combine) {
     cuda::DeviceEp& ep = *p.ep;
     const int R = bc.R, H = bc.H;
     cudaStream_t stream = p.stream;
-    const DataBytes bytes = count_bytes(p.plan, p.dst, H, bc.fp8);
+    const DataBytes bytes = count_bytes(p.plan, p.dst, H, bc.fp8, false);
     const std::vector<int> cols = check_columns(H);
     const size_t C = cols.size();
     std::vector<cpu::RankTokens> tokens;
@@ -110,14 +113,38 @@ void bench_data_path(Point& p, bool want_dispatch, bool want_combine) {
             caller[r].rows8 = rows8.back().get();
             caller[r].row_scales = scales.back().get();
         }
-        for (const auto& [name, io] : {std::pair<const char*, const std::vector<cuda::RankIo>*>{"dispatch_fp8", &p.io},
-                                       {"dispatch_fp8_rows", &caller}}) {
-            const Stats st = time_op([&] { ep.dispatch(p.ep_plan, *io, stream); }, stream, bc.warmup, bc.iters);
-            const std::optional<Stats> stg = p.graph_stats([&] { ep.dispatch(p.ep_plan, *io, stream); });
+        // DeepEP's form: the caller quantised the rows (launch_fp8_cast_rows, not timed) and the send moves its codes
+        // and scales (RankIo::x8 / x_scales), so the source reads e4m3 too.
+        std::vector<DeviceArray<uint8_t>> x8;
+        std::vector<DeviceArray<float>> x_scales;
+        std::vector<cuda::RankIo> quantised = p.io;
+        for (int r = 0; r < R; ++r) {
+            const int64_t s = p.routing.s[r];
+            x8.emplace_back(static_cast<size_t>(s * H));
+            x_scales.emplace_back(static_cast<size_t>(s * spr));
+            cuda::launch_fp8_cast_rows(reinterpret_cast<const Bf16*>(p.io[r].x), s, H, /*ue8m0=*/false,
+                                       reinterpret_cast<Fp8E4m3*>(x8.back().get()), x_scales.back().get(), nullptr,
+                                       stream);
+            quantised[r].x = nullptr;
+            quantised[r].x8 = x8.back().get();
+            quantised[r].x_scales = x_scales.back().get();
+        }
+        const DataBytes bytes8 = count_bytes(p.plan, p.dst, H, true, true);
+        struct Row {
+            const char* name;
+            const std::vector<cuda::RankIo>* io;
+            double bytes;
+            const char* what;
+        };
+        for (const Row& row : {Row{"dispatch_fp8", &p.io, bytes.dispatch, ", bf16 rows cast in the send"},
+                               Row{"dispatch_fp8_rows", &caller, bytes.dispatch, ", cast in the send, caller's rows"},
+                               Row{"dispatch_fp8_quantised", &quantised, bytes8.dispatch, ", caller-quantised rows"}}) {
+            const Stats st = time_op([&] { ep.dispatch(p.ep_plan, *row.io, stream); }, stream, bc.warmup, bc.iters);
+            const std::optional<Stats> stg = p.graph_stats([&] { ep.dispatch(p.ep_plan, *row.io, stream); });
             ep.check(stream);
             if (want_dispatch) {
-                p.add(name, st, bytes.dispatch, ep.last_blocks_per_rank(), -1, note.str() + ", e4m3 rows");
-                p.add_graph(name, stg, bytes.dispatch, ep.last_blocks_per_rank(), -1, note.str() + ", e4m3 rows");
+                p.add(row.name, st, row.bytes, ep.last_blocks_per_rank(), -1, note.str() + row.what);
+                p.add_graph(row.name, stg, row.bytes, ep.last_blocks_per_rank(), -1, note.str() + row.what);
             }
         }
         return;  // combine stays bf16: bench combine without --fp8

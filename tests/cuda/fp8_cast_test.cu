@@ -2,28 +2,38 @@
 // (cpu::quantize_rows_fp8, cpu::quantize_weight_fp8): codes and scales bit for bit (docs/fp8.md).
 //
 // Cases:
-//   Fp8CastTest.RowsBitwise/<scales>    37 rows x 384 (3 blocks): random values, an outlier block, a zero block, a
-//   block
-//                                       of values around the e4m3 subnormal range, a block of -0: codes and scales
-//                                       equal the CPU's; the non-finite flag stays 0. fp32 and UE8M0 scales.
+//   Fp8CastTest.RowsBitwise/<scales>    37 rows x 384 (3 blocks): random values, an outlier block, a zero block,
+//                                       a block of values around the e4m3 subnormal range, a block of -0: codes and
+//                                       scales equal the CPU's; the non-finite flag stays 0. fp32 and UE8M0 scales.
 //   Fp8CastTest.WeightBitwise/<scales>  a 256 x 384 matrix (2 x 3 blocks) with an outlier in one block and a zero
 //                                       block: codes and scales equal the CPU's.
 //   Fp8CastTest.WeightsBatchedTransposed/<scales>  launch_fp8_cast_weights: 3 matrices of 256 x 384 at padded strides
 //                                       in one launch, with the transposed codes: each matrix's codes and scales equal
 //                                       the CPU's, its transposed codes are the codes' transpose, and the padding
 //                                       between matrices is untouched.
-//   Fp8CastFlags.FlagsNonFinite          a NaN in a row, an inf in a weight: the flag is raised; finite input leaves it
-//   0. Fp8CastFlags.RejectsBadShapes        dim 200, weight 128 x 100: evenep::Error naming the value; rows = 0:
-//   nothing.
+//   Fp8CastTest.RowsManyBitwise/<scales>  600 rows x 16384 (76800 blocks: more than one grid-stride round of the
+//                                       row cast) and 33 x 640 (a step past the last block): codes and scales equal the
+//                                       CPU's.
+//   Fp8CastHardware.EveryFloat           device::e4m3x2 (cvt.rn.satfinite.e4m3x2.f32, the casts' rounding) equals
+//                                       float_to_e4m3 (the CPU's) on all 2^32 float bit patterns (NaN: a NaN code).
+//   Fp8Transpose.GroupsWithRows          launch_fp8_transpose_groups on 4 groups of 256 x 384 codes (rows, no rows, a
+//                                       null weight, rows): the groups with rows and a weight get their transpose and
+//                                       their table entry, the others a null entry; a bad shape is refused by value.
+//   Fp8CastFlags.FlagsNonFinite          a NaN in a row, an inf in a weight: the flag is raised; finite input
+//                                       leaves it 0.
+//   Fp8CastFlags.RejectsBadShapes        dim 200, weight 128 x 100, a misaligned row: evenep::Error naming the value;
+//                                       rows = 0: nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "cuda/device/fp8_vec.cuh"
 #include "cuda/gpu_testing.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
 #include "evenep/cuda/fp8_cast.hpp"
+#include "evenep/cuda/fp8_transpose.hpp"
 #include "evenep/detail/hash.hpp"
 #include "evenep/error.hpp"
 
@@ -44,23 +54,12 @@ std::vector<uint8_t> bytes_of(const std::vector<Fp8E4m3>& v) {
     return b;
 }
 
-class Fp8CastTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(Fp8CastTest, RowsBitwise) {
-    EVENEP_SKIP_WITHOUT_DEVICE();
-    const bool ue8m0 = GetParam();
-    const int64_t rows = 37;
-    const int dim = 384, spr = dim / kFp8Block;
-    std::vector<Bf16> x = random_values(static_cast<size_t>(rows) * dim, 101, 2.0f);
-    x[5 * dim + 7] = float_to_bf16(-5000.0f);                                  // outlier in row 5, block 0
-    for (int i = 0; i < kFp8Block; ++i) x[9 * dim + 128 + i] = Bf16{0};        // zero block
-    for (int i = 0; i < kFp8Block; ++i) x[11 * dim + 256 + i] = Bf16{0x8000};  // -0 block
-    for (int i = 0; i < kFp8Block; ++i)                                        // tiny values
-        x[13 * dim + i] = float_to_bf16(std::ldexp(static_cast<float>(i % 17) - 8.0f, -120));
+// launch_fp8_cast_rows of x [rows, dim]: codes and scales equal cpu::quantize_rows_fp8's bit for bit, no flag.
+void expect_rows_cast_like_cpu(const std::vector<Bf16>& x, int64_t rows, int dim, bool ue8m0) {
+    const int spr = dim / kFp8Block;
     std::vector<Fp8E4m3> want(x.size());
     std::vector<float> want_s(static_cast<size_t>(rows) * spr);
     cpu::quantize_rows_fp8(x, rows, dim, ue8m0, want, want_s);
-
     DeviceArray<Bf16> d_x(x.size());
     DeviceArray<Fp8E4m3> d_q(x.size());
     DeviceArray<float> d_s(want_s.size());
@@ -68,12 +67,27 @@ TEST_P(Fp8CastTest, RowsBitwise) {
     d_x.upload(x.data(), x.size());
     cuda::launch_fp8_cast_rows(d_x.get(), rows, dim, ue8m0, d_q.get(), d_s.get(), d_flag.get(), nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto got = d_q.download(x.size());
+    EXPECT_EQ(bytes_of(d_q.download(x.size())), bytes_of(want)) << rows << " x " << dim;
     const auto got_s = d_s.download(want_s.size());
-    EXPECT_EQ(bytes_of(got), bytes_of(want));
     for (size_t i = 0; i < want_s.size(); ++i)
-        ASSERT_EQ(float_as_bits(got_s[i]), float_as_bits(want_s[i])) << "scale " << i;
+        ASSERT_EQ(float_as_bits(got_s[i]), float_as_bits(want_s[i])) << rows << " x " << dim << ", scale " << i;
     EXPECT_EQ(d_flag.download(1)[0], 0u);
+}
+
+class Fp8CastTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(Fp8CastTest, RowsBitwise) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const bool ue8m0 = GetParam();
+    const int64_t rows = 37;
+    const int dim = 384;
+    std::vector<Bf16> x = random_values(static_cast<size_t>(rows) * dim, 101, 2.0f);
+    x[5 * dim + 7] = float_to_bf16(-5000.0f);                                  // outlier in row 5, block 0
+    for (int i = 0; i < kFp8Block; ++i) x[9 * dim + 128 + i] = Bf16{0};        // zero block
+    for (int i = 0; i < kFp8Block; ++i) x[11 * dim + 256 + i] = Bf16{0x8000};  // -0 block
+    for (int i = 0; i < kFp8Block; ++i)                                        // tiny values
+        x[13 * dim + i] = float_to_bf16(std::ldexp(static_cast<float>(i % 17) - 8.0f, -120));
+    expect_rows_cast_like_cpu(x, rows, dim, ue8m0);
 }
 
 TEST_P(Fp8CastTest, WeightBitwise) {
@@ -145,6 +159,16 @@ TEST_P(Fp8CastTest, WeightsBatchedTransposed) {
     }
 }
 
+TEST_P(Fp8CastTest, RowsManyBitwise) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const bool ue8m0 = GetParam();
+    for (const auto& [rows, dim] : {std::pair<int64_t, int>{600, 16384}, {33, 640}}) {
+        std::vector<Bf16> x = random_values(static_cast<size_t>(rows) * dim, 113 + dim, 3.0f);
+        x[static_cast<size_t>(rows - 1) * dim + dim - 1] = float_to_bf16(-900.0f);  // outlier in the last block
+        expect_rows_cast_like_cpu(x, rows, dim, ue8m0);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Scales, Fp8CastTest, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {
     return std::string(info.param ? "ue8m0" : "fp32");
 });
@@ -174,6 +198,81 @@ TEST(Fp8CastFlags, FlagsNonFinite) {
     EXPECT_EQ(d_wflag.download(1)[0], 1u);
 }
 
+// Pairs (i, i + 1) of float bit patterns through device::e4m3x2 against float_to_e4m3; counts the mismatches and
+// keeps the smallest mismatching pattern.
+__global__ void e4m3_cvt_mismatches(unsigned long long* bad, unsigned* first) {
+    const uint64_t stride = 2ull * gridDim.x * blockDim.x;
+    for (uint64_t i = 2ull * (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x); i < (1ull << 32);
+         i += stride) {
+        const float a = bits_as_float(static_cast<uint32_t>(i)), b = bits_as_float(static_cast<uint32_t>(i + 1));
+        const uint32_t hw = cuda::device::e4m3x2(a, b);
+        for (int h = 0; h < 2; ++h) {
+            const float f = h ? b : a;
+            const uint32_t got = (hw >> (8 * h)) & 0xFFu, want = float_to_e4m3(f).bits;
+            const bool same = isnan(f) ? (got & 0x7Fu) == 0x7Fu : got == want;
+            if (!same) {
+                atomicAdd(bad, 1ull);
+                atomicMin(first, static_cast<unsigned>(i + h));
+            }
+        }
+    }
+}
+
+TEST(Fp8CastHardware, EveryFloat) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    DeviceArray<unsigned long long> bad(1);
+    DeviceArray<unsigned> first(1);
+    const unsigned none = 0xFFFFFFFFu;
+    first.upload(&none, 1);
+    e4m3_cvt_mismatches<<<1024, 256>>>(bad.get(), first.get());
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(bad.download(1)[0], 0ull) << "first mismatching float bits 0x" << std::hex << first.download(1)[0];
+}
+
+TEST(Fp8Transpose, GroupsWithRows) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    const int G = 4, in = 256, out = 384;
+    const size_t mat = static_cast<size_t>(in) * out;
+    std::vector<uint8_t> codes(G * mat);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(detail::hash64(7, i));
+    DeviceArray<uint8_t> d_codes(codes.size()), d_t(G * mat);
+    d_codes.upload(codes.data(), codes.size());
+    const std::vector<int32_t> cu = {5, 5, 9, 12};  // group 1 has no rows
+    std::vector<const uint8_t*> table(G);
+    for (int g = 0; g < G; ++g) table[g] = g == 2 ? nullptr : d_codes.get() + g * mat;  // group 2: no weight
+    DeviceArray<int32_t> d_cu(G);
+    DeviceArray<const uint8_t*> d_table(G), d_out(G);
+    d_cu.upload(cu.data(), G);
+    d_table.upload(table.data(), G);
+    const std::vector<uint8_t> fill(G * mat, 0xAB);
+    d_t.upload(fill.data(), fill.size());
+    cuda::Fp8GroupTranspose t;
+    t.weights = d_table.get(), t.cu_seqlens = d_cu.get(), t.num_groups = G, t.in_dim = in, t.out_dim = out;
+    t.transposed = d_t.get(), t.transposed_table = d_out.get();
+    cuda::launch_fp8_transpose_groups(t, nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<const uint8_t*> got_table = d_out.download(G);
+    const std::vector<uint8_t> got = d_t.download(G * mat);
+    for (int g = 0; g < G; ++g) {
+        const bool copied = g == 0 || g == 3;
+        EXPECT_EQ(got_table[g], copied ? d_t.get() + g * mat : nullptr) << "group " << g;
+        int64_t wrong = 0;
+        for (int r = 0; r < in; ++r)
+            for (int c = 0; c < out; ++c) {
+                const uint8_t want = copied ? codes[g * mat + static_cast<size_t>(r) * out + c] : 0xAB;
+                wrong += got[g * mat + static_cast<size_t>(c) * in + r] != want;
+            }
+        EXPECT_EQ(wrong, 0) << "group " << g;
+    }
+    t.out_dim = 200;
+    try {
+        cuda::launch_fp8_transpose_groups(t, nullptr);
+        ADD_FAILURE() << "out 200 accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("256 x 200"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Fp8CastFlags, RejectsBadShapes) {
     EVENEP_SKIP_WITHOUT_DEVICE();
     DeviceArray<Bf16> d(128 * 256);
@@ -186,6 +285,12 @@ TEST(Fp8CastFlags, RejectsBadShapes) {
         EXPECT_NE(std::string(e.what()).find("dim = 200"), std::string::npos) << e.what();
     }
     EXPECT_THROW(cuda::launch_fp8_cast_weight(d.get(), 128, 100, false, q.get(), s.get(), nullptr, nullptr), Error);
+    try {  // the row cast loads 16-byte vectors
+        cuda::launch_fp8_cast_rows(d.get() + 1, 1, 128, false, q.get(), s.get(), nullptr, nullptr);
+        ADD_FAILURE() << "a misaligned row accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("16-byte aligned"), std::string::npos) << e.what();
+    }
     cuda::launch_fp8_cast_rows(nullptr, 0, 128, false, nullptr, nullptr, nullptr, nullptr);  // nothing to do
 }
 

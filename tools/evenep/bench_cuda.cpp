@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <array>
-
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,8 +32,9 @@ struct GpuBenchOptions {
     bool fp8 = false;  // bench dispatch --fp8
     std::string planner = "optimized";
     double slack = 0;
-    std::string policy;                // --policy (apply_policy; docs/auto.md)
-    std::vector<std::string> policies;  // gpu-plan: --policy P... (several: each point under each, and their difference)
+    std::string policy;  // --policy (apply_policy; docs/auto.md)
+    std::vector<std::string>
+        policies;                      // gpu-plan: --policy P... (several: each point under each, and their difference)
     CLI::Option* opt_slack = nullptr;  // --slack, to tell whether it was given
     int projections = 3;
     double copy_mib = 2048;
@@ -80,8 +80,8 @@ void add_common(CLI::App* cmd, GpuBenchOptions& o, bool shape_flags, bool polici
         add_string(*cmd, "--planner", o.planner, "reference or optimized")
             ->check(CLI::IsMember({"reference", "optimized"}))
             ->capture_default_str();
-        o.opt_slack =
-            add_real(*cmd, "--slack", o.slack, "imbalance budget eps (docs/slack.md); with --policy auto the largest", 0, 1);
+        o.opt_slack = add_real(*cmd, "--slack", o.slack,
+                               "imbalance budget eps (docs/slack.md); with --policy auto the largest", 0, 1);
         if (policies)
             cmd->add_option("--policy", o.policies,
                             "planner policies: exact, slack (budget --slack) or auto (largest budget --slack, default "
@@ -154,7 +154,8 @@ void print_policy_diff(const std::vector<std::string>& policies,
                 if (r.op == b.op) a = &r;
             if (a == nullptr) continue;
             const double diff = b.median_us - a->median_us;
-            fmt::print("{:<28} {:>6.2f} {:>10.1f} {:>10.1f} {:>+10.1f}\n", b.op, b.maxvio, a->median_us, b.median_us, diff);
+            fmt::print("{:<28} {:>6.2f} {:>10.1f} {:>10.1f} {:>+10.1f}\n", b.op, b.maxvio, a->median_us, b.median_us,
+                       diff);
             out["policy_diff"].push_back(nlohmann::json{{"op", b.op},
                                                         {"shape_name", shape_name},
                                                         {"target_maxvio", target_maxvio},
@@ -177,7 +178,7 @@ struct Shape {
 // Runs `ops` at every maxvio of every shape; prints, collects JSON; returns the number of wrong results.
 int64_t run(const GpuBenchOptions& o, const std::vector<Shape>& shapes, const std::vector<std::string>& ops) {
     // The JSON target is checked before the run (a bad path fails in seconds) and written atomically at the end.
-    OutputFile json("--json", o.json_file);  // inactive when no path was given
+    OutputFile json("--json", o.json_file);     // inactive when no path was given
     OutputDir npy_dir("--npy-dir", o.npy_dir);  // a temporary folder, moved into place at the end
     fmt::print("device: {}\n", perf::device_summary());
     nlohmann::json out{{"device", perf::device_summary()}, {"rows", nlohmann::json::array()}};
@@ -254,9 +255,10 @@ void add_gpu_command(
     add_common(cmd, *opt, true, plan_only);
     if (std::string(name) == "dispatch")
         cmd->add_flag("--fp8", opt->fp8,
-                      "the FP8 dispatch (e4m3 rows + 1x128 fp32 scales, quantised in the send; H a multiple of 128): "
-                      "rows dispatch_fp8 (into the buffers) and dispatch_fp8_rows (into caller-owned codes and "
-                      "scales, as the PyTorch op); not checked by --check (gpu_fp8_dispatch_test checks the bytes)");
+                      "the FP8 dispatch (e4m3 rows + 1x128 fp32 scales; H a multiple of 128): rows dispatch_fp8 "
+                      "(quantised in the send, into the buffers), dispatch_fp8_rows (into caller-owned codes and "
+                      "scales, as the PyTorch op) and dispatch_fp8_quantised (from rows the caller quantised, as "
+                      "DeepEP's (x_fp8, scales)); not checked by --check (gpu_fp8_dispatch_test checks the bytes)");
     set_run(cmd, [opt, ops, plan_only, name] {
         const int hidden = plan_only ? 8 : opt->H;  // as run() below
         check_estimate(fmt::format("bench {}", name),

@@ -18,8 +18,7 @@ struct DataParams {
     int32_t s[kMaxVirtualRanks];
     int blocks_per_rank;
     int apply_weights;
-    int fp8;    // dispatch: e4m3 rows + scales into recv_x8 / recv_scale (launch_dispatch's precision)
-    int ue8m0;  // with fp8: power-of-two scales
+    int ue8m0;  // FP8 dispatch (the dispatch_kernel<.., true> instantiation): power-of-two scales
 };
 
 // Rank `rank`'s receive rows [NvS, H] for this call: the caller's (RankIo::rows; the local team, whose table holds

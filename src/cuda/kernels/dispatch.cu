@@ -10,19 +10,20 @@
 //   A'. destination: padding rows of the rank's own groups: zero payload and weight, kChainEnd, kRetPadding.
 //   -- team barrier (kDispatchSent): every payload row, weight and link has arrived
 //   B. destination:  for each payload row with a chain, copy it into the chain's rows.
-// FP8 (DataParams::fp8, the forward dispatch of an Ep with precision.fp8; docs/fp8.md): in A the token's warp
-// quantises the row once — per 1 x 128 block a lane holds 4 channels, the amax is a warp max (order-free, so the
-// scale equals cpu::Buffer's), then e4m3(x / s) with fp8.hpp's functions — and stores the codes and scales into
-// recv_x8 / recv_scale of every chain head row (recv_x is not written); every token row is checked for NaN/Inf
-// (masked tokens too, as the CPU backend does), recorded as DeviceErrorKind::kNonFiniteInput. Rows quantised by
-// the caller (RankIo::x8, x_scales) are moved as given, checked (DeviceErrorKind::kBadFp8Input). The receive codes
-// and scales are the caller's (RankIo::rows8 / row_scales) or the buffer's. A' zeroes the padding rows' codes and
-// scales, B copies codes and scales along the chains.
+// FP8 (dispatch_kernel<.., true>, the forward dispatch of an Ep with precision.fp8; docs/fp8.md): in A the token's warp
+// quantises the row once — a half warp a 1 x 128 block, 8 channels a lane, the amax a max (order-free, so the
+// scale equals cpu::Buffer's), then e4m3(x / s) bit for bit fp8.hpp's functions (device/fp8_vec.cuh) — and stores the
+// codes and scales into recv_x8 / recv_scale of every chain head row (recv_x is not written); every token row is
+// checked for NaN/Inf (masked tokens too, as the CPU backend does), recorded as DeviceErrorKind::kNonFiniteInput. Rows
+// quantised by the caller (RankIo::x8, x_scales) are moved as given, checked (DeviceErrorKind::kBadFp8Input). The
+// receive codes and scales are the caller's (RankIo::rows8 / row_scales) or the buffer's. A' zeroes the padding rows'
+// codes and scales, B copies codes and scales along the chains.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 
 #include "cuda/device/data_path.cuh"
+#include "cuda/device/fp8_vec.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "evenep/cuda/detail/launchers.hpp"
 
@@ -35,110 +36,127 @@ using device::kWarpSize;
 
 inline constexpr int kDispatchThreads = 512;
 inline constexpr int kDispatchUnroll = 4;  // 16-byte vectors in flight per lane
-inline constexpr int kFp8Unroll = 4;       // 1 x 128 blocks whose channels a lane loads before quantising them
-inline constexpr int kFp8PerLane = kFp8Block / kWarpSize;  // channels of one block per lane (4: 8 bytes of bf16)
-static_assert(kFp8PerLane == 4, "the FP8 send loads 4 bf16 channels per lane as one uint2");
+// The FP8 send is its own instantiation (dispatch_kernel<.., true>): sharing one with the bf16 copy made both spill.
+inline constexpr int kFp8Threads = 256;
+inline constexpr int kFp8MinBlocks = 3;
+inline constexpr int kFp8Unroll = 4;  // 16-byte vectors a lane loads before casting (or checking) and storing them
 
-// One 1 x 128 block of caller-quantised codes (RankIo::x8) as the cast would give it: lane's 4 codes of block b of
-// token t and the block's scale, checked (a NaN code; a scale not finite and > 0, or not a power of two with ue8m0:
-// recorded as DeviceErrorKind::kBadFp8Input, first failing lane). Warp-uniform.
-__device__ __forceinline__ uint32_t
-load_quantised_block(const DataParams& p, const RankIo& io, int rank, int t, int b, int lane, float& scale) {
-    const int H = p.lay.H, spr = H / kFp8Block, ch = b * kFp8Block + lane * kFp8PerLane;
-    const uint32_t q = __ldg(reinterpret_cast<const uint32_t*>(io.x8 + static_cast<int64_t>(t) * H + ch));
-    scale = __ldg(io.x_scales + static_cast<int64_t>(t) * spr + b);
-    int nan_i = -1;
-#pragma unroll
-    for (int i = 0; i < kFp8PerLane; ++i)
-        if (nan_i < 0 && ((q >> (8 * i)) & 0x7Fu) == 0x7Fu) nan_i = i;
-    const uint32_t sbits = float_as_bits(scale);
-    const int scale_bad = !(isfinite(scale) && scale > 0.0f) ? 1 : (p.ue8m0 != 0 && (sbits & 0x7FFFFFu) != 0) ? 2 : 0;
-    const unsigned bad = __ballot_sync(0xffffffffu, nan_i >= 0 || (lane == 0 && scale_bad != 0));
-    if (bad != 0 && lane == __ffs(bad) - 1) {
-        if (nan_i >= 0)
-            device::record_error(p.team, DeviceErrorKind::kBadFp8Input, rank, -1, Phase::kNone, t, ch + nan_i,
-                                 static_cast<int32_t>((q >> (8 * nan_i)) & 0xFFu), 0, 0);
-        else
-            device::record_error(p.team, DeviceErrorKind::kBadFp8Input, rank, -1, Phase::kNone, t, b,
-                                 static_cast<int32_t>(sbits), scale_bad, 0);
+// Scales of blocks [b0, b0 + n) (n <= 32): lane j < n holds block b0 + j's; stored into every payload row's scales.
+__device__ __forceinline__ void store_scales(
+    const device::TokenEntries& te, float* my_scale, int b0, int n, float s, int lane) {
+    for (unsigned m = te.payloads; m; m &= m - 1) {
+        float* dscale = device::shfl_ptr(my_scale, __ffs(m) - 1);
+        if (lane < n) dscale[b0 + lane] = s;
     }
-    return q;
 }
 
-// FP8 send of token t's row (phase A): quantise each 1 x 128 block once (or take the caller's codes and scale,
-// RankIo::x8), store codes and scale into every payload (chain head) row of the token. Warp-uniform.
+// Caller-quantised row (RankIo::x8, x_scales) of token t, moved as given: 16 codes (one 16-byte vector) a lane,
+// kFp8Unroll vectors in flight, then the scales, lane j holding block j of each 32. Checked as they pass: a NaN code;
+// a scale not finite and > 0, or not a power of two with ue8m0 (DeviceErrorKind::kBadFp8Input, the first failing
+// lane of the warp). Warp-uniform.
+__device__ __forceinline__ void send_quantised_row(const DataParams& p,
+                                                   const device::TokenEntries& te,
+                                                   const RankIo& io,
+                                                   int rank,
+                                                   int t,
+                                                   int lane,
+                                                   uint8_t* my_row,
+                                                   float* my_scale) {
+    const int H = p.lay.H, spr = H / kFp8Block, nvec = H / 16;
+    const uint8_t* qrow = io.x8 + static_cast<int64_t>(t) * H;
+    for (int v0 = 0; v0 < nvec; v0 += kWarpSize * kFp8Unroll) {
+        uint4 buf[kFp8Unroll];
+#pragma unroll
+        for (int u = 0; u < kFp8Unroll; ++u) {
+            const int v = v0 + u * kWarpSize + lane;
+            buf[u] = v < nvec ? device::ld_nc_v4(qrow + v * 16) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kFp8Unroll; ++u) {
+            const int v = v0 + u * kWarpSize + lane, nan_i = device::first_nan_e4m3x16(buf[u]);
+            const unsigned bad = __ballot_sync(0xffffffffu, nan_i >= 0);
+            if (bad != 0 && lane == __ffs(bad) - 1)
+                device::record_error(p.team, DeviceErrorKind::kBadFp8Input, rank, -1, Phase::kNone, t, v * 16 + nan_i,
+                                     static_cast<int32_t>(qrow[v * 16 + nan_i]), 0, 0);
+        }
+        for (unsigned m = te.payloads; m; m &= m - 1) {
+            uint8_t* drow = device::shfl_ptr(my_row, __ffs(m) - 1);
+#pragma unroll
+            for (int u = 0; u < kFp8Unroll; ++u) {
+                const int v = v0 + u * kWarpSize + lane;
+                if (v < nvec) device::st_v4(drow + v * 16, buf[u]);
+            }
+        }
+    }
+    for (int b0 = 0; b0 < spr; b0 += kWarpSize) {
+        const int b = b0 + lane;
+        const float s = b < spr ? __ldg(io.x_scales + static_cast<int64_t>(t) * spr + b) : 1.0f;
+        const uint32_t sbits = float_as_bits(s);
+        const int scale_bad = !(isfinite(s) && s > 0.0f) ? 1 : (p.ue8m0 != 0 && (sbits & 0x7FFFFFu) != 0) ? 2 : 0;
+        const unsigned bad = __ballot_sync(0xffffffffu, scale_bad != 0);
+        if (bad != 0 && lane == __ffs(bad) - 1)
+            device::record_error(p.team, DeviceErrorKind::kBadFp8Input, rank, -1, Phase::kNone, t, b,
+                                 static_cast<int32_t>(sbits), scale_bad, 0);
+        store_scales(te, my_scale, b0, min(kWarpSize, spr - b0), s, lane);
+    }
+}
+
+// FP8 send of token t's row (phase A): cast each 1 x 128 block once (device::quantize_bf16x8: a half warp a block,
+// kFp8Unroll 16-byte vectors a lane in flight, i.e. 2 kFp8Unroll blocks a step), or take the caller's codes and
+// scales (RankIo::x8), and store codes and scales into every payload (chain head) row of the token; every channel
+// is checked for NaN / inf (DeviceErrorKind::kNonFiniteInput, the first failing channel of the step). Warp-uniform.
 __device__ __forceinline__ void send_token_fp8(
     const DataParams& p, const device::TokenEntries& te, const RankIo& io, int rank, int t, int lane) {
     const EpLayout& L = p.lay;
     const int H = L.H, spr = H / kFp8Block;
-    const uint16_t* xrow = io.x8 != nullptr ? nullptr : io.x + static_cast<int64_t>(t) * H;
     uint8_t* my_row = nullptr;
     float* my_scale = nullptr;
     if (te.payload) {
         my_row = device::recv_rows8(p, te.drank) + static_cast<int64_t>(te.row) * H;
         my_scale = device::recv_scales(p, te.drank) + static_cast<int64_t>(te.row) * spr;
     }
-    auto store = [&](int b, uint32_t q, float s) {
-        const int ch = b * kFp8Block + lane * kFp8PerLane;
-        for (unsigned m = te.payloads; m; m &= m - 1) {
-            const int src = __ffs(m) - 1;
-            uint8_t* drow = device::shfl_ptr(my_row, src);
-            float* dscale = device::shfl_ptr(my_scale, src);
-            *reinterpret_cast<uint32_t*>(drow + ch) = q;
-            if (lane == 0) dscale[b] = s;
-        }
-    };
     if (io.x8 != nullptr) {
-        for (int b = 0; b < spr; ++b) {
-            float s = 0.0f;
-            const uint32_t q = load_quantised_block(p, io, rank, t, b, lane, s);
-            store(b, q, s);
-        }
+        send_quantised_row(p, te, io, rank, t, lane, my_row, my_scale);
         return;
     }
-    for (int b0 = 0; b0 < spr; b0 += kFp8Unroll) {
-        uint2 v[kFp8Unroll];
-#pragma unroll
-        for (int u = 0; u < kFp8Unroll; ++u)
-            if (b0 + u < spr)
-                v[u] = __ldg(reinterpret_cast<const uint2*>(xrow + (b0 + u) * kFp8Block + lane * kFp8PerLane));
+    const uint16_t* xrow = io.x + static_cast<int64_t>(t) * H;
+    const int nvec = H / kBf16PerVec;  // a multiple of 16: a half warp's vectors are all in the row or all past it
+    for (int v0 = 0; v0 < nvec; v0 += kWarpSize * kFp8Unroll) {
+        uint4 buf[kFp8Unroll];
 #pragma unroll
         for (int u = 0; u < kFp8Unroll; ++u) {
-            const int b = b0 + u;
-            if (b >= spr) break;
-            const int ch = b * kFp8Block + lane * kFp8PerLane;
-            const Bf16 x[kFp8PerLane] = {
-                Bf16{static_cast<uint16_t>(v[u].x & 0xFFFFu)}, Bf16{static_cast<uint16_t>(v[u].x >> 16)},
-                Bf16{static_cast<uint16_t>(v[u].y & 0xFFFFu)}, Bf16{static_cast<uint16_t>(v[u].y >> 16)}};
-            float amax = 0.0f;
-            int bad_i = -1;
+            const int v = v0 + u * kWarpSize + lane;
+            buf[u] = v < nvec ? device::ld_nc_v4(xrow + static_cast<int64_t>(v) * kBf16PerVec) : make_uint4(0, 0, 0, 0);
+        }
+        uint2 q[kFp8Unroll];
+        float my_s = 0.0f;  // lane j: the scale of block j of this step
 #pragma unroll
-            for (int i = 0; i < kFp8PerLane; ++i) {
-                if (bad_i < 0 && !bf16_is_finite(x[i])) bad_i = i;
-                const float a = bf16_abs(x[i]);
-                amax = a > amax ? a : amax;
-            }
+        for (int u = 0; u < kFp8Unroll; ++u) {
+            const int v = v0 + u * kWarpSize + lane, bad_i = device::first_nonfinite_bf16x8(buf[u]);
             const unsigned bad = __ballot_sync(0xffffffffu, bad_i >= 0);
             if (bad != 0 && lane == __ffs(bad) - 1)
-                device::record_error(p.team, DeviceErrorKind::kNonFiniteInput, rank, -1, Phase::kNone, t, ch + bad_i,
-                                     x[bad_i].bits, H, 0);
-#pragma unroll
-            for (int o = kWarpSize / 2; o > 0; o >>= 1) {
-                const float a = __shfl_xor_sync(0xffffffffu, amax, o);
-                amax = a > amax ? a : amax;
-            }
-            const float s = fp8_block_scale(amax, p.ue8m0 != 0);
-            uint32_t q = 0;
-#pragma unroll
-            for (int i = 0; i < kFp8PerLane; ++i)
-                q |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(x[i]), s).bits) << (8 * i);
-            store(b, q, s);
+                device::record_error(p.team, DeviceErrorKind::kNonFiniteInput, rank, -1, Phase::kNone, t,
+                                     v * kBf16PerVec + bad_i, device::bf16x8_lane(buf[u], bad_i).bits, H, 0);
+            const device::Fp8Vec c = device::quantize_bf16x8(buf[u], p.ue8m0 != 0);
+            q[u] = c.codes;
+            device::keep_step_scale(c.scale, u, lane, my_s);
         }
+        for (unsigned m = te.payloads; m; m &= m - 1) {
+            uint8_t* drow = device::shfl_ptr(my_row, __ffs(m) - 1);
+#pragma unroll
+            for (int u = 0; u < kFp8Unroll; ++u) {
+                const int v = v0 + u * kWarpSize + lane;
+                if (v < nvec) *reinterpret_cast<uint2*>(drow + v * kBf16PerVec) = q[u];
+            }
+        }
+        const int b0 = v0 / device::kFp8LanesPerBlock;
+        store_scales(te, my_scale, b0, min(2 * kFp8Unroll, spr - b0), my_s, lane);
     }
 }
 
-template <int kThreads, int kUnroll>
-__global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams p) {
+template <int kThreads, int kMinBlocks, bool kFp8>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) dispatch_kernel(const DataParams p) {
+    constexpr int kUnroll = kDispatchUnroll;
     constexpr int kWarps = kThreads / kWarpSize;
     const device::RankCtx c = device::rank_ctx(p.team, p.blocks_per_rank);
     const EpLayout& L = p.lay;
@@ -173,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
             EpLayout::at<int32_t>(db, L.recv_ret())[te.row] =
                 te.payload ? detail::encode_ret(c.rank, unit, L.buf.stage_units()) : detail::kRetDuplicate;
         }
-        if (p.fp8) {  // the row is read (checked) even when fully masked
+        if constexpr (kFp8) {  // the row is read (checked) even when fully masked
             send_token_fp8(p, te, io, c.rank, t, lane);
             continue;
         }
@@ -207,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
     float* recv_scale = device::recv_scales(p, c.rank);
     const int spr = H / kFp8Block, num_vec8 = H / 16;  // fp8 only: scales per row, 16-byte vectors of codes
     device::for_each_padding_row(L, base, c.rank, gw, num_warps, [&](int32_t row) {
-        if (p.fp8) {
+        if constexpr (kFp8) {
             uint8_t* drow = recv_x8 + static_cast<int64_t>(row) * H;
             for (int v = lane; v < num_vec8; v += kWarpSize) device::st_v4(drow + v * 16, make_uint4(0, 0, 0, 0));
             for (int j = lane; j < spr; j += kWarpSize) recv_scale[static_cast<int64_t>(row) * spr + j] = 0.0f;
@@ -229,17 +247,38 @@ __global__ void __launch_bounds__(kThreads, 2) dispatch_kernel(const DataParams 
     device::for_each_entry_row(L, base, c.rank, gw, num_warps, [&](int32_t row) {
         const int32_t first = next[row];
         if (ret[row] < 0 || first == detail::kChainEnd) return;  // a duplicate row, or a head without duplicates
-        if (p.fp8) {
+        if constexpr (kFp8) {  // codes and scales, kUnroll loads a lane in flight before the chain's stores
             const uint8_t* srow = recv_x8 + static_cast<int64_t>(row) * H;
-            for (int v = lane; v < num_vec8; v += kWarpSize) {
-                const uint4 val = device::ld_v4(srow + v * 16);
-                for (int32_t d = first; d != detail::kChainEnd; d = next[d])
-                    device::st_v4(recv_x8 + static_cast<int64_t>(d) * H + v * 16, val);
+            for (int v0 = 0; v0 < num_vec8; v0 += kWarpSize * kUnroll) {
+                uint4 buf[kUnroll];
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    const int v = v0 + u * kWarpSize + lane;
+                    if (v < num_vec8) buf[u] = device::ld_v4(srow + v * 16);
+                }
+                for (int32_t d = first; d != detail::kChainEnd; d = next[d]) {
+#pragma unroll
+                    for (int u = 0; u < kUnroll; ++u) {
+                        const int v = v0 + u * kWarpSize + lane;
+                        if (v < num_vec8) device::st_v4(recv_x8 + static_cast<int64_t>(d) * H + v * 16, buf[u]);
+                    }
+                }
             }
-            for (int j = lane; j < spr; j += kWarpSize) {
-                const float val = __ldcg(recv_scale + static_cast<int64_t>(row) * spr + j);
-                for (int32_t d = first; d != detail::kChainEnd; d = next[d])
-                    recv_scale[static_cast<int64_t>(d) * spr + j] = val;
+            const float* ssrc = recv_scale + static_cast<int64_t>(row) * spr;
+            for (int j0 = 0; j0 < spr; j0 += kWarpSize * kUnroll) {
+                float val[kUnroll];
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    const int j = j0 + u * kWarpSize + lane;
+                    val[u] = j < spr ? __ldcg(ssrc + j) : 0.0f;
+                }
+                for (int32_t d = first; d != detail::kChainEnd; d = next[d]) {
+#pragma unroll
+                    for (int u = 0; u < kUnroll; ++u) {
+                        const int j = j0 + u * kWarpSize + lane;
+                        if (j < spr) recv_scale[static_cast<int64_t>(d) * spr + j] = val[u];
+                    }
+                }
             }
             return;
         }
@@ -282,18 +321,20 @@ int launch_dispatch(const TeamView& team,
     p.team = team;
     p.lay = layout;
     p.io = d_io;
-    p.fp8 = precision.fp8 ? 1 : 0;
     p.ue8m0 = precision.ue8m0 ? 1 : 0;
     for (int r = 0; r < layout.R; ++r) {
         EVENEP_CHECK(s[r] >= 1 && s[r] <= layout.S, "dispatch: rank ", r, ": s = ", s[r], " outside [1, S = ", layout.S,
                      "]");
         p.s[r] = s[r];
     }
-    auto kernel = dispatch_kernel<kDispatchThreads, kDispatchUnroll>;
-    const int nb = clamp_co_resident(kernel, kDispatchThreads, 0, team.launch_ranks, sm_budget);
-    p.blocks_per_rank = nb;
-    launch_cooperative(kernel, team.launch_ranks * nb, kDispatchThreads, 0, stream, p);
-    return nb;
+    auto launch = [&](auto kernel, int threads) {
+        const int nb = clamp_co_resident(kernel, threads, 0, team.launch_ranks, sm_budget);
+        p.blocks_per_rank = nb;
+        launch_cooperative(kernel, team.launch_ranks * nb, threads, 0, stream, p);
+        return nb;
+    };
+    return precision.fp8 ? launch(dispatch_kernel<kFp8Threads, kFp8MinBlocks, true>, kFp8Threads)
+                         : launch(dispatch_kernel<kDispatchThreads, 2, false>, kDispatchThreads);
 }
 
 }  // namespace evenep::cuda

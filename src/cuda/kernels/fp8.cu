@@ -1,8 +1,10 @@
-// FP8 cast kernels (launchers declared in evenep/cuda/fp8_cast.hpp): one thread block per scaling block,
-// amax by warp shuffles then shared memory, every element quantised by the shared host/device functions of
-// evenep/detail/fp8.hpp — the CPU oracle's bytes, bit for bit.
+// FP8 cast kernels (launchers declared in evenep/cuda/fp8_cast.hpp). Rows: warps in grid-strided steps, a half warp
+// per 1 x 128 block (device/fp8_vec.cuh). Weights: one thread block per 128 x 128 block, amax by warp shuffles then
+// shared memory. Every element is quantised bit for bit as the shared host/device functions of evenep/detail/fp8.hpp
+// do it — the CPU oracle's bytes.
 #include <cuda_runtime.h>
 
+#include "cuda/device/fp8_vec.cuh"
 #include "cuda/kernels/launch.cuh"
 #include "evenep/cuda/fp8_cast.hpp"
 #include "evenep/error.hpp"
@@ -11,8 +13,9 @@ namespace evenep::cuda {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kRowThreads = kFp8Block;  // one thread per element of a 1 x 128 block
-constexpr int kWeightThreads = 256;     // 64 elements per thread of a 128 x 128 block (8 loads of 16 bytes)
+constexpr int kRowThreads = 256;     // 8 warps, each casting 2 kRowUnroll blocks a step
+constexpr int kRowUnroll = 4;        // 16-byte vectors a lane loads before casting them
+constexpr int kWeightThreads = 256;  // 64 elements per thread of a 128 x 128 block (8 loads of 16 bytes)
 static_assert(kRowThreads % kWarp == 0 && kWeightThreads % kWarp == 0, "whole warps");
 
 // Max of v over the thread block (every thread gets it). v >= 0 (magnitudes); max is exact, so any order agrees
@@ -31,25 +34,25 @@ __device__ float block_amax(float v, int warp_idx, int lane_idx, float* smem) {
 }
 
 struct RowCastParams {
-    const Bf16* in;
-    Fp8E4m3* codes;
+    const uint16_t* in;
+    uint8_t* codes;
     float* scales;
     uint32_t* nonfinite;
+    int64_t nvec;  // 16-byte vectors of `in` (16 a 1 x 128 block)
     bool ue8m0;
 };
 
-// Block b casts 1 x 128 block b of the flattened [rows, dim] array (blocks of a row are contiguous, so the flat
-// block index is also the scale index).
+// The flat [rows, dim] array (blocks of a row are contiguous, so the flat block index is also the scale index) in
+// warp steps of kRowUnroll 16-byte vectors a lane (device::cast_rows_step), grid-strided.
 __global__ void __launch_bounds__(kRowThreads) fp8_cast_rows_kernel(RowCastParams p) {
-    __shared__ float smem[kRowThreads / kWarp];
-    const int64_t b = blockIdx.x;
-    const int t = threadIdx.x;
-    const Bf16 x = p.in[b * kFp8Block + t];
-    if (!bf16_is_finite(x) && p.nonfinite != nullptr) atomicExch(p.nonfinite, 1u);
-    const float amax = block_amax<kRowThreads>(bf16_abs(x), t / kWarp, t % kWarp, smem);
-    const float s = fp8_block_scale(amax, p.ue8m0);
-    p.codes[b * kFp8Block + t] = fp8_quantize(bf16_to_float(x), s);
-    if (t == 0) p.scales[b] = s;
+    constexpr int kStep = kWarp * kRowUnroll;
+    const int lane = static_cast<int>(threadIdx.x) % kWarp;
+    const int64_t warp = static_cast<int64_t>(blockIdx.x) * (kRowThreads / kWarp) + threadIdx.x / kWarp;
+    const int64_t warps = static_cast<int64_t>(gridDim.x) * (kRowThreads / kWarp);
+    bool finite = true;
+    for (int64_t v0 = warp * kStep; v0 < p.nvec; v0 += warps * kStep)
+        finite = device::cast_rows_step<kRowUnroll>(p.in, v0, p.nvec, p.ue8m0, p.codes, p.scales, lane) && finite;
+    if (!finite && lane == 0 && p.nonfinite != nullptr) atomicExch(p.nonfinite, 1u);
 }
 
 // Block b of launch_fp8_cast_weights: matrix b / tiles, 128 x 128 block b % tiles at (bi, bo) = (t / nob, t % nob).
@@ -62,11 +65,6 @@ constexpr int kWeightVecs = kFp8Block * kFp8Block / kVec / kWeightThreads;  // 8
 constexpr int kTChunk = 32;                 // transposed bytes per store (two 16-byte words)
 constexpr int kTilePitch = kFp8Block + 16;  // smem row pitch (bytes), 16-byte aligned
 
-// Element i (0..7) of 8 bf16 loaded as one 16-byte vector (little-endian: the lower half of each word first).
-__device__ __forceinline__ Bf16 bf16_lane(const uint4& v, int i) {
-    const uint32_t w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
-    return Bf16{static_cast<uint16_t>(i % 2 ? w >> 16 : w & 0xFFFFu)};
-}
 __global__ void __launch_bounds__(kWeightThreads) fp8_cast_weights_kernel(Fp8WeightCast p) {
     __shared__ float smem[kWeightThreads / kWarp];
     __shared__ __align__(16) uint8_t tile[kFp8Block][kTilePitch];
@@ -86,7 +84,7 @@ __global__ void __launch_bounds__(kWeightThreads) fp8_cast_weights_kernel(Fp8Wei
         raw[j] = *reinterpret_cast<const uint4*>(w + base + static_cast<int64_t>(row) * p.out + col);
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-            const Bf16 x = bf16_lane(raw[j], i);
+            const Bf16 x = device::bf16x8_lane(raw[j], i);
             finite = finite && bf16_is_finite(x);
             const float a = bf16_abs(x);
             amax = a > amax ? a : amax;
@@ -99,13 +97,9 @@ __global__ void __launch_bounds__(kWeightThreads) fp8_cast_weights_kernel(Fp8Wei
 #pragma unroll
     for (int j = 0; j < kWeightVecs; ++j) {
         const int v = t + j * kWeightThreads, row = v / (kFp8Block / kVec), col = kVec * (v % (kFp8Block / kVec));
-        uint32_t q[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < kVec; ++i)
-            q[i / 4] |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(bf16_lane(raw[j], i)), s).bits)
-                        << (8 * (i % 4));
-        *reinterpret_cast<uint2*>(codes + base + static_cast<int64_t>(row) * p.out + col) = make_uint2(q[0], q[1]);
-        if (p.transposed != nullptr) *reinterpret_cast<uint2*>(&tile[row][col]) = make_uint2(q[0], q[1]);
+        const uint2 q = device::quantize_bf16x8_with(raw[j], s);
+        *reinterpret_cast<uint2*>(codes + base + static_cast<int64_t>(row) * p.out + col) = q;
+        if (p.transposed != nullptr) *reinterpret_cast<uint2*>(&tile[row][col]) = q;
     }
     if (t == 0) p.scales[m * p.scale_stride + k] = s;
     if (p.transposed == nullptr) return;  // block-uniform
@@ -145,8 +139,18 @@ void launch_fp8_cast_rows(const Bf16* in,
     EVENEP_CHECK(blocks <= INT32_MAX, "fp8 cast: ", blocks, " blocks exceed one grid");
     if (blocks == 0) return;
     EVENEP_CHECK(in != nullptr && codes != nullptr && scales != nullptr, "fp8 cast: null buffer");
-    launch_clustered(fp8_cast_rows_kernel, static_cast<int>(blocks), 1, kRowThreads, 0, stream, false,
-                     RowCastParams{in, codes, scales, nonfinite, ue8m0});
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(in) % 16 == 0 && reinterpret_cast<uintptr_t>(codes) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(scales) % 4 == 0,
+                 "fp8 cast: in must be 16-byte aligned, codes 8-byte and scales 4-byte aligned");
+    const std::pair<int, int> occ = co_resident_capacity(fp8_cast_rows_kernel, kRowThreads, 0);
+    const int64_t capacity = static_cast<int64_t>(occ.first) * occ.second;
+    const int64_t nvec = blocks * device::kFp8LanesPerBlock,
+                  steps = (nvec + kWarp * kRowUnroll - 1) / (kWarp * kRowUnroll);
+    const int grid =
+        static_cast<int>(std::min<int64_t>((steps + kRowThreads / kWarp - 1) / (kRowThreads / kWarp), capacity));
+    launch_clustered(fp8_cast_rows_kernel, grid, 1, kRowThreads, 0, stream, false,
+                     RowCastParams{reinterpret_cast<const uint16_t*>(in), reinterpret_cast<uint8_t*>(codes), scales,
+                                   nonfinite, nvec, ue8m0});
 }
 
 void launch_fp8_cast_weight(const Bf16* w,

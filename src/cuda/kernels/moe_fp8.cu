@@ -1,10 +1,11 @@
 // The FP8 kernels of the GPU MoE layer (declarations and contracts in moe_fp8.hpp): the layer's own 1 x 128 casts
 // (h, dy, dg, du), the output placement with the dequantised x for the bf16 wgrad, the bf16 -> fp32 widening of dh,
 // the dx sum of the two FP8 dgrads' bf16 outputs and the transposes (K-major) of the prefetched e4m3 copies. The
-// casts call evenep/detail/fp8.hpp's functions, so their bytes are cpu::quantize_rows_fp8's (docs/fp8.md).
+// casts (device/fp8_vec.cuh) give evenep/detail/fp8.hpp's bytes, so cpu::quantize_rows_fp8's (docs/fp8.md).
 #include <cuda_runtime.h>
 
-#include "cuda/device/vec.cuh"
+#include "cuda/device/byte_transpose.cuh"
+#include "cuda/device/fp8_vec.cuh"
 #include "cuda/kernels/moe_fp8.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/detail/fp8.hpp"
@@ -17,42 +18,27 @@ using device::kWarpSize;
 
 inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / kWarpSize;
-inline constexpr int kPerLane = kFp8Block / kWarpSize;  // 4 channels of a 1 x 128 block per lane
-inline constexpr int kTile = 64;                        // transpose tile (bytes x bytes)
-inline constexpr int kTileWords = kTile * kTile / 4;
+inline constexpr int kPerLane = 4;     // elements per thread of the elementwise kernels
+inline constexpr int kCastUnroll = 4;  // 16-byte vectors a lane loads before casting them
 
 __device__ __forceinline__ int64_t used_rows(const MoeKernelParams& p, int rank) {
     const int64_t end = p.ranks[rank].cu_seqlens[p.G - 1];
     return end < 0 ? 0 : (end > p.nvs ? p.nvs : end);
 }
 
-// One warp per 1 x 128 block: lane l holds channels 4l..4l+3; the amax is a warp max (order-free).
+// The rank's used rows as one flat array, in warp steps of kCastUnroll 16-byte vectors a lane, a half warp per
+// 1 x 128 block (device::cast_rows_step), grid-strided.
 __global__ void __launch_bounds__(kThreads)
     cast_rows_kernel(const MoeKernelParams p, const uint16_t* in, int dim, bool ue8m0, uint8_t* codes, float* scales) {
+    constexpr int kStep = kWarpSize * kCastUnroll;
     const int rank = p.rank_begin + static_cast<int>(blockIdx.y);
     const int64_t base = static_cast<int64_t>(blockIdx.y) * p.nvs * dim;
-    const int64_t blocks = used_rows(p, rank) * (dim / kFp8Block);
+    const int64_t nvec = used_rows(p, rank) * dim / device::kBf16PerVec;
     const int lane = threadIdx.x % kWarpSize;
     const int64_t warp = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarpSize;
-    const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
-    for (int64_t b = warp; b < blocks; b += stride) {
-        const int64_t at = base + b * kFp8Block + lane * kPerLane;
-        const uint2 raw = *reinterpret_cast<const uint2*>(in + at);
-        const Bf16 v[kPerLane] = {
-            Bf16{static_cast<uint16_t>(raw.x & 0xFFFFu)}, Bf16{static_cast<uint16_t>(raw.x >> 16)},
-            Bf16{static_cast<uint16_t>(raw.y & 0xFFFFu)}, Bf16{static_cast<uint16_t>(raw.y >> 16)}};
-        float amax = 0.0f;
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j) amax = fmaxf(amax, bf16_abs(v[j]));
-        for (int off = kWarpSize / 2; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-        const float s = fp8_block_scale(amax, ue8m0);
-        uint32_t q = 0;
-#pragma unroll
-        for (int j = 0; j < kPerLane; ++j)
-            q |= static_cast<uint32_t>(fp8_quantize(bf16_to_float(v[j]), s).bits) << (8 * j);
-        *reinterpret_cast<uint32_t*>(codes + at) = q;
-        if (lane == 0) scales[base / kFp8Block + b] = s;
-    }
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * kStep;
+    for (int64_t v0 = warp * kStep; v0 < nvec; v0 += stride)
+        device::cast_rows_step<kCastUnroll>(in + base, v0, nvec, ue8m0, codes + base, scales + base / kFp8Block, lane);
 }
 
 // Per thread 4 elements: recv_x <- y (8 bytes), x <- the 4 codes dequantised with their block's scale.
@@ -112,41 +98,24 @@ __global__ void __launch_bounds__(kThreads)
         b[i] = bf16_to_float(Bf16{a[i]});  // rows packed at dim, as the GEMMs write them (swiglu_backward reads so)
 }
 
-// Block (x, rank): tiles x, x + gridDim.x, ... of the rank's G groups (kTile x kTile bytes each, through shared
-// memory); the tiles of groups without rows or without both pointers are skipped. in and out are multiples of 128,
-// so the tiles cover the matrix exactly.
+// Block (x, rank): tiles x, x + gridDim.x, ... of the rank's G groups (device::transpose_byte_tile); the tiles of
+// groups without rows or without both pointers are skipped. in and out are multiples of 128, so the tiles cover the
+// matrix exactly.
 __global__ void __launch_bounds__(kThreads) transpose_kernel(
     const MoeKernelParams p, const uint8_t* const* table, const uint8_t* const* dst_table, int in, int out) {
-    __shared__ __align__(4) uint8_t tile[kTile][kTile + 4];
+    __shared__ __align__(4) device::ByteTile tile;
     const int i = static_cast<int>(blockIdx.y), rank = p.rank_begin + i;
     const int32_t* cu = p.ranks[rank].cu_seqlens;
     const uint8_t* const* t = table + static_cast<int64_t>(i) * (p.G + 1);
     const uint8_t* const* dt = dst_table + static_cast<int64_t>(i) * (p.G + 1);
     auto live = [&](int g) { return t[g] != nullptr && dt[g] != nullptr && cu[g] > (g == 0 ? 0 : cu[g - 1]); };
-    const int tiles_in = in / kTile, tiles_out = out / kTile, per_group = tiles_in * tiles_out;
+    const int tiles_in = in / device::kByteTile, tiles_out = out / device::kByteTile, per_group = tiles_in * tiles_out;
     const int64_t total = static_cast<int64_t>(p.G) * per_group;
     for (int64_t w = blockIdx.x; w < total; w += gridDim.x) {
         const int g = static_cast<int>(w / per_group), k = static_cast<int>(w % per_group);
         if (!live(g)) continue;  // block-uniform: no thread reaches the barriers
-        const int r0 = (k / tiles_out) * kTile, c0 = (k % tiles_out) * kTile;
-        const uint8_t* src = t[g];
-        uint8_t* d = const_cast<uint8_t*>(dt[g]);
-        // 4-byte words both ways (in, out and the tile's row stride are multiples of 4): a source word is 4 bytes
-        // of one row; a destination word gathers one column's bytes of 4 consecutive source rows.
-        for (int e = threadIdx.x; e < kTileWords; e += kThreads) {
-            const int r = e / (kTile / 4), c = 4 * (e % (kTile / 4));
-            *reinterpret_cast<uint32_t*>(&tile[r][c]) =
-                *reinterpret_cast<const uint32_t*>(src + static_cast<int64_t>(r0 + r) * out + c0 + c);
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < kTileWords; e += kThreads) {
-            const int c = e / (kTile / 4), r = 4 * (e % (kTile / 4));  // dst row c0 + c, columns r0 + r ..
-            const uint32_t word = static_cast<uint32_t>(tile[r][c]) | static_cast<uint32_t>(tile[r + 1][c]) << 8 |
-                                  static_cast<uint32_t>(tile[r + 2][c]) << 16 |
-                                  static_cast<uint32_t>(tile[r + 3][c]) << 24;
-            *reinterpret_cast<uint32_t*>(d + static_cast<int64_t>(c0 + c) * in + r0 + r) = word;
-        }
-        __syncthreads();
+        const int r0 = (k / tiles_out) * device::kByteTile, c0 = (k % tiles_out) * device::kByteTile;
+        device::transpose_byte_tile<kThreads>(t[g], const_cast<uint8_t*>(dt[g]), in, out, r0, c0, tile);
     }
 }
 
