@@ -99,8 +99,8 @@ def parse(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fp8", action="store_true",
-                   help="the FP8 path (evenep.Buffer(fp8=True), evenep.nn.MoE(fp8=True); CPU; hidden and ffn "
-                        "multiples of 128; docs/python.md, FP8)")
+                   help="the FP8 path (evenep.Buffer(fp8=True), evenep.nn.MoE(fp8=True); CPU, or --device cuda "
+                        "with the CUTLASS kernels (H100/H200); hidden and ffn multiples of 128; docs/python.md, FP8)")
     p.add_argument("--ue8m0", action="store_true", help="with --fp8: power-of-two (UE8M0) scales")
     p.add_argument("--compare-fp8", action="store_true",
                    help="run the bf16 and then the FP8 path from the same weights on the same batches and print both "

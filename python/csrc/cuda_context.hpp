@@ -30,6 +30,7 @@
 #include "evenep/cuda/ep.hpp"
 #include "evenep/cuda/expert_ops.hpp"
 #include "evenep/cuda/experts.hpp"
+#include "evenep/cuda/grouped_gemm.hpp"
 #include "evenep/cuda/nccl_team.hpp"
 #include "evenep/cuda/team.hpp"
 
@@ -160,6 +161,68 @@ T* rows_of(const CudaContext& ctx, const at::Tensor& t, int i, int64_t row_elems
     return ctx.multi_process() ? nullptr : static_cast<T*>(t.data_ptr()) + i * ctx.nvs() * row_elems;
 }
 inline uint16_t* rows_of(const CudaContext& ctx, const at::Tensor& t, int i) { return rows_of(ctx, t, i, ctx.H()); }
+
+// ---- the grouped GEMM ops' per-call scratch and tables (ops_cuda.cpp: bf16; ops_fp8_cuda.cpp: FP8) ----
+
+// Per-call device scratch (torch's allocator: the graph's private pool during capture): `num_tables` pointer tables
+// of `groups` groups and their shifted cu_seqlens (cuda::build_group_table), then `calls` GEMM workspaces, then
+// `extra_bytes` for the op (the FP8 forward's transposed weights). Every region 256-byte aligned.
+struct GemmScratch {
+    at::Tensor bytes;
+    size_t table_bytes = 0, cu_off = 0, ws_off = 0, ws_bytes = 0, extra_off = 0;
+    GemmScratch(const CudaContext& ctx, int groups, int calls, int num_tables = 1, size_t extra_bytes = 0) {
+        auto align = [](size_t v) { return (v + 255) / 256 * 256; };
+        ws_bytes = align(cuda::grouped_gemm_workspace_bytes(groups));
+        table_bytes = align(static_cast<size_t>(groups) * sizeof(void*));
+        cu_off = num_tables * table_bytes;
+        ws_off = cu_off + align(static_cast<size_t>(groups) * sizeof(int32_t));
+        extra_off = ws_off + calls * ws_bytes;
+        bytes = at::empty({static_cast<int64_t>(extra_off + align(extra_bytes))}, on(ctx, at::kByte));
+    }
+    char* base() const { return static_cast<char*>(bytes.data_ptr()); }
+    const void** table(int t = 0) const { return reinterpret_cast<const void**>(base() + t * table_bytes); }
+    // Table t from its entry `first` on, as the GEMM arguments' pointer type.
+    template <typename T>
+    T* const* table_as(int64_t first, int t = 0) const {
+        return reinterpret_cast<T* const*>(base() + t * table_bytes) + first;
+    }
+    int32_t* cu() const { return reinterpret_cast<int32_t*>(base() + cu_off); }
+    void* workspace(int i) const { return base() + ws_off + i * ws_bytes; }
+    void* extra() const { return base() + extra_off; }
+};
+
+// A pointer table (and, where cu is non-null, the shifted cu_seqlens) of one grouped GEMM over every served rank's
+// groups (cuda::build_group_table): home = the served ranks' home matrices, slots = their slots, mat_bytes each.
+inline void group_table(const CudaContext& ctx,
+                        const at::Tensor& plan,
+                        const at::Tensor& home,
+                        const at::Tensor& slots,
+                        int64_t mat_bytes,
+                        const void** table,
+                        int32_t* cu,
+                        cudaStream_t stream) {
+    cuda::GroupTableArgs t;
+    t.plan = ctx.plan_rows(plan, ctx.L());
+    t.nvs = ctx.nvs();
+    t.expert_base = ctx.expert_base();
+    t.num_home = ctx.num_home();
+    t.home = home.data_ptr();
+    t.slots = slots.data_ptr();
+    t.mat_bytes = mat_bytes;
+    t.table = table;
+    t.cu = cu;
+    cuda::build_group_table(t, stream);
+}
+// The scratch's first table and its cu_seqlens.
+inline void group_table(const CudaContext& ctx,
+                        const at::Tensor& plan,
+                        const at::Tensor& home,
+                        const at::Tensor& slots,
+                        int64_t mat_bytes,
+                        const GemmScratch& scratch,
+                        cudaStream_t stream) {
+    group_table(ctx, plan, home, slots, mat_bytes, scratch.table(), scratch.cu(), stream);
+}
 
 // The dispatch ops (ops_cuda.cpp, ops_fp8_cuda.cpp), after checking their rows x: topk_idx, topk_weights and plan
 // checked for s_pad tokens per rank, and the plan the kernels use for plan tensor `plan` (the latest plan op's while

@@ -386,50 +386,6 @@ void reduce_grad_add_cuda(at::Tensor& grad, const at::Tensor& sg, const at::Tens
 
 // ---- grouped GEMM (EvenEP's: the Hopper kernel on H100/H200, mma.sync elsewhere) ----
 
-// Per-call device scratch (torch's allocator): the pointer table and the shifted cu_seqlens of `groups` groups
-// (cuda::build_group_table), then `calls` GEMM workspaces.
-struct GemmScratch {
-    at::Tensor bytes;
-    size_t cu_off = 0, ws_off = 0, ws_bytes = 0;
-    GemmScratch(const CudaContext& ctx, int groups, int calls) {
-        auto align = [](size_t v) { return (v + 255) / 256 * 256; };
-        ws_bytes = align(cuda::grouped_gemm_workspace_bytes(groups));
-        cu_off = align(static_cast<size_t>(groups) * sizeof(void*));
-        ws_off = cu_off + align(static_cast<size_t>(groups) * sizeof(int32_t));
-        bytes = at::empty({static_cast<int64_t>(ws_off + calls * ws_bytes)}, on(ctx, at::kByte));
-    }
-    char* base() const { return static_cast<char*>(bytes.data_ptr()); }
-    const void** table() const { return reinterpret_cast<const void**>(base()); }
-    template <typename T>
-    T* const* table_as(int64_t first) const {
-        return reinterpret_cast<T* const*>(base()) + first;
-    }
-    int32_t* cu() const { return reinterpret_cast<int32_t*>(base() + cu_off); }
-    void* workspace(int i) const { return base() + ws_off + i * ws_bytes; }
-};
-
-// The pointer table and shifted cu_seqlens of one grouped GEMM over every served rank's groups
-// (cuda::build_group_table): home = the served ranks' home matrices, slots = their slots.
-void group_table(const CudaContext& ctx,
-                 const at::Tensor& plan,
-                 const at::Tensor& home,
-                 const at::Tensor& slots,
-                 int64_t mat_bytes,
-                 const GemmScratch& scratch,
-                 cudaStream_t stream) {
-    cuda::GroupTableArgs t;
-    t.plan = ctx.plan_rows(plan, ctx.L());
-    t.nvs = ctx.nvs();
-    t.expert_base = ctx.expert_base();
-    t.num_home = ctx.num_home();
-    t.home = home.data_ptr();
-    t.slots = slots.data_ptr();
-    t.mat_bytes = mat_bytes;
-    t.table = scratch.table();
-    t.cu = scratch.cu();
-    cuda::build_group_table(t, stream);
-}
-
 // fwd (transposed = false): out[i] = x[i] · W_g per group, x [L, NvS, a] -> [L, NvS, b] fp32 (or bf16: out_dtype,
 // rounded in the epilogue). dgrad (transposed = true): out[i] = x[i] · W_g^T, x [L, NvS, b] -> [L, NvS, a]. Padding
 // rows are 0; rows past the groups are not written (unwritten_zero: 0).

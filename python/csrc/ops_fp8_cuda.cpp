@@ -3,24 +3,30 @@
 // (evenep/cuda/fp8_cast.hpp: bit for bit cpu::quantize_rows_fp8 / cpu::quantize_weight_fp8), the dispatch is
 // cuda::Ep's FP8 dispatch (EpOptions::precision from the buffer's fp8 / ue8m0) writing the op's own tensors
 // (RankIo::rows8 / row_scales), from bf16 rows it quantises once per token or from the caller's codes and scales
-// (RankIo::x8 / x_scales, moved as given). Virtual ranks only (evenep.Buffer refuses fp8 with group=).
+// (RankIo::x8 / x_scales, moved as given), and the block-scaled grouped GEMM is the library's CUTLASS
+// cuda::grouped_gemm_fp8 (NotImplementedError in a build or on a device without it). Virtual ranks only
+// (evenep.Buffer refuses fp8 with group=).
 //
 // The casts check their input for NaN/Inf as the CPU kernels do: the kernels raise a device flag, read back after
 // the launch (one 4-byte copy, a synchronisation of the stream) and reported with the first non-finite element;
 // inside a CUDA-graph capture nothing is read back (a non-finite block's codes are then undefined). The dispatch
 // never synchronises: the device records bad rows (DeviceErrorKind::kNonFiniteInput / kBadFp8Input) and the next op
-// of the buffer (or Buffer.check()) raises them.
+// of the buffer (or Buffer.check()) raises them. Nor does the GEMM.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda_context.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/fp8_cast.hpp"
+#include "evenep/cuda/fp8_transpose.hpp"
+#include "evenep/cuda/grouped_gemm.hpp"
 #include "fp8_args.hpp"
 
 namespace evenep::python {
@@ -129,22 +135,94 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_
     });
 }
 
-// No block-scaled grouped GEMM op on CUDA yet (the library's cuda::grouped_gemm_fp8 needs W^T group tables the
-// binding does not build): refused by name rather than by the dispatcher's "no CUDA kernel".
-at::Tensor grouped_gemm_fp8_cuda(const at::Tensor&,
-                                 const at::Tensor&,
-                                 const at::Tensor&,
-                                 const at::Tensor&,
-                                 const at::Tensor&,
-                                 const at::Tensor&,
-                                 const at::Tensor&,
-                                 int64_t,
-                                 bool,
-                                 std::optional<at::ScalarType>) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false,
-                                "evenep.grouped_gemm_fp8: no CUDA kernel in this package yet (the FP8 expert GEMM "
-                                "runs on the CPU backend; on CUDA, FP8 buffers dispatch and combine only)");
-    return {};
+// grouped_gemm_fp8 of a CUDA buffer created with fp8=True: the library's cuda::grouped_gemm_fp8 (CUTLASS, block-scaled:
+// 1 x 128 activation and 128 x 128 weight scales, fp32 accumulation promoted per 128-deep k-block, bf16 epilogue),
+// one launch over the groups of every rank. The tables are the bf16 op's (group_table, cuda_context.hpp): the codes
+// and the scales of each group's home expert or prefetched slot. transposed (out = x · W_g^T, x [R, NvS, b]) is the
+// library's dgrad, which reads W_g [a][b] as stored. The forward (out = x · W_g, x [R, NvS, a]) reads W_g^T [b][a]
+// (fp8 wgmma takes K-major operands only): the groups with rows are first transposed into per-call scratch
+// (cuda::launch_fp8_transpose_groups: one copy per group, 2ab bytes moved each). The scales go as they are to both.
+// Output: bf16 from the epilogue; fp32 (out_dtype None, the CPU op's default) is that bf16 widened, so it matches the
+// CPU op's fp32 sums within the GEMM's tolerance (the bf16 rounding of the output included: 2^-7 |ref| + 2^-9
+// sum |terms|, tests/cuda/grouped_gemm_fp8_test.cu). Every row of a group is computed, padding rows included (0 for
+// the dispatch's zero rows); rows past the groups are not written (unwritten_zero: 0). No host synchronisation.
+at::Tensor grouped_gemm_fp8_cuda(const at::Tensor& x,
+                                 const at::Tensor& x_scales,
+                                 const at::Tensor& weight,
+                                 const at::Tensor& weight_scales,
+                                 const at::Tensor& slots,
+                                 const at::Tensor& slot_scales,
+                                 const at::Tensor& plan,
+                                 int64_t buffer,
+                                 bool transposed,
+                                 std::optional<at::ScalarType> out_dtype) {
+    return translate([&] {
+        const char* op = "grouped_gemm_fp8";
+        OpScope sc(buffer, op);
+        const CudaContext& ctx = *sc.ctx;
+        TORCH_CHECK_NOT_IMPLEMENTED(cuda::grouped_gemm_has_cutlass(),
+                                    "evenep.grouped_gemm_fp8: the CUDA kernel is the library's CUTLASS FP8 grouped "
+                                    "GEMM (cuda::grouped_gemm_fp8), which needs a build with EVENEP_CUTLASS=ON "
+                                    "(CUTLASS headers, CMAKE_CUDA_ARCHITECTURES with 90a) and a compute capability "
+                                    "9.0 device (H100/H200); this build or device has none (the CPU backend has the "
+                                    "FP8 GEMM)");
+        TORCH_CHECK(!ctx.multi_process(), "evenep.grouped_gemm_fp8: FP8 buffers with group= are not supported");
+        const Config& c = ctx.cfg();
+        const PlanRowLayout& L = ctx.plan_layout();
+        const at::ScalarType dtype = gemm_out_dtype(out_dtype, op);
+        TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat8_e4m3fn, "evenep.", op, ": weight has dtype ",
+                          weight.scalar_type(), ", expected Float8_e4m3fn (quantize_fp8_weight)");
+        check_gemm_weights(c, op, weight, slots, c10::DeviceType::CUDA);
+        check_blocked(weight, op, "weight", 2);
+        const int64_t a = weight.size(1), b = weight.size(2), in = transposed ? b : a, out_dim = transposed ? a : b;
+        check_cuda(ctx, weight, op, "weight", at::kFloat8_e4m3fn, {c.E, a, b});
+        check_cuda(ctx, slots, op, "slots", at::kFloat8_e4m3fn, {ctx.L(), L.B, a, b});
+        check_cuda(ctx, weight_scales, op, "weight_scales", at::kFloat, {c.E, a / kBlock, b / kBlock});
+        check_cuda(ctx, slot_scales, op, "slot_scales", at::kFloat, {ctx.L(), L.B, a / kBlock, b / kBlock});
+        check_cuda(ctx, plan, op, "plan", at::kInt, {ctx.L(), L.width});
+        const int64_t nvs = ctx.nvs();
+        check_cuda(ctx, x, op, "x", at::kFloat8_e4m3fn, {ctx.L(), nvs, in});
+        check_cuda(ctx, x_scales, op, "x_scales", at::kFloat, {ctx.L(), nvs, in / kBlock});
+        // The GEMM skips a group whose weight is not 16-byte aligned (TMA): refused here instead (a view at an
+        // unaligned offset), with x for the same reason.
+        for (const auto& [t, name] : {std::pair{&x, "x"}, std::pair{&weight, "weight"}, std::pair{&slots, "slots"}})
+            TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0, "evenep.", op, ": ", name,
+                              " is not 16-byte aligned (a view at storage offset ", t->storage_offset(), ")");
+        const int groups = ctx.L() * (L.G + 1);
+        const int64_t mat = a * b, smat = (a / kBlock) * (b / kBlock);
+        constexpr int kCodes = 0, kScales = 1, kTransposed = 2;  // the scratch's tables
+        GemmScratch scratch(ctx, groups, 1, transposed ? 2 : 3, transposed ? 0 : static_cast<size_t>(groups * mat));
+        group_table(ctx, plan, weight, slots, mat, scratch.table(kCodes), scratch.cu(), sc.stream);
+        group_table(ctx, plan, weight_scales, slot_scales, smat * 4, scratch.table(kScales), nullptr, sc.stream);
+        if (!transposed) {
+            cuda::Fp8GroupTranspose t;
+            t.weights = scratch.table_as<const uint8_t>(0, kCodes);
+            t.cu_seqlens = scratch.cu();
+            t.num_groups = groups;
+            t.in_dim = static_cast<int>(a);
+            t.out_dim = static_cast<int>(b);
+            t.transposed = static_cast<uint8_t*>(scratch.extra());
+            t.transposed_table = reinterpret_cast<const uint8_t**>(scratch.table(kTransposed));
+            cuda::launch_fp8_transpose_groups(t, sc.stream);
+        }
+        at::Tensor y = output(ctx, {ctx.L(), nvs, out_dim}, at::kBFloat16);
+        cuda::GroupedGemmFp8Args g;
+        g.x = ptr<const uint8_t>(x);
+        g.x_scales = ptr<const float>(x_scales);
+        g.cu_seqlens = scratch.cu();
+        g.weights = scratch.table_as<const uint8_t>(0, transposed ? kCodes : kTransposed);
+        g.weight_scales = scratch.table_as<const float>(0, kScales);
+        g.y = ptr<uint16_t>(y);
+        g.num_groups = groups;
+        g.in_dim = static_cast<int>(a);
+        g.out_dim = static_cast<int>(b);
+        g.op = transposed ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
+        g.schedule = cuda::GemmSchedule::kLoadAware;
+        g.block_scaled = true;
+        g.workspace = scratch.workspace(0);
+        cuda::grouped_gemm_fp8(g, sc.stream);
+        return dtype == at::kBFloat16 ? y : y.to(dtype);
+    });
 }
 
 }  // namespace

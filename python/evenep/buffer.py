@@ -92,8 +92,8 @@ class Buffer:
         fp8: True for the FP8 data path (docs/fp8.md, docs/python.md "FP8"): dispatch sends e4m3 rows with one fp32
             scale per 128 channels (dedup kept) and returns (recv_x_fp8, recv_scales); H and H' must be multiples
             of 128. A bool (anything else: ValueError). On CUDA with virtual ranks the library's FP8 dispatch
-            (bit for bit the CPU's); not with group= (NotImplementedError); evenep.nn.MoE(fp8=True) needs the CPU
-            backend (no CUDA FP8 grouped GEMM op yet).
+            (bit for bit the CPU's); not with group= (NotImplementedError). evenep.nn.MoE(fp8=True) on CUDA runs the
+            library's CUTLASS FP8 grouped GEMM (a build with EVENEP_CUTLASS, an H100/H200).
         ue8m0: with fp8, every scale rounded up to a power of two (UE8M0).
     """
 

@@ -6,8 +6,8 @@ cpu::quantize_weight_fp8, the functions of the library's FP8 dispatch and weight
 or per 128x128 block of an [in, out] matrix (weights); s = max(amax / 448, 2^-126), a power of two with ue8m0;
 q = e4m3(x / s) round-to-nearest-even, saturating. dequantize is float(q) * s in fp32 (exact with ue8m0).
 
-Ops (CPU kernels in python/csrc/ops_fp8.cpp, CUDA kernels of the casts and dispatch_fp8 in ops_fp8_cuda.cpp;
-the shapes write R for the served ranks L as in _ops.py):
+Ops (CPU kernels in python/csrc/ops_fp8.cpp, CUDA kernels in ops_fp8_cuda.cpp; the shapes write R for the served
+ranks L as in _ops.py):
 
   quantize_fp8(x [..., D] bf16, ue8m0=False) -> codes [..., D] e4m3, scales [..., D/128] f32
   quantize_fp8_weight(weight [..., a, b] bf16, ue8m0=False) -> codes [..., a, b] e4m3, scales [..., a/128, b/128] f32
@@ -17,7 +17,9 @@ the shapes write R for the served ranks L as in _ops.py):
       -> recv_x e4m3 [R,NvS,H], recv_scales f32 [R,NvS,H/128], recv_w [R,NvS] f32, cu_seqlens [R,G], handle [R,s*K]
   grouped_gemm_fp8(x e4m3 [R,NvS,in], x_scales [R,NvS,in/128], weight e4m3 [E,a,b], weight_scales [E,a/128,b/128],
       slots [R,B,a,b], slot_scales [R,B,a/128,b/128], plan, buffer, transposed=False, out_dtype=None)
-      -> [R,NvS,out] f32 (or bf16): cpu::grouped_gemm_fp8 (per-128-K partials promoted to fp32 and scaled)
+      -> [R,NvS,out] f32 (or bf16): cpu::grouped_gemm_fp8 (per-128-K partials promoted to fp32 and scaled); on CUDA
+      the library's CUTLASS block-scaled GEMM (cuda::grouped_gemm_fp8, bf16 epilogue: f32 is its bf16 widened;
+      NotImplementedError in a build without EVENEP_CUTLASS or off compute capability 9.0)
 """
 
 from __future__ import annotations
@@ -63,6 +65,14 @@ def dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = t
 
 def _what(x):
     return f"{x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _in_groups(t: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """t [R, NvS, D] with the rows past each rank's groups (from cu_seqlens[r, -1]) set to 0. The CUDA ops leave
+    those rows as torch.empty does (docs/python.md), and the casts refuse a non-finite value anywhere in their input,
+    so the layer's own rows are masked before they are cast (on the CPU they are 0 already)."""
+    live = torch.arange(t.shape[1], device=t.device)[None, :] < cu_seqlens[:, -1:]
+    return torch.where(live.unsqueeze(-1), t, torch.zeros((), dtype=t.dtype, device=t.device))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -145,26 +155,27 @@ class ExpertLinearFp8(torch.autograd.Function):
 
     x is the bf16 value of the FP8 operand (x8, x_scales), used by the backward: dgrad in FP8 (dy cast 1x128,
     grouped_gemm_fp8 transposed; the gradient of x is this, straight through the cast of x), wgrad in bf16 on x
-    (as DeepSeek-V3) with every copy's gradient reduced home in place (reduce_grad_add_)."""
+    (as DeepSeek-V3) with every copy's gradient reduced home in place (reduce_grad_add_). cu_seqlens [R, G] (the
+    dispatch's): dy's rows past the groups are zeroed before its cast (_in_groups)."""
 
     @staticmethod
-    def forward(ctx, x, x8, x_scales, weight, plan, buffer, ue8m0, out_dtype=None):
+    def forward(ctx, x, x8, x_scales, weight, plan, cu_seqlens, buffer, ue8m0, out_dtype=None):
         w8, ws = ops.quantize_fp8_weight(_bf16(weight.detach()), ue8m0)
         s8, ss = ops.prefetch_weight(w8, plan, buffer), ops.prefetch_weight(ws, plan, buffer)
-        ctx.save_for_backward(x, w8, ws, s8, ss, plan)
+        ctx.save_for_backward(x, w8, ws, s8, ss, plan, cu_seqlens)
         ctx.buffer, ctx.ue8m0, ctx.w_dtype = buffer, ue8m0, weight.dtype
         return ops.grouped_gemm_fp8(x8, x_scales, w8, ws, s8, ss, plan, buffer, False, out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        x, w8, ws, s8, ss, plan = ctx.saved_tensors
+        x, w8, ws, s8, ss, plan, cu = ctx.saved_tensors
         dy = _bf16(grad)
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            dy8, dys = ops.quantize_fp8(dy, ctx.ue8m0)
+            dy8, dys = ops.quantize_fp8(_in_groups(dy, cu), ctx.ue8m0)
             grad_x = ops.grouped_gemm_fp8(dy8, dys, w8, ws, s8, ss, plan, ctx.buffer, True, torch.bfloat16).to(x.dtype)
         if ctx.needs_input_grad[3]:
             gw, gs = ops.grouped_gemm_wgrad(_bf16(x), dy, plan, ctx.buffer)
             ops.reduce_grad_add_(gw, gs, plan, ctx.buffer)
             grad_w = gw.to(ctx.w_dtype)
-        return grad_x, None, None, grad_w, None, None, None, None
+        return grad_x, None, None, grad_w, None, None, None, None, None

@@ -86,7 +86,9 @@ class MoE(_Experts):
             needs such a buffer): e4m3 dispatch with 1x128 scales, e4m3 weights with 128x128 block scales for the
             home and the copies (cast once per forward), block-scaled GEMMs forward and dgrad with fp32 accumulation,
             wgrad in bf16 on the dequantised operands, bf16 combine. The casts are straight-through in the backward
-            (docs/python.md, FP8).
+            (docs/python.md, FP8). On a CUDA buffer (virtual ranks) the GEMMs are the library's CUTLASS FP8 grouped
+            GEMM: a build without EVENEP_CUTLASS, or a device other than H100/H200, raises NotImplementedError at
+            the first forward.
 
     With a group= buffer (one rank per process) x is [1, s, H], the expert weights are this rank's E/R home experts
     (global ids rank*E/R ...) and the router weight is replicated (the framework reduces its gradient as usual).
@@ -105,10 +107,6 @@ class MoE(_Experts):
         if fp8 != buffer.fp8:
             raise ValueError(f"evenep.nn.MoE(fp8={fp8}) needs a buffer created with fp8={fp8} (the buffer has "
                              f"fp8={buffer.fp8})")
-        if fp8 and buffer.device.type != "cpu":
-            raise NotImplementedError("evenep.nn.MoE(fp8=True): the FP8 expert GEMM (grouped_gemm_fp8) has no CUDA "
-                                      "kernel in this package yet; use a CPU buffer, or fp8=False on CUDA (an FP8 "
-                                      "CUDA buffer dispatches and combines: Buffer.dispatch)")
         self.fp8 = fp8
         if trace is not None and buffer.group is not None:
             raise NotImplementedError("evenep.nn.MoE(trace=...): a group= buffer plans this rank's row only; record "
@@ -165,12 +163,13 @@ class MoE(_Experts):
         gate/up GEMM; h is cast 1x128 before the down GEMM; the weights are 128x128 e4m3 casts. Returns (y bf16
         [R, NvS, H], handle)."""
         buf, ue8m0 = self.buffer, self.buffer.ue8m0
-        recv_x8, recv_sc, recv_x, _, _, handle = buf._dispatch_fp8(xb, topk_idx, topk_w, plan, num_tokens)
-        gu = _fp8.ExpertLinearFp8.apply(recv_x, recv_x8, recv_sc, w_gu, plan, buf.id, ue8m0, torch.bfloat16)
+        recv_x8, recv_sc, recv_x, _, cu, handle = buf._dispatch_fp8(xb, topk_idx, topk_w, plan, num_tokens)
+        gu = _fp8.ExpertLinearFp8.apply(recv_x, recv_x8, recv_sc, w_gu, plan, cu, buf.id, ue8m0, torch.bfloat16)
         g, u = gu.split(self.ffn_hidden, dim=-1)
         h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
-        h8, hs = _fp8.quantize(h.detach(), ue8m0)
-        return _fp8.ExpertLinearFp8.apply(h, h8, hs, self.w_down, plan, buf.id, ue8m0, torch.bfloat16), handle
+        # h's rows past the groups are the GEMM's unwritten rows on CUDA: zeroed before the cast (which refuses NaN)
+        h8, hs = _fp8.quantize(_fp8._in_groups(h.detach(), cu), ue8m0)
+        return _fp8.ExpertLinearFp8.apply(h, h8, hs, self.w_down, plan, cu, buf.id, ue8m0, torch.bfloat16), handle
 
     def _side_stream(self, device):
         if getattr(self, "_side", None) is None or self._side.device != device:
