@@ -8,6 +8,9 @@
 //       holding expert e holds e's e4m3 codes and scales bit for bit (relay: a copy tree deeper than one level,
 //       asserted); the bf16 slots are not written (sentinel kept: the FP8 GEMMs read codes only); unused slots keep
 //       their sentinel bytes.
+//   Fp8ExpertsReuse.CastOncePerWeightChange  R = 2, E = 4: by default every prefetch_weight casts the current bf16
+//       weights; with reuse_fp8_cast(true) a prefetch after a write without weights_changed() keeps the previous
+//       cast (as documented: stale), and the first after weights_changed() casts the new weights.
 //   Fp8ExpertsTest.ShapeChecks   fp8 with H = 200, elems != H*H', ue8m0 without fp8: refused naming the values.
 #include <gtest/gtest.h>
 
@@ -156,6 +159,55 @@ INSTANTIATE_TEST_SUITE_P(Fp8,
                                            Case{"relay", true, false},
                                            Case{"ue8m0", false, true}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Fp8ExpertsReuse, CastOncePerWeightChange) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    constexpr int H = 128, F = 128;
+    Config cfg;
+    cfg.R = 2, cfg.E = 4, cfg.K = 2, cfg.S = 8, cfg.tp = 1;
+    DeviceEp ep(cfg, H, EpOptions{});
+    GroupIo io(cfg.R, cfg.S, cfg.K, H);
+    const Routing routing = make_adversarial({cfg.R, cfg.E, cfg.K, cfg.S, 3}, Adversarial::kSingleHotExpert);
+    for (int r = 0; r < cfg.R; ++r) io.idx[r].upload(routing.topk_idx[r]);
+    const EpPlan ep_plan = ep.plan(io.io, routing.s, nullptr);
+    ExpertsShape es;
+    es.num_projections = 1;
+    es.elems = static_cast<int64_t>(H) * F;
+    es.with_grads = false;
+    es.fp8 = true;
+    es.hidden = H;
+    es.ffn = F;
+    Experts ex(ep, es);
+    const size_t n = static_cast<size_t>(es.elems);
+    // Writes weights seeded `seed` to expert 0 and returns their host cast.
+    auto write = [&](uint64_t seed) {
+        const std::vector<Bf16> v = testing::random_bf16(n, seed);
+        put(ex.weight(0, 0, 0), testing::bits_of(v));
+        std::vector<Fp8E4m3> q(n);
+        std::vector<float> sc(static_cast<size_t>(detail::fp8_weight_scales(H, F)));
+        cpu::quantize_weight_fp8(v.data(), H, F, false, q.data(), sc.data());
+        std::vector<uint8_t> b(n);
+        for (size_t i = 0; i < n; ++i) b[i] = q[i].bits;
+        return b;
+    };
+    auto prefetch_gives = [&](const std::vector<uint8_t>& want) {
+        ex.prefetch_weight(ep, ep_plan, nullptr);
+        ep.check(nullptr);
+        return get(ex.weight8(0, 0, 0), n) == want;
+    };
+    const std::vector<uint8_t> a = write(11);
+    EXPECT_TRUE(prefetch_gives(a));  // default: every prefetch casts
+    const std::vector<uint8_t> b = write(12);
+    EXPECT_TRUE(prefetch_gives(b));
+    ex.reuse_fp8_cast(true);
+    EXPECT_TRUE(ex.fp8_cast_current());
+    const std::vector<uint8_t> c = write(13);
+    EXPECT_TRUE(prefetch_gives(b)) << "reuse: no weights_changed(), the previous cast stays";
+    ex.weights_changed();
+    EXPECT_FALSE(ex.fp8_cast_current());
+    EXPECT_TRUE(prefetch_gives(c)) << "reuse: the first prefetch after weights_changed() casts";
+    EXPECT_TRUE(ex.fp8_cast_current());
+}
 
 TEST(Fp8ExpertsShapeTest, ShapeChecks) {
     EVENEP_SKIP_WITHOUT_DEVICE();

@@ -128,6 +128,15 @@ class Experts {
 
     void prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
     void reduce_grad(Ep& ep, const EpPlan& plan, cudaStream_t stream, int channel = 1);
+    // FP8 (shape.fp8): by default every prefetch_weight casts the home's bf16 weights again (right whatever writes
+    // them). With reuse_fp8_cast(true) it casts only when the weights changed since its last cast: the first
+    // prefetch_weight, and the first after each weights_changed() — so the micro-batches of one optimizer step
+    // share one cast (TransformerEngine's is_first_microbatch). With reuse on, call weights_changed() after every
+    // write to the bf16 weights (an optimizer step, an upload): a write without it leaves stale casts in use.
+    // Host state only (no synchronisation); without fp8 both are no-ops.
+    void reuse_fp8_cast(bool reuse) { reuse_fp8_cast_ = reuse; }
+    void weights_changed() { fp8_cast_current_ = false; }
+    bool fp8_cast_current() const { return fp8_cast_current_; }  // a reused prefetch_weight would not cast
     int last_blocks_per_rank() const { return last_blocks_; }  // of the cooperative kernel (0: the local functions)
 
     // Region offsets inside one rank's copy of the layer's window (weights, grads) and of the pool's window
@@ -153,6 +162,8 @@ class Experts {
     Offsets off_{};
     OwnedWindow window_;  // after own_pool_: freed before it
     int last_blocks_ = 0;
+    bool reuse_fp8_cast_ = false;
+    bool fp8_cast_current_ = false;  // the e4m3 casts are of the current bf16 weights (a cast since weights_changed)
 };
 
 }  // namespace evenep::cuda

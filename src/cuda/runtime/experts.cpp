@@ -250,12 +250,12 @@ void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, i
     if (!shape_.fp8) {
         copy_to_slots(ep, bf16, stream, channel);
     } else {
-        // The home's cast of every local expert (once per prefetch; one launch per served rank and projection, which
-        // also writes the transposed codes), then the codes and the scales through the same copy kernel: a view whose
-        // "bf16 elements" are byte pairs of the e4m3 / scale regions. The bf16 slots are not filled: no FP8 GEMM reads
-        // them.
+        // The home's cast of every local expert (per prefetch, or with reuse_fp8_cast once per weight change; one
+        // launch per served rank and projection, which also writes the transposed codes), then the codes and the
+        // scales through the same copy kernel: a view whose "bf16 elements" are byte pairs of the e4m3 / scale
+        // regions. The bf16 slots are not filled: no FP8 GEMM reads them.
         const int H = shape_.hidden, F = shape_.ffn;
-        for (int i = 0; i < ep.num_local_ranks(); ++i) {
+        for (int i = 0; i < ep.num_local_ranks() && !(reuse_fp8_cast_ && fp8_cast_current_); ++i) {
             const int r = ep.rank_begin() + i;
             for (int p = 0; p < shape_.num_projections; ++p) {
                 Fp8WeightCast c;
@@ -272,6 +272,7 @@ void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, i
                 launch_fp8_cast_weights(c, stream);
             }
         }
+        fp8_cast_current_ = true;
         ExpertsView codes = bf16;
         codes.weights = off_.weights8;
         codes.slots = off_.slots8;
