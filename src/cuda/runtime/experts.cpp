@@ -255,7 +255,8 @@ void Experts::prefetch_weight(Ep& ep, const EpPlan& plan, cudaStream_t stream, i
         // scales through the same copy kernel: a view whose "bf16 elements" are byte pairs of the e4m3 / scale
         // regions. The bf16 slots are not filled: no FP8 GEMM reads them.
         const int H = shape_.hidden, F = shape_.ffn;
-        for (int i = 0; i < ep.num_local_ranks() && !(reuse_fp8_cast_ && fp8_cast_current_); ++i) {
+        const bool cast = !reuse_fp8_cast_ || !fp8_cast_current_;
+        for (int i = 0; cast && i < ep.num_local_ranks(); ++i) {
             const int r = ep.rank_begin() + i;
             for (int p = 0; p < shape_.num_projections; ++p) {
                 Fp8WeightCast c;
