@@ -31,4 +31,37 @@ __device__ __forceinline__ void transpose_byte_tile(
     __syncthreads();  // the tile is read before the block's next call overwrites it
 }
 
+// One group's matrices for transpose_byte_tiles: src [in][out] bytes, dst [out][in].
+struct ByteTileGroup {
+    const uint8_t* src;
+    uint8_t* dst;
+};
+
+// Every 64 x 64 tile of num_groups [in][out] byte matrices (in, out multiples of kByteTile) transposed
+// (transpose_byte_tile): the flat (group, tile) list, tile k of a group at rows (k / (out / kByteTile)) * kByteTile,
+// columns (k % (out / kByteTile)) * kByteTile, dealt round robin to the blocks (block `block` of `num_blocks`, i.e.
+// blockIdx.x of gridDim.x, takes tiles block, block + num_blocks, ...). live(g): whether group g is transposed (its
+// tiles are skipped if not); group(g): its ByteTileGroup, asked for live groups only. By every thread of the block (two
+// __syncthreads a tile), so live(g) must be block-uniform.
+template <int kThreads, typename Live, typename Group>
+__device__ __forceinline__ void transpose_byte_tiles(int num_groups,
+                                                     int in,
+                                                     int out,
+                                                     unsigned block,
+                                                     unsigned num_blocks,
+                                                     const Live& live,
+                                                     const Group& group,
+                                                     ByteTile& tile) {
+    const int tiles_out = out / kByteTile, per_group = (in / kByteTile) * tiles_out;
+    const int64_t total = static_cast<int64_t>(num_groups) * per_group;
+    for (int64_t w = block; w < total; w += num_blocks) {
+        const int g = static_cast<int>(w / per_group), k = static_cast<int>(w % per_group);
+        if (!live(g)) continue;  // block-uniform: no thread reaches the barriers
+        const ByteTileGroup m = group(g);
+        const int64_t r0 = static_cast<int64_t>(k / tiles_out) * kByteTile;
+        const int64_t c0 = static_cast<int64_t>(k % tiles_out) * kByteTile;
+        transpose_byte_tile<kThreads>(m.src, m.dst, in, out, r0, c0, tile);
+    }
+}
+
 }  // namespace evenep::cuda::device

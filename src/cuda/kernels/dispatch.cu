@@ -154,6 +154,37 @@ __device__ __forceinline__ void send_token_fp8(
     }
 }
 
+// Duplicate fill of one payload row (phase B): elements [0, n) of the row, element i on lane i % kWarpSize; a lane
+// loads kUnroll elements (load(i) returns one) before storing them (store(d, i, value)) into every row d of the chain
+// first, next[first], ... up to kChainEnd. Lanes past n load and store nothing; with kZeroPad their buffer slots hold
+// zero, else they stay unset. Warp-uniform.
+// NOTE: kZeroPad is register allocation only: the FP8 kernel's scale fill needs it (without it ptxas spills 8 / 24
+// bytes at 80 registers), the 16-byte vector fills do without (with it they take more instructions).
+template <int kUnroll, bool kZeroPad, typename Load, typename Store>
+__device__ __forceinline__ void fill_chain(
+    int n, int32_t first, const int32_t* next, int lane, const Load& load, const Store& store) {
+    using T = decltype(load(0));
+    for (int i0 = 0; i0 < n; i0 += kWarpSize * kUnroll) {
+        T buf[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int i = i0 + u * kWarpSize + lane;
+            if constexpr (kZeroPad) {
+                buf[u] = i < n ? load(i) : T{};
+            } else {
+                if (i < n) buf[u] = load(i);
+            }
+        }
+        for (int32_t d = first; d != detail::kChainEnd; d = next[d]) {
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int i = i0 + u * kWarpSize + lane;
+                if (i < n) store(d, i, buf[u]);
+            }
+        }
+    }
+}
+
 template <int kThreads, int kMinBlocks, bool kFp8>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) dispatch_kernel(const DataParams p) {
     constexpr int kUnroll = kDispatchUnroll;
@@ -247,57 +278,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) dispatch_kernel(const Da
     device::for_each_entry_row(L, base, c.rank, gw, num_warps, [&](int32_t row) {
         const int32_t first = next[row];
         if (ret[row] < 0 || first == detail::kChainEnd) return;  // a duplicate row, or a head without duplicates
-        if constexpr (kFp8) {  // codes and scales, kUnroll loads a lane in flight before the chain's stores
+        if constexpr (kFp8) {
+            // the codes (16-byte vectors), then the scales
             const uint8_t* srow = recv_x8 + static_cast<int64_t>(row) * H;
-            for (int v0 = 0; v0 < num_vec8; v0 += kWarpSize * kUnroll) {
-                uint4 buf[kUnroll];
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u) {
-                    const int v = v0 + u * kWarpSize + lane;
-                    if (v < num_vec8) buf[u] = device::ld_v4(srow + v * 16);
-                }
-                for (int32_t d = first; d != detail::kChainEnd; d = next[d]) {
-#pragma unroll
-                    for (int u = 0; u < kUnroll; ++u) {
-                        const int v = v0 + u * kWarpSize + lane;
-                        if (v < num_vec8) device::st_v4(recv_x8 + static_cast<int64_t>(d) * H + v * 16, buf[u]);
-                    }
-                }
-            }
+            fill_chain<kUnroll, /*kZeroPad=*/false>(
+                num_vec8, first, next, lane, [&](int v) { return device::ld_v4(srow + v * 16); },
+                [&](int32_t d, int v, uint4 val) {
+                    device::st_v4(recv_x8 + static_cast<int64_t>(d) * H + v * 16, val);
+                });
             const float* ssrc = recv_scale + static_cast<int64_t>(row) * spr;
-            for (int j0 = 0; j0 < spr; j0 += kWarpSize * kUnroll) {
-                float val[kUnroll];
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u) {
-                    const int j = j0 + u * kWarpSize + lane;
-                    val[u] = j < spr ? __ldcg(ssrc + j) : 0.0f;
-                }
-                for (int32_t d = first; d != detail::kChainEnd; d = next[d]) {
-#pragma unroll
-                    for (int u = 0; u < kUnroll; ++u) {
-                        const int j = j0 + u * kWarpSize + lane;
-                        if (j < spr) recv_scale[static_cast<int64_t>(d) * spr + j] = val[u];
-                    }
-                }
-            }
-            return;
-        }
-        const uint16_t* srow = recv_x + static_cast<int64_t>(row) * H;
-        for (int v0 = 0; v0 < num_vec; v0 += kWarpSize * kUnroll) {
-            uint4 buf[kUnroll];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int v = v0 + u * kWarpSize + lane;
-                if (v < num_vec) buf[u] = device::ld_v4(srow + static_cast<int64_t>(v) * kBf16PerVec);
-            }
-            for (int32_t d = first; d != detail::kChainEnd; d = next[d]) {
-                uint16_t* drow = recv_x + static_cast<int64_t>(d) * H;
-#pragma unroll
-                for (int u = 0; u < kUnroll; ++u) {
-                    const int v = v0 + u * kWarpSize + lane;
-                    if (v < num_vec) device::st_v4(drow + static_cast<int64_t>(v) * kBf16PerVec, buf[u]);
-                }
-            }
+            fill_chain<kUnroll, /*kZeroPad=*/true>(
+                spr, first, next, lane, [&](int j) { return __ldcg(ssrc + j); },
+                [&](int32_t d, int j, float val) { recv_scale[static_cast<int64_t>(d) * spr + j] = val; });
+        } else {
+            const uint16_t* srow = recv_x + static_cast<int64_t>(row) * H;
+            fill_chain<kUnroll, /*kZeroPad=*/false>(
+                num_vec, first, next, lane,
+                [&](int v) { return device::ld_v4(srow + static_cast<int64_t>(v) * kBf16PerVec); },
+                [&](int32_t d, int v, uint4 val) {
+                    device::st_v4(recv_x + static_cast<int64_t>(d) * H + static_cast<int64_t>(v) * kBf16PerVec, val);
+                });
         }
     });
 }

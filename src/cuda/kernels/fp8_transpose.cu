@@ -1,5 +1,5 @@
 // The K-major copies of an FP8 grouped GEMM's weights (launcher declared in evenep/cuda/fp8_transpose.hpp): the
-// 64 x 64 byte tiles of every group (device::transpose_byte_tile) in one grid-strided loop.
+// 64 x 64 byte tiles of every group (device::transpose_byte_tiles) in one grid-strided loop.
 #include <cuda_runtime.h>
 
 #include "cuda/device/byte_transpose.cuh"
@@ -27,16 +27,13 @@ __global__ void __launch_bounds__(kThreads) transpose_groups_kernel(const Fp8Gro
     for (int64_t g = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; g < p.num_groups;
          g += static_cast<int64_t>(gridDim.x) * kThreads)
         p.transposed_table[g] = copied(p, static_cast<int>(g)) ? p.transposed + g * mat : nullptr;
-    // ---- phase 2: tile w of the flat (group, tile) list; rows of W_g from r0, columns from c0 ----
-    const int tiles_out = p.out_dim / device::kByteTile, per_group = (p.in_dim / device::kByteTile) * tiles_out;
-    const int64_t total = static_cast<int64_t>(p.num_groups) * per_group;
-    for (int64_t w = blockIdx.x; w < total; w += gridDim.x) {
-        const int g = static_cast<int>(w / per_group), k = static_cast<int>(w % per_group);
-        if (!copied(p, g)) continue;  // block-uniform: no thread reaches the barriers
-        const int64_t r0 = static_cast<int64_t>(k / tiles_out) * device::kByteTile;
-        const int64_t c0 = static_cast<int64_t>(k % tiles_out) * device::kByteTile;
-        device::transpose_byte_tile<kThreads>(p.weights[g], p.transposed + g * mat, p.in_dim, p.out_dim, r0, c0, tile);
-    }
+    // ---- phase 2: the tiles of the copied groups ----
+    device::transpose_byte_tiles<kThreads>(
+        p.num_groups, p.in_dim, p.out_dim, blockIdx.x, gridDim.x, [&](int g) { return copied(p, g); },
+        [&](int g) {
+            return device::ByteTileGroup{p.weights[g], p.transposed + g * mat};
+        },
+        tile);
 }
 
 }  // namespace

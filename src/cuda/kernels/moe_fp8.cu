@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads)
         b[i] = bf16_to_float(Bf16{a[i]});  // rows packed at dim, as the GEMMs write them (swiglu_backward reads so)
 }
 
-// Block (x, rank): tiles x, x + gridDim.x, ... of the rank's G groups (device::transpose_byte_tile); the tiles of
+// Block (x, rank): tiles x, x + gridDim.x, ... of the rank's G groups (device::transpose_byte_tiles); the tiles of
 // groups without rows or without both pointers are skipped. in and out are multiples of 128, so the tiles cover the
 // matrix exactly.
 __global__ void __launch_bounds__(kThreads) transpose_kernel(
@@ -108,15 +108,13 @@ __global__ void __launch_bounds__(kThreads) transpose_kernel(
     const int32_t* cu = p.ranks[rank].cu_seqlens;
     const uint8_t* const* t = table + static_cast<int64_t>(i) * (p.G + 1);
     const uint8_t* const* dt = dst_table + static_cast<int64_t>(i) * (p.G + 1);
-    auto live = [&](int g) { return t[g] != nullptr && dt[g] != nullptr && cu[g] > (g == 0 ? 0 : cu[g - 1]); };
-    const int tiles_in = in / device::kByteTile, tiles_out = out / device::kByteTile, per_group = tiles_in * tiles_out;
-    const int64_t total = static_cast<int64_t>(p.G) * per_group;
-    for (int64_t w = blockIdx.x; w < total; w += gridDim.x) {
-        const int g = static_cast<int>(w / per_group), k = static_cast<int>(w % per_group);
-        if (!live(g)) continue;  // block-uniform: no thread reaches the barriers
-        const int r0 = (k / tiles_out) * device::kByteTile, c0 = (k % tiles_out) * device::kByteTile;
-        device::transpose_byte_tile<kThreads>(t[g], const_cast<uint8_t*>(dt[g]), in, out, r0, c0, tile);
-    }
+    device::transpose_byte_tiles<kThreads>(
+        p.G, in, out, blockIdx.x, gridDim.x,
+        [&](int g) { return t[g] != nullptr && dt[g] != nullptr && cu[g] > (g == 0 ? 0 : cu[g - 1]); },
+        [&](int g) {
+            return device::ByteTileGroup{t[g], const_cast<uint8_t*>(dt[g])};
+        },
+        tile);
 }
 
 void check_params(const MoeKernelParams& p, const char* name) {
