@@ -20,11 +20,17 @@ ranks L as in _ops.py):
       -> [R,NvS,out] f32 (or bf16): cpu::grouped_gemm_fp8 (per-128-K partials promoted to fp32 and scaled); on CUDA
       the library's CUTLASS block-scaled GEMM (cuda::grouped_gemm_fp8, bf16 epilogue: f32 is its bf16 widened;
       NotImplementedError in a build without EVENEP_CUTLASS or off compute capability 9.0)
+
+WeightCastCache keeps nn.MoE(fp8=True)'s weight casts while the weights are unchanged (what it detects: its
+docstring).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _ops
 from ._ops import _bf16, info, ops
@@ -150,8 +156,9 @@ class DispatchFp8(torch.autograd.Function):
 
 class ExpertLinearFp8(torch.autograd.Function):
     """The FP8 expert GEMM of evenep.nn.MoE(fp8=True): out = x8 · W_g block-scaled per receive-buffer group
-    (grouped_gemm_fp8), W_g the 128x128 e4m3 cast of the group's home weight (cast once per call from its bf16
-    rounding; the copies are prefetched as codes + scales, half the bf16 bytes).
+    (grouped_gemm_fp8), W_g the 128x128 e4m3 cast of the group's home weight (cast from its bf16 rounding once per
+    call, or given as (w8, ws), the cast of weight, e.g. from a WeightCastCache; the copies are prefetched as codes +
+    scales, half the bf16 bytes). w8 and ws are saved for the backward as given and are not differentiable.
 
     x is the bf16 value of the FP8 operand (x8, x_scales), used by the backward: dgrad in FP8 (dy cast 1x128,
     grouped_gemm_fp8 transposed; the gradient of x is this, straight through the cast of x), wgrad in bf16 on x
@@ -159,8 +166,9 @@ class ExpertLinearFp8(torch.autograd.Function):
     dispatch's): dy's rows past the groups are zeroed before its cast (_in_groups)."""
 
     @staticmethod
-    def forward(ctx, x, x8, x_scales, weight, plan, cu_seqlens, buffer, ue8m0, out_dtype=None):
-        w8, ws = ops.quantize_fp8_weight(_bf16(weight.detach()), ue8m0)
+    def forward(ctx, x, x8, x_scales, weight, plan, cu_seqlens, buffer, ue8m0, out_dtype=None, w8=None, ws=None):
+        if w8 is None:
+            w8, ws = ops.quantize_fp8_weight(_bf16(weight.detach()), ue8m0)
         s8, ss = ops.prefetch_weight(w8, plan, buffer), ops.prefetch_weight(ws, plan, buffer)
         ctx.save_for_backward(x, w8, ws, s8, ss, plan, cu_seqlens)
         ctx.buffer, ctx.ue8m0, ctx.w_dtype = buffer, ue8m0, weight.dtype
@@ -178,4 +186,111 @@ class ExpertLinearFp8(torch.autograd.Function):
             gw, gs = ops.grouped_gemm_wgrad(_bf16(x), dy, plan, ctx.buffer)
             ops.reduce_grad_add_(gw, gs, plan, ctx.buffer)
             grad_w = gw.to(ctx.w_dtype)
-        return grad_x, None, None, grad_w, None, None, None, None, None
+        return grad_x, None, None, grad_w, None, None, None, None, None, None, None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The weight cast cache of nn.MoE(fp8=True): one 128x128 cast per weight change, not one per forward.
+# ---------------------------------------------------------------------------------------------------------------
+
+_optimizer_steps = 0  # torch.optim steps taken in this process since the hook below was installed
+_step_hook = None
+
+
+def _count_optimizer_step(optimizer, args, kwargs):
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+def _watch_optimizers():
+    """Installs (once per process) a torch.optim post-step hook counting every Optimizer.step(): fused optimizers
+    (fused=True) update the weights without bumping their version counters (checked with torch 2.15, SGD and Adam
+    on the CPU), so a step has to invalidate the casts by itself."""
+    global _step_hook
+    if _step_hook is None:
+        _step_hook = register_optimizer_step_post_hook(_count_optimizer_step)
+
+
+def _cachable(tensors) -> bool:
+    # NOTE: is_compiling() first: under dynamo nothing below is traced (the cast stays in the graph).
+    if torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.is_inference():
+            return False  # a subclass (FakeTensor, DTensor, ...) or an inference tensor (no version counter)
+        if t.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False  # a replay must cast the weights the captured step updates
+    return True
+
+
+def _state(t: torch.Tensor):
+    return (t._version, t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride())
+
+
+class WeightCastCache:
+    """The 128x128 cast (w8, ws) of one expert weight (quantize_weight of its bf16 rounding), reused while the
+    parameters it is made of are unchanged. nn.MoE(fp8=True) holds one per weight (the gate/up concatenation and the
+    down projection), so an unchanged weight is cast once, not once per forward: gradient accumulation (several
+    micro-batches per optimizer step), inference, activation recomputation. At most one entry: a miss drops the old
+    cast before making the new one.
+
+    cast(weight, sources, ue8m0) returns the cast of weight (a tensor computed from sources, or one of them) and
+    keeps it; the next call returns the kept tensors when all of these are as they were:
+      * each source's version counter: every in-place torch op on the parameter or on an alias sharing its counter
+        (.detach(), views) bumps it, with or without grad mode: optimizer.step() of torch.optim's for-loop and foreach
+        implementations, `with torch.no_grad(): p.add_(...)` / `p.copy_(...)`, load_state_dict (copies in place),
+        nn.init's in-place initialisers;
+      * the number of torch.optim.Optimizer.step() calls in the process (a post-step hook installed at the first
+        cast kept): fused optimizers (fused=True) do not bump the version counter, and are detected this way; any
+        optimizer's step, whichever parameters it holds, invalidates every cache;
+      * each source's identity (a weak reference): a replaced Parameter (`moe.w_down = nn.Parameter(...)`,
+        load_state_dict(assign=True)) is not mistaken for the old one even at the same address;
+      * each source's storage (a weak reference to it, its address) and dtype, shape, stride and device: `p.data =
+        t` and Module.to() / .cuda() / .half(), which assign .data;
+      * ue8m0, and inference mode: a cast made under torch.inference_mode() (an inference tensor, which autograd
+        cannot save) is reused only under inference mode.
+    Not detected: in-place writes through .data (`p.data.copy_(w)`, `p.data.mul_(...)`, `p.data -= lr * p.grad`:
+    .data is a tensor with a version counter of its own) and writes no torch in-place op makes (NumPy or DLPack
+    aliases, kernels or collectives writing into the storage). After such a write call clear()
+    (nn.MoE.fp8_weights_changed()), or build the layer with cache_fp8_weights=False.
+
+    Cast every call and not kept: while torch.compile / torch.export trace (torch.compiler.is_compiling(): the cast
+    stays in the graph), during CUDA-graph capture (a replay must cast the weights the captured step changed),
+    tensor subclasses and inference tensors as sources. The kept tensors are never written in place, so autograd may
+    save them (several graphs share one cast under gradient accumulation). Memory: one byte per weight element plus
+    an fp32 scale per 128x128 block, held between calls (the cast of the uncached path lives only as long as the
+    autograd graph). Copies (deepcopy, pickle) start empty."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        """Drops the kept cast: the next cast() casts."""
+        self._key, self._refs, self._cast = None, (), None
+
+    def __reduce__(self):
+        return (WeightCastCache, ())  # weak references do not copy: a copy starts empty
+
+    def cast(self, weight: torch.Tensor, sources, ue8m0: bool):
+        """(codes e4m3 [..., a, b], scales fp32 [..., a/128, b/128]) of weight, reused while sources are unchanged
+        (above). weight must be a function of sources alone (nn.MoE: torch.cat([w_gate, w_up], 2) of (w_gate,
+        w_up))."""
+        sources = tuple(sources)
+        if not _cachable(sources):
+            return ops.quantize_fp8_weight(_bf16(weight.detach()), bool(ue8m0))
+        _watch_optimizers()
+        key = (bool(ue8m0), _optimizer_steps, tuple(_state(t) for t in sources))
+        if self._cast is not None and key == self._key and self._same_tensors(sources) and (
+            not self._cast[0].is_inference() or torch.is_inference_mode_enabled()
+        ):
+            return self._cast
+        self.clear()
+        self._cast = ops.quantize_fp8_weight(_bf16(weight.detach()), bool(ue8m0))
+        self._key = key
+        self._refs = tuple((weakref.ref(t), weakref.ref(t.untyped_storage())) for t in sources)
+        return self._cast
+
+    def _same_tensors(self, sources) -> bool:
+        return len(self._refs) == len(sources) and all(
+            tensor() is t and storage() is t.untyped_storage() for (tensor, storage), t in zip(self._refs, sources)
+        )

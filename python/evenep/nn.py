@@ -84,11 +84,16 @@ class MoE(_Experts):
             tpe), written as int32 [T, R, E] by flush_trace() and at exit (evenep.trace, docs/traces.md).
         fp8: the FP8 path of the CPU oracle (docs/fp8.md; the buffer must be created with fp8=True, and fp8=True
             needs such a buffer): e4m3 dispatch with 1x128 scales, e4m3 weights with 128x128 block scales for the
-            home and the copies (cast once per forward), block-scaled GEMMs forward and dgrad with fp32 accumulation,
-            wgrad in bf16 on the dequantised operands, bf16 combine. The casts are straight-through in the backward
-            (docs/python.md, FP8). On a CUDA buffer (virtual ranks) the GEMMs are the library's CUTLASS FP8 grouped
-            GEMM: a build without EVENEP_CUTLASS, or a device other than H100/H200, raises NotImplementedError at
-            the first forward.
+            home and the copies (cast once per weight change, see cache_fp8_weights), block-scaled GEMMs forward and
+            dgrad with fp32 accumulation, wgrad in bf16 on the dequantised operands, bf16 combine. The casts are
+            straight-through in the backward (docs/python.md, FP8). On a CUDA buffer (virtual ranks) the GEMMs are
+            the library's CUTLASS FP8 grouped GEMM: a build without EVENEP_CUTLASS, or a device other than
+            H100/H200, raises NotImplementedError at the first forward.
+        cache_fp8_weights: with fp8, keep each expert weight's e4m3 cast and reuse it while the weight is unchanged
+            (evenep.fp8.WeightCastCache: version counters, every torch.optim step, identity and storage of the
+            parameters), so gradient accumulation and inference cast once per weight change instead of once per
+            forward; costs one byte per expert weight element between forwards. Writes through .data (`p.data.copy_`)
+            are not seen: call fp8_weights_changed() after them, or pass False (a cast per forward, as before).
 
     With a group= buffer (one rank per process) x is [1, s, H], the expert weights are this rank's E/R home experts
     (global ids rank*E/R ...) and the router weight is replicated (the framework reduces its gradient as usual).
@@ -100,14 +105,19 @@ class MoE(_Experts):
     """
 
     def __init__(self, hidden, ffn_hidden, num_experts, top_k, *, buffer: Buffer, router="softmax",
-                 shared_expert: Optional[nn.Module] = None, dtype=torch.float32, trace=None, fp8: bool = False):
+                 shared_expert: Optional[nn.Module] = None, dtype=torch.float32, trace=None, fp8: bool = False,
+                 cache_fp8_weights: bool = True):
         super().__init__(hidden, ffn_hidden, num_experts, top_k, router, shared_expert, dtype, buffer.info.home)
         if not isinstance(fp8, bool):
             raise ValueError(f"evenep.nn.MoE: fp8 = {fp8!r}, expected True or False")
         if fp8 != buffer.fp8:
             raise ValueError(f"evenep.nn.MoE(fp8={fp8}) needs a buffer created with fp8={fp8} (the buffer has "
                              f"fp8={buffer.fp8})")
+        if not isinstance(cache_fp8_weights, bool):
+            raise ValueError(f"evenep.nn.MoE: cache_fp8_weights = {cache_fp8_weights!r}, expected True or False")
         self.fp8 = fp8
+        # The kept e4m3 casts of (w_gate|w_up) and w_down (fp8 with cache_fp8_weights; plain attributes, not state).
+        self._fp8_casts = (_fp8.WeightCastCache(), _fp8.WeightCastCache()) if fp8 and cache_fp8_weights else None
         if trace is not None and buffer.group is not None:
             raise NotImplementedError("evenep.nn.MoE(trace=...): a group= buffer plans this rank's row only; record "
                                       "a trace on virtual ranks for now")
@@ -124,6 +134,13 @@ class MoE(_Experts):
         """Writes this layer's trace (trace= given) with every step so far; returns its path (None: no trace or
         no step yet). Also written when the interpreter exits."""
         return None if self.trace is None else self.trace.flush()
+
+    def fp8_weights_changed(self):
+        """Drops the kept FP8 casts of the expert weights (cache_fp8_weights): the next forward casts them again.
+        Needed only after a write the cache cannot see (through .data, or outside torch's in-place ops:
+        evenep.fp8.WeightCastCache); a no-op without them."""
+        for cache in self._fp8_casts or ():
+            cache.clear()
 
     def forward(self, x: torch.Tensor, num_tokens: Optional[Sequence[int]] = None, routing=None) -> torch.Tensor:
         buf = self.buffer
@@ -160,16 +177,26 @@ class MoE(_Experts):
 
     def _experts_fp8(self, xb, topk_idx, topk_w, plan, num_tokens, w_gu):
         """FP8 dispatch and expert GEMMs (docs/fp8.md section 2): the rows arrive as e4m3 + 1x128 scales and feed the
-        gate/up GEMM; h is cast 1x128 before the down GEMM; the weights are 128x128 e4m3 casts. Returns (y bf16
-        [R, NvS, H], handle)."""
+        gate/up GEMM; h is cast 1x128 before the down GEMM; the weights are 128x128 e4m3 casts (kept while the
+        weights are unchanged with cache_fp8_weights). Returns (y bf16 [R, NvS, H], handle)."""
         buf, ue8m0 = self.buffer, self.buffer.ue8m0
         recv_x8, recv_sc, recv_x, _, cu, handle = buf._dispatch_fp8(xb, topk_idx, topk_w, plan, num_tokens)
-        gu = _fp8.ExpertLinearFp8.apply(recv_x, recv_x8, recv_sc, w_gu, plan, cu, buf.id, ue8m0, torch.bfloat16)
+        w8, ws = self._weight_fp8(0, w_gu, (self.w_gate, self.w_up), ue8m0)
+        gu = _fp8.ExpertLinearFp8.apply(recv_x, recv_x8, recv_sc, w_gu, plan, cu, buf.id, ue8m0, torch.bfloat16,
+                                        w8, ws)
         g, u = gu.split(self.ffn_hidden, dim=-1)
         h = (F.silu(g.float()) * u.float()).to(torch.bfloat16)
         # h's rows past the groups are the GEMM's unwritten rows on CUDA: zeroed before the cast (which refuses NaN)
         h8, hs = _fp8.quantize(_fp8._in_groups(h.detach(), cu), ue8m0)
-        return _fp8.ExpertLinearFp8.apply(h, h8, hs, self.w_down, plan, cu, buf.id, ue8m0, torch.bfloat16), handle
+        w8, ws = self._weight_fp8(1, self.w_down, (self.w_down,), ue8m0)
+        y = _fp8.ExpertLinearFp8.apply(h, h8, hs, self.w_down, plan, cu, buf.id, ue8m0, torch.bfloat16, w8, ws)
+        return y, handle
+
+    def _weight_fp8(self, slot, weight, sources, ue8m0):
+        """The 128x128 e4m3 cast of weight (a function of sources): kept in self._fp8_casts[slot], or made now."""
+        if self._fp8_casts is None:
+            return _fp8.quantize_weight(weight.detach(), ue8m0)
+        return self._fp8_casts[slot].cast(weight, sources, ue8m0)
 
     def _side_stream(self, device):
         if getattr(self, "_side", None) is None or self._side.device != device:
