@@ -24,8 +24,7 @@ namespace {
 using ::evenep::cuda::GemmSchedule;
 
 Config config_of(const LayerBenchConfig& c) {
-    const Config cfg{
-        .R = c.R, .E = c.E, .K = c.K, .S = c.S, .B = -1, .tp = c.tp, .slack = c.slack, .policy = c.policy};
+    const Config cfg{.R = c.R, .E = c.E, .K = c.K, .S = c.S, .B = -1, .tp = c.tp, .slack = c.slack, .policy = c.policy};
     BufferConfig{.cfg = cfg, .H = c.H, .ffn_hidden = c.ffn_hidden}.validate();
     return cfg;
 }
@@ -56,6 +55,12 @@ void finish_system(SystemStep& s) {
     s.compute_mean_ms = s.compute_ms.empty() ? 0
                                              : std::accumulate(s.compute_ms.begin(), s.compute_ms.end(), 0.0) /
                                                    static_cast<double>(s.compute_ms.size());
+    if (!s.fp8_home_cast_ms.empty()) {  // the median over ranks (of an even count: the two middle values' mean)
+        std::vector<double> v = s.fp8_home_cast_ms;
+        std::sort(v.begin(), v.end());
+        const size_t n = v.size();
+        s.fp8_home_cast_median_ms = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    }
     s.imbalance = imbalance(s.rows);
     s.step_no_overlap_ms = s.compute_max_ms + s.comm.communication();
     s.step_overlapped_ms = s.step_no_overlap_ms - std::min(s.comm.dispatch, s.comm.prefetch);
@@ -72,12 +77,14 @@ void time_systems(LayerPointWork& w, RankComputeTimer& timer, const LayerBenchCo
             const bool fp8 = w.systems[s].fp8;
             const RankComputeTime t =
                 timer.time(w.groups[s][i], cfg.warmup, cfg.iters, fp8,
-                           fp8 ? std::span<const char>(w.slot_groups[w.timed_ranks[s][i]]) : std::span<const char>{});
+                           fp8 ? std::span<const char>(w.slot_groups[w.timed_ranks[s][i]]) : std::span<const char>{},
+                           fp8 ? cfg.micro_batches : 1);
             SystemStep& st = w.systems[s];
             st.timed_ranks.push_back(w.timed_ranks[s][i]);
             st.forward_ms.push_back(t.forward_ms);
             st.backward_ms.push_back(t.backward_ms);
             st.compute_ms.push_back(t.total_ms());
+            if (fp8) st.fp8_home_cast_ms.push_back(t.fp8_home_cast_ms);
         }
     for (size_t s = 0; s < w.systems.size(); ++s) {
         SystemStep& st = w.systems[s];
@@ -85,6 +92,7 @@ void time_systems(LayerPointWork& w, RankComputeTimer& timer, const LayerBenchCo
             const SystemStep& from = w.systems[static_cast<size_t>(w.compute_as[s])];
             st.timed_ranks = from.timed_ranks;
             st.forward_ms = from.forward_ms, st.backward_ms = from.backward_ms, st.compute_ms = from.compute_ms;
+            st.fp8_home_cast_ms = from.fp8_home_cast_ms;
         }
         finish_system(st);
     }
@@ -99,7 +107,8 @@ std::vector<int> all_ranks(int R) {
 // Data movement of EvenEP as the library runs it on one GPU (all virtual ranks per launch).
 void measure_movement(const LayerBenchConfig& cfg, LayerPointResult& out) {
     ::evenep::perf::BenchConfig bc;
-    bc.R = cfg.R, bc.E = cfg.E, bc.K = cfg.K, bc.S = cfg.S, bc.H = cfg.H, bc.ffn_hidden = cfg.ffn_hidden, bc.tp = cfg.tp;
+    bc.R = cfg.R, bc.E = cfg.E, bc.K = cfg.K, bc.S = cfg.S, bc.H = cfg.H, bc.ffn_hidden = cfg.ffn_hidden,
+    bc.tp = cfg.tp;
     bc.maxvio = cfg.target_maxvio;
     bc.slack = cfg.slack;
     bc.policy = cfg.policy;
@@ -108,14 +117,15 @@ void measure_movement(const LayerBenchConfig& cfg, LayerPointResult& out) {
     bc.check = cfg.check;
     bc.expert_projections = 3;
     try {
-        const auto rows = ::evenep::perf::bench_point(bc, {"plan", "dispatch", "combine", "prefetch", "reduce"},
-                                                      cfg.copy_gbps);
+        const auto rows =
+            ::evenep::perf::bench_point(bc, {"plan", "dispatch", "combine", "prefetch", "reduce"}, cfg.copy_gbps);
         for (const auto& r : rows) {
             out.measured.push_back({r.op, r.median_us, r.bytes, r.wrong, r.note});
             if (r.wrong > 0) out.wrong += r.wrong;
         }
-        out.measured_note = "all R virtual ranks per launch on one GPU (bench_point; its own routing at the same "
-                            "target maxvio and seed)";
+        out.measured_note =
+            "all R virtual ranks per launch on one GPU (bench_point; its own routing at the same "
+            "target maxvio and seed)";
     } catch (const Error& e) {
         (void)cudaGetLastError();  // an allocation failure is not sticky; clear it
         out.measured.clear();
@@ -134,9 +144,8 @@ LayerPointEstimate estimate_layer_point(const LayerBenchConfig& c, double tflops
     const double expert = static_cast<double>(c.H) * c.ffn_hidden;
     // Per virtual rank: its communication buffer, x and out [S, H], the routing, and one projection of its experts
     // and slots (bench_point drops projections that do not fit, down to one).
-    e.movement_bytes = static_cast<double>(c.R) *
-                       (static_cast<double>(b.comm_total) + 4.0 * c.S * c.H + 8.0 * c.S * c.K +
-                        (cfg.epn() + cfg.num_slots()) * expert * 4);
+    e.movement_bytes = static_cast<double>(c.R) * (static_cast<double>(b.comm_total) + 4.0 * c.S * c.H +
+                                                   8.0 * c.S * c.K + (cfg.epn() + cfg.num_slots()) * expert * 4);
     // GEMM flops of one row, forward (3 projections) and backward (dgrad + wgrad of each): 18 H H'.
     const double row_flops = 18.0 * expert;
     const double rows = static_cast<double>(c.S) * c.K;  // per rank on average
@@ -153,6 +162,8 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
     EVENEP_CHECK(routing.R == c.R && routing.E == c.E && routing.K == c.K, "bench layer: routing R/E/K ", routing.R,
                  "/", routing.E, "/", routing.K, " differ from the point's ", c.R, "/", c.E, "/", c.K);
     EVENEP_CHECK(c.link_gbps > 0, "bench layer: link bandwidth ", c.link_gbps, " GB/s must be positive");
+    EVENEP_CHECK(c.micro_batches >= 1, "bench layer: micro_batches = ", c.micro_batches,
+                 " must be >= 1 (micro-batches per optimizer step sharing the FP8 home cast)");
     LayerPointWork w;
     w.maxvio = routing.maxvio();
     const int R = c.R, G = cfg.num_groups(), epn = cfg.epn();
@@ -191,8 +202,8 @@ LayerPointWork prepare_layer_point(const LayerBenchConfig& c, const Routing& rou
     const TrafficReport cv_traffic = conventional_traffic(cfg, routing.topk_idx, c.H, /*training=*/true);
 
     // EPLB-style: placed on the previous step of the drifting routing, computing this one.
-    const DriftSpec drift{.spec = {.R = R, .E = c.E, .K = c.K, .S = c.S, .seed = c.seed}, .sigma = c.sigma,
-                          .drift = c.drift};
+    const DriftSpec drift{
+        .spec = {.R = R, .E = c.E, .K = c.K, .S = c.S, .seed = c.seed}, .sigma = c.sigma, .drift = c.drift};
     std::vector<int64_t> prev_load;
     {
         const Routing prev = drift_routing(drift, -1);
@@ -282,7 +293,8 @@ LayerPointResult run_layer_point(const LayerBenchConfig& c, const Routing& routi
             for (SystemStep& st : w.systems)
                 if (st.system == "evenep" || st.system == "evenep_fp8") st.comm.plan += m.median_us * 1e-3;
     {
-        // With fp8, the FP8 forward casts the rank's epn home experts (prefetch_weight's cast).
+        // With fp8, the FP8 forward casts the rank's epn home experts (prefetch_weight's cast; counted once per
+        // c.micro_batches forwards, time_systems).
         RankComputeTimer timer(c.H, c.ffn_hidden, w.max_groups, w.max_rows, c.seed, GemmSchedule::kFixed, c.fp8,
                                config_of(c).epn());
         if (c.check) out.gemm_check_error = timer.check_forward(w.groups[0][0]);

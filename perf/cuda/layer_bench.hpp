@@ -40,9 +40,9 @@ struct LayerBenchConfig {
     double target_maxvio = 1;  // of the routing given to run_layer_point
     double sigma = 0;          // lognormal sigma of that routing (step 0 of the drift, perf/drift.hpp)
     uint64_t seed = 1;
-    double slack = kAutoDefaultSlack;              // EvenEP's budget: auto's largest, or the fixed one
+    double slack = kAutoDefaultSlack;             // EvenEP's budget: auto's largest, or the fixed one
     PlannerPolicy policy = PlannerPolicy::kAuto;  // EvenEP's planner policy (docs/auto.md)
-    double drift = 0.1;     // EPLB: log-popularity random-walk step between the planning step and this one
+    double drift = 0.1;  // EPLB: log-popularity random-walk step between the planning step and this one
     // EPLB redundant slots per rank, one EPLB placement (and its rows for every sync model) per entry; -1: EvenEP's
     // prefetch slots B = epn (the baseline).
     std::vector<int> redundant = {-1};
@@ -50,16 +50,20 @@ struct LayerBenchConfig {
     std::vector<EplbSync> eplb_syncs = {EplbSync::kRing, EplbSync::kStar};
     double link_gbps = 367;  // per direction, GB/s (1e9), for the modelled data movement
     int warmup = 1, iters = 3;
-    double warm_seconds = 1;  // GPU warm-up before the point's first timed rank (RankComputeTimer::warm_up)
+    double warm_seconds = 1;            // GPU warm-up before the point's first timed rank (RankComputeTimer::warm_up)
     bool measure_data_movement = true;  // also time plan/dispatch/combine/prefetch/reduce on one GPU (bench_point)
     double copy_gbps = 1;               // copy anchor for bench_point's rows
-    bool check = false;  // bench_point --check and a sampled check of the timed GEMMs (rank 0 of EvenEP)
+    bool check = false;                 // bench_point --check and a sampled check of the timed GEMMs (rank 0 of EvenEP)
     // Also the FP8 layer (docs/fp8.md): system "evenep_fp8" right after "evenep", same plan and groups; its compute is
     // the FP8 path's kernels (RankComputeTimer with fp8: the home's weight cast of epn experts, the forward's weight
     // transposes, FP8 forward and dgrad GEMMs, bf16 wgrad), its data movement the traffic model with e4m3 dispatch
     // rows (H + 4H/128 bytes) and e4m3 weight copies (3 H H' (1 + 1/4096) bytes); the other phases stay bf16.
     // H and ffn_hidden multiples of 128; needs the CUTLASS FP8 GEMM.
     bool fp8 = false;
+    // FP8: micro-batches per optimizer step (gradient accumulation, >= 1), which share one home weight cast under
+    // cuda::Experts::reuse_fp8_cast: the FP8 forward is timed as (forward without the cast) + (cast) / micro_batches
+    // (RankComputeTimer::time). 1: the cast every forward. No effect on the other systems.
+    int micro_batches = 1;
 };
 
 // Modelled (or measured) time of each phase of one step, milliseconds.
@@ -72,17 +76,19 @@ struct PhaseMs {
 };
 
 struct SystemStep {
-    std::string system;        // "evenep", "evenep_fp8", "conventional", "eplb"
-    bool fp8 = false;          // the FP8 data path (evenep_fp8)
-    std::string replica_sync;  // EPLB: the replica synchronisation model (to_string(EplbSync)); empty otherwise
-    int redundant_slots = 0;   // EPLB: redundant slots per rank of its placement (-1 resolved to epn)
-    std::vector<int64_t> rows;              // [R] rows each rank computes (unpadded entries)
-    std::vector<int> timed_ranks;           // ranks whose compute was timed
-    std::vector<double> compute_ms;         // forward + backward of each timed rank
-    std::vector<double> forward_ms, backward_ms;
+    std::string system;              // "evenep", "evenep_fp8", "conventional", "eplb"
+    bool fp8 = false;                // the FP8 data path (evenep_fp8)
+    std::string replica_sync;        // EPLB: the replica synchronisation model (to_string(EplbSync)); empty otherwise
+    int redundant_slots = 0;         // EPLB: redundant slots per rank of its placement (-1 resolved to epn)
+    std::vector<int64_t> rows;       // [R] rows each rank computes (unpadded entries)
+    std::vector<int> timed_ranks;    // ranks whose compute was timed
+    std::vector<double> compute_ms;  // forward + backward of each timed rank
+    std::vector<double> forward_ms, backward_ms;  // forward_ms: FP8, with the home cast / cfg.micro_batches
+    std::vector<double> fp8_home_cast_ms;         // FP8: each timed rank's home weight cast alone (else empty)
+    double fp8_home_cast_median_ms = 0;           // FP8: median of fp8_home_cast_ms over the timed ranks (else 0)
     double compute_max_ms = 0, compute_mean_ms = 0;
-    double imbalance = 1;  // max/mean of rows
-    PhaseMs comm;          // modelled, R GPUs
+    double imbalance = 1;             // max/mean of rows
+    PhaseMs comm;                     // modelled, R GPUs
     int64_t max_rank_link_bytes = 0;  // whole step
     double step_no_overlap_ms = 0, step_overlapped_ms = 0;
 };
@@ -97,11 +103,11 @@ struct MeasuredOp {
 
 struct LayerPointResult {
     LayerBenchConfig cfg;
-    double maxvio = 0;          // achieved by the routing
-    double eplb_prev_maxvio = 0;  // the step EPLB was planned on
-    int64_t slack_ppm = 0;        // EvenEP's plan: the budget it used (Plan::slack_ppm; under auto, the one chosen)
-    std::vector<SystemStep> systems;   // evenep, [evenep_fp8,] conventional, then the eplb systems (LayerPointWork)
-    std::vector<double> warm_up_ms;    // the warm-up runs (EvenEP's rank 0, forward + backward), in order
+    double maxvio = 0;                // achieved by the routing
+    double eplb_prev_maxvio = 0;      // the step EPLB was planned on
+    int64_t slack_ppm = 0;            // EvenEP's plan: the budget it used (Plan::slack_ppm; under auto, the one chosen)
+    std::vector<SystemStep> systems;  // evenep, [evenep_fp8,] conventional, then the eplb systems (LayerPointWork)
+    std::vector<double> warm_up_ms;   // the warm-up runs (EvenEP's rank 0, forward + backward), in order
     std::vector<MeasuredOp> measured;  // EvenEP data movement on one GPU (empty when not measured)
     std::string measured_note;         // why not measured, or what was measured
     double gemm_check_error = -1;      // --check: RankComputeTimer::check_forward on EvenEP's rank 0 (-1: not run)
@@ -123,9 +129,9 @@ struct LayerPointWork {
     std::vector<std::vector<std::vector<int64_t>>> groups;
     std::vector<std::vector<char>> slot_groups;  // [rank][g] EvenEP's groups that are copies (kSlot): the FP8 path
                                                  // transposes their codes each step
-    std::vector<int> compute_as;  // [system] -1: timed itself; else the system whose compute it shares
-    int max_groups = 0;       // groups per rank at most (2 epn)
-    int64_t max_rows = 0;     // the receive buffer's rows NvS (ranks with more are timed in several launches)
+    std::vector<int> compute_as;                 // [system] -1: timed itself; else the system whose compute it shares
+    int max_groups = 0;                          // groups per rank at most (2 epn)
+    int64_t max_rows = 0;  // the receive buffer's rows NvS (ranks with more are timed in several launches)
 };
 LayerPointWork prepare_layer_point(const LayerBenchConfig& cfg, const Routing& routing);
 

@@ -15,7 +15,8 @@
 // FP8 (constructed with fp8, time(..., fp8 = true)): the kernels of cuda::MoeLayer's FP8 path for one rank
 // (src/cuda/runtime/moe_layer_fp8.cpp; docs/fp8.md):
 //   forward   the home's weight cast (launch_fp8_cast_weights of `fp8_home_casts` experts, one launch per projection
-//             writing the codes and their transposes, as the layer's prefetch_weight), the transposes of the groups
+//             writing the codes and their transposes, as the layer's prefetch_weight; timed on its own too, and
+//             counted once per `micro_batches` forwards, see time()), the transposes of the groups
 //             marked as copies (slot_group: the prefetched slots, transposed per step by the layer), gate/up FP8
 //             block-scaled GEMMs (grouped_gemm_fp8) on e4m3 rows, swiglu, h cast 1 x 128, down FP8, x dequantised
 //   backward  grad_rows, dWd (bf16 wgrad), dy cast, dh = FP8 dgrad (bf16) widened, swiglu backward, dWg and dWu
@@ -36,12 +37,24 @@
 namespace evenep::perf::cuda {
 
 struct RankComputeTime {
-    double forward_ms = 0;   // median over iterations
-    double backward_ms = 0;  // median over iterations
-    int64_t rows = 0;        // rows computed (sum of group rows)
-    int launches = 0;        // launches of at most max_rows rows the work was split into (0: no rows)
+    // Median over iterations. FP8: of (the forward without the home cast) + (the home cast) / micro_batches, per
+    // iteration (amortised_forward_ms); with micro_batches = 1 the median of the whole forward, cast included.
+    double forward_ms = 0;
+    double backward_ms = 0;             // median over iterations
+    double fp8_home_cast_ms = 0;        // FP8: median over iterations of the home's weight cast alone (else 0)
+    double fp8_forward_no_cast_ms = 0;  // FP8: median over iterations of the forward without the home cast (else 0)
+    int micro_batches = 1;              // FP8: micro-batches per optimizer step sharing one home cast
+    int64_t rows = 0;                   // rows computed (sum of group rows)
+    int launches = 0;                   // launches of at most max_rows rows the work was split into (0: no rows)
     double total_ms() const { return forward_ms + backward_ms; }
 };
+
+// One micro-batch's FP8 forward when `micro_batches` forwards share the home cast: per iteration i,
+// whole_ms[i] - cast_ms[i] * (1 - 1/micro_batches) (whole_ms: the forward with the cast, one interval; cast_ms: the
+// cast alone), then the median over iterations (the upper one of an even count, as every median of time()). With
+// micro_batches = 1 it is exactly the median of whole_ms. Sizes equal and non-zero, micro_batches >= 1, else
+// evenep::Error (kInvalidArgument). Host only.
+double amortised_forward_ms(std::span<const double> whole_ms, std::span<const double> cast_ms, int micro_batches);
 
 class RankComputeTimer {
   public:
@@ -68,12 +81,16 @@ class RankComputeTimer {
     // Times `warmup` untimed and `iters` timed runs of the forward and backward of groups with `group_rows[g]` rows
     // (0: an empty group; at most max_groups entries). CUDA events on the timer's stream; synchronises.
     // fp8: the FP8 path (the timer must have been built with fp8); slot_group (empty or one mark per group): the
-    // groups that are prefetched copies, whose e4m3 codes the FP8 forward transposes each step.
+    // groups that are prefetched copies, whose e4m3 codes the FP8 forward transposes each step. micro_batches (>= 1,
+    // FP8 only): the micro-batches of one optimizer step, which share one home cast under Experts::reuse_fp8_cast
+    // (gradient accumulation): every iteration still runs the cast where the layer runs it (first in the forward),
+    // with an event after it, and forward_ms counts it 1/micro_batches times (amortised_forward_ms).
     RankComputeTime time(std::span<const int64_t> group_rows,
                          int warmup,
                          int iters,
                          bool fp8 = false,
-                         std::span<const char> slot_group = {});
+                         std::span<const char> slot_group = {},
+                         int micro_batches = 1);
 
     // Runs the forward and backward of `group_rows` back to back until `min_seconds` of GPU time have passed (at
     // least once) and returns each run's milliseconds: brings the GPU's clocks from an idle state to the sustained
@@ -102,7 +119,7 @@ class RankComputeTimer {
     size_t bytes_ = 0;
     ::evenep::cuda::DeviceArray<char> arena_;
     cudaStream_t stream_ = nullptr;
-    cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
+    cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};  // start, home cast done (FP8), forward, backward
     // Regions of the arena.
     uint16_t *weights_ = nullptr, *x_ = nullptr, *g_ = nullptr, *u_ = nullptr, *h_ = nullptr, *y_ = nullptr;
     uint16_t *dy_ = nullptr, *dg_ = nullptr, *du_ = nullptr, *recv_x_ = nullptr;

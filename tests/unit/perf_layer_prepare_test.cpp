@@ -12,6 +12,10 @@
 //   LayerPrepare.Fp8SystemBesideEvenep  with fp8: evenep_fp8 right after evenep, the same rows and groups, timed
 //                                     itself; its modelled dispatch and prefetch carry the FP8 bytes (rows of
 //                                     H + H/32 bytes, copies of half the bytes plus the scales), the other phases equal
+//   LayerPrepare.MicroBatchesBelowOneThrow  micro_batches 0 and -3: evenep::Error naming the value; 1 and 4 accepted
+//   LayerPrepare.AmortisedForward     amortised_forward_ms: M = 1 is the median of the whole forward (the cast once),
+//                                     M = 4 takes 3/4 of each iteration's cast off before the median, bad sizes or
+//                                     M < 1 throw
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -23,6 +27,7 @@
 
 #if defined(EVENEP_HAVE_CUDA)
 #include "perf/cuda/layer_bench.hpp"
+#include "perf/cuda/rank_compute.hpp"
 
 namespace evenep::perf::cuda {
 namespace {
@@ -146,6 +151,38 @@ TEST(LayerPrepare, Fp8SystemBesideEvenep) {
     EXPECT_EQ(f8.comm.dispatch_backward, ev.comm.dispatch_backward);
     EXPECT_EQ(f8.comm.reduce_grad, ev.comm.reduce_grad);
     EXPECT_LT(f8.max_rank_link_bytes, ev.max_rank_link_bytes);
+}
+
+TEST(LayerPrepare, MicroBatchesBelowOneThrow) {
+    LayerBenchConfig c = small_config();
+    const Routing routing = routing_of(c);
+    for (const int m : {0, -3}) {
+        c.micro_batches = m;
+        try {
+            prepare_layer_point(c, routing);
+            ADD_FAILURE() << "micro_batches = " << m << " accepted";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find("micro_batches = " + std::to_string(m)), std::string::npos)
+                << e.what();
+        }
+    }
+    for (const int m : {1, 4}) {
+        c.micro_batches = m;
+        EXPECT_NO_THROW(prepare_layer_point(c, routing)) << m;
+    }
+}
+
+TEST(LayerPrepare, AmortisedForward) {
+    // Three iterations: whole forward (cast included) and the cast alone, ms.
+    const std::vector<double> whole = {10, 12, 11}, cast = {4, 8, 2};
+    EXPECT_EQ(amortised_forward_ms(whole, cast, 1), 11);  // the median of whole, untouched
+    // M = 4: 10 - 3, 12 - 6, 11 - 1.5 = 7, 6, 9.5 -> median 7
+    EXPECT_DOUBLE_EQ(amortised_forward_ms(whole, cast, 4), 7);
+    // Even count: the upper median (time()'s convention).
+    EXPECT_EQ(amortised_forward_ms(std::vector<double>{1, 3}, std::vector<double>{0, 0}, 2), 3);
+    EXPECT_THROW(amortised_forward_ms(whole, cast, 0), Error);
+    EXPECT_THROW(amortised_forward_ms(whole, std::vector<double>{1, 2}, 1), Error);
+    EXPECT_THROW(amortised_forward_ms(std::vector<double>{}, std::vector<double>{}, 1), Error);
 }
 
 }  // namespace

@@ -52,7 +52,8 @@ struct LayerOptions {
     double warm_seconds = 1;
     double max_seconds = 1800;
     bool quick = false, check = false, no_measure = false;
-    bool fp8 = false;  // --fp8: the FP8 layer (evenep_fp8) beside EvenEP's bf16 layer
+    bool fp8 = false;       // --fp8: the FP8 layer (evenep_fp8) beside EvenEP's bf16 layer
+    int micro_batches = 1;  // --micro-batches with --fp8: micro-batches per optimizer step sharing one home cast
     std::string json_file;
 };
 
@@ -134,6 +135,7 @@ void validate(const LayerOptions& o) {
             EVENEP_CHECK(o.redundant[i] != o.redundant[j], "bench layer: --redundant: ", o.redundant[i],
                          " is given twice");
     }
+    EVENEP_CHECK(o.micro_batches >= 1, "bench layer: --micro-batches = ", o.micro_batches, " must be >= 1");
     if (o.fp8)
         for (const LayerShape& s : layer_shapes(o))
             EVENEP_CHECK(s.H % 128 == 0 && s.ffn_hidden % 128 == 0,
@@ -172,6 +174,7 @@ LayerBenchConfig config_of(const LayerOptions& o, const Point& p) {
     c.measure_data_movement = !o.no_measure;
     c.check = o.check;
     c.fp8 = o.fp8;
+    c.micro_batches = o.micro_batches;
     return c;
 }
 
@@ -188,18 +191,18 @@ void print_header() {
 
 // "eplb/ring/14" for an EPLB system (sync model, redundant slots per rank), the system's name otherwise.
 std::string label_of(const SystemStep& s) {
-    return s.replica_sync.empty() ? s.system
-                                  : fmt::format("{}/{}/{}", s.system, s.replica_sync, s.redundant_slots);
+    return s.replica_sync.empty() ? s.system : fmt::format("{}/{}/{}", s.system, s.replica_sync, s.redundant_slots);
 }
 
 void print_point(const LayerPointResult& r) {
     const SystemStep& ev = r.systems.front();
     for (const SystemStep& s : r.systems)
-        fmt::print("{:<7} {:>3} {:>6g} {:>6.2f} {:<13} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.3f} {:>8.2f} {:>8.2f} {:>7.2f}x "
-                   "{:>7.1f}\n",
-                   r.cfg.shape, r.cfg.R, r.cfg.target_maxvio, r.maxvio, label_of(s), s.compute_max_ms,
-                   s.compute_mean_ms, s.comm.communication(), s.imbalance, s.step_no_overlap_ms,
-                   s.step_overlapped_ms, s.step_overlapped_ms / ev.step_overlapped_ms, r.seconds);
+        fmt::print(
+            "{:<7} {:>3} {:>6g} {:>6.2f} {:<13} {:>8.2f} {:>8.2f} {:>8.2f} {:>7.3f} {:>8.2f} {:>8.2f} {:>7.2f}x "
+            "{:>7.1f}\n",
+            r.cfg.shape, r.cfg.R, r.cfg.target_maxvio, r.maxvio, label_of(s), s.compute_max_ms, s.compute_mean_ms,
+            s.comm.communication(), s.imbalance, s.step_no_overlap_ms, s.step_overlapped_ms,
+            s.step_overlapped_ms / ev.step_overlapped_ms, r.seconds);
     if (!r.measured.empty()) {
         std::string line;
         for (const auto& m : r.measured)
@@ -209,8 +212,8 @@ void print_point(const LayerPointResult& r) {
     } else {
         fmt::print("  data movement {}\n", r.measured_note);
     }
-    if (r.gemm_check_error >= 0) fmt::print("  check: GEMM sampled error {:.1e}, data movement {} wrong\n",
-                                            r.gemm_check_error, r.wrong);
+    if (r.gemm_check_error >= 0)
+        fmt::print("  check: GEMM sampled error {:.1e}, data movement {} wrong\n", r.gemm_check_error, r.wrong);
     std::fflush(stdout);
 }
 
@@ -224,18 +227,23 @@ nlohmann::json phases_json(const perf::cuda::PhaseMs& m) {
             {"reduce_grad", m.reduce_grad}};
 }
 
-// --fp8: the FP8 layer's step over the bf16 layer's, per point, and how flat the FP8 step is over maxvio per shape.
+// --fp8: the FP8 layer's step over the bf16 layer's, per point, and how flat the FP8 step is over maxvio per shape;
+// with the home weight cast (median over ranks) and the micro-batches M it is shared by (counted cast / M).
 void print_fp8_ratios(const std::vector<LayerPointResult>& results) {
-    fmt::print("\nFP8 layer over bf16 layer (EvenEP, same plan, same run): step overlapped, no overlap, compute max\n");
+    fmt::print(
+        "\nFP8 layer over bf16 layer (EvenEP, same plan, same run): step overlapped, no overlap, compute max; "
+        "the FP8 forward counts the home weight cast / M (M micro-batches per optimizer step share it)\n");
     std::vector<std::pair<std::string, std::vector<double>>> per_shape;  // shape -> FP8 overlapped steps
     for (const LayerPointResult& r : results) {
         const SystemStep* f = fp8_system(r);
         if (f == nullptr) continue;
         const SystemStep& ev = r.systems.front();
-        fmt::print("  {:<6} R={:<3} maxvio {:>4g}: {:.3f}x  {:.3f}x  {:.3f}x  (FP8 step {:.2f} ms, bf16 {:.2f} ms)\n",
-                   r.cfg.shape, r.cfg.R, r.cfg.target_maxvio, f->step_overlapped_ms / ev.step_overlapped_ms,
-                   f->step_no_overlap_ms / ev.step_no_overlap_ms, f->compute_max_ms / ev.compute_max_ms,
-                   f->step_overlapped_ms, ev.step_overlapped_ms);
+        fmt::print(
+            "  {:<6} R={:<3} maxvio {:>4g}: {:.3f}x  {:.3f}x  {:.3f}x  (FP8 step {:.2f} ms, bf16 {:.2f} ms; home "
+            "cast {:.3f} ms median over ranks, M = {})\n",
+            r.cfg.shape, r.cfg.R, r.cfg.target_maxvio, f->step_overlapped_ms / ev.step_overlapped_ms,
+            f->step_no_overlap_ms / ev.step_no_overlap_ms, f->compute_max_ms / ev.compute_max_ms, f->step_overlapped_ms,
+            ev.step_overlapped_ms, f->fp8_home_cast_median_ms, r.cfg.micro_batches);
         const std::string key = fmt::format("{} R={}", r.cfg.shape, r.cfg.R);
         auto it = std::find_if(per_shape.begin(), per_shape.end(), [&](const auto& p) { return p.first == key; });
         if (it == per_shape.end()) it = per_shape.insert(per_shape.end(), {key, {}});
@@ -252,8 +260,8 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
     const SystemStep& ev = r.systems.front();
     nlohmann::json measured = nlohmann::json::array();
     for (const auto& m : r.measured)
-        measured.push_back({{"op", m.op}, {"median_us", m.median_us}, {"bytes", m.bytes}, {"wrong", m.wrong},
-                            {"note", m.note}});
+        measured.push_back(
+            {{"op", m.op}, {"median_us", m.median_us}, {"bytes", m.bytes}, {"wrong", m.wrong}, {"note", m.note}});
     for (const SystemStep& s : r.systems) {
         nlohmann::json j{{"shape", r.cfg.shape},
                          {"R", r.cfg.R},
@@ -288,6 +296,10 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
             j["fp8_over_bf16_overlapped"] = s.step_overlapped_ms / ev.step_overlapped_ms;
             j["fp8_over_bf16_no_overlap"] = s.step_no_overlap_ms / ev.step_no_overlap_ms;
             j["fp8_over_bf16_compute_max"] = s.compute_max_ms / ev.compute_max_ms;
+            // --micro-batches M: the forward (per_rank_forward_ms, so the step) counts the home cast / M
+            j["micro_batches"] = r.cfg.micro_batches;
+            j["fp8_home_cast_ms"] = s.fp8_home_cast_median_ms;    // median over the timed ranks
+            j["per_rank_fp8_home_cast_ms"] = s.fp8_home_cast_ms;  // each timed rank's (median over iterations)
         }
         if (s.system == "evenep") {
             j["policy"] = std::string(to_string(r.cfg.policy));
@@ -305,7 +317,8 @@ void add_json(nlohmann::json& points, const LayerPointResult& r) {
 void run(const LayerOptions& o) {
     std::vector<Point> points = make_points(o);
     for (const Point& p : points)  // the rule of every command: refused, never clamped
-        if (o.maxvio_given) check_maxvio_reachable(RoutingSpec{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .seed = o.seed}, {p.maxvio});
+        if (o.maxvio_given)
+            check_maxvio_reachable(RoutingSpec{.R = p.R, .E = p.E, .K = p.K, .S = p.S, .seed = o.seed}, {p.maxvio});
     EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, !o.fp8 || ::evenep::cuda::grouped_gemm_has_cutlass(),
                       "bench layer: --fp8 needs the CUTLASS FP8 grouped GEMM: a build with EVENEP_CUTLASS=ON "
                       "(CMAKE_CUDA_ARCHITECTURES with 90a) on a compute capability 9.0 device (H100/H200)");
@@ -331,22 +344,25 @@ void run(const LayerOptions& o) {
         budget += est.seconds;
         const bool measure = !o.no_measure && est.movement_bytes <= usable;
         if (!o.no_measure && !measure)
-            fmt::print("{}: data movement modelled only (one-GPU measurement of {} virtual ranks needs ~{}, {} "
-                       "free)\n",
-                       name, p.R, human_bytes(est.movement_bytes), human_bytes(static_cast<double>(free_bytes)));
+            fmt::print(
+                "{}: data movement modelled only (one-GPU measurement of {} virtual ranks needs ~{}, {} "
+                "free)\n",
+                name, p.R, human_bytes(est.movement_bytes), human_bytes(static_cast<double>(free_bytes)));
         plan.push_back({p, measure});
     }
-    EVENEP_CHECK(!plan.empty(), "bench layer: every point was refused (see above); lower the grid or raise "
-                                "--max-seconds");
-    fmt::print("device: {}; {} point(s), estimated {:.0f} s; link {:g} GB/s per direction (modelled); EvenEP policy {} "
-               "(slack {:g})\n",
-               perf::device_summary(), plan.size(), budget, o.link_gbps, to_string(o.planner_policy), o.slack);
+    EVENEP_CHECK(!plan.empty(),
+                 "bench layer: every point was refused (see above); lower the grid or raise "
+                 "--max-seconds");
+    fmt::print(
+        "device: {}; {} point(s), estimated {:.0f} s; link {:g} GB/s per direction (modelled); EvenEP policy {} "
+        "(slack {:g})\n",
+        perf::device_summary(), plan.size(), budget, o.link_gbps, to_string(o.planner_policy), o.slack);
     double copy_gbps = 1;
     if (!o.no_measure) copy_gbps = perf::copy_anchor_gbps(perf::bench_copy(size_t{512} << 20, 3, 10));
 
     OutputFile("--json", o.json_file);  // checks the target now (writes nothing): a bad one fails before the run
-    nlohmann::json doc{{"schema", "evenep.layer_step/1"}, {"device", perf::device_summary()},
-                       {"points", nlohmann::json::array()}};
+    nlohmann::json doc{
+        {"schema", "evenep.layer_step/1"}, {"device", perf::device_summary()}, {"points", nlohmann::json::array()}};
     print_header();
     int64_t wrong = 0;
     double worst_gemm = 0;
@@ -381,8 +397,8 @@ void run(const LayerOptions& o) {
     if (o.fp8) print_fp8_ratios(results);
     if (o.check) {
         fmt::print("check: data movement {} wrong, GEMM sampled error {:.1e}\n", wrong, worst_gemm);
-        EVENEP_CHECK_KIND(ErrorKind::kRuntime, wrong == 0 && worst_gemm < 1e-2, "bench layer: --check failed: ",
-                          wrong, " wrong data-movement results, GEMM sampled error ", worst_gemm);
+        EVENEP_CHECK_KIND(ErrorKind::kRuntime, wrong == 0 && worst_gemm < 1e-2, "bench layer: --check failed: ", wrong,
+                          " wrong data-movement results, GEMM sampled error ", worst_gemm);
     }
 }
 
@@ -395,7 +411,8 @@ void register_bench_layer(CLI::App& bench) {
     auto wo = std::make_shared<LayerWorkloadOptions>();
     CLI::App* cmd = bench.add_subcommand(
         "layer",
-        "one MoE layer step (fwd+bwd) of EvenEP (planner policy --policy, default auto) vs conventional EP and EPLB-style replication, R GPUs emulated on "
+        "one MoE layer step (fwd+bwd) of EvenEP (planner policy --policy, default auto) vs conventional EP and "
+        "EPLB-style replication, R GPUs emulated on "
         "one: per-rank expert compute alone on the GPU, modelled link time. With --workload W or --trace F.npy: "
         "every system (evenep_auto, evenep_exact, conventional, eplb at 1, 2, 4, epn slots, lplb, llep) over "
         "--steps steps of those routings, each unit's busiest rank(s) timed on the GPU (--json: "
@@ -404,8 +421,10 @@ void register_bench_layer(CLI::App& bench) {
         ->capture_default_str();
     cmd->add_option("--k3-R", o->k3_ranks, "group sizes of the K3-like point")->capture_default_str();
     add_reals(*cmd, "--maxvio", o->maxvios, "target maxvio values of the routing", 0, 1e6);
-    add_int(*cmd, "--k3-ffn-hidden", o->k3_ffn_hidden, "expert intermediate size H' of the K3-like point (multiple "
-            "of 8)", 8, kMaxHidden);
+    add_int(*cmd, "--k3-ffn-hidden", o->k3_ffn_hidden,
+            "expert intermediate size H' of the K3-like point (multiple "
+            "of 8)",
+            8, kMaxHidden);
     add_u64(*cmd, "--seed", o->seed, "routing and data seed");
     add_real(*cmd, "--drift", o->drift, "EPLB: per-step log-popularity drift (random walk)", 0, 100)
         ->capture_default_str();
@@ -441,11 +460,19 @@ void register_bench_layer(CLI::App& bench) {
     cmd->add_flag("--fp8", o->fp8,
                   "also the FP8 layer (system evenep_fp8: e4m3 dispatch and weight copies, FP8 forward and dgrad "
                   "GEMMs, bf16 wgrad; docs/fp8.md) beside EvenEP's bf16 layer, with their ratio (CUTLASS build, "
-                  "H100/H200)");
+                  "H100/H200); its home weight cast is counted / --micro-batches");
     add_output_file(*cmd, "--json", o->json_file,
                     "write evenep.layer_step/1 JSON (scripts/plots.py --layer); with --workload/--trace "
                     "evenep.workload_run/1 (scripts/plots.py --workload-run), FILE_<shape>.json for several shapes");
     add_layer_workload_options(*cmd, *wo);
+    // --micro-batches is shared: the workload's micro-batches per step, or with --fp8 on the maxvio grid the
+    // micro-batches per optimizer step that share the FP8 home cast (Experts::reuse_fp8_cast).
+    cmd->get_option("--micro-batches")
+        ->description(
+            "micro-batches per step M: with --workload each planned on its own; with --fp8 (maxvio grid) "
+            "the micro-batches of one optimizer step sharing the FP8 home weight cast (gradient "
+            "accumulation, Experts::reuse_fp8_cast): evenep_fp8's forward = forward without the cast + "
+            "cast / M");
     set_run(cmd, [o, wo, cmd] {
         o->planner_policy = apply_policy(o->policy, cmd->count("--slack") > 0, o->slack);
         if (wo->wl.active()) {  // every system over a step sequence (bench_layer_workload.cpp)
@@ -455,9 +482,13 @@ void register_bench_layer(CLI::App& bench) {
             require_cuda_device("bench layer");
             return run_layer_workload(*wo);
         }
-        for (const char* flag : {"--steps", "--micro-batches", "--eplb-interval", "--eplb-window", "--lplb-topology",
-                                 "--llep-threshold", "--placed", "--plan-us", "--timed-ranks"})
+        for (const char* flag : {"--steps", "--eplb-interval", "--eplb-window", "--lplb-topology", "--llep-threshold",
+                                 "--placed", "--plan-us", "--timed-ranks"})
             EVENEP_CHECK(cmd->count(flag) == 0, "bench layer: ", flag, " applies to --workload or --trace");
+        EVENEP_CHECK(cmd->count("--micro-batches") == 0 || o->fp8,
+                     "bench layer: --micro-batches applies to --fp8 (micro-batches per optimizer step sharing the FP8 "
+                     "home cast) or to --workload");
+        o->micro_batches = wo->wl.micro_batches;
         o->maxvio_given = cmd->count("--maxvio") > 0;
         apply_quick(*cmd, *o);
         validate(*o);

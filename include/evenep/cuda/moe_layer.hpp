@@ -32,15 +32,17 @@
 //
 // FP8 (ep.options().precision.fp8, docs/fp8.md; the CPU layer's FP8 path, one for one): the dispatch brings e4m3 rows
 // with 1 x 128 scales (Ep::recv_x8 / recv_scale), prefetch_weight casts the home's weights once per step (128 x 128
-// block scales; the home keeps its bf16 master weights) and copies the e4m3 bytes. Forward and dgrad GEMMs run
-// block-scaled on e4m3 operands (cuda::grouped_gemm_fp8, CUTLASS): g, u from the received codes, y from h cast
-// 1 x 128; dh from dy cast 1 x 128, dx from dg and du cast 1 x 128. The forward reads each group's weights K-major:
-// the layer transposes the e4m3 codes of every group with rows into its own [3][num_local][G][H*H'] copy per step.
-// wgrad stays bf16 with x = bf16(float(q)*s), combine and the backward's row exchanges stay bf16. Differences from
-// the CPU layer beyond the bf16 path's: the FP8 GEMMs' in-block accumulation (Hopper's FP8 tensor cores), and dh
-// and dx's two partials leave the GEMM as bf16 (the CPU keeps them fp32): one more bf16 rounding each, far inside
-// the FP8 tolerance (docs/fp8.md section 5). Needs experts with ExpertsShape::fp8 (same ue8m0), H and H' multiples
-// of 128, and the CUTLASS FP8 GEMM (EVENEP_CUTLASS=ON, compute capability 9.0): the constructor refuses otherwise.
+// block scales; the home keeps its bf16 master weights) and copies the e4m3 bytes. The layer's prefetch_weight is the
+// caller's Experts', so it honours Experts::reuse_fp8_cast: with reuse on, the micro-batches of one optimizer step
+// share one cast (the caller owns the Experts and calls weights_changed() after each optimizer step). Forward and dgrad
+// GEMMs run block-scaled on e4m3 operands (cuda::grouped_gemm_fp8, CUTLASS): g, u from the received codes, y from h
+// cast 1 x 128; dh from dy cast 1 x 128, dx from dg and du cast 1 x 128. The forward reads each group's weights
+// K-major: the layer transposes the e4m3 codes of every group with rows into its own [3][num_local][G][H*H'] copy per
+// step. wgrad stays bf16 with x = bf16(float(q)*s), combine and the backward's row exchanges stay bf16. Differences
+// from the CPU layer beyond the bf16 path's: the FP8 GEMMs' in-block accumulation (Hopper's FP8 tensor cores), and dh
+// and dx's two partials leave the GEMM as bf16 (the CPU keeps them fp32): one more bf16 rounding each, far inside the
+// FP8 tolerance (docs/fp8.md section 5). Needs experts with ExpertsShape::fp8 (same ue8m0), H and H' multiples of 128,
+// and the CUTLASS FP8 GEMM (EVENEP_CUTLASS=ON, compute capability 9.0): the constructor refuses otherwise.
 //
 // Usage (every served rank at once; every call asynchronous on `stream`, no host synchronisation, no allocation
 // after construction, so a whole step captures into one CUDA graph):
@@ -191,7 +193,7 @@ class MoeLayer {
         size_t dxu;                // [num_local][NvS][H] bf16: du·Wu^T (backward)
         size_t tables;   // [5 kinds: codes, scales, transposed, slot codes, slot transposed][3][num_local][G+1]
         size_t sources;  // [3][5 kinds][2*num_local + R]: homes | slots | peers of each kind
-        size_t views;              // [num_local] kernels::MoeFp8RankView
+        size_t views;    // [num_local] kernels::MoeFp8RankView
     } fp8_regions_{};
     const uint16_t** weight_tables_ = nullptr;    // device [3][num_local][G+1] (cuda::build_group_table)
     float** grad_tables_ = nullptr;               // device [3][num_local][G+1] (null entries without gradients)
