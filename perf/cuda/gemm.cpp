@@ -261,18 +261,28 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
         } else if (k == "cutlass_pingpong" && cuda::grouped_gemm_has_cutlass()) {
             variants.push_back(
                 {"cutlass_pingpong/load_aware", cuda::GemmKernel::kCutlassPingpong, cuda::GemmSchedule::kLoadAware});
+        } else if (k == "cutlass_cluster" && cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster)) {
+            variants.push_back(
+                {"cutlass_cluster/load_aware", cuda::GemmKernel::kCutlassCluster, cuda::GemmSchedule::kLoadAware});
         }
     }
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !variants.empty(), "bench gemm: no kernel to run on this device");
-    // FP8 ops (fp8_fwd, fp8_dgrad): CUTLASS's block-scaled FP8 grouped GEMM and its unscaled FP8 anchor, whatever
+    // FP8 ops (fp8_fwd, fp8_dgrad): CUTLASS's block-scaled FP8 grouped GEMM (and, where built, its tuning candidates:
+    // ping-pong 64 x 128 and the cooperative kernel in clusters of two) and its unscaled FP8 anchor, whatever
     // --kernels says; e4m3 operands from fill_random_e4m3, every scale 2^-4 (timing only: no --check).
     const bool with_fp8 =
         std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("fp8_", 0) == 0; });
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8 || cuda::grouped_gemm_has_cutlass(),
                       "bench gemm: the fp8 ops need the CUTLASS kernels (EVENEP_CUTLASS) on a Hopper device");
-    const std::vector<Variant> fp8_variants = {
+    std::vector<Variant> fp8_variants = {
         {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware},
         {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
+    if (cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster)) {
+        fp8_variants.push_back(
+            {"cutlass_fp8_pingpong/load_aware", cuda::GemmKernel::kCutlassPingpong, cuda::GemmSchedule::kLoadAware});
+        fp8_variants.push_back(
+            {"cutlass_fp8_cluster/load_aware", cuda::GemmKernel::kCutlassCluster, cuda::GemmSchedule::kLoadAware});
+    }
     const size_t fp8_x = with_fp8 ? xy_elems : 1, fp8_w = with_fp8 ? welems * G : 1;
     DeviceArray<uint8_t> x8(fp8_x), w8(fp8_w);
     DeviceArray<float> x8_scales(fp8_x / 128 + 1), w8_scales(fp8_w / (128 * 128) + 1);
@@ -330,9 +340,10 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     const cuda::GemmSchedule sch = var.schedule;
                     Call& c = calls[v];
                     // A kernel's fixed schedule writes y, its load_aware y2 (compared bitwise); the mma.sync and
-                    // the CUTLASS ping-pong kernels (one schedule each here) write y (sampled only).
+                    // the CUTLASS ping-pong and cluster kernels (one schedule each here) write y (sampled only).
                     c.into_y2 = sch == cuda::GemmSchedule::kLoadAware && var.kernel != cuda::GemmKernel::kMmaSync &&
-                                var.kernel != cuda::GemmKernel::kCutlassPingpong;
+                                var.kernel != cuda::GemmKernel::kCutlassPingpong &&
+                                var.kernel != cuda::GemmKernel::kCutlassCluster;
                     c.a.x = x.get(), c.a.cu_seqlens = dcu.get(), c.a.weights = dtable.get();
                     c.a.y = c.into_y2 ? y2.get() : y.get();
                     c.a.num_groups = G, c.a.in_dim = p.in, c.a.out_dim = p.out, c.a.op = op, c.a.schedule = sch;
@@ -347,6 +358,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     c.fa.weights = d8table.get(), c.fa.weight_scales = d8scales.get(), c.fa.y = y.get();
                     c.fa.num_groups = G, c.fa.in_dim = p.in, c.fa.out_dim = p.out, c.fa.op = op, c.fa.schedule = sch;
                     c.fa.block_scaled = var.name.find("unscaled") == std::string::npos;
+                    c.fa.kernel = var.kernel;
                     c.fa.workspace = ws.get();
                     if (wgrad && o.check) c.wgrad_err = check_wgrad(c.wa, d.cu, p.in, p.out, grads.get(), o.seed);
                     if (o.check && !wgrad && !fp8) {
@@ -360,9 +372,9 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                         const bool same = !c.into_y2 || !have_fixed || h1 == h2;
                         c.check_err = sample_error(h2, d.cu, x.get(), table, op, p.out, kdim, ndim, o.seed);
                         c.check = (c.into_y2 && have_fixed ? (same ? "=" : "DIFF ") : "") + format_e1(c.check_err);
-                        EVENEP_CHECK_KIND(ErrorKind::kRuntime, same && c.check_err < 1e-2, "bench gemm: ", d.name,
-                                          " ", p.name, " ", op_name, " ", var.name,
-                                          ": schedules differ or sampled error ", c.check_err);
+                        EVENEP_CHECK_KIND(ErrorKind::kRuntime, same && c.check_err < 1e-2, "bench gemm: ", d.name, " ",
+                                          p.name, " ", op_name, " ", var.name, ": schedules differ or sampled error ",
+                                          c.check_err);
                     }
                     timed.push_back([&c, wgrad, fp8] {
                         if (fp8)

@@ -8,7 +8,7 @@
 #
 # On the device machine, from the repository root:
 #   source .devdeps/unpack.sh && scripts/device/run_checks.sh
-# Environment: BUILD, CUTLASS (ON needs .deps carried), NCCL (ON: the NCCL team against torch's NCCL, so that
+# Environment: BUILD, CUTLASS (ON needs .deps carried), CANDIDATES (ON: also the CUTLASS tuning candidates), NCCL (ON: the NCCL team against torch's NCCL, so that
 # tests/python/test_group.py runs), TESTS (space-separated binaries), PYTESTS (pytest paths),
 # BUDGET (seconds for the whole script, default 585).
 set -uo pipefail
@@ -24,7 +24,7 @@ T="${TESTS:-gpu_expert_ops_test gpu_fp8_experts_test gpu_datapath_test gpu_backw
 {
   cmake -S . -B "$B" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL="${NCCL:-OFF}" -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
-    -DEVENEP_CUTLASS="${CUTLASS:-OFF}" -DEVENEP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)" &&
+    -DEVENEP_CUTLASS="${CUTLASS:-OFF}" -DEVENEP_CUTLASS_CANDIDATES="${CANDIDATES:-OFF}" -DEVENEP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)" &&
   cmake --build "$B" -j "$(nproc)" --target evenep evenep_python $T
 } > "$OUT/build.log" 2>&1 || tail -40 "$OUT/build.log"
 echo "build $(( $(date +%s) - t0 )) s"

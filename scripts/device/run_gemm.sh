@@ -6,6 +6,8 @@
 #
 # The CUTLASS kernels (issue 34) are built when the pinned headers are in .deps/ (scripts/fetch-cutlass.sh; the
 # device machine has no network: carry .deps with .devdeps); the bench then has their rows (--kernels).
+# CANDIDATES=ON also builds the CUTLASS tuning candidates (EVENEP_CUTLASS_CANDIDATES: cutlass_cluster, FP8 ping-pong
+# and cluster), which the tests and the bench then cover.
 # On the device machine, from the repository root, with the Debian dev packages carried in .devdeps:
 #   source .devdeps/unpack.sh && scripts/device/run_gemm.sh [--no-bench] [--no-test] [--calibrate]
 #                                                          [extra `evenep bench gemm` args...]
@@ -34,7 +36,8 @@ t0=$(date +%s)
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv || true
   cmake -S . -B "$BUILD" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF &&
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
+    -DEVENEP_CUTLASS_CANDIDATES="${CANDIDATES:-OFF}" &&
   cmake --build "$BUILD" -j "$JOBS" --target grouped_gemm_test grouped_gemm_fp8_test evenep
 } > "$OUT/build.log" 2>&1
 grep -E "EvenEP: CUTLASS" "$OUT/build.log"

@@ -1,6 +1,7 @@
 // tests/cuda/grouped_gemm_fp8_test.cu — the FP8 grouped GEMM (evenep::cuda::grouped_gemm_fp8, CUTLASS) against a
 // float64 reference on the host computed from the same e4m3 codes and fp32 scales.
-// Cases (GroupedGemmFp8Test.MatchesReference, parameterised over shape x op x scaling x schedule):
+// Cases (GroupedGemmFp8Test.MatchesReference, parameterised over shape x op x scaling x schedule x kernel; the
+// block-scaled kernel also as the tuning candidates kCutlassPingpong / kCutlassCluster where built):
 //   planner   8 groups of 320 rows (the planner's equal rows)
 //   zipf      10 groups, rows ~ 1800 / (g + 1)^1.2
 //   edges     empty groups (one with a null weight), one-row groups, a group of 129 rows (a partial tile)
@@ -10,7 +11,8 @@
 // and a weight: |y - ref| <= 2^-7 |ref| + 2^-9 sum_k |terms| (bf16 output rounding, fp32 accumulation with the
 // per-k-block promotion; the unscaled kernel's fast accumulation keeps fewer bits, within the same bound), and that
 // rows of empty / null-weight groups keep the poison. Seeds fixed per case, printed on failure.
-// GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled -> evenep::Error.
+// GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled, a kernel that is
+// not an FP8 one, the unscaled anchor as ping-pong -> evenep::Error.
 // Skipped without a device, or where the CUTLASS kernels are not built (EVENEP_CUTLASS) or the device is not Hopper.
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
@@ -50,12 +52,16 @@ struct Fp8Case {
     GemmOp op = GemmOp::kForward;
     bool scaled = true;
     GemmSchedule schedule = GemmSchedule::kLoadAware;
+    cuda::GemmKernel kernel = cuda::GemmKernel::kCutlass;  // block-scaled: also the tuning candidates
 };
 
 std::string fp8_name(const ::testing::TestParamInfo<Fp8Case>& info) {
     const Fp8Case& c = info.param;
     return c.name + (c.op == GemmOp::kForward ? "_fwd" : "_dgrad") + (c.scaled ? "_scaled" : "_unscaled") +
-           (c.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware");
+           (c.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware") +
+           (c.kernel == cuda::GemmKernel::kCutlassPingpong  ? "_pingpong"
+            : c.kernel == cuda::GemmKernel::kCutlassCluster ? "_cluster"
+                                                            : "");
 }
 
 // e4m3 encode (round to nearest even, saturating) and exact decode: CUDA's host conversions (cuda_fp8.h).
@@ -71,6 +77,8 @@ class GroupedGemmFp8Test : public ::testing::TestWithParam<Fp8Case> {};
 TEST_P(GroupedGemmFp8Test, MatchesReference) {
     EVENEP_SKIP_WITHOUT_CUTLASS();
     const Fp8Case& c = GetParam();
+    if (!cuda::grouped_gemm_has_kernel(c.kernel))
+        GTEST_SKIP() << "tuning candidate not built (EVENEP_CUTLASS_CANDIDATES)";
     const uint64_t seed = std::hash<std::string>{}(fp8_name({c, 0})) & 0xFFFF;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
@@ -138,6 +146,7 @@ TEST_P(GroupedGemmFp8Test, MatchesReference) {
                                      .op = c.op,
                                      .schedule = c.schedule,
                                      .block_scaled = c.scaled,
+                                     .kernel = c.kernel,
                                      .workspace = ws.get()};
     cuda::grouped_gemm_fp8(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -187,11 +196,14 @@ std::vector<Fp8Case> fp8_cases() {
     for (const Fp8Case& s : shapes)
         for (GemmOp op : {GemmOp::kForward, GemmOp::kDgrad})
             for (bool scaled : {true, false})
-                for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware}) {
-                    Fp8Case c = s;
-                    c.op = op, c.scaled = scaled, c.schedule = sch;
-                    out.push_back(c);
-                }
+                for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware})
+                    for (auto k : {cuda::GemmKernel::kCutlass, cuda::GemmKernel::kCutlassPingpong,
+                                   cuda::GemmKernel::kCutlassCluster}) {
+                        if (!scaled && k != cuda::GemmKernel::kCutlass) continue;  // the anchor: cooperative only
+                        Fp8Case c = s;
+                        c.op = op, c.scaled = scaled, c.schedule = sch, c.kernel = k;
+                        out.push_back(c);
+                    }
     return out;
 }
 
@@ -218,6 +230,12 @@ TEST(GroupedGemmFp8ArgsTest, RejectsBadArguments) {
     EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
     a.in_dim = 128;
     a.x_scales = nullptr;
+    EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
+    a.x_scales = xs.get();
+    a.kernel = cuda::GemmKernel::kWgmma;  // not an FP8 kernel
+    EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
+    a.kernel = cuda::GemmKernel::kCutlassPingpong;  // the unscaled anchor is cooperative only
+    a.block_scaled = false;
     EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
 }
 

@@ -1,8 +1,8 @@
 // `evenep bench gemm`: the GPU grouped GEMM (include/evenep/cuda/grouped_gemm.hpp) on one rank's receive buffer; the
 // measuring is perf/cuda/gemm.hpp's (distributions, variants, checks, the cost-model calibration), this file parses
 // the options and prints. --offsets-json writes each distribution's cu_seqlens for scripts/device/gemm_anchor.py
-// (torch anchors). Every output file is checked before the run and written atomically at its end. Without a CUDA build the
-// subcommand says that it needs one.
+// (torch anchors). Every output file is checked before the run and written atomically at its end. Without a CUDA build
+// the subcommand says that it needs one.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -169,8 +169,8 @@ void register_bench_gemm(CLI::App& bench) {
     add_int(*cmd, "--warmup", o->bench.warmup, "untimed runs", 0, 1000000);
     add_int(*cmd, "--iters", o->bench.iters, "timed runs (median reported)", 1, 1000000);
     add_real(*cmd, "--warm-seconds", o->bench.warm_seconds,
-             "GPU warm-up before the first timed row (clocks out of idle; the schedules are then timed interleaved)",
-             0, 600)
+             "GPU warm-up before the first timed row (clocks out of idle; the schedules are then timed interleaved)", 0,
+             600)
         ->capture_default_str();
     cmd->add_flag("--check", o->bench.check, "compare schedules bitwise and sample 16 elements against the host");
     add_output_file(*cmd, "--json", o->json_file, "write all rows as JSON");
@@ -179,7 +179,9 @@ void register_bench_gemm(CLI::App& bench) {
     cmd->add_option("--kernels", o->bench.kernels,
                     "any of wgmma (Hopper kernel, fixed and load-aware schedules), mma (portable kernel), cutlass "
                     "(CUTLASS cooperative grouped GEMM, fixed and load-aware), cutlass_pingpong (CUTLASS ping-pong, "
-                    "load-aware); kernels not built or not supported by the device are left out")
+                    "load-aware), cutlass_cluster (CUTLASS cooperative in clusters of two, load-aware: a tuning "
+                    "candidate, EVENEP_CUTLASS_CANDIDATES); kernels not built or not supported by the device are "
+                    "left out. The FP8 ops time every FP8 kernel built")
         ->capture_default_str();
     cmd->add_flag("--calibrate", o->calibrate,
                   "fit the scheduler's cost model (us per tile = c_tile + c_kblock * k-blocks) on this GPU");
@@ -193,8 +195,10 @@ void register_bench_gemm(CLI::App& bench) {
                          "bench gemm: --ops entry '", op,
                          "' must be fwd, dgrad, wgrad, wgrad_set, fp8_fwd or fp8_dgrad");
         for (const std::string& k : o->bench.kernels)
-            EVENEP_CHECK(k == "wgmma" || k == "mma" || k == "cutlass" || k == "cutlass_pingpong",
-                         "bench gemm: --kernels entry '", k, "' must be wgmma, mma, cutlass or cutlass_pingpong");
+            EVENEP_CHECK(
+                k == "wgmma" || k == "mma" || k == "cutlass" || k == "cutlass_pingpong" || k == "cutlass_cluster",
+                "bench gemm: --kernels entry '", k,
+                "' must be wgmma, mma, cutlass, cutlass_pingpong or cutlass_cluster");
         check_estimate("bench gemm", gemm_host_estimate(o->bench), o->limits);
         require_cuda_device("bench gemm");
 #if defined(EVENEP_HAVE_CUDA)

@@ -46,14 +46,26 @@ enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
 // mainloop), built when EVENEP_CUTLASS is ON (the pinned headers of scripts/fetch-cutlass.sh). kLoadAware hands the
 // groups to CUTLASS's group scheduler (tiles dealt round-robin in list order) permuted by the cost model; kFixed in
 // index order; wgrad groups are never split (deterministic either way). Forward / dgrad with fp32 output (y_fp32)
-// run the kWgmma kernel instead (no fp32-output CUTLASS instantiation is built).
-enum class GemmKernel : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kCutlass = 3, kCutlassPingpong = 4 };
+// run the kWgmma kernel instead (no fp32-output CUTLASS instantiation is built). kCutlassCluster: the cooperative
+// kernel in clusters of two blocks along M (the B tile shared by TMA multicast, a group's M-tiles rounded up to an
+// even count; torch._grouped_mm's configuration), a tuning candidate built only with EVENEP_CUTLASS_CANDIDATES
+// (grouped_gemm_has_kernel).
+enum class GemmKernel : int {
+    kAuto = 0,
+    kWgmma = 1,
+    kMmaSync = 2,
+    kCutlass = 3,
+    kCutlassPingpong = 4,
+    kCutlassCluster = 5
+};
+// "kAuto", "kWgmma", ... (error messages, benchmarks).
+const char* gemm_kernel_name(GemmKernel kernel);
 
 // The scheduler's cost model (µs per 128 x 256 tile on one SM = c_tile + c_kblock * k-blocks of 64).
 struct GemmCostModel {
-    float c_tile = 0;        // forward / dgrad tile overhead (prologue, epilogue stores)
-    float c_tile_wgrad = 0;  // wgrad tile overhead (fp32 reduction of the tile into the gradient)
-    float c_kblock = 0;      // one 128 x 256 x 64 k-block of wgmma (forward / dgrad: K-major A)
+    float c_tile = 0;          // forward / dgrad tile overhead (prologue, epilogue stores)
+    float c_tile_wgrad = 0;    // wgrad tile overhead (fp32 reduction of the tile into the gradient)
+    float c_kblock = 0;        // one 128 x 256 x 64 k-block of wgmma (forward / dgrad: K-major A)
     float c_kblock_wgrad = 0;  // the same in wgrad (both operands MN-major)
     float split_fraction = 0;
     const char* source = "";  // where the coefficients come from (calibration run or estimate)
@@ -67,6 +79,9 @@ float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, 
 bool grouped_gemm_has_wgmma();
 // True when the CUTLASS kernels (kCutlass, kCutlassPingpong) are built in and run on the current device.
 bool grouped_gemm_has_cutlass();
+// True when `kernel` is built in and runs on the current device (kAuto and kMmaSync always; kCutlassCluster needs
+// the tuning candidates, EVENEP_CUTLASS_CANDIDATES). Also what grouped_gemm_fp8 accepts as its kernel.
+bool grouped_gemm_has_kernel(GemmKernel kernel);
 
 struct GroupedGemmArgs {
     const uint16_t* x = nullptr;               // [rows, in] (kForward) or [rows, out] (kDgrad), bf16 bits
@@ -150,6 +165,10 @@ struct GroupedGemmFp8Args {
     GemmOp op = GemmOp::kForward;
     GemmSchedule schedule = GemmSchedule::kLoadAware;
     bool block_scaled = true;
+    // The block-scaled kernel: kAuto / kCutlass the cooperative 128 x 128 x 128 tiles; the tuning candidates
+    // (EVENEP_CUTLASS_CANDIDATES) kCutlassPingpong 64 x 128 x 128 ping-pong and kCutlassCluster the cooperative one
+    // in clusters of two along M. The unscaled anchor is cooperative only (kAuto / kCutlass).
+    GemmKernel kernel = GemmKernel::kAuto;
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
 };
 // Throws evenep::Error(kInvalidArgument) naming the field for a null pointer, G outside 1..kMaxGemmGroups, or in/out

@@ -51,10 +51,23 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
     EVENEP_CHECK(
         grouped_gemm_has_cutlass(),
         "grouped_gemm_fp8: needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
+    const GemmKernel k = a.kernel;
+    EVENEP_CHECK(k == GemmKernel::kAuto || k == GemmKernel::kCutlass || k == GemmKernel::kCutlassPingpong ||
+                     k == GemmKernel::kCutlassCluster,
+                 "grouped_gemm_fp8: kernel = ", gemm_kernel_name(k),
+                 " is not an FP8 kernel (kAuto, kCutlass, kCutlassPingpong, kCutlassCluster)");
+    EVENEP_CHECK(a.block_scaled || k == GemmKernel::kAuto || k == GemmKernel::kCutlass,
+                 "grouped_gemm_fp8: kernel = ", gemm_kernel_name(k),
+                 " with block_scaled false: the unscaled anchor is kAuto / kCutlass only");
+    EVENEP_CHECK(
+        k == GemmKernel::kAuto || k == GemmKernel::kCutlass || grouped_gemm_has_kernel(GemmKernel::kCutlassCluster),
+        "grouped_gemm_fp8: kernel = ", gemm_kernel_name(k),
+        " is a tuning candidate this build lacks (configure with -DEVENEP_CUTLASS_CANDIDATES=ON)");
 #if defined(EVENEP_HAVE_CUTLASS)
     const cutlass_gemm::Fp8LaunchArgs l{
         .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
         .block_scaled = a.block_scaled,
+        .schedule = cutlass_gemm::schedule_of(k),
         .x = a.x,
         .x_scales = a.x_scales,
         .cu = a.cu_seqlens,

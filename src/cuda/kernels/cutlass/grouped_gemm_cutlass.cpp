@@ -32,15 +32,54 @@ int sm_count() {
     return sms;
 }
 
+void require_candidates(Schedule schedule, const char* what) {
+    EVENEP_CHECK(candidates_built(), what, ": schedule ", static_cast<int>(schedule),
+                 " (kCutlassCluster, or FP8 ping-pong) is a tuning candidate not built here: configure with "
+                 "-DEVENEP_CUTLASS_CANDIDATES=ON");
+}
+
 template <Op kOp>
 void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t stream) {
-    if (schedule == Schedule::kPingpong)
-        instance_launch<kOp, Schedule::kPingpong>(a, sms, stream);
+    switch (schedule) {
+        case Schedule::kPingpong:
+            instance_launch<kOp, Schedule::kPingpong>(a, sms, stream);
+            return;
+        case Schedule::kCooperativeCluster:
+            require_candidates(schedule, "grouped_gemm (CUTLASS)");
+#if defined(EVENEP_CUTLASS_CANDIDATES)
+            instance_launch<kOp, Schedule::kCooperativeCluster>(a, sms, stream);
+#endif
+            return;
+        case Schedule::kCooperative:
+            instance_launch<kOp, Schedule::kCooperative>(a, sms, stream);
+            return;
+    }
+}
+
+template <Fp8Kind kKind>
+void launch_fp8_kind(const Fp8LaunchArgs& a, int sms, cudaStream_t stream) {
+    if (a.schedule == Schedule::kCooperative) {
+        fp8_instance_launch<kKind, Schedule::kCooperative>(a, sms, stream);
+        return;
+    }
+    require_candidates(a.schedule, "grouped_gemm_fp8");
+#if defined(EVENEP_CUTLASS_CANDIDATES)
+    if (a.schedule == Schedule::kPingpong)
+        fp8_instance_launch<kKind, Schedule::kPingpong>(a, sms, stream);
     else
-        instance_launch<kOp, Schedule::kCooperative>(a, sms, stream);
+        fp8_instance_launch<kKind, Schedule::kCooperativeCluster>(a, sms, stream);
+#endif
 }
 
 }  // namespace
+
+bool candidates_built() {
+#if defined(EVENEP_CUTLASS_CANDIDATES)
+    return true;
+#else
+    return false;
+#endif
+}
 
 bool supported() {
     int device = 0;
@@ -65,11 +104,23 @@ size_t workspace_bytes(int num_groups) {
                      instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
                      instance_workspace_bytes<Op::kWgrad, Schedule::kCooperative>(num_groups, sms),
                      instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms)}) {
+                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward, Schedule::kCooperative>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kCooperative>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kUnscaled, Schedule::kCooperative>(num_groups, sms)}) {
         bytes = std::max(bytes, b);
     }
+#if defined(EVENEP_CUTLASS_CANDIDATES)
+    for (size_t b :
+         {instance_workspace_bytes<Op::kForward, Schedule::kCooperativeCluster>(num_groups, sms),
+          instance_workspace_bytes<Op::kDgrad, Schedule::kCooperativeCluster>(num_groups, sms),
+          instance_workspace_bytes<Op::kWgrad, Schedule::kCooperativeCluster>(num_groups, sms),
+          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward, Schedule::kCooperativeCluster>(num_groups, sms),
+          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kCooperativeCluster>(num_groups, sms),
+          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward, Schedule::kPingpong>(num_groups, sms),
+          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kPingpong>(num_groups, sms)}) {
+        bytes = std::max(bytes, b);
+    }
+#endif
     return bytes;
 }
 
@@ -101,13 +152,15 @@ void launch_fp8(const Fp8LaunchArgs& a, cudaStream_t stream) {
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm_fp8: x must be 16-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.y) % 16 == 0, "grouped_gemm_fp8: y must be 16-byte aligned");
     EVENEP_CHECK(a.op == Op::kForward || a.op == Op::kDgrad, "grouped_gemm_fp8: op must be forward or dgrad");
+    EVENEP_CHECK(a.block_scaled || a.schedule == Schedule::kCooperative,
+                 "grouped_gemm_fp8: the unscaled kernel (block_scaled false) is cooperative only");
     const int sms = sm_count();
     if (!a.block_scaled)
-        fp8_instance_launch<Fp8Kind::kUnscaled>(a, sms, stream);
+        fp8_instance_launch<Fp8Kind::kUnscaled, Schedule::kCooperative>(a, sms, stream);
     else if (a.op == Op::kForward)
-        fp8_instance_launch<Fp8Kind::kBlockwiseForward>(a, sms, stream);
+        launch_fp8_kind<Fp8Kind::kBlockwiseForward>(a, sms, stream);
     else
-        fp8_instance_launch<Fp8Kind::kBlockwiseDgrad>(a, sms, stream);
+        launch_fp8_kind<Fp8Kind::kBlockwiseDgrad>(a, sms, stream);
 }
 
 }  // namespace evenep::cuda::cutlass_gemm

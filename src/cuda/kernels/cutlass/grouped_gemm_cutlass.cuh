@@ -69,8 +69,10 @@ template <>
 struct OpTypes<Op::kWgrad> : OpTypesOf<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float> {};
 
 // Tiles: cooperative 128 x 256 x 64 (two consumer warpgroups of 64 x 256, the hand-written kernel's tile);
-// ping-pong 128 x 128 x 64 per consumer warpgroup. Clusters of one block: a cluster of two would share B by TMA
-// multicast but round every group's M up to two tiles (small expert groups).
+// ping-pong 128 x 128 x 64 per consumer warpgroup. Clusters of one block, except kCooperativeCluster: two blocks
+// along M share B by TMA multicast, at the price of rounding every group's M-tiles up to an even count.
+using Cluster1 = cute::Shape<cute::_1, cute::_1, cute::_1>;
+using ClusterM2 = cute::Shape<cute::_2, cute::_1, cute::_1>;
 template <Schedule kSchedule>
 struct ScheduleTypes;
 template <>
@@ -78,12 +80,18 @@ struct ScheduleTypes<Schedule::kCooperative> {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
     using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
     using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
+    using Cluster = Cluster1;
 };
 template <>
 struct ScheduleTypes<Schedule::kPingpong> {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
     using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
     using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+    using Cluster = Cluster1;
+};
+template <>
+struct ScheduleTypes<Schedule::kCooperativeCluster> : ScheduleTypes<Schedule::kCooperative> {
+    using Cluster = ClusterM2;
 };
 
 template <class Element>
@@ -146,7 +154,7 @@ struct Instance {
     using ElementC = typename Types::ElementC;
     using ElementD = typename Types::ElementD;
     using LayoutCD = cutlass::layout::RowMajor;
-    using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+    using ClusterShape = typename Sched::Cluster;
     static constexpr int kAlignAB = alignment_of<ElementAB>(0);
     static constexpr int kAlignD = alignment_of<ElementD>(0);
     static constexpr int kAlignC = alignment_of<ElementC>(kAlignD);

@@ -5,11 +5,12 @@
 // D[M, N] = A[M, K] B[K, N] with A = the e4m3 rows (K-major), B = the e4m3 weights read K-major (forward: W^T
 // [out][in]; dgrad: W [in][out]), D bf16, fp32 accumulation. fp8 wgmma reads only K-major operands from shared
 // memory, hence the forward's transposed weight copy.
-//   block-scaled  CUTLASS's Hopper blockwise-scaling mainloop (KernelPtrArrayTmaWarpSpecializedCooperativeFP8-
-//                 Blockwise): scale granularity 1 (M) x 128 (N) x 128 (K); every 128-deep k-block's wgmma partial
-//                 sums are promoted into the fp32 accumulators times sx[m, kb] * sw[kb, nb]. Tile 128 x 128 x 128
-//                 (the k-tile is one scale block). SFA (activations, [rows][K/128]) is K-major; SFB (weights,
-//                 [in/128][out/128]) is N-major in the forward (K = in runs down the rows) and K-major in dgrad.
+//   block-scaled  CUTLASS's Hopper blockwise-scaling mainloop (KernelPtrArrayTmaWarpSpecialized{Cooperative,
+//                 Pingpong}FP8Blockwise): scale granularity 1 (M) x 128 (N) x 128 (K); every 128-deep k-block's
+//                 wgmma partial sums are promoted into the fp32 accumulators times sx[m, kb] * sw[kb, nb]. Tiles
+//                 (Fp8ScheduleTypes) 128 x 128 x 128 or, ping-pong, 64 x 128 x 128 (the k-tile is one scale block). SFA
+//                 (activations, [rows][K/128]) is K-major; SFB (weights, [in/128][out/128]) is N-major in the forward
+//                 (K = in runs down the rows) and K-major in dgrad.
 //   unscaled      CUTLASS's FP8 ptr-array grouped GEMM with fast accumulation (KernelPtrArrayTmaWarpSpecialized-
 //                 CooperativeFP8FastAccum), tile 128 x 256 x 128: the speed anchor of the scaled kernel.
 // Problem list, order and the error word as in grouped_gemm_cutlass.cuh (GroupOrder).
@@ -21,9 +22,35 @@
 namespace evenep::cuda::cutlass_gemm {
 namespace {
 
-template <Fp8Kind kKind>
+// The block-scaled kernel's schedule: tile and cluster (kCooperative 128 x 128 x 128; kCooperativeCluster the same in
+// clusters of two along M; kPingpong 64 x 128 x 128 per consumer warpgroup).
+template <Schedule kSchedule>
+struct Fp8ScheduleTypes {
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+    using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
+    using Cluster = std::conditional_t<kSchedule == Schedule::kCooperativeCluster, ClusterM2, Cluster1>;
+};
+template <>
+struct Fp8ScheduleTypes<Schedule::kPingpong> {
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
+    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+    using Tile = cute::Shape<cute::_64, cute::_128, cute::_128>;
+    using Cluster = Cluster1;
+};
+// The unscaled anchor: cooperative, 128 x 256 x 128, fast accumulation.
+struct Fp8UnscaledTypes {
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
+    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+    using Tile = cute::Shape<cute::_128, cute::_256, cute::_128>;
+    using Cluster = Cluster1;
+};
+
+template <Fp8Kind kKind, Schedule kSchedule>
 struct Fp8Instance {
     static constexpr bool kScaled = kKind != Fp8Kind::kUnscaled;
+    static_assert(kScaled || kSchedule == Schedule::kCooperative, "the unscaled anchor is cooperative only");
+    using Sched = std::conditional_t<kScaled, Fp8ScheduleTypes<kSchedule>, Fp8UnscaledTypes>;
     using ElementAB = cutlass::float_e4m3_t;
     using ElementAcc = float;
     using ElementD = cutlass::bfloat16_t;
@@ -31,13 +58,9 @@ struct Fp8Instance {
     using LayoutA = cutlass::layout::RowMajor;     // K-major rows
     using LayoutB = cutlass::layout::ColumnMajor;  // K-major weights
     using LayoutD = cutlass::layout::RowMajor;
-    using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-    using Tile = std::conditional_t<kScaled,
-                                    cute::Shape<cute::_128, cute::_128, cute::_128>,
-                                    cute::Shape<cute::_128, cute::_256, cute::_128>>;
-    using KernelSchedule = std::conditional_t<kScaled,
-                                              cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
-                                              cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum>;
+    using ClusterShape = typename Sched::Cluster;
+    using Tile = typename Sched::Tile;
+    using KernelSchedule = typename Sched::Kernel;
     using ScaleConfig =
         cutlass::detail::Sm90BlockwiseScaleConfig<1,
                                                   128,
@@ -64,7 +87,7 @@ struct Fp8Instance {
         ElementD,
         LayoutD*,
         kAlignD,
-        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+        typename Sched::Epilogue,
         cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc, void, ElementAcc>>::CollectiveOp;
     using GmemA = std::conditional_t<kScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
     using GmemB = std::conditional_t<kScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
@@ -129,24 +152,25 @@ struct Fp8Instance {
     }
 };
 
-template <Fp8Kind kKind>
+template <Fp8Kind kKind, Schedule kSchedule>
 struct Fp8PrepareParams {
+    using I = Fp8Instance<kKind, kSchedule>;
     GroupOrder order;
     const uint8_t* x;
     const float* x_scales;
     const float* const* weight_scales;
     uint16_t* y;
     int n_dim, k_dim;
-    typename Fp8Instance<kKind>::StrideA sa;
-    typename Fp8Instance<kKind>::StrideB sb;
-    typename Fp8Instance<kKind>::StrideD sd;
-    typename Fp8Instance<kKind>::Tables t;
+    typename I::StrideA sa;
+    typename I::StrideB sb;
+    typename I::StrideD sd;
+    typename I::Tables t;
     int32_t* error_word;
 };
 
-template <Fp8Kind kKind>
-__global__ void __launch_bounds__(1024) fp8_prepare_kernel(Fp8PrepareParams<kKind> p) {
-    using I = Fp8Instance<kKind>;
+template <Fp8Kind kKind, Schedule kSchedule>
+__global__ void __launch_bounds__(1024) fp8_prepare_kernel(Fp8PrepareParams<kKind, kSchedule> p) {
+    using I = Fp8Instance<kKind, kSchedule>;
     if (threadIdx.x == 0) *p.error_word = 0;
     __syncthreads();
     const GroupOrder& o = p.order;
@@ -176,22 +200,22 @@ __global__ void __launch_bounds__(1024) fp8_prepare_kernel(Fp8PrepareParams<kKin
 
 }  // namespace
 
-template <Fp8Kind kKind>
+template <Fp8Kind kKind, Schedule kSchedule>
 size_t fp8_instance_workspace_bytes(int num_groups, int sm_count) {
-    using I = Fp8Instance<kKind>;
+    using I = Fp8Instance<kKind, kSchedule>;
     size_t tables = 0;
     const typename I::Tables t = I::carve(nullptr, num_groups, &tables);
     return tables + I::Gemm::get_workspace_size(I::arguments(t, num_groups, 0, sm_count));
 }
 
-template <Fp8Kind kKind>
+template <Fp8Kind kKind, Schedule kSchedule>
 void fp8_instance_launch(const Fp8LaunchArgs& a, int sm_count, cudaStream_t stream) {
-    using I = Fp8Instance<kKind>;
+    using I = Fp8Instance<kKind, kSchedule>;
     const int G = a.num_groups;
     const bool fwd = a.op == Op::kForward;
     const int k = fwd ? a.in_dim : a.out_dim, n = fwd ? a.out_dim : a.in_dim;
     const typename I::Tables t = I::carve(a.workspace, G);
-    Fp8PrepareParams<kKind> p{};
+    Fp8PrepareParams<kKind, kSchedule> p{};
     p.order = make_group_order(a.cu, a.ptrs, G, k, false, a.load_aware, a.cost);
     p.x = a.x;
     p.x_scales = a.x_scales;
@@ -205,7 +229,7 @@ void fp8_instance_launch(const Fp8LaunchArgs& a, int sm_count, cudaStream_t stre
     p.sd = cutlass::make_cute_packed_stride(typename I::StrideD{}, {1, n, 1});
     p.t = t;
     p.error_word = gemm_error_word(a.workspace, G);
-    fp8_prepare_kernel<kKind><<<1, 1024, 0, stream>>>(p);
+    fp8_prepare_kernel<kKind, kSchedule><<<1, 1024, 0, stream>>>(p);
     EVENEP_CUDA_CHECK(cudaGetLastError());
     run_gemm<typename I::Gemm>(I::arguments(t, G, current_device(), sm_count), t.cutlass_workspace, "grouped_gemm_fp8",
                                stream);
