@@ -5,7 +5,8 @@
 //   maxvio_negative, maxvio_nan, k3_R_not_divisor, k3_R_zero, points_unknown, iters_zero, warmup_negative,
 //   link_gbps_zero, ffn_hidden_not_multiple_of_8, drift_negative, redundant_below, json_is_dir, eplb_sync_unknown,
 //   eplb_sync_twice, warm_seconds_negative, redundant_twice, policy_unknown, policy_exact_with_slack (--policy exact
-//   --slack 0.1), policy_slack_without_budget, slack_over_one
+//   --slack 0.1), policy_slack_without_budget, slack_over_one, micro_batches_zero (--fp8 --micro-batches 0),
+//   micro_batches_without_fp8 (--micro-batches 2 on the maxvio grid: it applies to --fp8 or --workload)
 //   all_refused   --quick --max-seconds 1: no GPU ("no CUDA device is usable" / "needs a CUDA build") or, on a GPU
 //                 machine, every point refused by its time estimate — exit 2 either way, in seconds.
 // Cases (BenchLayerWorkloadRefuses/Flag.OneLineExitTwo/<case>), --workload W | --trace F.npy:
@@ -59,6 +60,8 @@ std::vector<Case> cases() {
         {"policy_slack_without_budget", "--policy slack", {"--policy slack", "--slack"}},
         {"slack_over_one", "--slack 2", {"--slack", "2"}},
         {"all_refused", "--quick --max-seconds 1", {"bench layer"}},
+        {"micro_batches_zero", "--fp8 --micro-batches 0", {"--micro-batches", "0"}},
+        {"micro_batches_without_fp8", "--micro-batches 2", {"--micro-batches", "--fp8"}},
     };
 }
 
