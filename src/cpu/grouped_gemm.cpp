@@ -234,4 +234,80 @@ void grouped_gemm_fp8(const GroupedGemmShape& shape,
     }
 }
 
+void quantize_cols_fp8(const GroupedGemmShape& shape,
+                       std::span<const Bf16> in,
+                       bool ue8m0,
+                       std::span<Fp8E4m3> codes,
+                       std::span<float> scales) {
+    check_shape(shape, shape.cu_seqlens.size(), "quantize_cols_fp8");
+    const int G = static_cast<int>(shape.cu_seqlens.size());
+    const int64_t dim = shape.in_dim, rows = G == 0 ? 0 : shape.cu_seqlens[G - 1];
+    check_fp8_dims(dim, kFp8Block, "quantize_cols_fp8");
+    const int64_t ld = fp8_cols_ld(rows), nsr = fp8_cols_scale_rows(rows, G);
+    EVENEP_CHECK(in.size() >= static_cast<size_t>(rows * dim) && codes.size() >= static_cast<size_t>(dim * ld) &&
+                     scales.size() >= static_cast<size_t>(nsr * dim),
+                 "quantize_cols_fp8: ", rows, " rows of ", dim, " need ", rows * dim, " values, ", dim * ld,
+                 " codes and ", nsr * dim, " scales; got ", in.size(), ", ", codes.size(), " and ", scales.size());
+    check_finite(in.data(), rows, dim, dim, "quantize_cols_fp8");
+    std::fill(codes.begin(), codes.begin() + dim * ld, Fp8E4m3{});
+    for (int g = 0; g < G; ++g) {
+        const int64_t begin = group_begin(shape, g), end = shape.cu_seqlens[g];
+        for (int64_t j = 0; begin + j * kFp8Block < end; ++j) {
+            const int64_t r0 = begin + j * kFp8Block, r1 = std::min(end, r0 + kFp8Block);
+            float* s = scales.data() + (fp8_cols_block(begin, g) + j) * dim;
+            for (int64_t c = 0; c < dim; ++c) {
+                float amax = 0.0f;
+                for (int64_t r = r0; r < r1; ++r) amax = std::max(amax, bf16_abs(in[r * dim + c]));
+                s[c] = fp8_block_scale(amax, ue8m0);
+                for (int64_t r = r0; r < r1; ++r)
+                    codes[c * ld + r] = fp8_quantize(bf16_to_float(in[r * dim + c]), s[c]);
+            }
+        }
+    }
+}
+
+void grouped_gemm_wgrad_fp8(const GroupedGemmShape& shape,
+                            std::span<const Fp8E4m3> a,
+                            std::span<const float> a_scales,
+                            std::span<const Fp8E4m3> b,
+                            std::span<const float> b_scales,
+                            std::span<float* const> grads,
+                            bool accumulate) {
+    check_shape(shape, grads.size(), "grouped_gemm_wgrad_fp8");
+    const int G = static_cast<int>(shape.cu_seqlens.size());
+    const int64_t kin = shape.in_dim, kout = shape.out_dim, rows = G == 0 ? 0 : shape.cu_seqlens[G - 1];
+    check_fp8_dims(kin, kout, "grouped_gemm_wgrad_fp8");
+    const int64_t ld = fp8_cols_ld(rows), nsr = fp8_cols_scale_rows(rows, G);
+    EVENEP_CHECK(
+        a.size() >= static_cast<size_t>(kin * ld) && b.size() >= static_cast<size_t>(kout * ld) &&
+            a_scales.size() >= static_cast<size_t>(nsr * kin) && b_scales.size() >= static_cast<size_t>(nsr * kout),
+        "grouped_gemm_wgrad_fp8: operands have ", a.size(), " / ", b.size(), " codes and ", a_scales.size(), " / ",
+        b_scales.size(), " scales, expected >= ", kin * ld, " / ", kout * ld, " and ", nsr * kin, " / ", nsr * kout);
+    std::vector<float> af, bt, part;
+    for (int g = 0; g < G; ++g) {
+        const int64_t begin = group_begin(shape, g), end = shape.cu_seqlens[g];
+        if (end == begin) continue;
+        float* grad = grads[g];
+        EVENEP_CHECK(grad != nullptr, "grouped_gemm_wgrad_fp8: group ", g, " has ", end - begin,
+                     " rows but no gradient");
+        if (!accumulate) std::fill(grad, grad + kin * kout, 0.0f);
+        for (int64_t j = 0; begin + j * kFp8Block < end; ++j) {
+            const int64_t r0 = begin + j * kFp8Block, n = std::min(end, r0 + kFp8Block) - r0;
+            af.resize(static_cast<size_t>(kin * n));
+            bt.resize(static_cast<size_t>(n * kout));
+            part.resize(static_cast<size_t>(kin * kout));
+            for (int64_t i = 0; i < kin; ++i)
+                for (int64_t r = 0; r < n; ++r) af[i * n + r] = e4m3_to_float(a[i * ld + r0 + r]);
+            for (int64_t r = 0; r < n; ++r)
+                for (int64_t o = 0; o < kout; ++o) bt[r * kout + o] = e4m3_to_float(b[o * ld + r0 + r]);
+            gemm_f32(af.data(), bt.data(), part.data(), kin, n, kout, false);  // sums over r ascending
+            const int64_t sr = fp8_cols_block(begin, g) + j;
+            const float* sa = a_scales.data() + sr * kin;
+            const float* sb = b_scales.data() + sr * kout;
+            for (int64_t i = 0; i < kin; ++i)
+                for (int64_t o = 0; o < kout; ++o) grad[i * kout + o] += part[i * kout + o] * (sa[i] * sb[o]);
+        }
+    }
+}
+
 }  // namespace evenep::cpu

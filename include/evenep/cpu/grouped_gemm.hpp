@@ -74,6 +74,32 @@ void quantize_rows_fp8(
 // fp8_quantize_weight_block. Every value must be finite (checked, as above).
 void quantize_weight_fp8(const Bf16* w, int64_t in, int64_t out, bool ue8m0, Fp8E4m3* codes, float* scales);
 
+// Wgrad operand cast (evenep/detail/fp8.hpp, "wgrad cols"): in [rows, dim] bf16 (rows = cu_seqlens[G-1], every
+// padded row of every group; dim a multiple of 128) into codes [dim][fp8_cols_ld(rows)] and scales
+// [fp8_cols_scale_rows(rows, G)][dim]: for each group, channel c and block j of its rows (128 from its first row,
+// the last one shorter), s = fp8_block_scale(amax over the block's rows of |in[r, c]|) and codes[c][r] =
+// fp8_quantize(in[r, c], s). Code columns past `rows` are written 0; scale rows of no block are not written.
+// shape.in_dim is dim (out_dim unused). Every value must be finite (checked, as above).
+void quantize_cols_fp8(const GroupedGemmShape& shape,
+                       std::span<const Bf16> in,
+                       bool ue8m0,
+                       std::span<Fp8E4m3> codes,
+                       std::span<float> scales);
+
+// The FP8 wgrad reference: dW_g[i, o] (fp32 [in_dim, out_dim], grads[g]) += sum over the group's padded rows r of
+// x[r, i] dy[r, o], from the wgrad cols casts of x (a, a_scales: quantize_cols_fp8 with dim in_dim) and dy (b,
+// b_scales: dim out_dim). Order (the contract the GPU matches within the tolerance of docs/fp8.md): acc starts at
+// dW_g[i, o] (`accumulate`) or +0; for each block j of the group ascending: p = 0.0f; p += float(a[i][r]) *
+// float(b[o][r]) for r over the block ascending (exact products, each sum rounded); acc += p * (sa[j][i] *
+// sb[j][o]). Groups without rows are skipped (their gradient may be null).
+void grouped_gemm_wgrad_fp8(const GroupedGemmShape& shape,
+                            std::span<const Fp8E4m3> a,
+                            std::span<const float> a_scales,
+                            std::span<const Fp8E4m3> b,
+                            std::span<const float> b_scales,
+                            std::span<float* const> grads,
+                            bool accumulate);
+
 // Dense helpers on fp32 (the building blocks; exposed for the dense reference and tests):
 // c[m, n] = (accumulate ? c : 0) + a[m, k] · b[k, n]; each c element sums over k ascending.
 void gemm_f32(const float* a, const float* b, float* c, int64_t m, int64_t k, int64_t n, bool accumulate);

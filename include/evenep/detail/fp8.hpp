@@ -14,6 +14,9 @@
 // Block scaling (DeepSeek-V3 / DeepGEMM style), one scale per block of kFp8Block values:
 //   activations  one scale per 1 x 128 block of a row ([rows, H] -> scales [rows, H/128]);
 //   weights      one scale per 128 x 128 block of an [in, out] matrix (scales [in/128, out/128], row-major).
+//   wgrad cols   the operands of an FP8 wgrad (dW_g = x_g^T dy_g, the rows are its inner dimension): each group's
+//                rows transposed and quantised along the rows, one scale per channel and block of 128 rows counted
+//                from the group's first row (a group's last block may be shorter); layout at fp8_cols_ld.
 //   scale        s = amax / 448 in fp32 (correctly rounded division), floored at kFp8MinScale = 2^-126 (the
 //                smallest normal float: an all-zero block (amax = 0) gets s = 2^-126 and all codes +-0; no scale
 //                is ever subnormal, so a flush-to-zero build cannot disagree); with `ue8m0` the scale is then
@@ -125,6 +128,16 @@ EVENEP_HOST_DEVICE inline float bf16_abs(Bf16 x) {
 
 // True when x is neither NaN nor infinite.
 EVENEP_HOST_DEVICE inline bool bf16_is_finite(Bf16 x) { return (x.bits & 0x7F80u) != 0x7F80u; }
+
+// Wgrad operands (the "wgrad cols" rule above) of `rows` rows (the groups' padded rows, cu_seqlens[G-1]) and G
+// groups: codes [dim][fp8_cols_ld(rows)] (row r of the buffer at column r; columns past `rows` are 0, so that every
+// row start is 16-byte aligned for TMA when the group's first row is a multiple of 16), scales
+// [fp8_cols_scale_rows(rows, G)][dim] (channel-contiguous: block j of group g, which begins at row `begin`, is scale
+// row fp8_cols_block(begin, g) + j; rows of no block are unused). begin / 128 + g never lets two groups' blocks meet:
+// a group of n rows has ceil(n / 128) <= (begin + n) / 128 - begin / 128 + 1 blocks.
+EVENEP_HOST_DEVICE inline int64_t fp8_cols_ld(int64_t rows) { return (rows + 15) / 16 * 16; }
+EVENEP_HOST_DEVICE inline int64_t fp8_cols_block(int64_t begin, int g) { return begin / kFp8Block + g; }
+EVENEP_HOST_DEVICE inline int64_t fp8_cols_scale_rows(int64_t rows, int G) { return rows / kFp8Block + G + 1; }
 
 // Activations: quantises one 1 x 128 block x[0..128) into q[0..128) and returns its scale. x must be finite.
 // The amax is a max (order-free), so any parallel reduction gives the same scale.
