@@ -235,6 +235,7 @@ void grouped_gemm_fp8(const GroupedGemmShape& shape,
 }
 
 void quantize_cols_fp8(const GroupedGemmShape& shape,
+                       int64_t capacity,
                        std::span<const Bf16> in,
                        bool ue8m0,
                        std::span<Fp8E4m3> codes,
@@ -243,7 +244,8 @@ void quantize_cols_fp8(const GroupedGemmShape& shape,
     const int G = static_cast<int>(shape.cu_seqlens.size());
     const int64_t dim = shape.in_dim, rows = G == 0 ? 0 : shape.cu_seqlens[G - 1];
     check_fp8_dims(dim, kFp8Block, "quantize_cols_fp8");
-    const int64_t ld = fp8_cols_ld(rows), nsr = fp8_cols_scale_rows(rows, G);
+    EVENEP_CHECK(capacity >= rows, "quantize_cols_fp8: capacity ", capacity, " < the groups' ", rows, " rows");
+    const int64_t ld = fp8_cols_ld(capacity), nsr = fp8_cols_scale_rows(capacity, G);
     EVENEP_CHECK(in.size() >= static_cast<size_t>(rows * dim) && codes.size() >= static_cast<size_t>(dim * ld) &&
                      scales.size() >= static_cast<size_t>(nsr * dim),
                  "quantize_cols_fp8: ", rows, " rows of ", dim, " need ", rows * dim, " values, ", dim * ld,
@@ -267,6 +269,7 @@ void quantize_cols_fp8(const GroupedGemmShape& shape,
 }
 
 void grouped_gemm_wgrad_fp8(const GroupedGemmShape& shape,
+                            int64_t capacity,
                             std::span<const Fp8E4m3> a,
                             std::span<const float> a_scales,
                             std::span<const Fp8E4m3> b,
@@ -277,7 +280,8 @@ void grouped_gemm_wgrad_fp8(const GroupedGemmShape& shape,
     const int G = static_cast<int>(shape.cu_seqlens.size());
     const int64_t kin = shape.in_dim, kout = shape.out_dim, rows = G == 0 ? 0 : shape.cu_seqlens[G - 1];
     check_fp8_dims(kin, kout, "grouped_gemm_wgrad_fp8");
-    const int64_t ld = fp8_cols_ld(rows), nsr = fp8_cols_scale_rows(rows, G);
+    EVENEP_CHECK(capacity >= rows, "grouped_gemm_wgrad_fp8: capacity ", capacity, " < the groups' ", rows, " rows");
+    const int64_t ld = fp8_cols_ld(capacity), nsr = fp8_cols_scale_rows(capacity, G);
     EVENEP_CHECK(
         a.size() >= static_cast<size_t>(kin * ld) && b.size() >= static_cast<size_t>(kout * ld) &&
             a_scales.size() >= static_cast<size_t>(nsr * kin) && b_scales.size() >= static_cast<size_t>(nsr * kout),

@@ -8,7 +8,8 @@
 //   CpuFp8Wgrad.ColsCastMatchesBlockRule   every code and scale equals fp8_block_scale / fp8_quantize of its
 //                                          channel's 128-row block counted from the group's first row, scales at row
 //                                          fp8_cols_block(begin, g) + j (no two groups share a scale row), code
-//                                          columns past `rows` are 0; UE8M0 scales are powers of two.
+//                                          columns past the groups' rows (capacity 850 > 830 rows) are 0; UE8M0
+//                                          scales are powers of two.
 //   CpuFp8Wgrad.ColsCastRefusesNonFinite   a NaN in the input: evenep::Error naming the row and column.
 //   CpuFp8Wgrad.GemmFollowsDocumentedOrder one element per group recomputed by the documented order (block partials
 //                                          over the rows ascending, scaled by sa * sb, summed over the blocks) equals
@@ -36,6 +37,7 @@ namespace evenep {
 namespace {
 
 const std::vector<int32_t> kRows = {0, 1, 129, 0, 300, 16, 384};
+constexpr int64_t kCapacity = 850;  // the buffer's rows: 20 more than the groups'
 
 struct Groups {
     std::vector<int32_t> cu, count;
@@ -66,9 +68,9 @@ struct Cast {
 Cast cast_cols(const Groups& g, const std::vector<Bf16>& in, int dim, bool ue8m0) {
     const cpu::GroupedGemmShape shape{g.cu, g.count, dim, dim};
     Cast c;
-    c.codes.assign(static_cast<size_t>(dim * fp8_cols_ld(g.rows)), Fp8E4m3{0x55});  // poison: must be overwritten
-    c.scales.assign(static_cast<size_t>(fp8_cols_scale_rows(g.rows, static_cast<int>(g.cu.size())) * dim), -1.0f);
-    cpu::quantize_cols_fp8(shape, in, ue8m0, c.codes, c.scales);
+    c.codes.assign(static_cast<size_t>(dim * fp8_cols_ld(kCapacity)), Fp8E4m3{0x55});  // poison: overwritten
+    c.scales.assign(static_cast<size_t>(fp8_cols_scale_rows(kCapacity, static_cast<int>(g.cu.size())) * dim), -1.0f);
+    cpu::quantize_cols_fp8(shape, kCapacity, in, ue8m0, c.codes, c.scales);
     return c;
 }
 
@@ -76,7 +78,7 @@ TEST(CpuFp8Wgrad, ColsCastMatchesBlockRule) {
     const Groups g = make_groups();
     const int dim = 256, G = static_cast<int>(g.cu.size());
     const std::vector<Bf16> in = random_rows(g.rows, dim, 3);
-    const int64_t ld = fp8_cols_ld(g.rows);
+    const int64_t ld = fp8_cols_ld(kCapacity);
     for (bool ue8m0 : {false, true}) {
         SCOPED_TRACE(ue8m0 ? "ue8m0" : "fp32 scales");
         const Cast c = cast_cols(g, in, dim, ue8m0);
@@ -144,7 +146,7 @@ struct WgradRun {
     }
     void run(bool accumulate) {
         const cpu::GroupedGemmShape shape{g.cu, g.count, in, out};
-        cpu::grouped_gemm_wgrad_fp8(shape, cx.codes, cx.scales, cdy.codes, cdy.scales, ptrs, accumulate);
+        cpu::grouped_gemm_wgrad_fp8(shape, kCapacity, cx.codes, cx.scales, cdy.codes, cdy.scales, ptrs, accumulate);
     }
 };
 
@@ -153,7 +155,7 @@ TEST(CpuFp8Wgrad, GemmFollowsDocumentedOrder) {
         SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
         WgradRun w(true);
         w.run(accumulate);
-        const int64_t ld = fp8_cols_ld(w.g.rows);
+        const int64_t ld = fp8_cols_ld(kCapacity);
         for (size_t gi = 0; gi < w.g.cu.size(); ++gi) {
             if (kRows[gi] == 0) continue;
             const int64_t begin = gi == 0 ? 0 : w.g.cu[gi - 1], end = w.g.cu[gi];

@@ -75,12 +75,14 @@ void quantize_rows_fp8(
 void quantize_weight_fp8(const Bf16* w, int64_t in, int64_t out, bool ue8m0, Fp8E4m3* codes, float* scales);
 
 // Wgrad operand cast (evenep/detail/fp8.hpp, "wgrad cols"): in [rows, dim] bf16 (rows = cu_seqlens[G-1], every
-// padded row of every group; dim a multiple of 128) into codes [dim][fp8_cols_ld(rows)] and scales
-// [fp8_cols_scale_rows(rows, G)][dim]: for each group, channel c and block j of its rows (128 from its first row,
-// the last one shorter), s = fp8_block_scale(amax over the block's rows of |in[r, c]|) and codes[c][r] =
+// padded row of every group; dim a multiple of 128) into codes [dim][fp8_cols_ld(capacity)] and scales
+// [fp8_cols_scale_rows(capacity, G)][dim], capacity >= rows (the receive buffer's rows: the layout depends on the
+// buffer, not on the step's routing): for each group, channel c and block j of its rows (128 from its first row, the
+// last one shorter), s = fp8_block_scale(amax over the block's rows of |in[r, c]|) and codes[c][r] =
 // fp8_quantize(in[r, c], s). Code columns past `rows` are written 0; scale rows of no block are not written.
 // shape.in_dim is dim (out_dim unused). Every value must be finite (checked, as above).
 void quantize_cols_fp8(const GroupedGemmShape& shape,
+                       int64_t capacity,
                        std::span<const Bf16> in,
                        bool ue8m0,
                        std::span<Fp8E4m3> codes,
@@ -88,11 +90,12 @@ void quantize_cols_fp8(const GroupedGemmShape& shape,
 
 // The FP8 wgrad reference: dW_g[i, o] (fp32 [in_dim, out_dim], grads[g]) += sum over the group's padded rows r of
 // x[r, i] dy[r, o], from the wgrad cols casts of x (a, a_scales: quantize_cols_fp8 with dim in_dim) and dy (b,
-// b_scales: dim out_dim). Order (the contract the GPU matches within the tolerance of docs/fp8.md): acc starts at
-// dW_g[i, o] (`accumulate`) or +0; for each block j of the group ascending: p = 0.0f; p += float(a[i][r]) *
-// float(b[o][r]) for r over the block ascending (exact products, each sum rounded); acc += p * (sa[j][i] *
-// sb[j][o]). Groups without rows are skipped (their gradient may be null).
+// b_scales: dim out_dim), both of the same capacity. Order (the contract the GPU matches within the tolerance of
+// docs/fp8.md): acc starts at dW_g[i, o] (`accumulate`) or +0; for each block j of the group ascending: p = 0.0f; p +=
+// float(a[i][r]) * float(b[o][r]) for r over the block ascending (exact products, each sum rounded); acc += p *
+// (sa[j][i] * sb[j][o]). Groups without rows are skipped (their gradient may be null).
 void grouped_gemm_wgrad_fp8(const GroupedGemmShape& shape,
+                            int64_t capacity,
                             std::span<const Fp8E4m3> a,
                             std::span<const float> a_scales,
                             std::span<const Fp8E4m3> b,

@@ -129,12 +129,12 @@ EVENEP_HOST_DEVICE inline float bf16_abs(Bf16 x) {
 // True when x is neither NaN nor infinite.
 EVENEP_HOST_DEVICE inline bool bf16_is_finite(Bf16 x) { return (x.bits & 0x7F80u) != 0x7F80u; }
 
-// Wgrad operands (the "wgrad cols" rule above) of `rows` rows (the groups' padded rows, cu_seqlens[G-1]) and G
-// groups: codes [dim][fp8_cols_ld(rows)] (row r of the buffer at column r; columns past `rows` are 0, so that every
-// row start is 16-byte aligned for TMA when the group's first row is a multiple of 16), scales
-// [fp8_cols_scale_rows(rows, G)][dim] (channel-contiguous: block j of group g, which begins at row `begin`, is scale
-// row fp8_cols_block(begin, g) + j; rows of no block are unused). begin / 128 + g never lets two groups' blocks meet:
-// a group of n rows has ceil(n / 128) <= (begin + n) / 128 - begin / 128 + 1 blocks.
+// Wgrad operands (the "wgrad cols" rule above) of a buffer of `capacity` rows (>= the groups' padded rows,
+// cu_seqlens[G-1]) and G groups: codes [dim][fp8_cols_ld(capacity)] (row r of the buffer at column r; columns past
+// the groups' rows are 0; the leading dimension is a multiple of 16 bytes, as TMA needs), scales
+// [fp8_cols_scale_rows(capacity, G)][dim] (channel-contiguous: block j of group g, which begins at row `begin`, is
+// scale row fp8_cols_block(begin, g) + j; rows of no block are unused). begin / 128 + g never lets two groups' blocks
+// meet: a group of n rows has ceil(n / 128) <= (begin + n) / 128 - begin / 128 + 1 blocks.
 EVENEP_HOST_DEVICE inline int64_t fp8_cols_ld(int64_t rows) { return (rows + 15) / 16 * 16; }
 EVENEP_HOST_DEVICE inline int64_t fp8_cols_block(int64_t begin, int g) { return begin / kFp8Block + g; }
 EVENEP_HOST_DEVICE inline int64_t fp8_cols_scale_rows(int64_t rows, int G) { return rows / kFp8Block + G + 1; }
