@@ -14,6 +14,9 @@
 //   Fp8CastTest.RowsManyBitwise/<scales>  600 rows x 16384 (76800 blocks: more than one grid-stride round of the
 //                                       row cast) and 33 x 640 (a step past the last block): codes and scales equal the
 //                                       CPU's.
+//   Fp8CastTest.ColsBitwise/<scales>   launch_fp8_cast_cols (the wgrad operands) on 7 groups with starts off 16 rows
+//                                       (byte stores) and 5 with starts on them, capacity past the rows: codes and
+//                                       scales equal cpu::quantize_cols_fp8's, the code columns past the rows 0.
 //   Fp8CastHardware.EveryFloat           device::e4m3x2 (cvt.rn.satfinite.e4m3x2.f32, the casts' rounding) equals
 //                                       float_to_e4m3 (the CPU's) on all 2^32 float bit patterns (NaN: a NaN code).
 //   Fp8Transpose.GroupsWithRows          launch_fp8_transpose_groups on 4 groups of 256 x 384 codes (rows, no rows, a
@@ -167,6 +170,63 @@ TEST_P(Fp8CastTest, RowsManyBitwise) {
         x[static_cast<size_t>(rows - 1) * dim + dim - 1] = float_to_bf16(-900.0f);  // outlier in the last block
         expect_rows_cast_like_cpu(x, rows, dim, ue8m0);
     }
+}
+
+// launch_fp8_cast_cols against cpu::quantize_cols_fp8: every code byte (both buffers start poisoned 0x55) and every
+// scale (both start -1: the rows of no block stay so), bit for bit; the flag stays 0.
+void expect_cols_cast_like_cpu(const std::vector<int32_t>& group_rows, int64_t capacity, int dim, bool ue8m0) {
+    std::vector<int32_t> cu, count;
+    int64_t rows = 0;
+    for (int32_t r : group_rows) {
+        rows += r;
+        cu.push_back(static_cast<int32_t>(rows));
+        count.push_back(r);
+    }
+    const int G = static_cast<int>(cu.size());
+    std::vector<Bf16> x = random_values(static_cast<size_t>(capacity) * dim, 303, 2.0f);
+    for (int64_t r = 0; r < rows; r += 61) x[static_cast<size_t>(r * dim + 3)] = float_to_bf16(-900.0f);  // outliers
+    for (int64_t r = 0; r < std::min<int64_t>(rows, 40); ++r) x[static_cast<size_t>(r * dim + 70)] = Bf16{0x8000};
+    for (int64_t r = 0; r < rows; ++r)  // a channel of tiny values
+        x[static_cast<size_t>(r * dim + 200)] = float_to_bf16(std::ldexp(static_cast<float>(r % 17) - 8.0f, -120));
+    const size_t ncodes = static_cast<size_t>(dim * fp8_cols_ld(capacity));
+    const size_t nscales = static_cast<size_t>(fp8_cols_scale_rows(capacity, G) * dim);
+    std::vector<Fp8E4m3> want(ncodes, Fp8E4m3{0x55});
+    std::vector<float> want_s(nscales, -1.0f);
+    cpu::quantize_cols_fp8(cpu::GroupedGemmShape{cu, count, dim, dim}, capacity, x, ue8m0, want, want_s);
+    DeviceArray<Bf16> d_x(x.size());
+    DeviceArray<int32_t> d_cu(cu.size());
+    DeviceArray<Fp8E4m3> d_q(ncodes);
+    DeviceArray<float> d_s(nscales);
+    DeviceArray<uint32_t> d_flag(1);
+    d_x.upload(x.data(), x.size());
+    d_cu.upload(cu);
+    d_q.upload(std::vector<Fp8E4m3>(ncodes, Fp8E4m3{0x55}));
+    d_s.upload(std::vector<float>(nscales, -1.0f));
+    EVENEP_CUDA_CHECK(cudaMemset(d_flag.get(), 0, 4));
+    cuda::Fp8ColsCast c;
+    c.in = d_x.get(), c.cu_seqlens = d_cu.get(), c.num_groups = G, c.capacity = capacity, c.dim = dim;
+    c.ue8m0 = ue8m0, c.codes = d_q.get(), c.scales = d_s.get(), c.nonfinite = d_flag.get();
+    cuda::launch_fp8_cast_cols(c, nullptr);
+    EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> got = bytes_of(d_q.download(ncodes)), exp = bytes_of(want);
+    const int64_t ld = fp8_cols_ld(capacity);
+    int bad = 0;
+    for (size_t i = 0; i < ncodes && bad < 5; ++i)
+        if (got[i] != exp[i])
+            ADD_FAILURE() << "code [" << i / ld << "][" << i % ld << "]: got " << int(got[i]) << " want " << int(exp[i])
+                          << (++bad, "");
+    const auto got_s = d_s.download(nscales);
+    for (size_t i = 0; i < nscales; ++i)
+        ASSERT_EQ(float_as_bits(got_s[i]), float_as_bits(want_s[i])) << "scale [" << i / dim << "][" << i % dim << "]";
+    EXPECT_EQ(d_flag.download(1)[0], 0u);
+}
+
+TEST_P(Fp8CastTest, ColsBitwise) {
+    EVENEP_SKIP_WITHOUT_DEVICE();
+    // Group starts not multiples of 16 (byte stores), an empty first and middle group, partial blocks; then starts
+    // that are multiples of 16 (16-byte stores), capacity past the groups' rows.
+    expect_cols_cast_like_cpu({0, 1, 129, 0, 300, 16, 384}, 850, 256, GetParam());
+    expect_cols_cast_like_cpu({128, 0, 256, 64, 200}, 700, 384, GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(Scales, Fp8CastTest, ::testing::Bool(), [](const ::testing::TestParamInfo<bool>& info) {

@@ -61,4 +61,23 @@ struct Fp8WeightCast {
 };
 void launch_fp8_cast_weights(const Fp8WeightCast& cast, cudaStream_t stream);
 
+// Wgrad operands (evenep/detail/fp8.hpp "wgrad cols"; cpu::quantize_cols_fp8 bit for bit): the rows of `in`
+// ([capacity, dim] bf16, dim a positive multiple of 128), grouped by cu_seqlens ([G] device, inclusive padded ends,
+// cu_seqlens[G-1] <= capacity), transposed and quantised per channel in 128-row blocks from each group's first row ->
+// codes [dim][fp8_cols_ld(capacity)] (columns past cu_seqlens[G-1] written 0) and scales
+// [fp8_cols_scale_rows(capacity, G)][dim] (rows of no block not written). The layout depends on capacity and G only:
+// nothing is read on the host. Group starts that are multiples of 16 rows get 16-byte stores, others byte stores.
+struct Fp8ColsCast {
+    const Bf16* in = nullptr;  // 16-byte aligned
+    const int32_t* cu_seqlens = nullptr;
+    int num_groups = 0;
+    int64_t capacity = 0;
+    int dim = 0;
+    bool ue8m0 = false;
+    Fp8E4m3* codes = nullptr;  // 16-byte aligned
+    float* scales = nullptr;
+    uint32_t* nonfinite = nullptr;
+};
+void launch_fp8_cast_cols(const Fp8ColsCast& cast, cudaStream_t stream);
+
 }  // namespace evenep::cuda

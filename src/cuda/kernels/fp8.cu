@@ -1,7 +1,8 @@
 // FP8 cast kernels (launchers declared in evenep/cuda/fp8_cast.hpp). Rows: warps in grid-strided steps, a half warp
 // per 1 x 128 block (device/fp8_vec.cuh). Weights: one thread block per 128 x 128 block, amax by warp shuffles then
-// shared memory. Every element is quantised bit for bit as the shared host/device functions of evenep/detail/fp8.hpp
-// do it — the CPU oracle's bytes.
+// shared memory. Wgrad cols: a thread block per (128-row block of a group, 64 channels), through shared memory. Every
+// element is quantised bit for bit as the shared host/device functions of evenep/detail/fp8.hpp do it — the CPU
+// oracle's bytes.
 #include <cuda_runtime.h>
 
 #include "cuda/device/fp8_vec.cuh"
@@ -122,7 +123,127 @@ __global__ void __launch_bounds__(kWeightThreads) fp8_cast_weights_kernel(Fp8Wei
     }
 }
 
+// launch_fp8_cast_cols: a job is one 128-row block of one group and kColsChannels channels (scale row sr, channel
+// tile); jobs are grid-strided over (fp8_cols_scale_rows, dim / kColsChannels), a scale row of no block is skipped.
+// The rows go through shared memory: loaded as 16-byte vectors along the channels, reduced per channel (4 threads
+// of 32 rows each), written along the rows (16 codes a thread, a warp writing 4 channels' 128 bytes each).
+constexpr int kColsThreads = 256;
+constexpr int kColsChannels = 64;
+constexpr int kColsPitch = kColsChannels + 8;  // bf16 per shared row (16 bytes of padding)
+
+// The group whose blocks hold scale row sr (the largest g with fp8_cols_block(begin_g, g) <= sr: those starts grow
+// strictly with g), or -1.
+__device__ int cols_group_of(const int32_t* cu, int G, int64_t sr) {
+    int lo = 0, hi = G - 1, g = -1;
+    while (lo <= hi) {
+        const int mid = (lo + hi) / 2;
+        if (fp8_cols_block(mid == 0 ? 0 : cu[mid - 1], mid) <= sr) {
+            g = mid;
+            lo = mid + 1;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    return g;
+}
+
+__global__ void __launch_bounds__(kColsThreads) fp8_cast_cols_kernel(Fp8ColsCast p) {
+    __shared__ __align__(16) uint16_t tile[kFp8Block][kColsPitch];
+    __shared__ float part[kColsThreads / kColsChannels][kColsChannels];
+    __shared__ float scale[kColsChannels];
+    const int t = static_cast<int>(threadIdx.x);
+    const int G = p.num_groups, dim = p.dim, ctiles = dim / kColsChannels;
+    const int64_t ld = fp8_cols_ld(p.capacity), jobs = fp8_cols_scale_rows(p.capacity, G) * ctiles;
+    const auto* in = reinterpret_cast<const uint16_t*>(p.in);
+    auto* codes = reinterpret_cast<uint8_t*>(p.codes);
+    bool finite = true;
+    for (int64_t job = blockIdx.x; job < jobs; job += gridDim.x) {
+        const int64_t sr = job / ctiles;
+        const int c0 = static_cast<int>(job % ctiles) * kColsChannels;
+        const int g = cols_group_of(p.cu_seqlens, G, sr);
+        if (g < 0) continue;  // block-uniform
+        const int64_t begin = g == 0 ? 0 : p.cu_seqlens[g - 1], end = p.cu_seqlens[g];
+        const int64_t r0 = begin + (sr - fp8_cols_block(begin, g)) * kFp8Block;
+        if (r0 >= end) continue;
+        const int n = end - r0 < kFp8Block ? static_cast<int>(end - r0) : kFp8Block;
+        // Load: vector v = t + kColsThreads i is (row v / 8, channels 8 (v % 8) ...); rows past n are zeros.
+#pragma unroll
+        for (int i = 0; i < kFp8Block * kColsChannels / device::kBf16PerVec / kColsThreads; ++i) {
+            const int v = t + i * kColsThreads, row = v / (kColsChannels / device::kBf16PerVec),
+                      cv = device::kBf16PerVec * (v % (kColsChannels / device::kBf16PerVec));
+            uint4 x = make_uint4(0, 0, 0, 0);
+            if (row < n) {
+                x = __ldg(reinterpret_cast<const uint4*>(in + (r0 + row) * dim + c0 + cv));
+                finite = finite && device::first_nonfinite_bf16x8(x) < 0;
+            }
+            *reinterpret_cast<uint4*>(&tile[row][cv]) = x;
+        }
+        __syncthreads();
+        {  // amax per channel: thread t reduces 32 rows of channel t % 64
+            const int ch = t % kColsChannels, q = t / kColsChannels;
+            float a = 0.0f;
+            for (int r = q * (kFp8Block / 4); r < (q + 1) * (kFp8Block / 4); ++r) {
+                const float v = bf16_abs(Bf16{tile[r][ch]});
+                a = v > a ? v : a;
+            }
+            part[q][ch] = a;
+        }
+        __syncthreads();
+        if (t < kColsChannels) {
+            float a = part[0][t];
+            for (int q = 1; q < kColsThreads / kColsChannels; ++q) a = part[q][t] > a ? part[q][t] : a;
+            const float s = fp8_block_scale(a, p.ue8m0);
+            scale[t] = s;
+            p.scales[sr * dim + c0 + t] = s;
+        }
+        __syncthreads();
+        // Store: chunk u = t + kColsThreads i is channel u / 8, rows 16 (u % 8) .. + 15.
+#pragma unroll
+        for (int i = 0; i < kColsChannels * (kFp8Block / 16) / kColsThreads; ++i) {
+            const int u = t + i * kColsThreads, ch = u / (kFp8Block / 16), k = 16 * (u % (kFp8Block / 16));
+            if (k >= n) continue;
+            const float s = scale[ch];
+            uint32_t w[4];
+#pragma unroll
+            for (int m = 0; m < 16; m += 2)
+                reinterpret_cast<uint16_t*>(w)[m / 2] =
+                    static_cast<uint16_t>(device::e4m3x2(__fdiv_rn(bf16_to_float(Bf16{tile[k + m][ch]}), s),
+                                                         __fdiv_rn(bf16_to_float(Bf16{tile[k + m + 1][ch]}), s)));
+            uint8_t* dst = codes + static_cast<int64_t>(c0 + ch) * ld + r0 + k;
+            if (k + 16 <= n && (reinterpret_cast<uintptr_t>(dst) & 15u) == 0) {
+                *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+            } else {
+                const auto* b = reinterpret_cast<const uint8_t*>(w);
+                for (int m = 0; m < 16 && k + m < n; ++m) dst[m] = b[m];
+            }
+        }
+        __syncthreads();  // the tile and the scales are rewritten by the next job
+    }
+    if (!finite && p.nonfinite != nullptr) atomicExch(p.nonfinite, 1u);
+    // The code columns past the groups' rows: 0.
+    const int64_t rows = G == 0 ? 0 : p.cu_seqlens[G - 1], tail = ld - rows;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kColsThreads + t; i < tail * dim;
+         i += static_cast<int64_t>(gridDim.x) * kColsThreads)
+        codes[(i / tail) * ld + rows + i % tail] = 0;
+}
+
 }  // namespace
+
+void launch_fp8_cast_cols(const Fp8ColsCast& c, cudaStream_t stream) {
+    EVENEP_CHECK(c.dim >= kFp8Block && c.dim % kFp8Block == 0, "fp8 cols cast: dim = ", c.dim,
+                 " must be a positive multiple of ", kFp8Block);
+    EVENEP_CHECK(c.num_groups >= 1, "fp8 cols cast: num_groups = ", c.num_groups, " must be >= 1");
+    EVENEP_CHECK(c.capacity >= 0, "fp8 cols cast: capacity = ", c.capacity, " must be >= 0");
+    EVENEP_CHECK(c.in != nullptr && c.cu_seqlens != nullptr && c.codes != nullptr && c.scales != nullptr,
+                 "fp8 cols cast: null buffer");
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(c.in) % 16 == 0 && reinterpret_cast<uintptr_t>(c.codes) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(c.scales) % 4 == 0,
+                 "fp8 cols cast: in and codes must be 16-byte aligned, scales 4-byte aligned");
+    const int64_t jobs = fp8_cols_scale_rows(c.capacity, c.num_groups) * (c.dim / kColsChannels);
+    const std::pair<int, int> occ = co_resident_capacity(fp8_cast_cols_kernel, kColsThreads, 0);
+    const int grid = static_cast<int>(std::min<int64_t>(jobs, static_cast<int64_t>(occ.first) * occ.second));
+    launch_clustered(fp8_cast_cols_kernel, grid, 1, kColsThreads, 0, stream, false, c);
+}
 
 void launch_fp8_cast_rows(const Bf16* in,
                           int64_t rows,
