@@ -17,6 +17,7 @@
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
 #include "evenep/detail/bf16.hpp"
+#include "evenep/detail/fp8.hpp"
 #include "evenep/error.hpp"
 #include "evenep/plan.hpp"
 #include "evenep/routing.hpp"
@@ -228,8 +229,9 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     DeviceArray<uint16_t> dyw(xy_elems);  // dY of wgrad (its own buffer: the forward runs overwrite y and y2)
     cuda::fill_random_bf16(dyw.get(), xy_elems, o.seed + 2, 1.f / 32, nullptr);
     // wgrad: fp32 gradients [G][in * out] (accumulated over all runs; values stay finite).
-    const bool with_wgrad =
-        std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("wgrad", 0) == 0; });
+    const bool with_wgrad = std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) {
+        return op.rfind("wgrad", 0) == 0 || op == "fp8_wgrad";
+    });
     DeviceArray<float> grads(with_wgrad ? welems * G : 1);
     DeviceArray<float*> dgtable(G);
     if (with_wgrad) {
@@ -288,6 +290,23 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     DeviceArray<float> x8_scales(fp8_x / 128 + 1), w8_scales(fp8_w / (128 * 128) + 1);
     DeviceArray<const uint8_t*> d8table(G);
     DeviceArray<const float*> d8scales(G);
+    // fp8_wgrad (a tuning candidate): the wgrad cols casts of x and dy ([dim][ld] random codes, every scale 2^-4).
+    const bool with_fp8_wgrad = std::find(o.ops.begin(), o.ops.end(), "fp8_wgrad") != o.ops.end();
+    EVENEP_CHECK_KIND(ErrorKind::kRuntime,
+                      !with_fp8_wgrad || cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster),
+                      "bench gemm: fp8_wgrad needs the CUTLASS tuning candidates (EVENEP_CUTLASS_CANDIDATES)");
+    const int64_t cols_ld = fp8_cols_ld(max_rows), cols_sr = fp8_cols_scale_rows(max_rows, G);
+    const size_t cols_n = with_fp8_wgrad ? static_cast<size_t>(wide) * cols_ld : 1;
+    const size_t cols_s = with_fp8_wgrad ? static_cast<size_t>(wide) * cols_sr : 1;
+    DeviceArray<uint8_t> xc8(cols_n), dyc8(cols_n);
+    DeviceArray<float> xc8_scales(cols_s), dyc8_scales(cols_s);
+    if (with_fp8_wgrad) {
+        cuda::fill_random_e4m3(xc8.get(), cols_n, o.seed + 5, 448.f, nullptr);
+        cuda::fill_random_e4m3(dyc8.get(), cols_n, o.seed + 6, 448.f, nullptr);
+        const std::vector<float> sc(cols_s, 1.f / 16);
+        EVENEP_CUDA_CHECK(cudaMemcpy(xc8_scales.get(), sc.data(), sizeof(float) * cols_s, cudaMemcpyHostToDevice));
+        EVENEP_CUDA_CHECK(cudaMemcpy(dyc8_scales.get(), sc.data(), sizeof(float) * cols_s, cudaMemcpyHostToDevice));
+    }
     if (with_fp8) {
         cuda::fill_random_e4m3(x8.get(), fp8_x, o.seed + 3, 448.f, nullptr);
         cuda::fill_random_e4m3(w8.get(), fp8_w, o.seed + 4, 448.f, nullptr);
@@ -318,7 +337,10 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                 const bool fp8 = op_name.rfind("fp8_", 0) == 0;
                 const cuda::GemmOp op =
                     op_name == "dgrad" || op_name == "fp8_dgrad" ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
-                const std::vector<Variant>& op_variants = fp8 ? fp8_variants : variants;
+                const bool fp8_wgrad = op_name == "fp8_wgrad";
+                const std::vector<Variant> wgrad8_variants = {
+                    {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
+                const std::vector<Variant>& op_variants = fp8_wgrad ? wgrad8_variants : fp8 ? fp8_variants : variants;
                 const int kdim = op == cuda::GemmOp::kForward ? p.in : p.out;
                 const int ndim = op == cuda::GemmOp::kForward ? p.out : p.in;
                 // Every variant's arguments and its --check first (in variant order), then the variants timed
@@ -327,6 +349,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     cuda::GroupedGemmArgs a;
                     cuda::GroupedWgradArgs wa;
                     cuda::GroupedGemmFp8Args fa;
+                    cuda::GroupedWgradFp8Args fwa;
                     bool into_y2 = false;
                     double wgrad_err = -1;
                     double check_err = -1;  // forward/dgrad --check
@@ -359,6 +382,10 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     c.fa.num_groups = G, c.fa.in_dim = p.in, c.fa.out_dim = p.out, c.fa.op = op, c.fa.schedule = sch;
                     c.fa.block_scaled = var.name.find("unscaled") == std::string::npos;
                     c.fa.kernel = var.kernel;
+                    c.fwa.x_cols = xc8.get(), c.fwa.x_col_scales = xc8_scales.get(), c.fwa.dy_cols = dyc8.get();
+                    c.fwa.dy_col_scales = dyc8_scales.get(), c.fwa.cu_seqlens = dcu.get(), c.fwa.grads = dgtable.get();
+                    c.fwa.num_groups = G, c.fwa.in_dim = p.in, c.fwa.out_dim = p.out, c.fwa.capacity = max_rows;
+                    c.fwa.schedule = sch, c.fwa.workspace = ws.get();
                     c.fa.workspace = ws.get();
                     if (wgrad && o.check) c.wgrad_err = check_wgrad(c.wa, d.cu, p.in, p.out, grads.get(), o.seed);
                     if (o.check && !wgrad && !fp8) {
@@ -376,8 +403,10 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                                           p.name, " ", op_name, " ", var.name, ": schedules differ or sampled error ",
                                           c.check_err);
                     }
-                    timed.push_back([&c, wgrad, fp8] {
-                        if (fp8)
+                    timed.push_back([&c, wgrad, fp8, fp8_wgrad] {
+                        if (fp8_wgrad)
+                            cuda::grouped_gemm_wgrad_fp8(c.fwa, nullptr);
+                        else if (fp8)
                             cuda::grouped_gemm_fp8(c.fa, nullptr);
                         else if (wgrad)
                             cuda::grouped_gemm_wgrad(c.wa, nullptr);

@@ -11,6 +11,7 @@
 // and a weight: |y - ref| <= 2^-7 |ref| + 2^-9 sum_k |terms| (bf16 output rounding, fp32 accumulation with the
 // per-k-block promotion; the unscaled kernel's fast accumulation keeps fewer bits, within the same bound), and that
 // rows of empty / null-weight groups keep the poison. Seeds fixed per case, printed on failure.
+// GroupedGemmFp8Wgrad.MatchesCpuReference: the FP8 wgrad (a tuning candidate) against the CPU reference (below).
 // GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled, a kernel that is
 // not an FP8 one, the unscaled anchor as ping-pong -> evenep::Error.
 // Skipped without a device, or where the CUTLASS kernels are not built (EVENEP_CUTLASS) or the device is not Hopper.
@@ -25,9 +26,12 @@
 #include <vector>
 
 #include "cuda/gpu_testing.hpp"
+#include "evenep/cpu/grouped_gemm.hpp"
 #include "evenep/cuda/check.hpp"
 #include "evenep/cuda/grouped_gemm.hpp"
 #include "evenep/detail/bf16.hpp"
+#include "evenep/detail/fp8.hpp"
+#include "evenep/detail/hash.hpp"
 #include "evenep/error.hpp"
 
 namespace evenep {
@@ -237,6 +241,107 @@ TEST(GroupedGemmFp8ArgsTest, RejectsBadArguments) {
     a.kernel = cuda::GemmKernel::kCutlassPingpong;  // the unscaled anchor is cooperative only
     a.block_scaled = false;
     EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
+}
+
+// FP8 wgrad (grouped_gemm_wgrad_fp8, a tuning candidate) against cpu::grouped_gemm_wgrad_fp8 on the same wgrad cols
+// casts (cpu::quantize_cols_fp8). Groups of {128, 0, 256, 48, 208, 16} rows (starts multiples of 16, partial last
+// blocks, an empty group with a null gradient) in a buffer of 720 rows, then {8, 120, 64}, whose group 1 starts at
+// row 8 (rejected: skipped, its gradient untouched, grouped_gemm_check names it). accumulate (from 0.25) and
+// overwrite: |got - ref| <= 2^-16 (sum over the rows of |x' dy'| + |init|) per element, x' dy' the dequantised
+// operands.
+TEST(GroupedGemmFp8Wgrad, MatchesCpuReference) {
+    EVENEP_SKIP_WITHOUT_CUTLASS();
+    if (!cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster))
+        GTEST_SKIP() << "tuning candidates not built (EVENEP_CUTLASS_CANDIDATES)";
+    const int in = 256, out = 384;
+    const int64_t capacity = 720;
+    for (const std::vector<int32_t>& group_rows :
+         {std::vector<int32_t>{128, 0, 256, 48, 208, 16}, std::vector<int32_t>{8, 120, 64}}) {
+        const bool misaligned = group_rows[0] == 8;  // group 1 starts at row 8
+        std::vector<int32_t> cu, count;
+        int64_t rows = 0;
+        for (int32_t r : group_rows) {
+            rows += r;
+            cu.push_back(static_cast<int32_t>(rows));
+            count.push_back(r);
+        }
+        const int G = static_cast<int>(cu.size());
+        auto values = [&](int dim, uint64_t seed) {
+            std::vector<Bf16> v(static_cast<size_t>(capacity) * dim);
+            for (size_t i = 0; i < v.size(); ++i) v[i] = detail::random_bf16(detail::hash64(seed, i), 1.0f);
+            for (int64_t r = 0; r < rows; r += 53) v[static_cast<size_t>(r * dim + 9)] = float_to_bf16(60.0f);
+            return v;
+        };
+        const std::vector<Bf16> x = values(in, 71), dy = values(out, 72);
+        const int64_t ld = fp8_cols_ld(capacity), nsr = fp8_cols_scale_rows(capacity, G);
+        std::vector<Fp8E4m3> xc(static_cast<size_t>(in * ld)), dyc(static_cast<size_t>(out * ld));
+        std::vector<float> xs(static_cast<size_t>(nsr * in)), dys(static_cast<size_t>(nsr * out));
+        cpu::quantize_cols_fp8(cpu::GroupedGemmShape{cu, count, in, in}, capacity, x, false, xc, xs);
+        cpu::quantize_cols_fp8(cpu::GroupedGemmShape{cu, count, out, out}, capacity, dy, false, dyc, dys);
+        DeviceArray<Fp8E4m3> d_xc(xc.size()), d_dyc(dyc.size());
+        DeviceArray<float> d_xs(xs.size()), d_dys(dys.size());
+        DeviceArray<int32_t> d_cu(cu.size());
+        d_xc.upload(xc);
+        d_dyc.upload(dyc);
+        d_xs.upload(xs);
+        d_dys.upload(dys);
+        d_cu.upload(cu);
+        DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
+        for (bool accumulate : {true, false}) {
+            SCOPED_TRACE(std::string(accumulate ? "accumulate" : "overwrite") + (misaligned ? ", misaligned" : ""));
+            const float init = 0.25f;
+            std::vector<std::vector<float>> want(G, std::vector<float>(static_cast<size_t>(in) * out, init));
+            std::vector<float*> want_ptr(G), table(G);
+            std::vector<DeviceArray<float>> dgrad;
+            for (int g = 0; g < G; ++g) {
+                want_ptr[g] = group_rows[g] == 0 ? nullptr : want[g].data();
+                dgrad.emplace_back(static_cast<size_t>(in) * out);
+                dgrad.back().upload(want[g]);
+                table[g] = group_rows[g] == 0 ? nullptr : dgrad.back().get();
+            }
+            cpu::grouped_gemm_wgrad_fp8(cpu::GroupedGemmShape{cu, count, in, out}, capacity, xc, xs, dyc, dys, want_ptr,
+                                        accumulate);
+            DeviceArray<float*> d_table(G);
+            d_table.upload(table);
+            cuda::GroupedWgradFp8Args a;
+            a.x_cols = reinterpret_cast<const uint8_t*>(d_xc.get()), a.x_col_scales = d_xs.get();
+            a.dy_cols = reinterpret_cast<const uint8_t*>(d_dyc.get()), a.dy_col_scales = d_dys.get();
+            a.cu_seqlens = d_cu.get(), a.grads = d_table.get(), a.num_groups = G, a.in_dim = in, a.out_dim = out;
+            a.capacity = capacity, a.accumulate = accumulate, a.workspace = ws.get();
+            cuda::grouped_gemm_wgrad_fp8(a, nullptr);
+            EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+            if (misaligned) {
+                EXPECT_THROW(cuda::grouped_gemm_check(ws.get(), G, nullptr), Error);
+            } else {
+                EXPECT_NO_THROW(cuda::grouped_gemm_check(ws.get(), G, nullptr));
+            }
+            int bad = 0;
+            for (int g = 0; g < G; ++g) {
+                if (group_rows[g] == 0) continue;
+                const std::vector<float> got = dgrad[g].download(static_cast<size_t>(in) * out);
+                if (misaligned && g == 1) {  // skipped: untouched
+                    EXPECT_EQ(got, std::vector<float>(got.size(), init));
+                    continue;
+                }
+                const int64_t begin = g == 0 ? 0 : cu[g - 1];
+                for (int i = 0; i < in; ++i)
+                    for (int o = 0; o < out; ++o) {
+                        double mag = std::fabs(init);
+                        for (int64_t r = begin; r < cu[g]; ++r) {
+                            const int64_t sr = fp8_cols_block(begin, g) + (r - begin) / kFp8Block;
+                            mag += std::fabs(static_cast<double>(e4m3_to_float(xc[i * ld + r])) * xs[sr * in + i] *
+                                             e4m3_to_float(dyc[o * ld + r]) * dys[sr * out + o]);
+                        }
+                        const float w = want[g][static_cast<size_t>(i) * out + o];
+                        const float v = got[static_cast<size_t>(i) * out + o];
+                        if (!(std::fabs(v - w) <= mag / 65536) && ++bad <= 5)
+                            ADD_FAILURE() << "group " << g << " [" << i << ", " << o << "]: got " << v << " want " << w
+                                          << " (sum |terms| " << mag << ")";
+                    }
+            }
+            EXPECT_EQ(bad, 0);
+        }
+    }
 }
 
 }  // namespace

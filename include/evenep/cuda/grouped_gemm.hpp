@@ -175,6 +175,31 @@ struct GroupedGemmFp8Args {
 // not positive multiples of 128; without the CUTLASS kernels (grouped_gemm_has_cutlass() false) it throws too.
 void grouped_gemm_fp8(const GroupedGemmFp8Args& args, cudaStream_t stream);
 
+// FP8 wgrad (DeepSeek-V3 does its wgrad in FP8 too; a tuning candidate, EVENEP_CUTLASS_CANDIDATES, not yet used by
+// the MoE layer): dW_g [in][out] fp32 (+)= sum over the group's rows r of x[r, i] dy[r, o], computed from the wgrad
+// cols casts of x and dy (cuda::launch_fp8_cast_cols of the same cu_seqlens and capacity; evenep/detail/fp8.hpp):
+// per 128-row block of the group the e4m3 partial sums scaled by sx[block][i] * sdy[block][o] (CUTLASS's blockwise
+// scaling with one scale per channel), fp32 accumulation; cpu::grouped_gemm_wgrad_fp8 is the reference (within the
+// tolerance of docs/fp8.md). A group's first row must be a multiple of 16 (its operand columns start 16-byte
+// aligned, as TMA needs): a group with rows that starts elsewhere, or whose gradient pointer is not 16-byte aligned,
+// is skipped and reported by grouped_gemm_check. Groups are ordered as grouped_gemm_wgrad's kCutlass ones.
+struct GroupedWgradFp8Args {
+    const uint8_t* x_cols = nullptr;       // [in][fp8_cols_ld(capacity)] e4m3
+    const float* x_col_scales = nullptr;   // [fp8_cols_scale_rows(capacity, G)][in]
+    const uint8_t* dy_cols = nullptr;      // [out][fp8_cols_ld(capacity)] e4m3
+    const float* dy_col_scales = nullptr;  // [fp8_cols_scale_rows(capacity, G)][out]
+    const int32_t* cu_seqlens = nullptr;   // [G] device, inclusive padded end rows, cu_seqlens[G-1] <= capacity
+    float* const* grads = nullptr;         // [G] device table of dW_g [in, out] fp32
+    int num_groups = 0;
+    int in_dim = 0;   // multiple of 128
+    int out_dim = 0;  // multiple of 128
+    int64_t capacity = 0;
+    GemmSchedule schedule = GemmSchedule::kLoadAware;
+    bool accumulate = true;     // false: dW_g = (the gradient is not read)
+    void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
+};
+void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& args, cudaStream_t stream);
+
 // Synchronises `stream` and throws evenep::Error(kInvalidArgument) naming the first group of the last call on
 // `workspace` whose pointer (weight or gradient) was rejected: a group with rows and a non-null pointer that is not
 // 16-byte aligned (TMA and cp.async need it). A rejected group is skipped by the GEMM (its output rows or gradient

@@ -86,4 +86,45 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
 #endif
 }
 
+void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& a, cudaStream_t stream) {
+    EVENEP_CHECK(a.num_groups >= 1 && a.num_groups <= kMaxGemmGroups,
+                 "grouped_gemm_wgrad_fp8: num_groups = ", a.num_groups, " must be in [1, ", kMaxGemmGroups, "]");
+    EVENEP_CHECK(a.in_dim > 0 && a.in_dim % 128 == 0 && a.out_dim > 0 && a.out_dim % 128 == 0,
+                 "grouped_gemm_wgrad_fp8: in_dim = ", a.in_dim, ", out_dim = ", a.out_dim,
+                 " must be positive multiples of 128");
+    EVENEP_CHECK(a.capacity >= 0 && a.capacity <= INT32_MAX, "grouped_gemm_wgrad_fp8: capacity = ", a.capacity,
+                 " must be in [0, 2^31)");
+    EVENEP_CHECK(a.workspace != nullptr, "grouped_gemm_wgrad_fp8: workspace is null");
+    EVENEP_CHECK(a.x_cols != nullptr && a.x_col_scales != nullptr && a.dy_cols != nullptr &&
+                     a.dy_col_scales != nullptr && a.cu_seqlens != nullptr && a.grads != nullptr,
+                 "grouped_gemm_wgrad_fp8: null pointer among x_cols, x_col_scales, dy_cols, dy_col_scales, "
+                 "cu_seqlens, grads");
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.dy_cols) % 16 == 0,
+                 "grouped_gemm_wgrad_fp8: dy_cols must be 16-byte aligned");
+    EVENEP_CHECK(grouped_gemm_has_kernel(GemmKernel::kCutlassCluster),
+                 "grouped_gemm_wgrad_fp8: needs a build with EVENEP_CUTLASS=ON and EVENEP_CUTLASS_CANDIDATES=ON and "
+                 "a compute capability 9.0 device (H100/H200)");
+#if defined(EVENEP_HAVE_CUTLASS)
+    cutlass_gemm::Fp8LaunchArgs l{};
+    l.op = cutlass_gemm::Op::kWgrad;
+    l.x = a.x_cols;
+    l.x_scales = a.x_col_scales;
+    l.dy = a.dy_cols;
+    l.dy_scales = a.dy_col_scales;
+    l.cu = a.cu_seqlens;
+    l.ptrs = reinterpret_cast<const void* const*>(a.grads);
+    l.num_groups = a.num_groups;
+    l.in_dim = a.in_dim;
+    l.out_dim = a.out_dim;
+    l.capacity = a.capacity;
+    l.accumulate = a.accumulate;
+    l.load_aware = a.schedule == GemmSchedule::kLoadAware;
+    l.cost = grouped_gemm_cost_model();
+    l.workspace = a.workspace;
+    cutlass_gemm::launch_fp8(l, stream);
+#else
+    (void)stream;
+#endif
+}
+
 }  // namespace evenep::cuda

@@ -32,10 +32,10 @@ int sm_count() {
     return sms;
 }
 
-void require_candidates(Schedule schedule, const char* what) {
-    EVENEP_CHECK(candidates_built(), what, ": schedule ", static_cast<int>(schedule),
-                 " (kCutlassCluster, or FP8 ping-pong) is a tuning candidate not built here: configure with "
-                 "-DEVENEP_CUTLASS_CANDIDATES=ON");
+void require_candidates(const char* what) {
+    EVENEP_CHECK(candidates_built(), what,
+                 ": a tuning candidate (kCutlassCluster, the FP8 ping-pong or cluster kernel, the FP8 wgrad) not built "
+                 "here: configure with -DEVENEP_CUTLASS_CANDIDATES=ON");
 }
 
 template <Op kOp>
@@ -45,7 +45,7 @@ void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t str
             instance_launch<kOp, Schedule::kPingpong>(a, sms, stream);
             return;
         case Schedule::kCooperativeCluster:
-            require_candidates(schedule, "grouped_gemm (CUTLASS)");
+            require_candidates("grouped_gemm (CUTLASS)");
 #if defined(EVENEP_CUTLASS_CANDIDATES)
             instance_launch<kOp, Schedule::kCooperativeCluster>(a, sms, stream);
 #endif
@@ -62,7 +62,7 @@ void launch_fp8_kind(const Fp8LaunchArgs& a, int sms, cudaStream_t stream) {
         fp8_instance_launch<kKind, Schedule::kCooperative>(a, sms, stream);
         return;
     }
-    require_candidates(a.schedule, "grouped_gemm_fp8");
+    require_candidates("grouped_gemm_fp8");
 #if defined(EVENEP_CUTLASS_CANDIDATES)
     if (a.schedule == Schedule::kPingpong)
         fp8_instance_launch<kKind, Schedule::kPingpong>(a, sms, stream);
@@ -117,7 +117,8 @@ size_t workspace_bytes(int num_groups) {
           fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward, Schedule::kCooperativeCluster>(num_groups, sms),
           fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kCooperativeCluster>(num_groups, sms),
           fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward, Schedule::kPingpong>(num_groups, sms),
-          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kPingpong>(num_groups, sms)}) {
+          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kPingpong>(num_groups, sms),
+          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad, Schedule::kCooperative>(num_groups, sms)}) {
         bytes = std::max(bytes, b);
     }
 #endif
@@ -150,8 +151,17 @@ void launch_fp8(const Fp8LaunchArgs& a, cudaStream_t stream) {
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
                  "grouped_gemm_fp8: workspace must be 128-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm_fp8: x must be 16-byte aligned");
-    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.y) % 16 == 0, "grouped_gemm_fp8: y must be 16-byte aligned");
-    EVENEP_CHECK(a.op == Op::kForward || a.op == Op::kDgrad, "grouped_gemm_fp8: op must be forward or dgrad");
+    EVENEP_CHECK(a.op == Op::kWgrad || reinterpret_cast<uintptr_t>(a.y) % 16 == 0,
+                 "grouped_gemm_fp8: y must be 16-byte aligned");
+    if (a.op == Op::kWgrad) {
+        EVENEP_CHECK(a.block_scaled && a.schedule == Schedule::kCooperative,
+                     "grouped_gemm_wgrad_fp8: block-scaled and cooperative only");
+        require_candidates("grouped_gemm_wgrad_fp8");
+#if defined(EVENEP_CUTLASS_CANDIDATES)
+        fp8_instance_launch<Fp8Kind::kBlockwiseWgrad, Schedule::kCooperative>(a, sm_count(), stream);
+#endif
+        return;
+    }
     EVENEP_CHECK(a.block_scaled || a.schedule == Schedule::kCooperative,
                  "grouped_gemm_fp8: the unscaled kernel (block_scaled false) is cooperative only");
     const int sms = sm_count();

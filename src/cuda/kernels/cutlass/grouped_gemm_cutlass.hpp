@@ -65,7 +65,10 @@ void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream);
 // FP8 (evenep::cuda::grouped_gemm_fp8): kBlockwiseForward / kBlockwiseDgrad (1 x 128 activation and 128 x 128
 // weight scales; the weight scales' [in/128][out/128] array is N-major in the forward and K-major in dgrad, hence two
 // instantiations) and kUnscaled (fast-accumulating, no scales; both ops are the same K-major x K-major kernel).
-enum class Fp8Kind : int { kBlockwiseForward = 0, kBlockwiseDgrad = 1, kUnscaled = 2 };
+// kBlockwiseWgrad (a tuning candidate, EVENEP_CUTLASS_CANDIDATES): dW_g (fp32, C = D) += xt_g · dyt_g^T over the
+// group's rows, both operands the wgrad cols casts (launch_fp8_cast_cols: [dim][ld] K-major, per-channel scales per
+// 128-row block, MN-major [blocks][dim]).
+enum class Fp8Kind : int { kBlockwiseForward = 0, kBlockwiseDgrad = 1, kUnscaled = 2, kBlockwiseWgrad = 3 };
 
 struct Fp8LaunchArgs {
     Op op = Op::kForward;  // kForward or kDgrad
@@ -83,6 +86,12 @@ struct Fp8LaunchArgs {
     bool load_aware = true;
     GemmCostModel cost;
     void* workspace = nullptr;
+    // kWgrad (kBlockwiseWgrad): x / x_scales are x's wgrad cols cast, dy / dy_scales dy's, capacity their buffer's
+    // rows; ptrs the fp32 gradients dW_g [in][out]; accumulate: beta = 1.
+    const uint8_t* dy = nullptr;
+    const float* dy_scales = nullptr;
+    int64_t capacity = 0;
+    bool accumulate = true;
 };
 void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream);
 

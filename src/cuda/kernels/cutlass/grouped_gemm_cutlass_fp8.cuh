@@ -18,6 +18,7 @@
 
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
+#include "evenep/detail/fp8.hpp"
 
 namespace evenep::cuda::cutlass_gemm {
 namespace {
@@ -49,11 +50,14 @@ struct Fp8UnscaledTypes {
 template <Fp8Kind kKind, Schedule kSchedule>
 struct Fp8Instance {
     static constexpr bool kScaled = kKind != Fp8Kind::kUnscaled;
+    static constexpr bool kWgrad = kKind == Fp8Kind::kBlockwiseWgrad;
     static_assert(kScaled || kSchedule == Schedule::kCooperative, "the unscaled anchor is cooperative only");
     using Sched = std::conditional_t<kScaled, Fp8ScheduleTypes<kSchedule>, Fp8UnscaledTypes>;
     using ElementAB = cutlass::float_e4m3_t;
     using ElementAcc = float;
-    using ElementD = cutlass::bfloat16_t;
+    // wgrad: D = C = the fp32 gradient (beta 1 accumulates); forward / dgrad: bf16 D, no C.
+    using ElementD = std::conditional_t<kWgrad, float, cutlass::bfloat16_t>;
+    using ElementC = std::conditional_t<kWgrad, float, void>;
     using ElementScale = float;
     using LayoutA = cutlass::layout::RowMajor;     // K-major rows
     using LayoutB = cutlass::layout::ColumnMajor;  // K-major weights
@@ -61,17 +65,21 @@ struct Fp8Instance {
     using ClusterShape = typename Sched::Cluster;
     using Tile = typename Sched::Tile;
     using KernelSchedule = typename Sched::Kernel;
+    // Forward / dgrad: activations 1 x 128 (K-major [rows][K/128]), weights 128 x 128 ([in/128][out/128]: N-major in
+    // the forward, K-major in dgrad). Wgrad: one scale per channel and 128-row block on both sides, MN-major
+    // ([blocks][in] and [blocks][out], the wgrad cols layout).
     using ScaleConfig =
         cutlass::detail::Sm90BlockwiseScaleConfig<1,
+                                                  kWgrad ? 1 : 128,
                                                   128,
-                                                  128,
-                                                  cute::GMMA::Major::K,
+                                                  kWgrad ? cute::GMMA::Major::MN : cute::GMMA::Major::K,
                                                   kKind == Fp8Kind::kBlockwiseDgrad ? cute::GMMA::Major::K
                                                                                     : cute::GMMA::Major::MN>;
     using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
     using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-    static constexpr int kAlignAB = 16;  // 16 bytes of e4m3
-    static constexpr int kAlignD = 8;    // 16 bytes of bf16
+    static constexpr int kAlignAB = 16;                                      // 16 bytes of e4m3
+    static constexpr int kAlignD = 16 / static_cast<int>(sizeof(ElementD));  // 16 bytes
+    static constexpr int kAlignC = kAlignD;                                  // wgrad: C is D
 
     using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
         cutlass::arch::Sm90,
@@ -81,14 +89,14 @@ struct Fp8Instance {
         cutlass::epilogue::collective::EpilogueTileAuto,
         ElementAcc,
         ElementAcc,
-        void,
+        ElementC,
         LayoutD*,
-        kAlignD,
+        kAlignC,
         ElementD,
         LayoutD*,
         kAlignD,
         typename Sched::Epilogue,
-        cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc, void, ElementAcc>>::CollectiveOp;
+        cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc, ElementC, ElementAcc>>::CollectiveOp;
     using GmemA = std::conditional_t<kScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
     using GmemB = std::conditional_t<kScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
     using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -109,9 +117,13 @@ struct Fp8Instance {
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
     using StrideA = typename Kernel::InternalStrideA;
     using StrideB = typename Kernel::InternalStrideB;
+    using StrideC = typename Kernel::InternalStrideC;
     using StrideD = typename Kernel::InternalStrideD;
+    using PtrC = std::conditional_t<kWgrad, const float*, const void*>;
 
     struct Tables : GroupTables<ElementAB, ElementD, StrideA, StrideB, StrideD> {
+        PtrC* c;
+        StrideC* sc;
         const ElementScale** sfa;
         const ElementScale** sfb;
         LayoutSFA* layout_sfa;
@@ -123,6 +135,8 @@ struct Fp8Instance {
         TableCarver carver(workspace);
         Tables t{};
         t.take(carver, G);
+        t.c = carver.take<PtrC>(G);
+        t.sc = carver.take<StrideC>(G);
         t.sfa = carver.take<const ElementScale*>(G);
         t.sfb = carver.take<const ElementScale*>(G);
         t.layout_sfa = carver.take<LayoutSFA>(G);
@@ -132,7 +146,7 @@ struct Fp8Instance {
         return t;
     }
 
-    static typename Gemm::Arguments arguments(const Tables& t, int G, int device, int sm_count) {
+    static typename Gemm::Arguments arguments(const Tables& t, int G, float beta, int device, int sm_count) {
         typename Gemm::Arguments args{};
         args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
         args.problem_shape = {G, t.shapes, nullptr};
@@ -142,8 +156,9 @@ struct Fp8Instance {
             args.mainloop = {t.a, t.sa, t.b, t.sb};
         }
         args.epilogue.thread.alpha = 1.0f;
-        args.epilogue.thread.beta = 0.0f;
-        args.epilogue.ptr_C = nullptr;
+        args.epilogue.thread.beta = beta;
+        args.epilogue.ptr_C = reinterpret_cast<decltype(args.epilogue.ptr_C)>(t.c);
+        args.epilogue.dC = t.sc;
         args.epilogue.ptr_D = t.d;
         args.epilogue.dD = t.sd;
         args.hw_info.device_id = device;
@@ -161,8 +176,11 @@ struct Fp8PrepareParams {
     const float* const* weight_scales;
     uint16_t* y;
     int n_dim, k_dim;
+    const uint8_t* dy;  // wgrad: dy's cols cast, x the x's; n_dim = out, k_dim = in
+    const float* dy_scales;
     typename I::StrideA sa;
     typename I::StrideB sb;
+    typename I::StrideC sc;
     typename I::StrideD sd;
     typename I::Tables t;
     int32_t* error_word;
@@ -181,13 +199,34 @@ __global__ void __launch_bounds__(1024) fp8_prepare_kernel(Fp8PrepareParams<kKin
         const int pos = o.position(g);
         const int64_t begin = o.begin(g);
         const auto* a = reinterpret_cast<const typename I::ElementAB*>(p.x);
+        p.t.sa[pos] = p.sa;
+        p.t.sb[pos] = p.sb;
+        p.t.sc[pos] = p.sc;
+        p.t.sd[pos] = p.sd;
+        if constexpr (I::kWgrad) {
+            // The operands' columns of the group start at byte `begin` of each row: TMA needs it 16-byte aligned.
+            const bool aligned = begin % 16 == 0;
+            if (r > 0 && !aligned) atomicMax(p.error_word, o.G - g);
+            const int rw = aligned ? r : 0;
+            auto* grad = rw > 0 ? static_cast<float*>(const_cast<void*>(o.ptrs[g])) : nullptr;
+            const int64_t block = fp8_cols_block(begin, g);
+            p.t.shapes[pos] = ProblemMnk{rw > 0 ? p.k_dim : 0, p.n_dim, rw};
+            p.t.a[pos] = a + begin;
+            p.t.b[pos] = reinterpret_cast<const typename I::ElementAB*>(p.dy) + begin;
+            p.t.c[pos] = grad;
+            p.t.d[pos] = grad;
+            p.t.sfa[pos] = p.x_scales + block * p.k_dim;
+            p.t.sfb[pos] = p.dy_scales + block * p.n_dim;
+            const cute::Shape<int, int, int, int> mnkl{p.k_dim, p.n_dim, rw > 0 ? rw : 1, 1};
+            p.t.layout_sfa[pos] = I::ScaleConfig::tile_atom_to_shape_SFA(mnkl);
+            p.t.layout_sfb[pos] = I::ScaleConfig::tile_atom_to_shape_SFB(mnkl);
+            continue;
+        }
         p.t.shapes[pos] = ProblemMnk{r, p.n_dim, p.k_dim};
         p.t.a[pos] = a + begin * p.k_dim;
         p.t.b[pos] = r > 0 ? static_cast<const typename I::ElementAB*>(o.ptrs[g]) : a;
+        p.t.c[pos] = nullptr;
         p.t.d[pos] = reinterpret_cast<typename I::ElementD*>(p.y) + begin * p.n_dim;
-        p.t.sa[pos] = p.sa;
-        p.t.sb[pos] = p.sb;
-        p.t.sd[pos] = p.sd;
         if constexpr (I::kScaled) {
             p.t.sfa[pos] = p.x_scales + begin * k_scales;
             p.t.sfb[pos] = r > 0 ? p.weight_scales[g] : p.x_scales;
@@ -205,7 +244,7 @@ size_t fp8_instance_workspace_bytes(int num_groups, int sm_count) {
     using I = Fp8Instance<kKind, kSchedule>;
     size_t tables = 0;
     const typename I::Tables t = I::carve(nullptr, num_groups, &tables);
-    return tables + I::Gemm::get_workspace_size(I::arguments(t, num_groups, 0, sm_count));
+    return tables + I::Gemm::get_workspace_size(I::arguments(t, num_groups, 0.0f, 0, sm_count));
 }
 
 template <Fp8Kind kKind, Schedule kSchedule>
@@ -213,26 +252,39 @@ void fp8_instance_launch(const Fp8LaunchArgs& a, int sm_count, cudaStream_t stre
     using I = Fp8Instance<kKind, kSchedule>;
     const int G = a.num_groups;
     const bool fwd = a.op == Op::kForward;
-    const int k = fwd ? a.in_dim : a.out_dim, n = fwd ? a.out_dim : a.in_dim;
+    // wgrad: M = in (k_dim below), N = out; the inner dimension is the group's rows.
+    const int k = fwd || I::kWgrad ? a.in_dim : a.out_dim, n = fwd || I::kWgrad ? a.out_dim : a.in_dim;
     const typename I::Tables t = I::carve(a.workspace, G);
     Fp8PrepareParams<kKind, kSchedule> p{};
-    p.order = make_group_order(a.cu, a.ptrs, G, k, false, a.load_aware, a.cost);
+    p.order = make_group_order(a.cu, a.ptrs, G, k, I::kWgrad, a.load_aware, a.cost);
     p.x = a.x;
     p.x_scales = a.x_scales;
     p.weight_scales = a.weight_scales;
     p.y = a.y;
     p.n_dim = n;
     p.k_dim = k;
-    // K-major A [rows][k], K-major B ([n][k] rows of k), row-major D [rows][n] (the group's rows do not enter).
-    p.sa = cutlass::make_cute_packed_stride(typename I::StrideA{}, {1, k, 1});
-    p.sb = cutlass::make_cute_packed_stride(typename I::StrideB{}, {n, k, 1});
-    p.sd = cutlass::make_cute_packed_stride(typename I::StrideD{}, {1, n, 1});
+    p.dy = a.dy;
+    p.dy_scales = a.dy_scales;
+    if constexpr (I::kWgrad) {
+        // K-major A = x cols [in][ld], K-major B = dy cols [out][ld], row-major C = D = dW [in][out].
+        const int ld = static_cast<int>(fp8_cols_ld(a.capacity));
+        p.sa = cutlass::make_cute_packed_stride(typename I::StrideA{}, {k, ld, 1});
+        p.sb = cutlass::make_cute_packed_stride(typename I::StrideB{}, {n, ld, 1});
+        p.sc = cutlass::make_cute_packed_stride(typename I::StrideC{}, {k, n, 1});
+        p.sd = cutlass::make_cute_packed_stride(typename I::StrideD{}, {k, n, 1});
+    } else {
+        // K-major A [rows][k], K-major B ([n][k] rows of k), row-major D [rows][n] (the group's rows do not enter).
+        p.sa = cutlass::make_cute_packed_stride(typename I::StrideA{}, {1, k, 1});
+        p.sb = cutlass::make_cute_packed_stride(typename I::StrideB{}, {n, k, 1});
+        p.sd = cutlass::make_cute_packed_stride(typename I::StrideD{}, {1, n, 1});
+    }
     p.t = t;
     p.error_word = gemm_error_word(a.workspace, G);
     fp8_prepare_kernel<kKind, kSchedule><<<1, 1024, 0, stream>>>(p);
     EVENEP_CUDA_CHECK(cudaGetLastError());
-    run_gemm<typename I::Gemm>(I::arguments(t, G, current_device(), sm_count), t.cutlass_workspace, "grouped_gemm_fp8",
-                               stream);
+    const float beta = I::kWgrad && a.accumulate ? 1.0f : 0.0f;
+    run_gemm<typename I::Gemm>(I::arguments(t, G, beta, current_device(), sm_count), t.cutlass_workspace,
+                               I::kWgrad ? "grouped_gemm_wgrad_fp8" : "grouped_gemm_fp8", stream);
 }
 
 }  // namespace evenep::cuda::cutlass_gemm
