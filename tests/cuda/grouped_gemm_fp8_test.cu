@@ -247,8 +247,8 @@ TEST(GroupedGemmFp8ArgsTest, RejectsBadArguments) {
 // casts (cpu::quantize_cols_fp8). Groups of {128, 0, 256, 48, 208, 16} rows (starts multiples of 16, partial last
 // blocks, an empty group with a null gradient) in a buffer of 720 rows, then {8, 120, 64}, whose group 1 starts at
 // row 8 (rejected: skipped, its gradient untouched, grouped_gemm_check names it). accumulate (from 0.25) and
-// overwrite: |got - ref| <= 2^-16 (sum over the rows of |x' dy'| + |init|) per element, x' dy' the dequantised
-// operands.
+// overwrite: |got - ref| <= 2^-7 |ref| + 2^-9 (sum over the rows of |x' dy'| + |init|) per element, x' dy' the
+// dequantised operands (the forward's bound: Hopper's FP8 tensor cores accumulate a block in reduced precision).
 TEST(GroupedGemmFp8Wgrad, MatchesCpuReference) {
     EVENEP_SKIP_WITHOUT_CUTLASS();
     if (!cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster))
@@ -334,7 +334,7 @@ TEST(GroupedGemmFp8Wgrad, MatchesCpuReference) {
                         }
                         const float w = want[g][static_cast<size_t>(i) * out + o];
                         const float v = got[static_cast<size_t>(i) * out + o];
-                        if (!(std::fabs(v - w) <= mag / 65536) && ++bad <= 5)
+                        if (!(std::fabs(v - w) <= std::fabs(w) / 128 + mag / 512) && ++bad <= 5)
                             ADD_FAILURE() << "group " << g << " [" << i << ", " << o << "]: got " << v << " want " << w
                                           << " (sum |terms| " << mag << ")";
                     }
