@@ -263,28 +263,18 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
         } else if (k == "cutlass_pingpong" && cuda::grouped_gemm_has_cutlass()) {
             variants.push_back(
                 {"cutlass_pingpong/load_aware", cuda::GemmKernel::kCutlassPingpong, cuda::GemmSchedule::kLoadAware});
-        } else if (k == "cutlass_cluster" && cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster)) {
-            variants.push_back(
-                {"cutlass_cluster/load_aware", cuda::GemmKernel::kCutlassCluster, cuda::GemmSchedule::kLoadAware});
         }
     }
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !variants.empty(), "bench gemm: no kernel to run on this device");
-    // FP8 ops (fp8_fwd, fp8_dgrad): CUTLASS's block-scaled FP8 grouped GEMM (and, where built, its tuning candidates:
-    // ping-pong 64 x 128 and the cooperative kernel in clusters of two) and its unscaled FP8 anchor, whatever
+    // FP8 ops (fp8_fwd, fp8_dgrad): CUTLASS's block-scaled FP8 grouped GEMM and its unscaled FP8 anchor, whatever
     // --kernels says; e4m3 operands from fill_random_e4m3, every scale 2^-4 (timing only: no --check).
     const bool with_fp8 =
         std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("fp8_", 0) == 0; });
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8 || cuda::grouped_gemm_has_cutlass(),
                       "bench gemm: the fp8 ops need the CUTLASS kernels (EVENEP_CUTLASS) on a Hopper device");
-    std::vector<Variant> fp8_variants = {
+    const std::vector<Variant> fp8_variants = {
         {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware},
         {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
-    if (cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster)) {
-        fp8_variants.push_back(
-            {"cutlass_fp8_pingpong/load_aware", cuda::GemmKernel::kCutlassPingpong, cuda::GemmSchedule::kLoadAware});
-        fp8_variants.push_back(
-            {"cutlass_fp8_cluster/load_aware", cuda::GemmKernel::kCutlassCluster, cuda::GemmSchedule::kLoadAware});
-    }
     const size_t fp8_x = with_fp8 ? xy_elems : 1, fp8_w = with_fp8 ? welems * G : 1;
     DeviceArray<uint8_t> x8(fp8_x), w8(fp8_w);
     DeviceArray<float> x8_scales(fp8_x / 128 + 1), w8_scales(fp8_w / (128 * 128) + 1);
@@ -292,8 +282,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     DeviceArray<const float*> d8scales(G);
     // fp8_wgrad (a tuning candidate): the wgrad cols casts of x and dy ([dim][ld] random codes, every scale 2^-4).
     const bool with_fp8_wgrad = std::find(o.ops.begin(), o.ops.end(), "fp8_wgrad") != o.ops.end();
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime,
-                      !with_fp8_wgrad || cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster),
+    EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8_wgrad || cuda::grouped_gemm_has_fp8_wgrad(),
                       "bench gemm: fp8_wgrad needs the CUTLASS tuning candidates (EVENEP_CUTLASS_CANDIDATES)");
     const int64_t cols_ld = fp8_cols_ld(max_rows), cols_sr = fp8_cols_scale_rows(max_rows, G);
     const size_t cols_n = with_fp8_wgrad ? static_cast<size_t>(wide) * cols_ld : 1;
@@ -363,10 +352,9 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     const cuda::GemmSchedule sch = var.schedule;
                     Call& c = calls[v];
                     // A kernel's fixed schedule writes y, its load_aware y2 (compared bitwise); the mma.sync and
-                    // the CUTLASS ping-pong and cluster kernels (one schedule each here) write y (sampled only).
+                    // the CUTLASS ping-pong kernels (one schedule each here) write y (sampled only).
                     c.into_y2 = sch == cuda::GemmSchedule::kLoadAware && var.kernel != cuda::GemmKernel::kMmaSync &&
-                                var.kernel != cuda::GemmKernel::kCutlassPingpong &&
-                                var.kernel != cuda::GemmKernel::kCutlassCluster;
+                                var.kernel != cuda::GemmKernel::kCutlassPingpong;
                     c.a.x = x.get(), c.a.cu_seqlens = dcu.get(), c.a.weights = dtable.get();
                     c.a.y = c.into_y2 ? y2.get() : y.get();
                     c.a.num_groups = G, c.a.in_dim = p.in, c.a.out_dim = p.out, c.a.op = op, c.a.schedule = sch;
@@ -381,7 +369,6 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     c.fa.weights = d8table.get(), c.fa.weight_scales = d8scales.get(), c.fa.y = y.get();
                     c.fa.num_groups = G, c.fa.in_dim = p.in, c.fa.out_dim = p.out, c.fa.op = op, c.fa.schedule = sch;
                     c.fa.block_scaled = var.name.find("unscaled") == std::string::npos;
-                    c.fa.kernel = var.kernel;
                     c.fwa.x_cols = xc8.get(), c.fwa.x_col_scales = xc8_scales.get(), c.fwa.dy_cols = dyc8.get();
                     c.fwa.dy_col_scales = dyc8_scales.get(), c.fwa.cu_seqlens = dcu.get(), c.fwa.grads = dgtable.get();
                     c.fwa.num_groups = G, c.fwa.in_dim = p.in, c.fwa.out_dim = p.out, c.fwa.capacity = max_rows;

@@ -6,8 +6,7 @@
 // Zipf split of S*K rows over the G = 2*epn groups (each padded to tp). For each distribution, projection (gate/up:
 // H -> H', down: H' -> H), op (fwd, dgrad, wgrad, wgrad_set) it times the kernels/schedules interleaved with
 // perf/cuda/timing.hpp (time_interleaved: one call of each per round, each waited for; the GPU warmed for
-// warm_seconds first) and reports the median and TFLOP/s = 2 * rows * in * out / t (rows = padded rows computed).
-// calibrate_gemm fits the scheduler's cost model (src/cuda/kernels/gemm_cost_model.inc).
+// warm_seconds first) and reports the median and TFLOP/s = 2 * rows * in * out / t (rows = padded rows computed). calibrate_gemm fits the scheduler's cost model (src/cuda/kernels/gemm_cost_model.inc).
 #pragma once
 
 #include <cstdint>
@@ -24,12 +23,11 @@ struct GemmBenchConfig {
     uint64_t seed = 1;
     int warmup = 3, iters = 10;
     double warm_seconds = 1;  // GPU warm-up before the first timed row (perf::warm_gpu)
-    bool check = false;       // schedules compared bitwise, 16 sampled elements (wgrad: 8) against a host dot product
+    bool check = false;  // schedules compared bitwise, 16 sampled elements (wgrad: 8) against a host dot product
     std::vector<std::string> ops{"fwd", "dgrad", "wgrad", "wgrad_set"};
     // wgmma: the hand-written Hopper kernel (fixed, load_aware); mma: the portable one; cutlass / cutlass_pingpong:
-    // CUTLASS's grouped GEMM (fixed and load_aware / load_aware), where built (EVENEP_CUTLASS) and on Hopper;
-    // cutlass_cluster: the cooperative kernel in clusters of two (load_aware), a tuning candidate (where built).
-    std::vector<std::string> kernels{"wgmma", "mma", "cutlass", "cutlass_pingpong", "cutlass_cluster"};
+    // CUTLASS's grouped GEMM (fixed and load_aware / load_aware), where built (EVENEP_CUTLASS) and on Hopper.
+    std::vector<std::string> kernels{"wgmma", "mma", "cutlass", "cutlass_pingpong"};
 };
 
 struct GemmDistribution {

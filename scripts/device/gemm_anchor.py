@@ -6,9 +6,8 @@ dense torch.matmul (cuBLAS) of the same FLOPs (rows x in x out), per distributio
 
 offsets.json comes from `evenep bench gemm --offsets-json`: {"G", "H", "ffn_hidden", "offsets": {dist: [G ends]}}.
 With --evenep, prints one table: EvenEP's kernels' TFLOP/s (hand-written wgmma fixed / load-aware, mma, CUTLASS
-cooperative, ping-pong and, where built, cluster load-aware) next to the anchors, and the ratios; then, when the bench
-ran fp8_fwd / fp8_dgrad, the FP8 block-scaled kernels (cooperative; ping-pong and cluster where built) against
-CUTLASS's unscaled FP8 anchor and the bf16 kernels on the same rows (best/bf: the best FP8 over the best bf16). For wgrad
+cooperative and ping-pong load-aware) next to the anchors, and the ratios; then, when the bench ran fp8_fwd /
+fp8_dgrad, the FP8 block-scaled kernel against CUTLASS's unscaled FP8 anchor and the bf16 kernels on the same rows. For wgrad
 it also times the like-for-like anchor "gmm+f32": the grouped product in fp32 added into fp32 per-expert gradients
 (EvenEP's wgrad accumulates into fp32 gradients; plain _grouped_mm writes a fresh bf16 result).
 TFLOP/s = 2 * rows * in * out / median time, rows = the last offset (padded rows), as in the C++ benchmark.
@@ -145,9 +144,8 @@ def main():
             ours.setdefault(key(r), {})[r["schedule"]] = r["tflops"]
         print()
         print(f"{'dist':<20} {'proj':<8} {'op':<9} {'fixed':>7} {'l-aware':>7} {'mma':>7} {'cutlass':>7} "
-              f"{'cut_pp':>7} {'cut_cl':>7} {'_grp_mm':>7} {'dense':>7} {'la/gmm':>7} {'cut/gmm':>7} {'pp/gmm':>7} "
-              f"{'cl/gmm':>7} {'la/dense':>8} {'cut/dns':>7} {'cl/dns':>7} {'gmm+f32':>7} {'la/gmm32':>8} "
-              f"{'cut/g32':>7} {'cl/g32':>7}")
+              f"{'cut_pp':>7} {'_grp_mm':>7} {'dense':>7} {'la/gmm':>7} {'cut/gmm':>7} {'pp/gmm':>7} "
+              f"{'la/dense':>8} {'cut/dns':>7} {'gmm+f32':>7} {'la/gmm32':>8} {'cut/g32':>7}")
         nan = float("nan")
         for r in rows_out:
             o = ours.get(key(r), {})
@@ -156,34 +154,26 @@ def main():
             mm = o.get("mma/load_aware", nan)
             ct = o.get("cutlass/load_aware", nan)
             pp = o.get("cutlass_pingpong/load_aware", nan)
-            cl = o.get("cutlass_cluster/load_aware", nan)
             gm = r.get("grouped_mm_tflops", nan)
             dn = r["dense_tflops"]
             g32 = r.get("grouped_mm_acc32_tflops", nan)
             print(f"{r['dist']:<20} {r['proj']:<8} {r['op']:<9} {fx:7.1f} {la:7.1f} {mm:7.1f} {ct:7.1f} {pp:7.1f} "
-                  f"{cl:7.1f} {gm:7.1f} {dn:7.1f} {la / gm:7.2f} {ct / gm:7.2f} {pp / gm:7.2f} {cl / gm:7.2f} "
-                  f"{la / dn:8.2f} {ct / dn:7.2f} {cl / dn:7.2f} {g32:7.1f} {la / g32:8.2f} {ct / g32:7.2f} "
-                  f"{cl / g32:7.2f}")
+                  f"{gm:7.1f} {dn:7.1f} {la / gm:7.2f} {ct / gm:7.2f} {pp / gm:7.2f} {la / dn:8.2f} {ct / dn:7.2f} "
+                  f"{g32:7.1f} {la / g32:8.2f} {ct / g32:7.2f}")
         fp8_keys = sorted({k for k in ours if k[2].startswith("fp8_")})
         if fp8_keys:  # FP8 block-scaled against CUTLASS's unscaled FP8 and the bf16 kernels on the same rows
             print()
-            print(f"{'dist':<20} {'proj':<8} {'op':<9} {'fp8':>7} {'fp8_pp':>7} {'fp8_cl':>7} {'fp8_uns':>7} "
-                  f"{'bf16_cut':>8} {'bf16_cl':>7} {'bf16_la':>7} {'fp8/uns':>7} {'pp/uns':>7} {'cl/uns':>7} "
-                  f"{'fp8/cut':>7} {'best/bf':>7}")
+            print(f"{'dist':<20} {'proj':<8} {'op':<9} {'fp8':>7} {'fp8_uns':>7} {'bf16_cut':>8} {'bf16_la':>7} "
+                  f"{'fp8/uns':>7} {'fp8/cut':>7} {'fp8/la':>7}")
             for k in fp8_keys:
                 o = ours[k]
                 bf = ours.get((k[0], k[1], k[2][len("fp8_"):]), {})
                 f8 = o.get("cutlass_fp8/load_aware", nan)
-                pp = o.get("cutlass_fp8_pingpong/load_aware", nan)
-                cl = o.get("cutlass_fp8_cluster/load_aware", nan)
                 un = o.get("cutlass_fp8_unscaled/load_aware", nan)
                 ct = bf.get("cutlass/load_aware", nan)
-                bcl = bf.get("cutlass_cluster/load_aware", nan)
                 la = bf.get("wgmma/load_aware", nan)
-                best8 = max((v for v in (f8, pp, cl) if v == v), default=nan)
-                best16 = max((v for v in (ct, bcl, la) if v == v), default=nan)
-                print(f"{k[0]:<20} {k[1]:<8} {k[2]:<9} {f8:7.1f} {pp:7.1f} {cl:7.1f} {un:7.1f} {ct:8.1f} {bcl:7.1f} "
-                      f"{la:7.1f} {f8 / un:7.2f} {pp / un:7.2f} {cl / un:7.2f} {f8 / ct:7.2f} {best8 / best16:7.2f}")
+                print(f"{k[0]:<20} {k[1]:<8} {k[2]:<9} {f8:7.1f} {un:7.1f} {ct:8.1f} {la:7.1f} {f8 / un:7.2f} "
+                      f"{f8 / ct:7.2f} {f8 / la:7.2f}")
     return 0
 
 

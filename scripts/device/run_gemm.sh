@@ -6,8 +6,8 @@
 #
 # The CUTLASS kernels (issue 34) are built when the pinned headers are in .deps/ (scripts/fetch-cutlass.sh; the
 # device machine has no network: carry .deps with .devdeps); the bench then has their rows (--kernels).
-# CANDIDATES=ON also builds the CUTLASS tuning candidates (EVENEP_CUTLASS_CANDIDATES: cutlass_cluster, FP8 ping-pong
-# and cluster), which the tests and the bench then cover.
+# CANDIDATES=ON also builds the CUTLASS tuning candidates (EVENEP_CUTLASS_CANDIDATES: the FP8 wgrad, bench op
+# fp8_wgrad), which the tests and the bench then cover.
 # On the device machine, from the repository root, with the Debian dev packages carried in .devdeps:
 #   source .devdeps/unpack.sh && scripts/device/run_gemm.sh [--no-bench] [--no-test] [--calibrate]
 #                                                          [extra `evenep bench gemm` args...]

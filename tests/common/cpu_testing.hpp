@@ -199,4 +199,20 @@ std::vector<P> with_each_routing(const P (&shapes)[N], uint64_t seed) {
     return out;
 }
 
+// Groups of the given row counts laid end to end in a receive buffer: cu (inclusive ends, the cu_seqlens of the
+// GEMMs), count (the rows again, as GroupedGemmShape::group_count) and rows (the total).
+struct GroupRows {
+    std::vector<int32_t> cu, count;
+    int64_t rows = 0;
+};
+inline GroupRows group_rows(const std::vector<int32_t>& rows) {
+    GroupRows g;
+    for (int32_t r : rows) {
+        g.rows += r;
+        g.cu.push_back(static_cast<int32_t>(g.rows));
+        g.count.push_back(r);
+    }
+    return g;
+}
+
 }  // namespace evenep::testing

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_testing.hpp"
 #include "cuda/device/fp8_vec.cuh"
 #include "cuda/gpu_testing.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
@@ -175,13 +176,9 @@ TEST_P(Fp8CastTest, RowsManyBitwise) {
 // launch_fp8_cast_cols against cpu::quantize_cols_fp8: every code byte (both buffers start poisoned 0x55) and every
 // scale (both start -1: the rows of no block stay so), bit for bit; the flag stays 0.
 void expect_cols_cast_like_cpu(const std::vector<int32_t>& group_rows, int64_t capacity, int dim, bool ue8m0) {
-    std::vector<int32_t> cu, count;
-    int64_t rows = 0;
-    for (int32_t r : group_rows) {
-        rows += r;
-        cu.push_back(static_cast<int32_t>(rows));
-        count.push_back(r);
-    }
+    const testing::GroupRows groups = testing::group_rows(group_rows);
+    const std::vector<int32_t>&cu = groups.cu, &count = groups.count;
+    const int64_t rows = groups.rows;
     const int G = static_cast<int>(cu.size());
     std::vector<Bf16> x = random_values(static_cast<size_t>(capacity) * dim, 303, 2.0f);
     for (int64_t r = 0; r < rows; r += 61) x[static_cast<size_t>(r * dim + 3)] = float_to_bf16(-900.0f);  // outliers

@@ -1,7 +1,6 @@
 // tests/cuda/grouped_gemm_fp8_test.cu — the FP8 grouped GEMM (evenep::cuda::grouped_gemm_fp8, CUTLASS) against a
 // float64 reference on the host computed from the same e4m3 codes and fp32 scales.
-// Cases (GroupedGemmFp8Test.MatchesReference, parameterised over shape x op x scaling x schedule x kernel; the
-// block-scaled kernel also as the tuning candidates kCutlassPingpong / kCutlassCluster where built):
+// Cases (GroupedGemmFp8Test.MatchesReference, parameterised over shape x op x scaling x schedule):
 //   planner   8 groups of 320 rows (the planner's equal rows)
 //   zipf      10 groups, rows ~ 1800 / (g + 1)^1.2
 //   edges     empty groups (one with a null weight), one-row groups, a group of 129 rows (a partial tile)
@@ -12,8 +11,7 @@
 // per-k-block promotion; the unscaled kernel's fast accumulation keeps fewer bits, within the same bound), and that
 // rows of empty / null-weight groups keep the poison. Seeds fixed per case, printed on failure.
 // GroupedGemmFp8Wgrad.MatchesCpuReference: the FP8 wgrad (a tuning candidate) against the CPU reference (below).
-// GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled, a kernel that is
-// not an FP8 one, the unscaled anchor as ping-pong -> evenep::Error.
+// GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled -> evenep::Error.
 // Skipped without a device, or where the CUTLASS kernels are not built (EVENEP_CUTLASS) or the device is not Hopper.
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
@@ -25,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_testing.hpp"
 #include "cuda/gpu_testing.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
 #include "evenep/cuda/check.hpp"
@@ -56,16 +55,12 @@ struct Fp8Case {
     GemmOp op = GemmOp::kForward;
     bool scaled = true;
     GemmSchedule schedule = GemmSchedule::kLoadAware;
-    cuda::GemmKernel kernel = cuda::GemmKernel::kCutlass;  // block-scaled: also the tuning candidates
 };
 
 std::string fp8_name(const ::testing::TestParamInfo<Fp8Case>& info) {
     const Fp8Case& c = info.param;
     return c.name + (c.op == GemmOp::kForward ? "_fwd" : "_dgrad") + (c.scaled ? "_scaled" : "_unscaled") +
-           (c.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware") +
-           (c.kernel == cuda::GemmKernel::kCutlassPingpong  ? "_pingpong"
-            : c.kernel == cuda::GemmKernel::kCutlassCluster ? "_cluster"
-                                                            : "");
+           (c.schedule == GemmSchedule::kFixed ? "_fixed" : "_loadaware");
 }
 
 // e4m3 encode (round to nearest even, saturating) and exact decode: CUDA's host conversions (cuda_fp8.h).
@@ -81,8 +76,6 @@ class GroupedGemmFp8Test : public ::testing::TestWithParam<Fp8Case> {};
 TEST_P(GroupedGemmFp8Test, MatchesReference) {
     EVENEP_SKIP_WITHOUT_CUTLASS();
     const Fp8Case& c = GetParam();
-    if (!cuda::grouped_gemm_has_kernel(c.kernel))
-        GTEST_SKIP() << "tuning candidate not built (EVENEP_CUTLASS_CANDIDATES)";
     const uint64_t seed = std::hash<std::string>{}(fp8_name({c, 0})) & 0xFFFF;
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
@@ -150,7 +143,6 @@ TEST_P(GroupedGemmFp8Test, MatchesReference) {
                                      .op = c.op,
                                      .schedule = c.schedule,
                                      .block_scaled = c.scaled,
-                                     .kernel = c.kernel,
                                      .workspace = ws.get()};
     cuda::grouped_gemm_fp8(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -200,14 +192,11 @@ std::vector<Fp8Case> fp8_cases() {
     for (const Fp8Case& s : shapes)
         for (GemmOp op : {GemmOp::kForward, GemmOp::kDgrad})
             for (bool scaled : {true, false})
-                for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware})
-                    for (auto k : {cuda::GemmKernel::kCutlass, cuda::GemmKernel::kCutlassPingpong,
-                                   cuda::GemmKernel::kCutlassCluster}) {
-                        if (!scaled && k != cuda::GemmKernel::kCutlass) continue;  // the anchor: cooperative only
-                        Fp8Case c = s;
-                        c.op = op, c.scaled = scaled, c.schedule = sch, c.kernel = k;
-                        out.push_back(c);
-                    }
+                for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware}) {
+                    Fp8Case c = s;
+                    c.op = op, c.scaled = scaled, c.schedule = sch;
+                    out.push_back(c);
+                }
     return out;
 }
 
@@ -235,12 +224,6 @@ TEST(GroupedGemmFp8ArgsTest, RejectsBadArguments) {
     a.in_dim = 128;
     a.x_scales = nullptr;
     EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
-    a.x_scales = xs.get();
-    a.kernel = cuda::GemmKernel::kWgmma;  // not an FP8 kernel
-    EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
-    a.kernel = cuda::GemmKernel::kCutlassPingpong;  // the unscaled anchor is cooperative only
-    a.block_scaled = false;
-    EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
 }
 
 // FP8 wgrad (grouped_gemm_wgrad_fp8, a tuning candidate) against cpu::grouped_gemm_wgrad_fp8 on the same wgrad cols
@@ -251,20 +234,15 @@ TEST(GroupedGemmFp8ArgsTest, RejectsBadArguments) {
 // dequantised operands (the forward's bound: Hopper's FP8 tensor cores accumulate a block in reduced precision).
 TEST(GroupedGemmFp8Wgrad, MatchesCpuReference) {
     EVENEP_SKIP_WITHOUT_CUTLASS();
-    if (!cuda::grouped_gemm_has_kernel(cuda::GemmKernel::kCutlassCluster))
-        GTEST_SKIP() << "tuning candidates not built (EVENEP_CUTLASS_CANDIDATES)";
+    if (!cuda::grouped_gemm_has_fp8_wgrad()) GTEST_SKIP() << "tuning candidates not built (EVENEP_CUTLASS_CANDIDATES)";
     const int in = 256, out = 384;
     const int64_t capacity = 720;
     for (const std::vector<int32_t>& group_rows :
          {std::vector<int32_t>{128, 0, 256, 48, 208, 16}, std::vector<int32_t>{8, 120, 64}}) {
         const bool misaligned = group_rows[0] == 8;  // group 1 starts at row 8
-        std::vector<int32_t> cu, count;
-        int64_t rows = 0;
-        for (int32_t r : group_rows) {
-            rows += r;
-            cu.push_back(static_cast<int32_t>(rows));
-            count.push_back(r);
-        }
+        const testing::GroupRows groups = testing::group_rows(group_rows);
+        const std::vector<int32_t>&cu = groups.cu, &count = groups.count;
+        const int64_t rows = groups.rows;
         const int G = static_cast<int>(cu.size());
         auto values = [&](int dim, uint64_t seed) {
             std::vector<Bf16> v(static_cast<size_t>(capacity) * dim);

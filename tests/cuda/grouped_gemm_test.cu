@@ -17,9 +17,9 @@
 // GroupedGemmArgsTest.RejectsBadArguments: in not a multiple of 8, G = 0, a null gradient table -> evenep::Error.
 // GroupedGemmArgsTest.GraphCaptureMatchesEagerCall: the forward call captured in a CUDA graph and replayed twice
 // gives the eager call's result bitwise (hand-written and CUTLASS kernels).
-// Kernels: kAuto (the Hopper kernel on an H100/H200), kMmaSync, and the CUTLASS kernels kCutlass / kCutlassPingpong /
-// kCutlassCluster (bf16 output only; skipped where not built or not Hopper; kCutlassCluster is a tuning candidate).
-// Shapes also cover Zipf-skewed group sizes ("zipf") and the planner's equal rows per group ("planner").
+// Kernels: kAuto (the Hopper kernel on an H100/H200), kMmaSync, and the CUTLASS kernels kCutlass / kCutlassPingpong
+// (bf16 output only; skipped where not built or not Hopper). Shapes also cover Zipf-skewed group sizes ("zipf") and
+// the planner's equal rows per group ("planner").
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,22 +65,18 @@ std::string kernel_suffix(cuda::GemmKernel k) {
             return "_cutlass";
         case cuda::GemmKernel::kCutlassPingpong:
             return "_cutlass_pingpong";
-        case cuda::GemmKernel::kCutlassCluster:
-            return "_cutlass_cluster";
         default:
             return "";
     }
 }
 bool is_cutlass(cuda::GemmKernel k) {
-    return k == cuda::GemmKernel::kCutlass || k == cuda::GemmKernel::kCutlassPingpong ||
-           k == cuda::GemmKernel::kCutlassCluster;
+    return k == cuda::GemmKernel::kCutlass || k == cuda::GemmKernel::kCutlassPingpong;
 }
-// The CUTLASS kernels run where they are built in (EVENEP_CUTLASS; kCutlassCluster: EVENEP_CUTLASS_CANDIDATES) and
-// the device is an H100/H200.
-#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                                        \
-    do {                                                                                                          \
-        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_kernel(kernel))                                         \
-            GTEST_SKIP() << "CUTLASS kernel not built (EVENEP_CUTLASS, EVENEP_CUTLASS_CANDIDATES) or not Hopper"; \
+// The CUTLASS kernels run where they are built in (EVENEP_CUTLASS) and the device is an H100/H200.
+#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                            \
+    do {                                                                                              \
+        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass())                                  \
+            GTEST_SKIP() << "CUTLASS grouped GEMM not built (EVENEP_CUTLASS) or not a Hopper device"; \
     } while (0)
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -93,8 +89,8 @@ uint16_t to_bits(float f) { return float_to_bf16(f).bits; }
 float from_bits(uint16_t b) { return bf16_to_float(Bf16{b}); }
 
 // The arguments every test fills the same way (bf16 output, forward, load-aware, kAuto unless changed after).
-cuda::GroupedGemmArgs gemm_args(
-    const uint16_t* x, const int32_t* cu, const uint16_t* const* weights, void* y, int G, int in, int out, void* ws) {
+cuda::GroupedGemmArgs gemm_args(const uint16_t* x, const int32_t* cu, const uint16_t* const* weights, void* y, int G,
+                                int in, int out, void* ws) {
     cuda::GroupedGemmArgs a;
     a.x = x;
     a.cu_seqlens = cu;
@@ -156,8 +152,7 @@ TEST_P(GroupedGemmTest, MatchesReference) {
     EVENEP_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, yelems * 4));  // NaN in both bf16 and fp32
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
 
-    cuda::GroupedGemmArgs a =
-        gemm_args(dx.get(), dcu.get(), dtable.get(), dy.get(), G, c.shape.in, c.shape.out, ws.get());
+    cuda::GroupedGemmArgs a = gemm_args(dx.get(), dcu.get(), dtable.get(), dy.get(), G, c.shape.in, c.shape.out, ws.get());
     a.y_fp32 = c.fp32_out;
     a.op = c.op;
     a.schedule = c.schedule;
@@ -221,7 +216,7 @@ std::vector<Case> all_cases() {
             for (bool f32 : {false, true})
                 for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware})
                     for (auto k : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync, cuda::GemmKernel::kCutlass,
-                                   cuda::GemmKernel::kCutlassPingpong, cuda::GemmKernel::kCutlassCluster}) {
+                                   cuda::GemmKernel::kCutlassPingpong}) {
                         if (is_cutlass(k) && f32) continue;  // fp32 output runs kWgmma (see GemmKernel)
                         out.push_back({s, op, f32, sch, k});
                     }
@@ -336,8 +331,8 @@ TEST(GroupedGemmArgsTest, RejectsBadArguments) {
     DeviceArray<int32_t> cu(1);
     DeviceArray<const uint16_t*> tab(1);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(1));
-    cuda::GroupedGemmArgs a =
-        gemm_args(buf.get(), cu.get(), tab.get(), buf.get(), 1, 12 /*not a multiple of 8*/, 8, ws.get());
+    cuda::GroupedGemmArgs a = gemm_args(buf.get(), cu.get(), tab.get(), buf.get(), 1, 12 /*not a multiple of 8*/, 8,
+                                        ws.get());
     EXPECT_THROW(cuda::grouped_gemm(a, nullptr), Error);
     a.in_dim = 8;
     a.num_groups = 0;
@@ -368,10 +363,9 @@ TEST(GroupedGemmArgsTest, GraphCaptureMatchesEagerCall) {
     DeviceArray<int32_t> dcu(G);
     dcu.upload(cu);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
-    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kCutlass, cuda::GemmKernel::kCutlassPingpong,
-                        cuda::GemmKernel::kCutlassCluster}) {
+    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kCutlass, cuda::GemmKernel::kCutlassPingpong}) {
         SCOPED_TRACE(kernel_suffix(kernel));
-        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_kernel(kernel)) continue;
+        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass()) continue;
         DeviceArray<uint16_t> y1(static_cast<size_t>(rows) * out), y2(static_cast<size_t>(rows) * out);
         cuda::GroupedGemmArgs a = gemm_args(x.get(), dcu.get(), dtab.get(), y1.get(), G, in, out, ws.get());
         a.kernel = kernel;

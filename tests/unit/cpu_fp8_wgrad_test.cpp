@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_testing.hpp"
 #include "evenep/cpu/grouped_gemm.hpp"
 #include "evenep/detail/bf16.hpp"
 #include "evenep/detail/fp8.hpp"
@@ -39,19 +40,8 @@ namespace {
 const std::vector<int32_t> kRows = {0, 1, 129, 0, 300, 16, 384};
 constexpr int64_t kCapacity = 850;  // the buffer's rows: 20 more than the groups'
 
-struct Groups {
-    std::vector<int32_t> cu, count;
-    int64_t rows = 0;
-};
-Groups make_groups() {
-    Groups g;
-    for (int32_t r : kRows) {
-        g.rows += r;
-        g.cu.push_back(static_cast<int32_t>(g.rows));
-        g.count.push_back(r);
-    }
-    return g;
-}
+using testing::GroupRows;
+GroupRows make_groups() { return testing::group_rows(kRows); }
 
 std::vector<Bf16> random_rows(int64_t rows, int64_t dim, uint64_t seed) {
     std::vector<Bf16> v(static_cast<size_t>(rows * dim));
@@ -65,7 +55,7 @@ struct Cast {
     std::vector<Fp8E4m3> codes;
     std::vector<float> scales;
 };
-Cast cast_cols(const Groups& g, const std::vector<Bf16>& in, int dim, bool ue8m0) {
+Cast cast_cols(const GroupRows& g, const std::vector<Bf16>& in, int dim, bool ue8m0) {
     const cpu::GroupedGemmShape shape{g.cu, g.count, dim, dim};
     Cast c;
     c.codes.assign(static_cast<size_t>(dim * fp8_cols_ld(kCapacity)), Fp8E4m3{0x55});  // poison: overwritten
@@ -75,7 +65,7 @@ Cast cast_cols(const Groups& g, const std::vector<Bf16>& in, int dim, bool ue8m0
 }
 
 TEST(CpuFp8Wgrad, ColsCastMatchesBlockRule) {
-    const Groups g = make_groups();
+    const GroupRows g = make_groups();
     const int dim = 256, G = static_cast<int>(g.cu.size());
     const std::vector<Bf16> in = random_rows(g.rows, dim, 3);
     const int64_t ld = fp8_cols_ld(kCapacity);
@@ -115,7 +105,7 @@ TEST(CpuFp8Wgrad, ColsCastMatchesBlockRule) {
 }
 
 TEST(CpuFp8Wgrad, ColsCastRefusesNonFinite) {
-    const Groups g = make_groups();
+    const GroupRows g = make_groups();
     const int dim = 128;
     std::vector<Bf16> in = random_rows(g.rows, dim, 4);
     in[static_cast<size_t>(200 * dim + 77)] = float_to_bf16(std::numeric_limits<float>::quiet_NaN());
@@ -128,7 +118,7 @@ TEST(CpuFp8Wgrad, ColsCastRefusesNonFinite) {
 }
 
 struct WgradRun {
-    Groups g;
+    GroupRows g;
     int in = 128, out = 256;
     std::vector<Bf16> x, dy;
     Cast cx, cdy;

@@ -180,9 +180,7 @@ void register_bench_gemm(CLI::App& bench) {
     cmd->add_option("--kernels", o->bench.kernels,
                     "any of wgmma (Hopper kernel, fixed and load-aware schedules), mma (portable kernel), cutlass "
                     "(CUTLASS cooperative grouped GEMM, fixed and load-aware), cutlass_pingpong (CUTLASS ping-pong, "
-                    "load-aware), cutlass_cluster (CUTLASS cooperative in clusters of two, load-aware: a tuning "
-                    "candidate, EVENEP_CUTLASS_CANDIDATES); kernels not built or not supported by the device are "
-                    "left out. The FP8 ops time every FP8 kernel built")
+                    "load-aware); kernels not built or not supported by the device are left out")
         ->capture_default_str();
     cmd->add_flag("--calibrate", o->calibrate,
                   "fit the scheduler's cost model (us per tile = c_tile + c_kblock * k-blocks) on this GPU");
@@ -196,10 +194,8 @@ void register_bench_gemm(CLI::App& bench) {
                          "bench gemm: --ops entry '", op,
                          "' must be fwd, dgrad, wgrad, wgrad_set, fp8_fwd, fp8_dgrad or fp8_wgrad");
         for (const std::string& k : o->bench.kernels)
-            EVENEP_CHECK(
-                k == "wgmma" || k == "mma" || k == "cutlass" || k == "cutlass_pingpong" || k == "cutlass_cluster",
-                "bench gemm: --kernels entry '", k,
-                "' must be wgmma, mma, cutlass, cutlass_pingpong or cutlass_cluster");
+            EVENEP_CHECK(k == "wgmma" || k == "mma" || k == "cutlass" || k == "cutlass_pingpong",
+                         "bench gemm: --kernels entry '", k, "' must be wgmma, mma, cutlass or cutlass_pingpong");
         check_estimate("bench gemm", gemm_host_estimate(o->bench), o->limits);
         require_cuda_device("bench gemm");
 #if defined(EVENEP_HAVE_CUDA)

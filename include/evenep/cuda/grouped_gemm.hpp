@@ -46,20 +46,8 @@ enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
 // mainloop), built when EVENEP_CUTLASS is ON (the pinned headers of scripts/fetch-cutlass.sh). kLoadAware hands the
 // groups to CUTLASS's group scheduler (tiles dealt round-robin in list order) permuted by the cost model; kFixed in
 // index order; wgrad groups are never split (deterministic either way). Forward / dgrad with fp32 output (y_fp32)
-// run the kWgmma kernel instead (no fp32-output CUTLASS instantiation is built). kCutlassCluster: the cooperative
-// kernel in clusters of two blocks along M (the B tile shared by TMA multicast, a group's M-tiles rounded up to an
-// even count; torch._grouped_mm's configuration), a tuning candidate built only with EVENEP_CUTLASS_CANDIDATES
-// (grouped_gemm_has_kernel).
-enum class GemmKernel : int {
-    kAuto = 0,
-    kWgmma = 1,
-    kMmaSync = 2,
-    kCutlass = 3,
-    kCutlassPingpong = 4,
-    kCutlassCluster = 5
-};
-// "kAuto", "kWgmma", ... (error messages, benchmarks).
-const char* gemm_kernel_name(GemmKernel kernel);
+// run the kWgmma kernel instead (no fp32-output CUTLASS instantiation is built).
+enum class GemmKernel : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kCutlass = 3, kCutlassPingpong = 4 };
 
 // The scheduler's cost model (µs per 128 x 256 tile on one SM = c_tile + c_kblock * k-blocks of 64).
 struct GemmCostModel {
@@ -79,9 +67,6 @@ float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, 
 bool grouped_gemm_has_wgmma();
 // True when the CUTLASS kernels (kCutlass, kCutlassPingpong) are built in and run on the current device.
 bool grouped_gemm_has_cutlass();
-// True when `kernel` is built in and runs on the current device (kAuto and kMmaSync always; kCutlassCluster needs
-// the tuning candidates, EVENEP_CUTLASS_CANDIDATES). Also what grouped_gemm_fp8 accepts as its kernel.
-bool grouped_gemm_has_kernel(GemmKernel kernel);
 
 struct GroupedGemmArgs {
     const uint16_t* x = nullptr;               // [rows, in] (kForward) or [rows, out] (kDgrad), bf16 bits
@@ -165,24 +150,21 @@ struct GroupedGemmFp8Args {
     GemmOp op = GemmOp::kForward;
     GemmSchedule schedule = GemmSchedule::kLoadAware;
     bool block_scaled = true;
-    // The block-scaled kernel: kAuto / kCutlass the cooperative 128 x 128 x 128 tiles; the tuning candidates
-    // (EVENEP_CUTLASS_CANDIDATES) kCutlassPingpong 64 x 128 x 128 ping-pong and kCutlassCluster the cooperative one
-    // in clusters of two along M. The unscaled anchor is cooperative only (kAuto / kCutlass).
-    GemmKernel kernel = GemmKernel::kAuto;
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
 };
 // Throws evenep::Error(kInvalidArgument) naming the field for a null pointer, G outside 1..kMaxGemmGroups, or in/out
 // not positive multiples of 128; without the CUTLASS kernels (grouped_gemm_has_cutlass() false) it throws too.
 void grouped_gemm_fp8(const GroupedGemmFp8Args& args, cudaStream_t stream);
 
-// FP8 wgrad (DeepSeek-V3 does its wgrad in FP8 too; a tuning candidate, EVENEP_CUTLASS_CANDIDATES, not yet used by
-// the MoE layer): dW_g [in][out] fp32 (+)= sum over the group's rows r of x[r, i] dy[r, o], computed from the wgrad
-// cols casts of x and dy (cuda::launch_fp8_cast_cols of the same cu_seqlens and capacity; evenep/detail/fp8.hpp):
-// per 128-row block of the group the e4m3 partial sums scaled by sx[block][i] * sdy[block][o] (CUTLASS's blockwise
-// scaling with one scale per channel), fp32 accumulation; cpu::grouped_gemm_wgrad_fp8 is the reference (within the
-// tolerance of docs/fp8.md). A group's first row must be a multiple of 16 (its operand columns start 16-byte
-// aligned, as TMA needs): a group with rows that starts elsewhere, or whose gradient pointer is not 16-byte aligned,
-// is skipped and reported by grouped_gemm_check. Groups are ordered as grouped_gemm_wgrad's kCutlass ones.
+// FP8 wgrad (DeepSeek-V3 does its wgrad in FP8 too; a tuning candidate, EVENEP_CUTLASS_CANDIDATES, not used by the
+// MoE layer; grouped_gemm_has_fp8_wgrad()): dW_g [in][out] fp32 (+)= sum over the group's rows r of x[r, i] dy[r, o],
+// computed from the wgrad cols casts of x and dy (cuda::launch_fp8_cast_cols of the same cu_seqlens and capacity;
+// evenep/detail/fp8.hpp): per 128-row block of the group the e4m3 partial sums scaled by sx[block][i] * sdy[block][o]
+// (CUTLASS's blockwise scaling with one scale per channel), fp32 accumulation; cpu::grouped_gemm_wgrad_fp8 is the
+// reference (within the tolerance of docs/fp8.md). A group's first row must be a multiple of 16 (its operand columns
+// start 16-byte aligned, as TMA needs): a group with rows that starts elsewhere, or whose gradient pointer is not
+// 16-byte aligned, is skipped and reported by grouped_gemm_check. Groups are ordered as grouped_gemm_wgrad's kCutlass
+// ones.
 struct GroupedWgradFp8Args {
     const uint8_t* x_cols = nullptr;       // [in][fp8_cols_ld(capacity)] e4m3
     const float* x_col_scales = nullptr;   // [fp8_cols_scale_rows(capacity, G)][in]
@@ -199,6 +181,9 @@ struct GroupedWgradFp8Args {
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
 };
 void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& args, cudaStream_t stream);
+// True when grouped_gemm_wgrad_fp8 is built in (EVENEP_CUTLASS and EVENEP_CUTLASS_CANDIDATES) and runs on the current
+// device (compute capability 9.0).
+bool grouped_gemm_has_fp8_wgrad();
 
 // Synchronises `stream` and throws evenep::Error(kInvalidArgument) naming the first group of the last call on
 // `workspace` whose pointer (weight or gradient) was rejected: a group with rows and a non-null pointer that is not

@@ -55,11 +55,10 @@ __device__ __forceinline__ int group_rows(const int32_t* cu, const void* const* 
 }
 // A group with rows whose pointer is not 16-byte aligned is rejected (skipped); the error word keeps the first such
 // group as G - g (atomicMax), 0 = none.
-__device__ __forceinline__ void record_rejected(
-    const int32_t* cu, const void* const* ptrs, int g, int G, int32_t* error_word) {
+__device__ __forceinline__ void record_rejected(const int32_t* cu, const void* const* ptrs, int g, int G,
+                                                int32_t* error_word) {
     const int rows = cu[g] - (g == 0 ? 0 : cu[g - 1]);
-    if (rows > 0 && ptrs[g] != nullptr && (reinterpret_cast<uintptr_t>(ptrs[g]) & 15u) != 0)
-        atomicMax(error_word, G - g);
+    if (rows > 0 && ptrs[g] != nullptr && (reinterpret_cast<uintptr_t>(ptrs[g]) & 15u) != 0) atomicMax(error_word, G - g);
 }
 // Output tiles of a group: fixed_tiles > 0 (wgrad: the [in, out] tile grid) or ceil(rows / kBm) * n_tiles.
 __device__ __forceinline__ int tiles_of(int rows, int n_tiles, int fixed_tiles) {
@@ -437,50 +436,12 @@ void grouped_gemm_check(const void* workspace, int num_groups, cudaStream_t stre
 
 bool grouped_gemm_has_wgmma() { return sm90::supported(); }
 
-const char* gemm_kernel_name(GemmKernel kernel) {
-    switch (kernel) {
-        case GemmKernel::kAuto:
-            return "kAuto";
-        case GemmKernel::kWgmma:
-            return "kWgmma";
-        case GemmKernel::kMmaSync:
-            return "kMmaSync";
-        case GemmKernel::kCutlass:
-            return "kCutlass";
-        case GemmKernel::kCutlassPingpong:
-            return "kCutlassPingpong";
-        case GemmKernel::kCutlassCluster:
-            return "kCutlassCluster";
-    }
-    return "unknown";
-}
-
 bool grouped_gemm_has_cutlass() {
 #if defined(EVENEP_HAVE_CUTLASS)
     return cutlass_gemm::supported();
 #else
     return false;
 #endif
-}
-
-bool grouped_gemm_has_kernel(GemmKernel kernel) {
-    switch (kernel) {
-        case GemmKernel::kAuto:
-        case GemmKernel::kMmaSync:
-            return true;
-        case GemmKernel::kWgmma:
-            return grouped_gemm_has_wgmma();
-        case GemmKernel::kCutlass:
-        case GemmKernel::kCutlassPingpong:
-            return grouped_gemm_has_cutlass();
-        case GemmKernel::kCutlassCluster:
-#if defined(EVENEP_HAVE_CUTLASS)
-            return grouped_gemm_has_cutlass() && cutlass_gemm::candidates_built();
-#else
-            return false;
-#endif
-    }
-    return false;
 }
 
 GemmCostModel grouped_gemm_cost_model() { return sm90::cost_model(); }
@@ -499,20 +460,21 @@ float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, 
 }
 
 namespace {
-bool is_cutlass(GemmKernel kernel) {
-    return kernel == GemmKernel::kCutlass || kernel == GemmKernel::kCutlassPingpong ||
-           kernel == GemmKernel::kCutlassCluster;
-}
-
-// Whether this call runs a CUTLASS kernel (kCutlass, kCutlassPingpong, kCutlassCluster; throws where they cannot run).
+// Whether this call runs a CUTLASS kernel (kCutlass, kCutlassPingpong; throws where they cannot run).
 bool use_cutlass(GemmKernel kernel, const char* what) {
-    if (!is_cutlass(kernel)) return false;
-    EVENEP_CHECK(grouped_gemm_has_cutlass(), what, ": kernel = ", gemm_kernel_name(kernel),
+    if (kernel != GemmKernel::kCutlass && kernel != GemmKernel::kCutlassPingpong) return false;
+    EVENEP_CHECK(grouped_gemm_has_cutlass(), what,
+                 ": kernel = ", kernel == GemmKernel::kCutlass ? "kCutlass" : "kCutlassPingpong",
                  " needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
-    EVENEP_CHECK(grouped_gemm_has_kernel(kernel), what, ": kernel = ", gemm_kernel_name(kernel),
-                 " is a tuning candidate this build lacks (configure with -DEVENEP_CUTLASS_CANDIDATES=ON)");
     return true;
 }
+
+#if defined(EVENEP_HAVE_CUTLASS)
+cutlass_gemm::Schedule cutlass_schedule(GemmKernel kernel) {
+    return kernel == GemmKernel::kCutlassPingpong ? cutlass_gemm::Schedule::kPingpong
+                                                  : cutlass_gemm::Schedule::kCooperative;
+}
+#endif
 
 // Whether this call runs the Hopper kernel.
 bool use_wgmma(GemmKernel kernel, const char* what) {
@@ -559,12 +521,13 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
                                          .load_aware = a.schedule == GemmSchedule::kLoadAware,
                                          .cost = grouped_gemm_cost_model(),
                                          .workspace = a.workspace};
-        cutlass_gemm::launch(cutlass_gemm::schedule_of(a.kernel), l, stream);
+        cutlass_gemm::launch(cutlass_schedule(a.kernel), l, stream);
         return;
     }
 #endif
     (void)cutlass;
-    const GemmKernel hand = is_cutlass(a.kernel) ? GemmKernel::kWgmma : a.kernel;
+    const GemmKernel hand =
+        a.kernel == GemmKernel::kCutlass || a.kernel == GemmKernel::kCutlassPingpong ? GemmKernel::kWgmma : a.kernel;
     if (use_wgmma(hand, "grouped_gemm")) {
         sm90::LaunchArgs l;
         l.mode = fwd ? 0 : 1;
@@ -613,7 +576,7 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& a, cudaStream_t stream) {
                                          .accumulate = a.accumulate,
                                          .cost = grouped_gemm_cost_model(),
                                          .workspace = a.workspace};
-        cutlass_gemm::launch(cutlass_gemm::schedule_of(a.kernel), l, stream);
+        cutlass_gemm::launch(cutlass_schedule(a.kernel), l, stream);
 #endif
         return;
     }

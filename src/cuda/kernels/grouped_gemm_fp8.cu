@@ -51,23 +51,10 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
     EVENEP_CHECK(
         grouped_gemm_has_cutlass(),
         "grouped_gemm_fp8: needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
-    const GemmKernel k = a.kernel;
-    EVENEP_CHECK(k == GemmKernel::kAuto || k == GemmKernel::kCutlass || k == GemmKernel::kCutlassPingpong ||
-                     k == GemmKernel::kCutlassCluster,
-                 "grouped_gemm_fp8: kernel = ", gemm_kernel_name(k),
-                 " is not an FP8 kernel (kAuto, kCutlass, kCutlassPingpong, kCutlassCluster)");
-    EVENEP_CHECK(a.block_scaled || k == GemmKernel::kAuto || k == GemmKernel::kCutlass,
-                 "grouped_gemm_fp8: kernel = ", gemm_kernel_name(k),
-                 " with block_scaled false: the unscaled anchor is kAuto / kCutlass only");
-    EVENEP_CHECK(
-        k == GemmKernel::kAuto || k == GemmKernel::kCutlass || grouped_gemm_has_kernel(GemmKernel::kCutlassCluster),
-        "grouped_gemm_fp8: kernel = ", gemm_kernel_name(k),
-        " is a tuning candidate this build lacks (configure with -DEVENEP_CUTLASS_CANDIDATES=ON)");
 #if defined(EVENEP_HAVE_CUTLASS)
     const cutlass_gemm::Fp8LaunchArgs l{
         .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
         .block_scaled = a.block_scaled,
-        .schedule = cutlass_gemm::schedule_of(k),
         .x = a.x,
         .x_scales = a.x_scales,
         .cu = a.cu_seqlens,
@@ -86,6 +73,14 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
 #endif
 }
 
+bool grouped_gemm_has_fp8_wgrad() {
+#if defined(EVENEP_HAVE_CUTLASS)
+    return grouped_gemm_has_cutlass() && cutlass_gemm::candidates_built();
+#else
+    return false;
+#endif
+}
+
 void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& a, cudaStream_t stream) {
     EVENEP_CHECK(a.num_groups >= 1 && a.num_groups <= kMaxGemmGroups,
                  "grouped_gemm_wgrad_fp8: num_groups = ", a.num_groups, " must be in [1, ", kMaxGemmGroups, "]");
@@ -101,7 +96,7 @@ void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& a, cudaStream_t stream) {
                  "cu_seqlens, grads");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.dy_cols) % 16 == 0,
                  "grouped_gemm_wgrad_fp8: dy_cols must be 16-byte aligned");
-    EVENEP_CHECK(grouped_gemm_has_kernel(GemmKernel::kCutlassCluster),
+    EVENEP_CHECK(grouped_gemm_has_fp8_wgrad(),
                  "grouped_gemm_wgrad_fp8: needs a build with EVENEP_CUTLASS=ON and EVENEP_CUTLASS_CANDIDATES=ON and "
                  "a compute capability 9.0 device (H100/H200)");
 #if defined(EVENEP_HAVE_CUTLASS)

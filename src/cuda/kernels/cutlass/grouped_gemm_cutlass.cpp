@@ -34,41 +34,15 @@ int sm_count() {
 
 void require_candidates(const char* what) {
     EVENEP_CHECK(candidates_built(), what,
-                 ": a tuning candidate (kCutlassCluster, the FP8 ping-pong or cluster kernel, the FP8 wgrad) not built "
-                 "here: configure with -DEVENEP_CUTLASS_CANDIDATES=ON");
+                 ": a tuning candidate (the FP8 wgrad) not built here: configure with -DEVENEP_CUTLASS_CANDIDATES=ON");
 }
 
 template <Op kOp>
 void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t stream) {
-    switch (schedule) {
-        case Schedule::kPingpong:
-            instance_launch<kOp, Schedule::kPingpong>(a, sms, stream);
-            return;
-        case Schedule::kCooperativeCluster:
-            require_candidates("grouped_gemm (CUTLASS)");
-#if defined(EVENEP_CUTLASS_CANDIDATES)
-            instance_launch<kOp, Schedule::kCooperativeCluster>(a, sms, stream);
-#endif
-            return;
-        case Schedule::kCooperative:
-            instance_launch<kOp, Schedule::kCooperative>(a, sms, stream);
-            return;
-    }
-}
-
-template <Fp8Kind kKind>
-void launch_fp8_kind(const Fp8LaunchArgs& a, int sms, cudaStream_t stream) {
-    if (a.schedule == Schedule::kCooperative) {
-        fp8_instance_launch<kKind, Schedule::kCooperative>(a, sms, stream);
-        return;
-    }
-    require_candidates("grouped_gemm_fp8");
-#if defined(EVENEP_CUTLASS_CANDIDATES)
-    if (a.schedule == Schedule::kPingpong)
-        fp8_instance_launch<kKind, Schedule::kPingpong>(a, sms, stream);
+    if (schedule == Schedule::kPingpong)
+        instance_launch<kOp, Schedule::kPingpong>(a, sms, stream);
     else
-        fp8_instance_launch<kKind, Schedule::kCooperativeCluster>(a, sms, stream);
-#endif
+        instance_launch<kOp, Schedule::kCooperative>(a, sms, stream);
 }
 
 }  // namespace
@@ -104,23 +78,13 @@ size_t workspace_bytes(int num_groups) {
                      instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
                      instance_workspace_bytes<Op::kWgrad, Schedule::kCooperative>(num_groups, sms),
                      instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward, Schedule::kCooperative>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kCooperative>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kUnscaled, Schedule::kCooperative>(num_groups, sms)}) {
+                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms)}) {
         bytes = std::max(bytes, b);
     }
 #if defined(EVENEP_CUTLASS_CANDIDATES)
-    for (size_t b :
-         {instance_workspace_bytes<Op::kForward, Schedule::kCooperativeCluster>(num_groups, sms),
-          instance_workspace_bytes<Op::kDgrad, Schedule::kCooperativeCluster>(num_groups, sms),
-          instance_workspace_bytes<Op::kWgrad, Schedule::kCooperativeCluster>(num_groups, sms),
-          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward, Schedule::kCooperativeCluster>(num_groups, sms),
-          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kCooperativeCluster>(num_groups, sms),
-          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward, Schedule::kPingpong>(num_groups, sms),
-          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kPingpong>(num_groups, sms),
-          fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad, Schedule::kCooperative>(num_groups, sms)}) {
-        bytes = std::max(bytes, b);
-    }
+    bytes = std::max(bytes, fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms));
 #endif
     return bytes;
 }
@@ -154,23 +118,20 @@ void launch_fp8(const Fp8LaunchArgs& a, cudaStream_t stream) {
     EVENEP_CHECK(a.op == Op::kWgrad || reinterpret_cast<uintptr_t>(a.y) % 16 == 0,
                  "grouped_gemm_fp8: y must be 16-byte aligned");
     if (a.op == Op::kWgrad) {
-        EVENEP_CHECK(a.block_scaled && a.schedule == Schedule::kCooperative,
-                     "grouped_gemm_wgrad_fp8: block-scaled and cooperative only");
+        EVENEP_CHECK(a.block_scaled, "grouped_gemm_wgrad_fp8: block-scaled only");
         require_candidates("grouped_gemm_wgrad_fp8");
 #if defined(EVENEP_CUTLASS_CANDIDATES)
-        fp8_instance_launch<Fp8Kind::kBlockwiseWgrad, Schedule::kCooperative>(a, sm_count(), stream);
+        fp8_instance_launch<Fp8Kind::kBlockwiseWgrad>(a, sm_count(), stream);
 #endif
         return;
     }
-    EVENEP_CHECK(a.block_scaled || a.schedule == Schedule::kCooperative,
-                 "grouped_gemm_fp8: the unscaled kernel (block_scaled false) is cooperative only");
     const int sms = sm_count();
     if (!a.block_scaled)
-        fp8_instance_launch<Fp8Kind::kUnscaled, Schedule::kCooperative>(a, sms, stream);
+        fp8_instance_launch<Fp8Kind::kUnscaled>(a, sms, stream);
     else if (a.op == Op::kForward)
-        launch_fp8_kind<Fp8Kind::kBlockwiseForward>(a, sms, stream);
+        fp8_instance_launch<Fp8Kind::kBlockwiseForward>(a, sms, stream);
     else
-        launch_fp8_kind<Fp8Kind::kBlockwiseDgrad>(a, sms, stream);
+        fp8_instance_launch<Fp8Kind::kBlockwiseDgrad>(a, sms, stream);
 }
 
 }  // namespace evenep::cuda::cutlass_gemm

@@ -69,10 +69,10 @@ template <>
 struct OpTypes<Op::kWgrad> : OpTypesOf<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float> {};
 
 // Tiles: cooperative 128 x 256 x 64 (two consumer warpgroups of 64 x 256, the hand-written kernel's tile);
-// ping-pong 128 x 128 x 64 per consumer warpgroup. Clusters of one block, except kCooperativeCluster: two blocks
-// along M share B by TMA multicast, at the price of rounding every group's M-tiles up to an even count.
+// ping-pong 128 x 128 x 64 per consumer warpgroup. Clusters of one block: clusters of two along M (B shared by TMA
+// multicast, torch._grouped_mm's configuration) were 0-5% slower on the planner's rows (H100, 2026-12-07,
+// docs/benchmarks.md), as they round every group's M-tiles up to an even count.
 using Cluster1 = cute::Shape<cute::_1, cute::_1, cute::_1>;
-using ClusterM2 = cute::Shape<cute::_2, cute::_1, cute::_1>;
 template <Schedule kSchedule>
 struct ScheduleTypes;
 template <>
@@ -88,10 +88,6 @@ struct ScheduleTypes<Schedule::kPingpong> {
     using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
     using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
     using Cluster = Cluster1;
-};
-template <>
-struct ScheduleTypes<Schedule::kCooperativeCluster> : ScheduleTypes<Schedule::kCooperative> {
-    using Cluster = ClusterM2;
 };
 
 template <class Element>

@@ -19,23 +19,11 @@ namespace evenep::cuda::cutlass_gemm {
 
 enum class Op : int { kForward = 0, kDgrad = 1, kWgrad = 2 };
 // kCooperative: both consumer warpgroups on one 128 x 256 tile; kPingpong: each consumer warpgroup on its own
-// 128 x 128 tile, one's epilogue overlapping the other's mainloop; kCooperativeCluster: kCooperative in clusters of
-// two blocks along M (the two M-tiles of a cluster share the B tile by TMA multicast; a group's M-tiles are rounded
-// up to an even count), PyTorch's torch._grouped_mm configuration for large problems. FP8 (Fp8Kind): the block-scaled
-// kernels' tiles are 128 x 128 x 128 (cooperative, cluster) and 64 x 128 x 128 (ping-pong: the per-k-block scale
-// promotion doubles the accumulator registers).
-//
-// Tuning candidates: kCooperativeCluster (bf16 and FP8) and the FP8 ping-pong are built only with
-// EVENEP_CUTLASS_CANDIDATES (src/cuda/kernels/cutlass/candidates/), so that CI compiles only the kernels in use;
-// candidates_built() says whether they are in.
-enum class Schedule : int { kCooperative = 0, kPingpong = 1, kCooperativeCluster = 2 };
+// 128 x 128 tile, one's epilogue overlapping the other's mainloop.
+enum class Schedule : int { kCooperative = 0, kPingpong = 1 };
+// The tuning candidates (src/cuda/kernels/cutlass/candidates/, built only with EVENEP_CUTLASS_CANDIDATES so that CI
+// compiles only the kernels in use): today the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether they are built in.
 bool candidates_built();
-// The schedule of a CUTLASS GemmKernel (kAuto and kCutlass: cooperative).
-inline Schedule schedule_of(GemmKernel kernel) {
-    return kernel == GemmKernel::kCutlassPingpong  ? Schedule::kPingpong
-           : kernel == GemmKernel::kCutlassCluster ? Schedule::kCooperativeCluster
-                                                   : Schedule::kCooperative;
-}
 
 struct LaunchArgs {
     Op op = Op::kForward;
@@ -73,9 +61,8 @@ enum class Fp8Kind : int { kBlockwiseForward = 0, kBlockwiseDgrad = 1, kUnscaled
 struct Fp8LaunchArgs {
     Op op = Op::kForward;  // kForward or kDgrad
     bool block_scaled = true;
-    Schedule schedule = Schedule::kCooperative;  // block-scaled only (the unscaled anchor is cooperative)
-    const uint8_t* x = nullptr;                  // [rows][K] e4m3
-    const float* x_scales = nullptr;             // [rows][K / 128]
+    const uint8_t* x = nullptr;       // [rows][K] e4m3
+    const float* x_scales = nullptr;  // [rows][K / 128]
     const int32_t* cu = nullptr;
     const void* const* ptrs = nullptr;            // [G] e4m3 weights: forward W^T [out][in], dgrad W [in][out]
     const float* const* weight_scales = nullptr;  // [G] [in / 128][out / 128]
@@ -100,9 +87,9 @@ template <Op kOp, Schedule kSchedule>
 size_t instance_workspace_bytes(int num_groups, int sm_count);
 template <Op kOp, Schedule kSchedule>
 void instance_launch(const LaunchArgs& args, int sm_count, cudaStream_t stream);
-template <Fp8Kind kKind, Schedule kSchedule>
+template <Fp8Kind kKind>
 size_t fp8_instance_workspace_bytes(int num_groups, int sm_count);
-template <Fp8Kind kKind, Schedule kSchedule>
+template <Fp8Kind kKind>
 void fp8_instance_launch(const Fp8LaunchArgs& args, int sm_count, cudaStream_t stream);
 
 }  // namespace evenep::cuda::cutlass_gemm

@@ -5,10 +5,10 @@
 // D[M, N] = A[M, K] B[K, N] with A = the e4m3 rows (K-major), B = the e4m3 weights read K-major (forward: W^T
 // [out][in]; dgrad: W [in][out]), D bf16, fp32 accumulation. fp8 wgmma reads only K-major operands from shared
 // memory, hence the forward's transposed weight copy.
-//   block-scaled  CUTLASS's Hopper blockwise-scaling mainloop (KernelPtrArrayTmaWarpSpecialized{Cooperative,
-//                 Pingpong}FP8Blockwise): scale granularity 1 (M) x 128 (N) x 128 (K); every 128-deep k-block's
-//                 wgmma partial sums are promoted into the fp32 accumulators times sx[m, kb] * sw[kb, nb]. Tiles
-//                 (Fp8ScheduleTypes) 128 x 128 x 128 or, ping-pong, 64 x 128 x 128 (the k-tile is one scale block). SFA
+//   block-scaled  CUTLASS's Hopper blockwise-scaling mainloop (KernelPtrArrayTmaWarpSpecializedCooperativeFP8-
+//                 Blockwise): scale granularity 1 (M) x 128 (N) x 128 (K); every 128-deep k-block's wgmma partial
+//                 sums are promoted into the fp32 accumulators times sx[m, kb] * sw[kb, nb]. Tile 128 x 128 x 128
+//                 (the k-tile is one scale block). The wgrad (kBlockwiseWgrad) scales per channel on both sides. SFA
 //                 (activations, [rows][K/128]) is K-major; SFB (weights, [in/128][out/128]) is N-major in the forward
 //                 (K = in runs down the rows) and K-major in dgrad.
 //   unscaled      CUTLASS's FP8 ptr-array grouped GEMM with fast accumulation (KernelPtrArrayTmaWarpSpecialized-
@@ -23,36 +23,24 @@
 namespace evenep::cuda::cutlass_gemm {
 namespace {
 
-// The block-scaled kernel's schedule: tile and cluster (kCooperative 128 x 128 x 128; kCooperativeCluster the same in
-// clusters of two along M; kPingpong 64 x 128 x 128 per consumer warpgroup).
-template <Schedule kSchedule>
-struct Fp8ScheduleTypes {
+// The block-scaled kernel: cooperative, 128 x 128 x 128 (the k-tile is one scale block; the per-k-block promotion
+// holds a second fp32 accumulator, so 128 x 256 would not fit the registers). A ping-pong 64 x 128 x 128 and clusters
+// of two along M were measured slower (H100, 2026-12-07, docs/benchmarks.md).
+struct Fp8ScaledTypes {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
-    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
     using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
-    using Cluster = std::conditional_t<kSchedule == Schedule::kCooperativeCluster, ClusterM2, Cluster1>;
-};
-template <>
-struct Fp8ScheduleTypes<Schedule::kPingpong> {
-    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise;
-    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-    using Tile = cute::Shape<cute::_64, cute::_128, cute::_128>;
-    using Cluster = Cluster1;
 };
 // The unscaled anchor: cooperative, 128 x 256 x 128, fast accumulation.
 struct Fp8UnscaledTypes {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
-    using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
     using Tile = cute::Shape<cute::_128, cute::_256, cute::_128>;
-    using Cluster = Cluster1;
 };
 
-template <Fp8Kind kKind, Schedule kSchedule>
+template <Fp8Kind kKind>
 struct Fp8Instance {
     static constexpr bool kScaled = kKind != Fp8Kind::kUnscaled;
     static constexpr bool kWgrad = kKind == Fp8Kind::kBlockwiseWgrad;
-    static_assert(kScaled || kSchedule == Schedule::kCooperative, "the unscaled anchor is cooperative only");
-    using Sched = std::conditional_t<kScaled, Fp8ScheduleTypes<kSchedule>, Fp8UnscaledTypes>;
+    using Sched = std::conditional_t<kScaled, Fp8ScaledTypes, Fp8UnscaledTypes>;
     using ElementAB = cutlass::float_e4m3_t;
     using ElementAcc = float;
     // wgrad: D = C = the fp32 gradient (beta 1 accumulates); forward / dgrad: bf16 D, no C.
@@ -62,7 +50,7 @@ struct Fp8Instance {
     using LayoutA = cutlass::layout::RowMajor;     // K-major rows
     using LayoutB = cutlass::layout::ColumnMajor;  // K-major weights
     using LayoutD = cutlass::layout::RowMajor;
-    using ClusterShape = typename Sched::Cluster;
+    using ClusterShape = Cluster1;
     using Tile = typename Sched::Tile;
     using KernelSchedule = typename Sched::Kernel;
     // Forward / dgrad: activations 1 x 128 (K-major [rows][K/128]), weights 128 x 128 ([in/128][out/128]: N-major in
@@ -95,7 +83,7 @@ struct Fp8Instance {
         ElementD,
         LayoutD*,
         kAlignD,
-        typename Sched::Epilogue,
+        cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
         cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc, ElementC, ElementAcc>>::CollectiveOp;
     using GmemA = std::conditional_t<kScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
     using GmemB = std::conditional_t<kScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
@@ -167,9 +155,9 @@ struct Fp8Instance {
     }
 };
 
-template <Fp8Kind kKind, Schedule kSchedule>
+template <Fp8Kind kKind>
 struct Fp8PrepareParams {
-    using I = Fp8Instance<kKind, kSchedule>;
+    using I = Fp8Instance<kKind>;
     GroupOrder order;
     const uint8_t* x;
     const float* x_scales;
@@ -186,9 +174,9 @@ struct Fp8PrepareParams {
     int32_t* error_word;
 };
 
-template <Fp8Kind kKind, Schedule kSchedule>
-__global__ void __launch_bounds__(1024) fp8_prepare_kernel(Fp8PrepareParams<kKind, kSchedule> p) {
-    using I = Fp8Instance<kKind, kSchedule>;
+template <Fp8Kind kKind>
+__global__ void __launch_bounds__(1024) fp8_prepare_kernel(Fp8PrepareParams<kKind> p) {
+    using I = Fp8Instance<kKind>;
     if (threadIdx.x == 0) *p.error_word = 0;
     __syncthreads();
     const GroupOrder& o = p.order;
@@ -239,23 +227,23 @@ __global__ void __launch_bounds__(1024) fp8_prepare_kernel(Fp8PrepareParams<kKin
 
 }  // namespace
 
-template <Fp8Kind kKind, Schedule kSchedule>
+template <Fp8Kind kKind>
 size_t fp8_instance_workspace_bytes(int num_groups, int sm_count) {
-    using I = Fp8Instance<kKind, kSchedule>;
+    using I = Fp8Instance<kKind>;
     size_t tables = 0;
     const typename I::Tables t = I::carve(nullptr, num_groups, &tables);
     return tables + I::Gemm::get_workspace_size(I::arguments(t, num_groups, 0.0f, 0, sm_count));
 }
 
-template <Fp8Kind kKind, Schedule kSchedule>
+template <Fp8Kind kKind>
 void fp8_instance_launch(const Fp8LaunchArgs& a, int sm_count, cudaStream_t stream) {
-    using I = Fp8Instance<kKind, kSchedule>;
+    using I = Fp8Instance<kKind>;
     const int G = a.num_groups;
     const bool fwd = a.op == Op::kForward;
     // wgrad: M = in (k_dim below), N = out; the inner dimension is the group's rows.
     const int k = fwd || I::kWgrad ? a.in_dim : a.out_dim, n = fwd || I::kWgrad ? a.out_dim : a.in_dim;
     const typename I::Tables t = I::carve(a.workspace, G);
-    Fp8PrepareParams<kKind, kSchedule> p{};
+    Fp8PrepareParams<kKind> p{};
     p.order = make_group_order(a.cu, a.ptrs, G, k, I::kWgrad, a.load_aware, a.cost);
     p.x = a.x;
     p.x_scales = a.x_scales;
@@ -280,7 +268,7 @@ void fp8_instance_launch(const Fp8LaunchArgs& a, int sm_count, cudaStream_t stre
     }
     p.t = t;
     p.error_word = gemm_error_word(a.workspace, G);
-    fp8_prepare_kernel<kKind, kSchedule><<<1, 1024, 0, stream>>>(p);
+    fp8_prepare_kernel<kKind><<<1, 1024, 0, stream>>>(p);
     EVENEP_CUDA_CHECK(cudaGetLastError());
     const float beta = I::kWgrad && a.accumulate ? 1.0f : 0.0f;
     run_gemm<typename I::Gemm>(I::arguments(t, G, beta, current_device(), sm_count), t.cutlass_workspace,

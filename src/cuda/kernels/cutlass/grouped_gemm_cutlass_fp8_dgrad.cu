@@ -1,9 +1,7 @@
-// One FP8 CUTLASS grouped GEMM instantiation (grouped_gemm_cutlass_fp8.cuh): block-scaled dgrad, cooperative.
+// One FP8 CUTLASS grouped GEMM instantiation (grouped_gemm_cutlass_fp8.cuh): block-scaled dgrad.
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass_fp8.cuh"
 
 namespace evenep::cuda::cutlass_gemm {
-template size_t fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad, Schedule::kCooperative>(int, int);
-template void fp8_instance_launch<Fp8Kind::kBlockwiseDgrad, Schedule::kCooperative>(const Fp8LaunchArgs&,
-                                                                                    int,
-                                                                                    cudaStream_t);
+template size_t fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(int, int);
+template void fp8_instance_launch<Fp8Kind::kBlockwiseDgrad>(const Fp8LaunchArgs&, int, cudaStream_t);
 }  // namespace evenep::cuda::cutlass_gemm

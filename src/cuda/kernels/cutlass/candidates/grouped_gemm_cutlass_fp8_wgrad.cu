@@ -2,8 +2,6 @@
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass_fp8.cuh"
 
 namespace evenep::cuda::cutlass_gemm {
-template size_t fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad, Schedule::kCooperative>(int, int);
-template void fp8_instance_launch<Fp8Kind::kBlockwiseWgrad, Schedule::kCooperative>(const Fp8LaunchArgs&,
-                                                                                    int,
-                                                                                    cudaStream_t);
+template size_t fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(int, int);
+template void fp8_instance_launch<Fp8Kind::kBlockwiseWgrad>(const Fp8LaunchArgs&, int, cudaStream_t);
 }  // namespace evenep::cuda::cutlass_gemm
