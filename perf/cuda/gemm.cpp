@@ -281,6 +281,8 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     DeviceArray<const uint8_t*> d8table(G);
     DeviceArray<const float*> d8scales(G);
     // fp8_wgrad (a tuning candidate): the wgrad cols casts of x and dy ([dim][ld] random codes, every scale 2^-4).
+    const std::vector<Variant> wgrad8_variants = {
+        {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
     const bool with_fp8_wgrad = std::find(o.ops.begin(), o.ops.end(), "fp8_wgrad") != o.ops.end();
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8_wgrad || cuda::grouped_gemm_has_fp8_wgrad(),
                       "bench gemm: fp8_wgrad needs the CUTLASS tuning candidates (EVENEP_CUTLASS_CANDIDATES)");
@@ -327,8 +329,6 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                 const cuda::GemmOp op =
                     op_name == "dgrad" || op_name == "fp8_dgrad" ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
                 const bool fp8_wgrad = op_name == "fp8_wgrad";
-                const std::vector<Variant> wgrad8_variants = {
-                    {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
                 const std::vector<Variant>& op_variants = fp8_wgrad ? wgrad8_variants : fp8 ? fp8_variants : variants;
                 const int kdim = op == cuda::GemmOp::kForward ? p.in : p.out;
                 const int ndim = op == cuda::GemmOp::kForward ? p.out : p.in;

@@ -15,6 +15,7 @@
 #include "perf/baselines.hpp"
 #include "perf/cuda/bench.hpp"
 #include "perf/cuda/rank_compute.hpp"
+#include "perf/cuda/timing.hpp"
 #include "perf/drift.hpp"
 #include "perf/eplb.hpp"
 
@@ -55,12 +56,8 @@ void finish_system(SystemStep& s) {
     s.compute_mean_ms = s.compute_ms.empty() ? 0
                                              : std::accumulate(s.compute_ms.begin(), s.compute_ms.end(), 0.0) /
                                                    static_cast<double>(s.compute_ms.size());
-    if (!s.fp8_home_cast_ms.empty()) {  // the median over ranks (of an even count: the two middle values' mean)
-        std::vector<double> v = s.fp8_home_cast_ms;
-        std::sort(v.begin(), v.end());
-        const size_t n = v.size();
-        s.fp8_home_cast_median_ms = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-    }
+    // The median over ranks (of an even count: the two middle values' mean; stats_of is unit-free).
+    if (!s.fp8_home_cast_ms.empty()) s.fp8_home_cast_median_ms = stats_of(s.fp8_home_cast_ms).median_us;
     s.imbalance = imbalance(s.rows);
     s.step_no_overlap_ms = s.compute_max_ms + s.comm.communication();
     s.step_overlapped_ms = s.step_no_overlap_ms - std::min(s.comm.dispatch, s.comm.prefetch);

@@ -94,8 +94,8 @@ void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& a, cudaStream_t stream) {
                      a.dy_col_scales != nullptr && a.cu_seqlens != nullptr && a.grads != nullptr,
                  "grouped_gemm_wgrad_fp8: null pointer among x_cols, x_col_scales, dy_cols, dy_col_scales, "
                  "cu_seqlens, grads");
-    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.dy_cols) % 16 == 0,
-                 "grouped_gemm_wgrad_fp8: dy_cols must be 16-byte aligned");
+    EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x_cols) % 16 == 0 && reinterpret_cast<uintptr_t>(a.dy_cols) % 16 == 0,
+                 "grouped_gemm_wgrad_fp8: x_cols and dy_cols must be 16-byte aligned");
     EVENEP_CHECK(grouped_gemm_has_fp8_wgrad(),
                  "grouped_gemm_wgrad_fp8: needs a build with EVENEP_CUTLASS=ON and EVENEP_CUTLASS_CANDIDATES=ON and "
                  "a compute capability 9.0 device (H100/H200)");

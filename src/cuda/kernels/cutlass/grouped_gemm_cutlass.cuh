@@ -80,14 +80,12 @@ struct ScheduleTypes<Schedule::kCooperative> {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
     using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
     using Tile = cute::Shape<cute::_128, cute::_256, cute::_64>;
-    using Cluster = Cluster1;
 };
 template <>
 struct ScheduleTypes<Schedule::kPingpong> {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
     using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
     using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
-    using Cluster = Cluster1;
 };
 
 template <class Element>
@@ -120,9 +118,11 @@ class TableCarver {
     size_t off_ = 0;
 };
 
-// The per-group tables of every CUTLASS grouped GEMM call (in problem-list order).
-template <class ElementAB, class ElementD, class StrideA, class StrideB, class StrideD>
+// The per-group tables of every CUTLASS grouped GEMM call (in problem-list order). ElementC void: no C operand (its
+// table holds null pointers).
+template <class ElementAB, class ElementC, class ElementD, class StrideA, class StrideB, class StrideC, class StrideD>
 struct GroupTables {
+    using PtrC = std::conditional_t<std::is_void_v<ElementC>, const void*, const ElementC*>;
     ProblemMnk* shapes;
     const ElementAB** a;
     const ElementAB** b;
@@ -130,14 +130,18 @@ struct GroupTables {
     StrideA* sa;
     StrideB* sb;
     StrideD* sd;
-    void take(TableCarver& c, int G) {
-        shapes = c.take<ProblemMnk>(G);
-        a = c.take<const ElementAB*>(G);
-        b = c.take<const ElementAB*>(G);
-        d = c.take<ElementD*>(G);
-        sa = c.take<StrideA>(G);
-        sb = c.take<StrideB>(G);
-        sd = c.take<StrideD>(G);
+    PtrC* c;
+    StrideC* sc;
+    void take(TableCarver& carver, int G) {
+        shapes = carver.take<ProblemMnk>(G);
+        a = carver.take<const ElementAB*>(G);
+        b = carver.take<const ElementAB*>(G);
+        d = carver.take<ElementD*>(G);
+        sa = carver.take<StrideA>(G);
+        sb = carver.take<StrideB>(G);
+        sd = carver.take<StrideD>(G);
+        c = carver.take<PtrC>(G);
+        sc = carver.take<StrideC>(G);
     }
 };
 
@@ -150,7 +154,7 @@ struct Instance {
     using ElementC = typename Types::ElementC;
     using ElementD = typename Types::ElementD;
     using LayoutCD = cutlass::layout::RowMajor;
-    using ClusterShape = typename Sched::Cluster;
+    using ClusterShape = Cluster1;
     static constexpr int kAlignAB = alignment_of<ElementAB>(0);
     static constexpr int kAlignD = alignment_of<ElementD>(0);
     static constexpr int kAlignC = alignment_of<ElementC>(kAlignD);
@@ -192,20 +196,15 @@ struct Instance {
     using StrideB = typename Kernel::InternalStrideB;
     using StrideC = typename Kernel::InternalStrideC;
     using StrideD = typename Kernel::InternalStrideD;
-    using PtrC = std::conditional_t<std::is_void_v<ElementC>, const void*, const ElementC*>;
 
     // The per-group tables at the front of the workspace (in problem-list order), then CUTLASS's workspace.
-    struct Tables : GroupTables<ElementAB, ElementD, StrideA, StrideB, StrideD> {
-        PtrC* c;
-        StrideC* sc;
+    struct Tables : GroupTables<ElementAB, ElementC, ElementD, StrideA, StrideB, StrideC, StrideD> {
         uint8_t* cutlass_workspace;
     };
     static Tables carve(void* workspace, int G, size_t* bytes = nullptr) {
         TableCarver carver(workspace);
         Tables t{};
         t.take(carver, G);
-        t.c = carver.take<PtrC>(G);
-        t.sc = carver.take<StrideC>(G);
         t.cutlass_workspace = carver.end();
         if (bytes != nullptr) *bytes = carver.bytes();
         return t;

@@ -107,11 +107,8 @@ struct Fp8Instance {
     using StrideB = typename Kernel::InternalStrideB;
     using StrideC = typename Kernel::InternalStrideC;
     using StrideD = typename Kernel::InternalStrideD;
-    using PtrC = std::conditional_t<kWgrad, const float*, const void*>;
 
-    struct Tables : GroupTables<ElementAB, ElementD, StrideA, StrideB, StrideD> {
-        PtrC* c;
-        StrideC* sc;
+    struct Tables : GroupTables<ElementAB, ElementC, ElementD, StrideA, StrideB, StrideC, StrideD> {
         const ElementScale** sfa;
         const ElementScale** sfb;
         LayoutSFA* layout_sfa;
@@ -123,8 +120,6 @@ struct Fp8Instance {
         TableCarver carver(workspace);
         Tables t{};
         t.take(carver, G);
-        t.c = carver.take<PtrC>(G);
-        t.sc = carver.take<StrideC>(G);
         t.sfa = carver.take<const ElementScale*>(G);
         t.sfb = carver.take<const ElementScale*>(G);
         t.layout_sfa = carver.take<LayoutSFA>(G);
