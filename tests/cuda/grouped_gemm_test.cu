@@ -17,8 +17,9 @@
 // GroupedGemmArgsTest.RejectsBadArguments: in not a multiple of 8, G = 0, a null gradient table -> evenep::Error.
 // GroupedGemmArgsTest.GraphCaptureMatchesEagerCall: the forward call captured in a CUDA graph and replayed twice
 // gives the eager call's result bitwise (hand-written and CUTLASS kernels).
-// Kernels: kAuto (the Hopper kernel on an H100/H200), kMmaSync, and the CUTLASS kernels kCutlass / kCutlassPingpong
-// (bf16 output only; skipped where not built or not Hopper). Shapes also cover Zipf-skewed group sizes ("zipf") and
+// Kernels: kAuto (grouped_gemm.hpp: CUTLASS for bf16 output where built, else the Hopper kernel), kWgmma (the
+// hand-written Hopper kernel), kMmaSync, and the CUTLASS kernels kCutlass / kCutlassPingpong (bf16 output only;
+// skipped where not built or not Hopper). Shapes also cover Zipf-skewed group sizes ("zipf") and
 // the planner's equal rows per group ("planner").
 #include <gtest/gtest.h>
 
@@ -53,7 +54,7 @@ struct Case {
     GemmOp op;
     bool fp32_out;
     GemmSchedule schedule;
-    cuda::GemmKernel kernel = cuda::GemmKernel::kAuto;  // kAuto = the Hopper kernel on an H100/H200
+    cuda::GemmKernel kernel = cuda::GemmKernel::kAuto;  // kAuto: the library's default choice (grouped_gemm.hpp)
     bool accumulate = true;                             // wgrad: dW += (true) or dW = (false)
 };
 
@@ -61,6 +62,8 @@ std::string kernel_suffix(cuda::GemmKernel k) {
     switch (k) {
         case cuda::GemmKernel::kMmaSync:
             return "_mma";
+        case cuda::GemmKernel::kWgmma:
+            return "_wgmma";
         case cuda::GemmKernel::kCutlass:
             return "_cutlass";
         case cuda::GemmKernel::kCutlassPingpong:
@@ -72,11 +75,16 @@ std::string kernel_suffix(cuda::GemmKernel k) {
 bool is_cutlass(cuda::GemmKernel k) {
     return k == cuda::GemmKernel::kCutlass || k == cuda::GemmKernel::kCutlassPingpong;
 }
-// The CUTLASS kernels run where they are built in (EVENEP_CUTLASS) and the device is an H100/H200.
-#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                            \
-    do {                                                                                              \
-        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass())                                  \
-            GTEST_SKIP() << "CUTLASS grouped GEMM not built (EVENEP_CUTLASS) or not a Hopper device"; \
+// The CUTLASS kernels run where they are built in (EVENEP_CUTLASS) and the device is an H100/H200; kWgmma on an
+// H100/H200.
+bool kernel_runs(cuda::GemmKernel k) {
+    if (is_cutlass(k)) return cuda::grouped_gemm_has_cutlass();
+    return k != cuda::GemmKernel::kWgmma || cuda::grouped_gemm_has_wgmma();
+}
+#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                                       \
+    do {                                                                                                         \
+        if (!kernel_runs(kernel))                                                                                \
+            GTEST_SKIP() << "kernel not built (EVENEP_CUTLASS) or not supported by the device (H100/H200 only)"; \
     } while (0)
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -215,8 +223,8 @@ std::vector<Case> all_cases() {
         for (GemmOp op : {GemmOp::kForward, GemmOp::kDgrad})
             for (bool f32 : {false, true})
                 for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware})
-                    for (auto k : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync, cuda::GemmKernel::kCutlass,
-                                   cuda::GemmKernel::kCutlassPingpong}) {
+                    for (auto k : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kWgmma, cuda::GemmKernel::kMmaSync,
+                                   cuda::GemmKernel::kCutlass, cuda::GemmKernel::kCutlassPingpong}) {
                         if (is_cutlass(k) && f32) continue;  // fp32 output runs kWgmma (see GemmKernel)
                         out.push_back({s, op, f32, sch, k});
                     }
@@ -363,9 +371,10 @@ TEST(GroupedGemmArgsTest, GraphCaptureMatchesEagerCall) {
     DeviceArray<int32_t> dcu(G);
     dcu.upload(cu);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
-    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kCutlass, cuda::GemmKernel::kCutlassPingpong}) {
+    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kWgmma, cuda::GemmKernel::kCutlass,
+                        cuda::GemmKernel::kCutlassPingpong}) {
         SCOPED_TRACE(kernel_suffix(kernel));
-        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass()) continue;
+        if (!kernel_runs(kernel)) continue;
         DeviceArray<uint16_t> y1(static_cast<size_t>(rows) * out), y2(static_cast<size_t>(rows) * out);
         cuda::GroupedGemmArgs a = gemm_args(x.get(), dcu.get(), dtab.get(), y1.get(), G, in, out, ws.get());
         a.kernel = kernel;
@@ -403,9 +412,10 @@ TEST(GroupedGemmArgsTest, MisalignedPointerIsReportedAndSkipped) {
     DeviceArray<int32_t> dcu(G);
     dcu.upload(cu);
     DeviceArray<uint8_t> ws(cuda::grouped_gemm_workspace_bytes(G));
-    for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync, cuda::GemmKernel::kCutlass}) {
+    for (auto kernel :
+         {cuda::GemmKernel::kAuto, cuda::GemmKernel::kWgmma, cuda::GemmKernel::kMmaSync, cuda::GemmKernel::kCutlass}) {
         SCOPED_TRACE(kernel_suffix(kernel));
-        if (is_cutlass(kernel) && !cuda::grouped_gemm_has_cutlass()) continue;
+        if (!kernel_runs(kernel)) continue;
         std::vector<const uint16_t*> table(G);
         for (int g = 0; g < G; ++g) table[g] = w.get() + static_cast<size_t>(g) * in * out;
         table[1] += 1;  // 2 bytes off: rejected
@@ -481,7 +491,8 @@ TEST(GroupedGemmPeerTest, PeerWeightsMatchLocalWeights) {
         return y.download();
     };
     for (GemmOp op : {GemmOp::kForward, GemmOp::kDgrad})
-        for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kMmaSync}) {
+        for (auto kernel : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kWgmma, cuda::GemmKernel::kMmaSync}) {
+            if (!kernel_runs(kernel)) continue;
             SCOPED_TRACE(std::string(op == GemmOp::kForward ? "forward" : "dgrad") + kernel_suffix(kernel));
             const auto peer = run(w_peer.get(), op, kernel);
             const auto local = run(w_local.get(), op, kernel);

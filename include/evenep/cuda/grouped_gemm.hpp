@@ -12,11 +12,14 @@
 // even) or fp32. in and out must be multiples of 8 (16-byte rows); they need not be multiples of the tile.
 // Tolerance against an fp32 reference: bf16 output rounding (2^-8 relative) plus fp32 summation-order differences.
 //
-// Kernels (GemmKernel): on compute capability 9.0 (H100/H200) kAuto runs the Hopper kernel — TMA tile loads,
-// wgmma m64n256k16, a warp-specialised persistent block per SM (one producer warpgroup, two consumer warpgroups),
-// 128 x 256 x 64 tiles, per-group tensor maps written on the device; elsewhere, or with kMmaSync, a portable
-// mma.sync m16n8k16 + cp.async kernel (128 x 128 x 32 tiles). kCutlass / kCutlassPingpong pick CUTLASS's grouped
-// GEMM (below, at GemmKernel).
+// Kernels (GemmKernel): kWgmma is the hand-written Hopper kernel (compute capability 9.0, H100/H200) — TMA tile
+// loads, wgmma m64n256k16, a warp-specialised persistent block per SM (one producer warpgroup, two consumer
+// warpgroups), 128 x 256 x 64 tiles, per-group tensor maps written on the device; kMmaSync a portable mma.sync
+// m16n8k16 + cp.async kernel (128 x 128 x 32 tiles); kCutlass / kCutlassPingpong CUTLASS's grouped GEMM (below, at
+// GemmKernel). kAuto picks, per call, the one measured fastest on the H100/H200 (docs/benchmarks.md, "Tuning
+// candidates"): CUTLASS's cooperative kernel for bf16-output forward and dgrad where it is built (EVENEP_CUTLASS)
+// and runs; the hand-written Hopper kernel for fp32 output, for wgrad, and where CUTLASS is not built; the
+// portable kernel off Hopper.
 //
 // Scheduling: the kernels are persistent. A one-block scheduler kernel, launched first on the same stream, reads
 // cu_seqlens and the pointer table and writes the work order into `workspace`:
@@ -63,7 +66,7 @@ GemmCostModel grouped_gemm_cost_model();
 // [in, out], or wgrad (`wgrad` true, `op` ignored) of the gradient [in, out]. The formula the kLoadAware scheduler
 // balances (evenep/detail/gemm_cost.hpp); a call's balanced makespan is the sum over its groups / SMs.
 float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, int rows, int in, int out);
-// True when grouped_gemm's kAuto picks the Hopper kernel on the current device.
+// True when the hand-written Hopper kernel (kWgmma) runs on the current device.
 bool grouped_gemm_has_wgmma();
 // True when the CUTLASS kernels (kCutlass, kCutlassPingpong) are built in and run on the current device.
 bool grouped_gemm_has_cutlass();

@@ -460,8 +460,10 @@ float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, 
 }
 
 namespace {
-// Whether this call runs a CUTLASS kernel (kCutlass, kCutlassPingpong; throws where they cannot run).
-bool use_cutlass(GemmKernel kernel, const char* what) {
+// Whether this call runs a CUTLASS kernel (kCutlass, kCutlassPingpong; throws where they cannot run). kAuto runs
+// CUTLASS's cooperative kernel for bf16-output forward / dgrad where it is built and runs (see GemmKernel).
+bool use_cutlass(GemmKernel kernel, const char* what, bool auto_picks_cutlass = false) {
+    if (kernel == GemmKernel::kAuto) return auto_picks_cutlass && grouped_gemm_has_cutlass();
     if (kernel != GemmKernel::kCutlass && kernel != GemmKernel::kCutlassPingpong) return false;
     EVENEP_CHECK(grouped_gemm_has_cutlass(), what,
                  ": kernel = ", kernel == GemmKernel::kCutlass ? "kCutlass" : "kCutlassPingpong",
@@ -507,7 +509,7 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     const auto* ptrs = reinterpret_cast<const void* const*>(a.weights);
     const int G = a.num_groups;
     // fp32 output: no CUTLASS instantiation; the hand-written Hopper kernel (see GemmKernel).
-    const bool cutlass = use_cutlass(a.kernel, "grouped_gemm") && !a.y_fp32;
+    const bool cutlass = use_cutlass(a.kernel, "grouped_gemm", /*auto_picks_cutlass=*/true) && !a.y_fp32;
 #if defined(EVENEP_HAVE_CUTLASS)
     if (cutlass) {
         const cutlass_gemm::LaunchArgs l{.op = fwd ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,

@@ -269,6 +269,9 @@ MoeForward MoeLayer::forward(std::span<const RankIo> io,
                              int64_t s_total,
                              cudaStream_t stream) {
     const int L0 = ep_.rank_begin(), NL = ep_.num_local_ranks(), H = ep_.hidden(), F = ffn_hidden_;
+    // Before anything is written (the plan pointers below index NL entries; the saved forward stays usable).
+    EVENEP_CHECK_KIND(ErrorKind::kInvalidArgument, static_cast<int>(io.size()) == NL, "moe layer: forward got ",
+                      io.size(), " rank inputs, expected ", NL, " (the ranks this process serves)");
     has_forward_ = has_backward_ = false;
     const MoeKernelParams p = kernel_params();
 
