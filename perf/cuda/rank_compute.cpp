@@ -297,6 +297,11 @@ void RankComputeTimer::forward(const Launch& l) {
     p.g = g_, p.u = u_, p.h = h_;
     kernels::launch_swiglu_forward(p, stream_);
     gemm(2, h_, y_, F_, H_);
+    // The layer's last forward pass (launch_moe_place_output): the received rows saved for the wgrads, y into the
+    // receive buffer. The saved copy goes to f32a (free until the backward; rows x max(H, H') fp32 hold rows x H
+    // bf16) so that x, the GEMMs' input, stays the same random data from iteration to iteration.
+    p.x = reinterpret_cast<uint16_t*>(f32a_), p.y = y_;
+    kernels::launch_moe_place_output(p, stream_);
 }
 
 void RankComputeTimer::wgrad_of(const Launch& l, int proj, const uint16_t* x, const uint16_t* dy, int in, int out) {

@@ -3,7 +3,8 @@
 //
 // A rank's work is a list of groups (one expert's rows each, padding included: every row is computed, as the
 // grouped GEMM does). time() runs, on one stream, exactly the kernels cuda::MoeLayer runs for one served rank:
-//   forward   gate = x·Wg, up = x·Wu (grouped_gemm kForward, bf16), h = swiglu(gate, up), y = h·Wd
+//   forward   gate = x·Wg, up = x·Wu (grouped_gemm kForward, bf16), h = swiglu(gate, up), y = h·Wd, then the
+//             layer's place-output pass (the received rows saved, y into the receive buffer)
 //   backward  dy rows (grad_rows), dWd += h^T·dy (wgrad), dh = dy·Wd^T (kDgrad, fp32), swiglu backward,
 //             dWg += x^T·dg, dWu += x^T·du (wgrad), dg·Wg^T and du·Wu^T (kDgrad, fp32), dx = sum (bf16)
 // with the layer's schedules (forward/dgrad kLoadAware, wgrad kFixed by default). Every group has its own weight and

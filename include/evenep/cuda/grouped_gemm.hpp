@@ -17,9 +17,10 @@
 // warpgroups), 128 x 256 x 64 tiles, per-group tensor maps written on the device; kMmaSync a portable mma.sync
 // m16n8k16 + cp.async kernel (128 x 128 x 32 tiles); kCutlass / kCutlassPingpong CUTLASS's grouped GEMM (below, at
 // GemmKernel). kAuto picks, per call, the one measured fastest on the H100/H200 (docs/benchmarks.md, "Tuning
-// candidates"): CUTLASS's cooperative kernel for bf16-output forward and dgrad where it is built (EVENEP_CUTLASS)
-// and runs; the hand-written Hopper kernel for fp32 output, for wgrad, and where CUTLASS is not built; the
-// portable kernel off Hopper.
+// candidates"): CUTLASS's cooperative kernel for bf16-output forward and dgrad, and for wgrad of a gradient with
+// fewer rows than columns (in < out, the down projection's [H', H]), where it is built (EVENEP_CUTLASS) and runs;
+// the hand-written Hopper kernel for fp32 output, for the other wgrads (gate / up, [H, H']), and where CUTLASS is
+// not built; the portable kernel off Hopper.
 //
 // Scheduling: the kernels are persistent. A one-block scheduler kernel, launched first on the same stream, reads
 // cu_seqlens and the pointer table and writes the work order into `workspace`:
@@ -102,7 +103,8 @@ void grouped_gemm(const GroupedGemmArgs& args, cudaStream_t stream);
 // longest group first with either schedule. kFixed never splits a group and is deterministic; kLoadAware splits a
 // group into row chunks when its tiles are too few to keep the SMs busy (a unit above a quarter of an SM's share),
 // and the chunks' partial sums are then added in an unspecified order (results may differ in the last bits from
-// run to run). mma.sync kernel: one tile per 128 x 128 block over all the group's rows, deterministic. Same
+// run to run). CUTLASS (kCutlass, kCutlassPingpong, and kAuto where in < out): never split, deterministic.
+// mma.sync kernel: one tile per 128 x 128 block over all the group's rows, deterministic. Same
 // workspace as grouped_gemm.
 struct GroupedWgradArgs {
     const uint16_t* x = nullptr;          // [rows, in] bf16: the forward input

@@ -564,7 +564,9 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& a, cudaStream_t stream) {
     EVENEP_CHECK(a.x != nullptr && a.dy != nullptr && a.cu_seqlens != nullptr && a.grads != nullptr,
                  "grouped_gemm_wgrad: null pointer among x, dy, cu_seqlens, grads");
     const auto* ptrs = reinterpret_cast<const void* const*>(a.grads);
-    if (use_cutlass(a.kernel, "grouped_gemm_wgrad")) {
+    // kAuto: CUTLASS's cooperative wgrad where the gradient has fewer rows than columns (in < out: the down
+    // projection's [H', H]), the hand-written kernel otherwise (see GemmKernel).
+    if (use_cutlass(a.kernel, "grouped_gemm_wgrad", /*auto_picks_cutlass=*/a.in_dim < a.out_dim)) {
 #if defined(EVENEP_HAVE_CUTLASS)
         const cutlass_gemm::LaunchArgs l{.op = cutlass_gemm::Op::kWgrad,
                                          .x = a.x,
