@@ -102,6 +102,9 @@ def parse(argv=None):
                    help="the FP8 path (evenep.Buffer(fp8=True), evenep.nn.MoE(fp8=True); CPU, or --device cuda "
                         "with the CUTLASS kernels (H100/H200); hidden and ffn multiples of 128; docs/python.md, FP8)")
     p.add_argument("--ue8m0", action="store_true", help="with --fp8: power-of-two (UE8M0) scales")
+    p.add_argument("--bf16-partials", action="store_true",
+                   help="combine's multi-entry partial sums cross as bf16 (evenep.Buffer(bf16_partials=True), upstream "
+                        "MoonEP's format: fewer combine bytes, one more rounding); with --compare-fp8, in both runs")
     p.add_argument("--compare-fp8", action="store_true",
                    help="run the bf16 and then the FP8 path from the same weights on the same batches and print both "
                         "final losses (and the mean of the last 10 steps) with their relative difference")
@@ -112,8 +115,8 @@ def parse(argv=None):
     args = p.parse_args(argv)
     if args.trace and args.backend != "evenep":
         p.error("--trace records the plans of --backend evenep")
-    if (args.fp8 or args.compare_fp8 or args.ue8m0) and args.backend != "evenep":
-        p.error("--fp8, --ue8m0 and --compare-fp8 run --backend evenep")
+    if (args.fp8 or args.compare_fp8 or args.ue8m0 or args.bf16_partials) and args.backend != "evenep":
+        p.error("--fp8, --ue8m0, --bf16-partials and --compare-fp8 run --backend evenep")
     if args.ue8m0 and not (args.fp8 or args.compare_fp8):
         p.error("--ue8m0 needs --fp8 (or --compare-fp8)")
     if (args.fp8 or args.compare_fp8) and (args.hidden % 128 or args.ffn % 128):
@@ -150,7 +153,7 @@ def train(args):
     if args.backend == "evenep":
         buffer = evenep.Buffer(args.experts, args.top_k, tokens_per_rank, args.hidden, virtual_ranks=args.ranks,
                                ffn_hidden=args.ffn, token_padding=args.token_padding, device=device, fp8=args.fp8,
-                               ue8m0=args.ue8m0)
+                               ue8m0=args.ue8m0, bf16_partials=args.bf16_partials)
     if args.trace:
         buffer.record_trace(args.trace, layers=args.layers)
     torch.manual_seed(args.seed)

@@ -226,11 +226,12 @@ int64_t create_cuda_buffer(int64_t num_ranks,
                            std::string policy,
                            double slack,
                            bool fp8,
-                           bool ue8m0) {
+                           bool ue8m0,
+                           bool bf16_partials) {
     return translate([&] {
         const BufferConfig cfg =
             make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding,
-                               policy, slack, DataPrecision{fp8, ue8m0, false});
+                               policy, slack, DataPrecision{fp8, ue8m0, bf16_partials});
         return register_context(new_context(cfg, planner, device, num_sms, nullptr));
     });
 }
@@ -246,7 +247,8 @@ int64_t create_nccl_buffer(at::IntArrayRef config,
                            int64_t device,
                            int64_t num_sms,
                            std::string policy,
-                           double slack) {
+                           double slack,
+                           bool bf16_partials) {
     return translate([&] {
         EVENEP_CHECK(cuda::nccl_team_built(),
                      "evenep.Buffer(group=...): this build of evenep has no NCCL team (built without NCCL >= 2.28 "
@@ -255,7 +257,7 @@ int64_t create_nccl_buffer(at::IntArrayRef config,
                           " values, expected [E, K, S, H, H', B, tp]");
         const BufferConfig cfg =
             make_buffer_config(world_size, config[0], config[1], config[2], config[3], config[4], config[5], config[6],
-                               policy, slack);
+                               policy, slack, DataPrecision{false, false, bf16_partials});
         cuda::NcclBootstrap boot;
         boot.rank = static_cast<int>(rank);
         boot.world_size = static_cast<int>(world_size);
@@ -319,11 +321,11 @@ TORCH_LIBRARY_FRAGMENT(evenep, m) {
     m.def(
         "create_cuda_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
         "int num_slots, int token_padding, str planner, int device, int num_sms, str policy=\"auto\", "
-        "float slack=-1., bool fp8=False, bool ue8m0=False) -> int",
+        "float slack=-1., bool fp8=False, bool ue8m0=False, bool bf16_partials=False) -> int",
         &create_cuda_buffer);
     m.def(
         "create_nccl_buffer(int[] config, str planner, str unique_id, int rank, int world_size, int device, "
-        "int num_sms, str policy=\"auto\", float slack=-1.) -> int",
+        "int num_sms, str policy=\"auto\", float slack=-1., bool bf16_partials=False) -> int",
         &create_nccl_buffer);
     m.def("nccl_unique_id() -> str", &nccl_unique_id);
     m.def("nccl_built() -> bool", &nccl_built);

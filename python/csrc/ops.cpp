@@ -67,11 +67,12 @@ int64_t create_buffer(int64_t num_ranks,
                       std::string policy,
                       double slack,
                       bool fp8,
-                      bool ue8m0) {
+                      bool ue8m0,
+                      bool bf16_partials) {
     return translate([&] {
-        const BufferConfig cfg = make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden,
-                                                    num_slots, token_padding, policy, slack,
-                                                    DataPrecision{fp8, ue8m0, false});
+        const BufferConfig cfg =
+            make_buffer_config(num_ranks, num_experts, top_k, max_tokens, hidden, ffn_hidden, num_slots, token_padding,
+                               policy, slack, DataPrecision{fp8, ue8m0, bf16_partials});
         auto ctx = std::make_shared<Context>(cfg, parse_planner_mode(planner));
         const int64_t id = new_buffer_id();
         std::lock_guard lock(g_registry_mutex);
@@ -420,7 +421,7 @@ TORCH_LIBRARY(evenep, m) {
     m.def(
         "create_buffer(int num_ranks, int num_experts, int top_k, int max_tokens, int hidden, int ffn_hidden, "
         "int num_slots, int token_padding, str planner, str policy=\"auto\", float slack=-1., bool fp8=False, "
-        "bool ue8m0=False) -> int",
+        "bool ue8m0=False, bool bf16_partials=False) -> int",
         &create_buffer);
     m.def("release_buffer(int buffer) -> ()", &release_buffer);
     m.def("buffer_info(int buffer) -> int[]", &buffer_info);

@@ -95,6 +95,10 @@ class Buffer:
             (bit for bit the CPU's); not with group= (NotImplementedError). evenep.nn.MoE(fp8=True) on CUDA runs the
             library's CUTLASS FP8 grouped GEMM (a build with EVENEP_CUTLASS, an H100/H200).
         ue8m0: with fp8, every scale rounded up to a power of two (UE8M0).
+        bf16_partials: combine sends a rank's partial sum of >= 2 entries of a token (its deduplicated chain) as
+            bf16 instead of fp32 (upstream MoonEP's format: fewer combine bytes, one more rounding; docs/fp8.md
+            section 4). A bool; with or without fp8, on every backend and with group=. Default False: fp32
+            partials, no rounding beyond the experts' bf16 outputs (SPEC 4.2).
     """
 
     def __init__(
@@ -116,6 +120,7 @@ class Buffer:
         slack: Optional[float] = None,
         fp8: bool = False,
         ue8m0: bool = False,
+        bf16_partials: bool = False,
     ):
         # Every integer is checked here, as given, before it reaches C++ (whose int32 sizes would wrap it).
         num_experts, top_k, max_tokens, hidden = (
@@ -142,12 +147,12 @@ class Buffer:
         self.policy = policy
         self.slack = slack
         policy_args = (policy, -1.0 if slack is None else float(slack))
-        for name, v in (("fp8", fp8), ("ue8m0", ue8m0)):
+        for name, v in (("fp8", fp8), ("ue8m0", ue8m0), ("bf16_partials", bf16_partials)):
             if not isinstance(v, bool):
                 raise ValueError(f"evenep.Buffer: {name} = {v!r}, expected True or False")
         if ue8m0 and not fp8:
             raise ValueError("evenep.Buffer: ue8m0=True needs fp8=True (it rounds the FP8 scales)")
-        self.fp8, self.ue8m0 = fp8, ue8m0
+        self.fp8, self.ue8m0, self.bf16_partials = fp8, ue8m0, bf16_partials
         if fp8 and group is not None:
             raise NotImplementedError(
                 "evenep.Buffer(fp8=True, group=...): the FP8 dispatch writes caller-owned rows, which the NCCL team "
@@ -183,10 +188,11 @@ class Buffer:
             if self.device.index is None:
                 self.device = torch.device("cuda", torch.cuda.current_device())
             self._release = ops.release_cuda_buffer
-            self._id = ops.create_cuda_buffer(*args, self.device.index, num_sms, *policy_args, fp8, ue8m0)
+            self._id = ops.create_cuda_buffer(*args, self.device.index, num_sms, *policy_args, fp8, ue8m0,
+                                              bf16_partials)
         elif self.device.type == "cpu":
             self._release = ops.release_buffer
-            self._id = ops.create_buffer(*args, *policy_args, fp8, ue8m0)
+            self._id = ops.create_buffer(*args, *policy_args, fp8, ue8m0, bf16_partials)
         else:
             raise NotImplementedError(f"evenep.Buffer(device={self.device}): only cpu and cuda are supported")
         self._finish()
@@ -229,7 +235,8 @@ class Buffer:
         self.fp8 = self.ue8m0 = False
         self._release = ops.release_cuda_buffer
         config = [E, K, S, H, H if ffn_hidden is None else ffn_hidden, -1 if slots is None else slots, tp]
-        self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms, *policy_args)
+        self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms, *policy_args,
+                                          self.bf16_partials)
         self._finish()
 
     # Static shape -----------------------------------------------------------------------------------------
@@ -280,6 +287,8 @@ class Buffer:
             dev += f", group rank={i.rank_begin}"
         if self.fp8:
             dev += ", fp8" + (", ue8m0" if self.ue8m0 else "")
+        if self.bf16_partials:
+            dev += ", bf16_partials"
         pol = self.policy if self.slack is None else f"{self.policy}, slack={self.slack:g}"
         return (f"evenep.Buffer(R={i.R}, E={i.E}, K={i.K}, S={i.S}, H={i.H}, B={i.B}, tp={i.tp}, NvS={i.nvs}, "
                 f"policy={pol}{dev})")
