@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Issue 34's tables in one device call (docs/benchmarks.md "CUTLASS kernels and FP8" and "The FP8 layer"; docs/fp8.md):
+#   1. build the `evenep` CLI, the Python extension and the FP8 tests (CUTLASS on, the tuning candidates for
+#      `fp8_wgrad`), run grouped_gemm_fp8_test and gpu_moe_layer_fp8_test;
+#   2. the GEMM table: `evenep bench gemm` at the MoonEP point (the planner's rows at maxvio 0.2 and 20, Zipf 1.0)
+#      and the K3-like point (R = 64), bf16 fwd/dgrad/wgrad with the hand-written and CUTLASS kernels, FP8 fwd/dgrad
+#      (block-scaled, beside CUTLASS's unscaled anchor) and the FP8 wgrad, then torch._grouped_mm and dense on the
+#      same offsets (gemm_anchor.py);
+#   3. the wgrad with four micro-batches' rows in one call (S x 4: the deferred-wgrad measurement);
+#   4. the FP8 layer table: `bench layer --fp8` at both points, maxvio 0.2 and 20, M = 4 micro-batches a step;
+#   5. the dispatch, bf16 and FP8, at the MoonEP point;
+#   6. accuracy: `evenep demo --fp8 --backend cuda` and the 200-step `train_moe.py --compare-fp8` on CUDA.
+# Each step gets what is left of BUDGET seconds (default 570) and is skipped when too little is left; summary.txt
+# holds every table, logs.tgz the logs and JSON (the device returns 8 files).
+#
+# On the device machine, from the repository root (carry .devdeps and .deps):
+#   source .devdeps/unpack.sh && scripts/device/issue34.sh
+# Environment: BUILD (default build-gpu), BUDGET, SKIP (space-separated step names to skip: tests gemm k3 defer
+# layer dispatch accuracy).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+OUT=${OUT:-$PWD/device-out}
+L=$OUT/logs
+mkdir -p "$L"
+exec > >(tee "$OUT/summary.txt") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONDONTWRITEBYTECODE=1
+t0=$(date +%s)
+el() { echo $(( $(date +%s) - t0 )); }
+BUDGET=${BUDGET:-570}
+# left N: N seconds, or what is left of the budget when that is less (at least 1)
+left() { local l=$(( BUDGET - $(el) )); [ $l -gt $1 ] && echo $1 || echo $(( l > 1 ? l : 1 )); }
+# want STEP NEED: the step is not skipped and NEED seconds are left
+want() { [[ " ${SKIP:-} " != *" $1 "* ]] && [ $(( BUDGET - $(el) )) -ge $2 ]; }
+B=${BUILD:-build-gpu}
+E=$B/tools/evenep/evenep
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
+T="grouped_gemm_fp8_test gpu_moe_layer_fp8_test"
+{
+  cmake -S . -B "$B" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
+    -DEVENEP_CUTLASS=ON -DEVENEP_CUTLASS_CANDIDATES=ON -DEVENEP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)" &&
+  cmake --build "$B" -j "$(nproc)" --target evenep evenep_python $T
+} > "$L/build.log" 2>&1 || { tail -40 "$L/build.log"; exit 1; }
+grep -E "EvenEP: CUTLASS" "$L/build.log"
+echo "build $(el) s"
+find "$B" -name "_C*.so" -exec cp {} python/evenep/ \;
+
+if want tests 60; then
+  for t in $T; do
+    timeout "$(left 90)" "$B/tests/$t" --gtest_brief=1 > "$L/t_$t.log" 2>&1
+    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$L/t_$t.log" | tr '\n' ' ') ($(el) s)"
+    grep -E "^\[  FAILED  \]" "$L/t_$t.log" | head -8
+  done
+fi
+
+# gemm NAME NEED ARGS...: one bench gemm row set and its torch anchors
+gemm() {
+  local name=$1 need=$2
+  shift 2
+  want "$name" "$need" || { echo "== $name skipped ($(el) s)"; return; }
+  echo "== gemm $name ($(el) s)"
+  timeout "$(left 150)" "$E" bench gemm "$@" --iters 10 --json "$L/$name.json" --offsets-json "$L/${name}_off.json" \
+    > "$L/$name.log" 2>&1
+  echo "bench rc=$? ($(el) s)"
+  timeout "$(left 120)" python3 scripts/device/gemm_anchor.py --offsets "$L/${name}_off.json" --evenep "$L/$name.json" \
+    --ops fwd dgrad wgrad --json "$L/${name}_anchor.json" > "$L/${name}_anchor.log" 2>&1
+  echo "anchor rc=$? ($(el) s)"
+  sed -n '/^dist /,$p' "$L/${name}_anchor.log"
+}
+gemm gemm 150 --maxvio 0.2 20 --zipf 1.0 --ops fwd dgrad wgrad fp8_fwd fp8_dgrad fp8_wgrad \
+  --kernels wgmma cutlass cutlass_pingpong --check
+gemm k3 60 --R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0 --ops fwd dgrad wgrad fp8_fwd fp8_dgrad \
+  --kernels wgmma cutlass
+
+if want defer 30; then
+  echo "== wgrad over four micro-batches' rows (S x 4) ($(el) s)"
+  timeout "$(left 90)" "$E" bench gemm --S 32768 --maxvio 0.2 --zipf 0 --ops wgrad fp8_wgrad --kernels wgmma cutlass \
+    --iters 5 --json "$L/defer.json" > "$L/defer.log" 2>&1
+  echo "defer rc=$? ($(el) s)"
+  grep -E "wgrad" "$L/defer.log"
+fi
+
+if want layer 100; then
+  echo "== FP8 layer ($(el) s)"
+  timeout "$(left 240)" "$E" bench layer --fp8 --points moonep k3 --k3-R 64 --maxvio 0.2 20 --micro-batches 4 \
+    --json "$L/layer.json" > "$L/layer.log" 2>&1
+  echo "layer rc=$? ($(el) s)"
+  sed -n '/^shape/,$p' "$L/layer.log"
+fi
+
+if want dispatch 20; then
+  for f in "" --fp8; do
+    echo "== dispatch $f ($(el) s)"
+    timeout "$(left 60)" "$E" bench dispatch --R 8 --E 384 --K 8 --S 8192 --H 7168 --ffn-hidden 2048 --tp 128 \
+      --policy exact --iters 10 --maxvio 1 $f > "$L/dispatch$f.log" 2>&1
+    echo "dispatch rc=$? ($(el) s)"
+    grep -E "^(op|copy|dispatch)" "$L/dispatch$f.log"
+  done
+fi
+
+if want accuracy 40; then
+  echo "== demo --fp8 --backend cuda ($(el) s)"
+  timeout "$(left 120)" "$E" demo --fp8 --backend cuda > "$L/demo_fp8.log" 2>&1
+  echo "demo rc=$? ($(el) s)"
+  grep -iE "fp8|rel|PASS|FAIL" "$L/demo_fp8.log" | head -20
+  echo "== train_moe --compare-fp8 on CUDA ($(el) s)"
+  PYTHONPATH=$PWD/python timeout "$(left 150)" python3 examples/train_moe.py --compare-fp8 --device cuda --hidden 128 \
+    --ffn 256 --steps 200 --quiet > "$L/train.log" 2>&1
+  echo "train rc=$? ($(el) s)"
+  tail -2 "$L/train.log"
+fi
+echo "done $(el) s"
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
