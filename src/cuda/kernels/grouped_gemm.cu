@@ -461,7 +461,8 @@ float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, 
 
 namespace {
 // Whether this call runs a CUTLASS kernel (kCutlass, kCutlassPingpong; throws where they cannot run). kAuto runs
-// CUTLASS's cooperative kernel for bf16-output forward / dgrad where it is built and runs (see GemmKernel).
+// CUTLASS's cooperative kernel where the caller's per-op rule picks it (auto_picks_cutlass; GemmKernel) and CUTLASS
+// is built and runs, the hand-written kernels otherwise.
 bool use_cutlass(GemmKernel kernel, const char* what, bool auto_picks_cutlass = false) {
     if (kernel == GemmKernel::kAuto) return auto_picks_cutlass && grouped_gemm_has_cutlass();
     if (kernel != GemmKernel::kCutlass && kernel != GemmKernel::kCutlassPingpong) return false;
