@@ -280,6 +280,23 @@ class Buffer:
         except Exception:  # interpreter shutdown
             pass
 
+    # A Buffer is a communication resource that the layers using it share (as they share a process group): copying
+    # a module that holds one (copy.deepcopy(nn.MoE), an EMA or reference model) shares it. A copied Buffer object
+    # would release the same id when collected, leaving the original's layers with a freed buffer.
+    def __deepcopy__(self, memo):
+        memo[id(self)] = self
+        return self
+
+    def __copy__(self):
+        return self
+
+    def __reduce__(self):
+        raise TypeError(
+            "evenep.Buffer cannot be pickled (it holds device memory, the planner's state and, with group=, a "
+            "communicator): create one per process and pass it to the layers (evenep.nn.MoE(buffer=...)); "
+            "save the model's state_dict instead of the module"
+        )
+
     def __repr__(self) -> str:
         i = self.info
         dev = "" if self.device.type == "cpu" else f", device={self.device}"

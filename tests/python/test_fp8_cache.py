@@ -226,7 +226,7 @@ def test_inference_mode_cast_not_saved_by_training(buf, casts):
 
 
 def test_copy_starts_empty():
-    # (the cache alone: a deepcopy of nn.MoE would copy its evenep.Buffer, whose copy releases the buffer's id)
+    # (the cache alone; a deepcopy of nn.MoE shares its evenep.Buffer: test_moe.py::test_deepcopy_shares_buffer)
     w = torch.nn.Parameter(torch.randn(256, 128))
     cache = fp8.WeightCastCache()
     cache.cast(w, (w,), False)

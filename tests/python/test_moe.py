@@ -3,7 +3,7 @@
 Cases: forward and backward (output, grad x, grad of the route weights / router weight, every expert weight) on
 the adversarial routings of SPEC §7 (hot expert, hot rank, all remote, all K on one remote rank, masked entries)
 and unequal s; softmax and sigmoid routers; fp32 and bf16 parameters; a shared expert; two layers sharing one
-buffer. Tolerance: rel = max|got - ref| / max|ref| <= 2e-2 per tensor, the CPU oracle's (cpu::default_tolerances,
+buffer; copy.deepcopy of a layer shares its buffer (pickling a Buffer is refused). Tolerance: rel = max|got - ref| / max|ref| <= 2e-2 per tensor, the CPU oracle's (cpu::default_tolerances,
 tests/unit/cpu_moe_layer_test.cpp): the EP path stores bf16 between the GEMMs, the reference does not.
 """
 
@@ -104,6 +104,26 @@ def test_two_layers_share_one_buffer(small):
     net = torch.nn.Sequential(a, b)
     net_r = torch.nn.Sequential(a_r, b_r)
     _check(net, net_r, x, g)
+
+
+def test_deepcopy_shares_buffer(small):
+    """copy.deepcopy of a layer (an EMA or reference model) shares its Buffer: the copy computes what the original
+    does, and collecting the copy does not release the original's buffer. Pickling a Buffer is refused by name."""
+    import gc
+    import pickle
+
+    i = small.info
+    moe, _ = _pair(small, seed=3)
+    twin = copy.deepcopy(moe)
+    assert twin.buffer is moe.buffer and copy.copy(small) is small
+    assert all(p is not q for p, q in zip(twin.parameters(), moe.parameters()))
+    x = torch.randn(i.R, i.S, i.H)
+    assert torch.equal(twin(x), moe(x))
+    del twin
+    gc.collect()
+    assert moe(x).shape == x.shape  # the original's buffer is alive
+    with pytest.raises(TypeError, match="evenep.Buffer cannot be pickled"):
+        pickle.dumps(small)
 
 
 def test_compile_fullgraph(small):
