@@ -144,6 +144,9 @@ class MoE(_Experts):
 
     def forward(self, x: torch.Tensor, num_tokens: Optional[Sequence[int]] = None, routing=None) -> torch.Tensor:
         buf = self.buffer
+        if x.dim() != 3 or x.shape[-1] != self.hidden:  # before the router's matmul (its error names no layer)
+            raise ValueError(f"evenep.nn.MoE: x has shape {list(x.shape)}, expected [R = {buf.info.L}, s, H = "
+                             f"{self.hidden}]")
         shared, side = None, None
         if self.shared_expert is not None and x.is_cuda and not torch.compiler.is_compiling():
             # The shared expert on a side stream, overlapping plan/dispatch/GEMMs/combine (eager and CUDA graphs;

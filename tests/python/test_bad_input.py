@@ -370,3 +370,14 @@ def test_moe_bad_router(small):
         evenep.nn.MoE(i.H, 16, i.E, i.K, buffer=small, router="relu")
     with pytest.raises(ValueError, match="does not match"):
         evenep.nn.MoE(i.H, 16, i.E + 4, i.K, buffer=small)
+
+
+def test_moe_bad_input_shape(small):
+    """x of the wrong hidden size or rank count: a ValueError naming the layer and the shape (not the router
+    matmul's error), and the layer keeps working."""
+    i = small.info
+    moe = evenep.nn.MoE(i.H, 16, i.E, i.K, buffer=small)
+    for bad in (torch.randn(i.R, i.S, i.H + 1), torch.randn(i.R * i.S, i.H)):
+        with pytest.raises(ValueError, match=r"evenep.nn.MoE: x has shape .*expected \[R = 4, s, H = 32\]"):
+            moe(bad)
+    assert moe(torch.randn(i.R, i.S, i.H)).shape == (i.R, i.S, i.H)
