@@ -3,9 +3,10 @@
 #   1. build the `evenep` CLI, the Python extension and the FP8 tests (CUTLASS on, the tuning candidates for
 #      `fp8_wgrad`), run grouped_gemm_fp8_test and gpu_moe_layer_fp8_test;
 #   2. the GEMM table: `evenep bench gemm` at the MoonEP point (the planner's rows at maxvio 0.2 and 20, Zipf 1.0)
-#      and the K3-like point (R = 64), bf16 fwd/dgrad/wgrad with the hand-written and CUTLASS kernels, FP8 fwd/dgrad
-#      (block-scaled, beside CUTLASS's unscaled anchor) and the FP8 wgrad, then torch._grouped_mm and dense on the
-#      same offsets (gemm_anchor.py);
+#      and the K3-like point (R = 64), bf16 fwd/dgrad/wgrad (and wgrad_set: dW = x^T dy written without reading,
+#      the like-for-like row for torch._grouped_mm's fresh output) with the hand-written and CUTLASS kernels, FP8
+#      fwd/dgrad (block-scaled, beside CUTLASS's unscaled anchor) and the FP8 wgrad, then torch._grouped_mm and
+#      dense on the same offsets (gemm_anchor.py);
 #   3. the wgrad with four micro-batches' rows in one call (S x 4: the deferred-wgrad measurement);
 #   4. the FP8 layer table: `bench layer --fp8` at both points, maxvio 0.2 and 20, M = 4 micro-batches a step;
 #   5. the dispatch, bf16 and FP8, at the MoonEP point;
@@ -38,7 +39,8 @@ T="grouped_gemm_fp8_test gpu_moe_layer_fp8_test"
 {
   cmake -S . -B "$B" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
-    -DEVENEP_CUTLASS=ON -DEVENEP_CUTLASS_CANDIDATES=ON -DEVENEP_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)" &&
+    -DEVENEP_CUTLASS=ON -DEVENEP_CUTLASS_CANDIDATES=ON -DEVENEP_BUILD_PYTHON=ON \
+    "-DPython_EXECUTABLE=$(command -v python3)" &&
   cmake --build "$B" -j "$(nproc)" --target evenep evenep_python $T
 } > "$L/build.log" 2>&1 || { tail -40 "$L/build.log"; exit 1; }
 grep -E "EvenEP: CUTLASS" "$L/build.log"
@@ -63,13 +65,13 @@ gemm() {
     > "$L/$name.log" 2>&1
   echo "bench rc=$? ($(el) s)"
   timeout "$(left 120)" python3 scripts/device/gemm_anchor.py --offsets "$L/${name}_off.json" --evenep "$L/$name.json" \
-    --ops fwd dgrad wgrad --json "$L/${name}_anchor.json" > "$L/${name}_anchor.log" 2>&1
+    --ops fwd dgrad wgrad wgrad_set --json "$L/${name}_anchor.json" > "$L/${name}_anchor.log" 2>&1
   echo "anchor rc=$? ($(el) s)"
   sed -n '/^dist /,$p' "$L/${name}_anchor.log"
 }
-gemm gemm 150 --maxvio 0.2 20 --zipf 1.0 --ops fwd dgrad wgrad fp8_fwd fp8_dgrad fp8_wgrad \
+gemm gemm 150 --maxvio 0.2 20 --zipf 1.0 --ops fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad fp8_wgrad \
   --kernels wgmma cutlass cutlass_pingpong --check
-gemm k3 60 --R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0 --ops fwd dgrad wgrad fp8_fwd fp8_dgrad \
+gemm k3 60 --R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0 --ops fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad \
   --kernels wgmma cutlass
 
 if want defer 30; then
