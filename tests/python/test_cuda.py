@@ -1,7 +1,7 @@
 """torch.ops.evenep on CUDA (R virtual ranks on one GPU, cuda::Ep), checked against the CPU backend.
 
 Cases: every op CUDA vs CPU — plan, dispatch, combine, combine_backward, dispatch_backward, prefetch_weight and
-reduce_grad bit-exact, the grouped GEMM (EvenEP's Hopper kernel on H100/H200) within bf16-GEMM tolerance — on
+reduce_grad bit-exact, the grouped GEMM (the library's kAuto choice on H100/H200: CUTLASS or the hand-written Hopper kernel) within bf16-GEMM tolerance — on
 the adversarial routings and unequal s; ops given plan tensors of two dispatches in flight and copies; opcheck on CUDA; nn.MoE forward+backward on CUDA against TorchMoE; a
 CUDA-graph capture of a whole forward+backward+optimizer step replayed with changing routing against eager
 steps; torch.compile(fullgraph=True); bad input (raises, the buffer stays usable).
