@@ -131,6 +131,13 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
     return cfg;
 }
 
+// The auto policy's step-cost coefficients for a buffer's layer shape and precision (docs/auto.md), as
+// cuda::MoeLayer sets its own.
+inline detail::AutoCostModel auto_cost_model_of(const BufferConfig& b) {
+    return b.precision.fp8 ? detail::make_auto_cost_model_fp8(b.H, b.ffn_hidden, b.cfg.tp)
+                           : detail::make_auto_cost_model(b.H, b.ffn_hidden, b.cfg.tp);
+}
+
 // buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width, L, rank_begin, home experts]: the ops' tensors lead
 // with the L ranks served in this process (R with virtual ranks, 1 with group=), ranks [rank_begin, + L), whose
 // home experts (the weights' dim 0) are E*L/R.
@@ -207,7 +214,7 @@ class Context {
         // The auto policy's step-cost coefficients for this buffer's layer shape (docs/auto.md), as cuda::MoeLayer's;
         // the Context's planner and the buffers' (FP8 dispatch plans again) plan the same plans.
         if (cfg.cfg.policy == PlannerPolicy::kAuto) {
-            const detail::AutoCostModel model = detail::make_auto_cost_model(cfg.H, cfg.ffn_hidden, cfg.cfg.tp);
+            const detail::AutoCostModel model = auto_cost_model_of(cfg);
             planner_.set_auto_model(model);
             for (auto& b : buffers_) b->set_auto_model(model);
         }

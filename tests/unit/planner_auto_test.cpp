@@ -10,6 +10,10 @@
 //   AutoDecision.SlackWins             a hand-built case whose predicted costs are worked out below: the chosen budget
 //                                      is strictly between 0 and the largest, not the no-copy one.
 //   AutoDecision.PredictHandComputed   plan_auto_predict of a 2-rank case against the formula by hand.
+//   AutoDecision.PredictFp8DispatchPhase  the same with a dispatch-phase entry price (FP8 rows), and 0 = entry_ps.
+//   AutoModel.Fp8Coefficients          make_auto_cost_model_fp8 against the bf16 model term by term (MoonEP layer).
+//   AutoDecision.Fp8ModelCopiesLess    over a skew sweep at MoonEP the FP8 model never copies more than the bf16 one,
+//                                      and keeps the no-copy budget at 5% where bf16 copies; every plan validates.
 //   AutoDecision.SlackTargetsClosedForm  plan_slack_targets' closed form (plan_slack_donor_rise, _receiver_first,
 //                                      _target: the GPU's warp form) equals the sequential loop, R up to 256.
 //   AutoDecision.PerRankFormIsTheDecision  the decision in per-rank terms (no-copy keys, the donors' sums, rank terms
@@ -201,6 +205,84 @@ TEST(AutoDecision, PredictHandComputed) {
     EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 200000, t), 5720);
     EXPECT_EQ(t[0], 120);
     EXPECT_EQ(t[1], 80);
+}
+
+// The same case with FP8 dispatch rows: the dispatch phase (the one the prefetch overlaps) prices an entry at
+// dispatch_entry_ps, the other three phases at entry_ps; 0 keeps entry_ps (the case above).
+TEST(AutoDecision, PredictFp8DispatchPhase) {
+    detail::PlanDims d{2, 4, 2, 4, 2, 1, true, 0, true};
+    d.auto_model = detail::AutoCostModel{10, 1000, 7, 300, 600, 50, 2};
+    const int64_t load[2] = {120, 80};
+    const int32_t q[2] = {100, 100}, nonzero[2] = {2, 1}, own[2] = {30, 20}, src[2] = {100, 100}, top[2] = {70, 80};
+    const detail::AutoRankView v{load, q, nonzero, own, src, top};
+    const int64_t piece = detail::plan_auto_piece(2, v);
+    int32_t t[2];
+    // Budget 0: tokens 80, dispatch 80·2 = 160 < prefetch 300: step = 50 + 300 + 3000 + 3·560 + 600 = 5630.
+    EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 0, t), 5630);
+    // Budget 0.2: tokens 90, no copy: step = 180 + 3200 + 3·630 = 5270.
+    EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 200000, t), 5270);
+    d.auto_model.dispatch_entry_ps = 0;
+    EXPECT_EQ(detail::plan_auto_predict(d, v, piece, 0, t), 5890);
+}
+
+// make_auto_cost_model_fp8 at the MoonEP layer against the bf16 model: the forward and dgrad (2/3 of the flops) at
+// kAutoFp8GemmSpeedup x, the wgrad (and its tile overhead) bf16; dispatch rows of H + H/32 bytes, the other phases
+// bf16; copies of 3·H·H'·(1 + 1/4096) bytes; fp32 gradients; plan time unchanged.
+TEST(AutoModel, Fp8Coefficients) {
+    const int H = 7168, F = 2048, tp = 128;
+    const detail::AutoCostModel b = detail::make_auto_cost_model(H, F, tp);
+    const detail::AutoCostModel f = detail::make_auto_cost_model_fp8(H, F, tp);
+    const double s = detail::kAutoFp8GemmSpeedup;
+    EXPECT_EQ(b.dispatch_entry_ps, 0);  // bf16: the dispatch phase prices entries at entry_ps
+    EXPECT_NEAR(static_cast<double>(f.row_ps), b.row_ps * (2.0 / 3.0 / s + 1.0 / 3.0), 1.0);
+    EXPECT_LT(f.row_ps, b.row_ps);
+    EXPECT_EQ(f.entry_ps, b.entry_ps);
+    EXPECT_NEAR(static_cast<double>(f.dispatch_entry_ps), b.entry_ps * 33.0 / 64.0, 1.0);
+    EXPECT_NEAR(static_cast<double>(f.weight_ps), b.weight_ps * 0.5 * (1.0 + 1.0 / 4096.0), 1.0);
+    EXPECT_EQ(f.grad_ps, b.grad_ps);
+    EXPECT_EQ(f.plan_copy_ps, b.plan_copy_ps);
+    // group_ps = the wgrad tile overhead (unchanged) + half a tile of padding rows at the row cost (the integer
+    // row_ps are each rounded, hence up to a picosecond a padding row)
+    EXPECT_NEAR(static_cast<double>(b.group_ps - f.group_ps), (b.row_ps - f.row_ps) * (tp - 1) / 2.0,
+                (tp - 1) / 2.0 + 1.0);
+    // the speedup 1 gives the bf16 GEMM terms back
+    const detail::AutoCostModel one = detail::make_auto_cost_model_fp8(H, F, tp, detail::kAutoGemmTflops, 1.0);
+    EXPECT_EQ(one.row_ps, b.row_ps);
+    EXPECT_EQ(one.group_ps, b.group_ps);
+}
+
+// The FP8 layer's model at the MoonEP shape, rank 0 above the mean by `skew` (the others below it evenly): a copy's
+// prefetch is cheaper but hides under the dispatch either way, its gradient return and wgrad tiles cost what they did,
+// and the imbalance it removes costs 0.79x as much, so the FP8 model never copies more than the bf16 one over the
+// sweep, and at 5% it keeps the no-copy budget where the bf16 model copies (the planner's sweep of 2026-12-07).
+TEST(AutoDecision, Fp8ModelCopiesLess) {
+    const Config cfg = auto_config(kMoonEp, 0.1);
+    const int64_t mean = 65536;
+    bool differs = false;
+    for (int bp = 50; bp <= 800; bp += 25) {
+        const double skew = bp * 1e-4;
+        std::vector<int64_t> load(8, mean - static_cast<int64_t>(skew * mean) / 7);
+        load[0] = mean + static_cast<int64_t>(skew * mean);
+        load[7] = 8 * mean - load[0] - 6 * load[1];
+        const Built b = with_loads(cfg, load);
+        Plan p[2];
+        for (int fp8 = 0; fp8 < 2; ++fp8) {
+            Planner planner(cfg, PlannerMode::kOptimized);
+            planner.set_auto_model(fp8 ? detail::make_auto_cost_model_fp8(7168, 2048, 128)
+                                       : detail::make_auto_cost_model(7168, 2048, 128));
+            planner.plan(b.tpe, b.s, p[fp8]);
+            EXPECT_TRUE(validate_plan(p[fp8]).ok()) << skew << " " << validate_plan(p[fp8]).summary();
+        }
+        EXPECT_LE(p[1].cost.total_copies, p[0].cost.total_copies) << skew;
+        std::vector<int32_t> q(8, static_cast<int32_t>(mean));
+        if (bp == 500) {
+            EXPECT_GT(p[0].cost.total_copies, 0);
+            EXPECT_EQ(p[1].slack_ppm, detail::plan_auto_no_copy_ppm(8, load.data(), q.data()));
+            EXPECT_EQ(p[1].cost.total_copies, 0);
+        }
+        differs = differs || p[0].slack_ppm != p[1].slack_ppm;
+    }
+    EXPECT_TRUE(differs);
 }
 
 // ---- the per-rank form (the GPU's warp-parallel decision, src/cuda/device/plan_auto.cuh) -------------------------

@@ -196,14 +196,16 @@ EVENEP_HOST_DEVICE inline AutoRankTerms plan_auto_rank_terms(
 EVENEP_HOST_DEVICE inline int64_t plan_auto_step(
     const AutoCostModel& m, int64_t compute, int64_t tokens, int64_t copy, int64_t copies) {
     const int64_t phase = tokens * m.entry_ps;
-    return m.plan_copy_ps * copies + imax64(phase, copy * m.weight_ps) + compute + 3 * phase + copy * m.grad_ps;
+    const int64_t dispatch = tokens * (m.dispatch_entry_ps > 0 ? m.dispatch_entry_ps : m.entry_ps);
+    return m.plan_copy_ps * copies + imax64(dispatch, copy * m.weight_ps) + compute + 3 * phase + copy * m.grad_ps;
 }
 
 // Predicted step time (ps) of planning with budget `ppm`; t: [R] int32 scratch (the targets on exit). With t_r the
 // targets of plan_slack_targets and P = plan_auto_piece:
 //   copies   receivers (t_r > L_r) get ⌈(t_r − L_r)/P⌉ copies (at most epn), donors push ⌈(L_r − t_r)/P⌉;
 //   compute  max_r row_ps·t_r + group_ps·(non-empty own experts + copies received);
-//   tokens   one phase = max_r max(src_r − own_r, t_r − own_r) entries (sent, received) · entry_ps;
+//   tokens   one phase = max_r max(src_r − own_r, t_r − own_r) entries (sent, received) · entry_ps (the dispatch
+//            phase · dispatch_entry_ps where set: FP8 rows);
 //   copy     c = max_r max(copies received, pushed): prefetch c·weight_ps overlaps dispatch, reduce c·grad_ps does not;
 //   step     plan_copy_ps·copies + max(tokens, prefetch) + compute + 3·tokens + reduce (perf/step_model.hpp's step).
 EVENEP_HOST_DEVICE inline int64_t plan_auto_predict(

@@ -21,12 +21,16 @@ namespace evenep::detail {
 //   group's wgrad walks every (H/128)·(H'/256) tile of each of the 3 projections however few rows it has;
 // - kAutoLinkGbps: NVLink P2P bytes per second and direction (`bench layer`'s figure, docs/benchmarks.md);
 // - kAutoPlanCopyUs: GPU planner time per copy (each receiver's fill steps and the copy's slot), from the planner's
-//   25 µs at the MoonEP point with its 7–8 copies (docs/benchmarks.md "Planner"): an estimate, small next to the rest.
+//   25 µs at the MoonEP point with its 7–8 copies (docs/benchmarks.md "Planner"): an estimate, small next to the rest;
+// - kAutoFp8GemmSpeedup: the FP8 layer's block-scaled forward / dgrad GEMM throughput over the bf16 kernel's on the
+//   same rows (CUTLASS, measured on an H100: 1.27–1.55× at the MoonEP point, 1.38–1.56× at the K3-like point,
+//   docs/benchmarks.md "The full table and kAuto per op"; the middle of the range). Its wgrad stays bf16.
 inline constexpr double kAutoGemmTflops = 700;
 inline constexpr double kAutoWgradTileUs = 13.8;
 inline constexpr double kAutoNumSms = 132;
 inline constexpr double kAutoLinkGbps = 367;
 inline constexpr double kAutoPlanCopyUs = 0.5;
+inline constexpr double kAutoFp8GemmSpeedup = 1.45;
 
 // Per-step cost coefficients (picoseconds). All zero (the default) makes every candidate cost 0, so the decision
 // falls to the smallest budget (exact balance).
@@ -37,7 +41,13 @@ struct AutoCostModel {
     int64_t weight_ps = 0;     // link time of one expert's bf16 weights (prefetch)
     int64_t grad_ps = 0;       // link time of one expert's fp32 weight gradients (reduce_grad)
     int64_t plan_copy_ps = 0;  // planner time per copy
+    // link time of one entry in the dispatch phase (the one the prefetch overlaps) where its rows differ from the
+    // other phases' (FP8: H e4m3 codes and H/128 fp32 scales); 0: entry_ps
+    int64_t dispatch_entry_ps = 0;
 };
+
+// Microseconds as the model's integer picoseconds (rounded to nearest).
+inline int64_t auto_model_ps(double us) { return static_cast<int64_t>(us * 1e6 + 0.5); }
 
 // The model for an expert of hidden size H and FFN size H' (3 projections of H·H'), groups padded to tp rows.
 // Throughputs: GEMM TFLOP/s, link GB/s per direction; group_us < 0: the wgrad tile overhead above. Host only.
@@ -52,14 +62,36 @@ inline AutoCostModel make_auto_cost_model(int H,
     const double row_us = 18.0 * h * f / (gemm_tflops * 1e12) * 1e6;
     const double tile_us = group_us >= 0 ? group_us : 3.0 * (h / 128.0) * (f / 256.0) * kAutoWgradTileUs / kAutoNumSms;
     const double bytes_per_us = link_gbps * 1e3;
-    auto ps = [](double us) { return static_cast<int64_t>(us * 1e6 + 0.5); };
     AutoCostModel m;
-    m.row_ps = ps(row_us);
-    m.group_ps = ps(tile_us + row_us * (tp - 1) / 2.0);
-    m.entry_ps = ps(2.0 * h / bytes_per_us);
-    m.weight_ps = ps(3.0 * h * f * 2.0 / bytes_per_us);
-    m.grad_ps = ps(3.0 * h * f * 4.0 / bytes_per_us);
-    m.plan_copy_ps = ps(plan_copy_us);
+    m.row_ps = auto_model_ps(row_us);
+    m.group_ps = auto_model_ps(tile_us + row_us * (tp - 1) / 2.0);
+    m.entry_ps = auto_model_ps(2.0 * h / bytes_per_us);
+    m.weight_ps = auto_model_ps(3.0 * h * f * 2.0 / bytes_per_us);
+    m.grad_ps = auto_model_ps(3.0 * h * f * 4.0 / bytes_per_us);
+    m.plan_copy_ps = auto_model_ps(plan_copy_us);
+    return m;
+}
+
+// The FP8 layer's model (DataPrecision::fp8, docs/fp8.md): the bf16 model with the forward and dgrad GEMMs (two
+// thirds of an entry's 18·H·H' flops) at fp8_speedup × gemm_tflops and the wgrad (the other third, and the wgrad
+// tile overhead) bf16; dispatch entries of H + H/32 bytes (e4m3 codes and one fp32 scale per 128 channels; combine
+// and the backward phases stay bf16); copies of 3·H·H'·(1 + 1/4096) bytes (e4m3 codes and one fp32 scale per 128 ×
+// 128 block); gradients fp32 as before. Host only.
+inline AutoCostModel make_auto_cost_model_fp8(int H,
+                                              int ffn_hidden,
+                                              int tp,
+                                              double gemm_tflops = kAutoGemmTflops,
+                                              double fp8_speedup = kAutoFp8GemmSpeedup,
+                                              double link_gbps = kAutoLinkGbps,
+                                              double plan_copy_us = kAutoPlanCopyUs) {
+    AutoCostModel m = make_auto_cost_model(H, ffn_hidden, tp, gemm_tflops, -1, link_gbps, plan_copy_us);
+    const double h = H, f = ffn_hidden, bytes_per_us = link_gbps * 1e3;
+    const double row_us = (12.0 / fp8_speedup + 6.0) * h * f / (gemm_tflops * 1e12) * 1e6;
+    const double tile_us = 3.0 * (h / 128.0) * (f / 256.0) * kAutoWgradTileUs / kAutoNumSms;
+    m.row_ps = auto_model_ps(row_us);
+    m.group_ps = auto_model_ps(tile_us + row_us * (tp - 1) / 2.0);
+    m.dispatch_entry_ps = auto_model_ps((h + h / 32.0) / bytes_per_us);
+    m.weight_ps = auto_model_ps(3.0 * h * f * (1.0 + 1.0 / 4096.0) / bytes_per_us);
     return m;
 }
 
