@@ -122,7 +122,9 @@ def test_dispatch_is_the_cast_of_the_bf16_rows(kind, ue8m0):
     b16 = evenep.Buffer(E, K, S, H, virtual_ranks=R, ffn_hidden=F, token_padding=8)
     b8 = _buf(ue8m0=ue8m0)
     rx, rw, cu, h = b16.dispatch(x, idx, w)
-    (q, s), rw8, cu8, h8 = b8.dispatch(x, idx, w)
+    # The bf16 buffer's plan: under the auto policy the FP8 buffer's own step-cost model (make_auto_cost_model_fp8,
+    # docs/auto.md) may choose another budget for the same routing.
+    (q, s), rw8, cu8, h8 = b8.dispatch(x, idx, w, h.plan)
     assert q.shape == (R, b8.num_recv_rows, H) and s.shape == (R, b8.num_recv_rows, H // 128)
     assert torch.equal(rw8, rw) and torch.equal(cu8, cu) and torch.equal(h8.dst, h.dst)
     entry = rw != 0  # rows holding an entry (weights > 0); the other rows are padding or past the groups
@@ -131,7 +133,7 @@ def test_dispatch_is_the_cast_of_the_bf16_rows(kind, ue8m0):
     assert torch.equal(s[entry], s_ref[entry])
     assert (_bytes(q)[~entry] == 0).all() and (s[~entry] == 0).all()
     # the DeepEP form: rows quantised by the caller move unchanged (the same bytes as the library's own cast)
-    (q2, s2), rw2, _, h2 = b8.dispatch(fp8.quantize(x, ue8m0), idx, w)
+    (q2, s2), rw2, _, h2 = b8.dispatch(fp8.quantize(x, ue8m0), idx, w, h.plan)
     assert torch.equal(_bytes(q2), _bytes(q)) and torch.equal(_bytes(s2), _bytes(s)) and torch.equal(rw2, rw)
     # combine and its backward stay bf16
     y = fp8.dequantize(q, s)
