@@ -134,8 +134,7 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
 // The auto policy's step-cost coefficients for a buffer's layer shape and precision (docs/auto.md), as
 // cuda::MoeLayer sets its own.
 inline detail::AutoCostModel auto_cost_model_of(const BufferConfig& b) {
-    return b.precision.fp8 ? detail::make_auto_cost_model_fp8(b.H, b.ffn_hidden, b.cfg.tp)
-                           : detail::make_auto_cost_model(b.H, b.ffn_hidden, b.cfg.tp);
+    return detail::layer_auto_cost_model(b.H, b.ffn_hidden, b.cfg.tp, b.precision.fp8);
 }
 
 // buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width, L, rank_begin, home experts]: the ops' tensors lead

@@ -11,6 +11,8 @@
 //                                        (each row's expert math does not depend on where it runs); outputs and
 //                                        input gradients within one bf16 ulp; weight gradients within fp32
 //                                        summation-order noise.
+//   CpuMoeLayer.AutoPolicyPlansWithTheLayersModel  under auto the layer's plan has its own shape's budget
+//                                        (detail::layer_auto_cost_model) on a routing where the default model differs.
 //   CpuMoeLayer.RepeatedRunsBitwise      two runs, every output bit for bit.
 //   CpuMoeLayer.TwoLayersShareBufferAndPool  two layers interleaved through one Buffer and ExpertPool (the pool
 //                                        re-prefetches in backward) give layer 0 the single-layer results bitwise.
@@ -167,6 +169,35 @@ TEST(CpuMoeLayer, PlannerModesAgree) {
     for (const auto& s : st) EXPECT_LE(s.rel(), 1e-5) << s.max_abs << " / " << s.max_ref;
     std::printf("[ info ] outputs differing by one bf16 ulp between planner modes: %lld\n",
                 static_cast<long long>(differ));
+}
+
+// Under the auto policy the layer plans with its own shape's step-cost model (detail::layer_auto_cost_model, as
+// cuda::MoeLayer sets its Ep's), not the planner's default (the MoonEP layer's): on a routing where the two models
+// choose different budgets, the layer's plan has the layer model's budget.
+TEST(CpuMoeLayer, AutoPolicyPlansWithTheLayersModel) {
+    BufferConfig bc = testing::buffer_config(4, 16, 4, 32, 4, 32, 16);
+    bc.cfg.policy = PlannerPolicy::kAuto;
+    bc.cfg.slack = 0.2;
+    const Config& c = bc.cfg;
+    const detail::AutoCostModel layer = detail::layer_auto_cost_model(bc.H, bc.ffn_hidden, c.tp, false);
+    auto budget = [&](const Routing& r, const detail::AutoCostModel& m) {
+        Planner planner(c, PlannerMode::kOptimized);
+        planner.set_auto_model(m);
+        Plan p;
+        planner.plan(r.tpe(), r.s, p);
+        return p.slack_ppm;
+    };
+    for (uint64_t seed = 1; seed <= 400; ++seed) {
+        const Routing r = make_lognormal(RoutingSpec{c.R, c.E, c.K, c.S, seed}, 1.5);
+        const int32_t mine = budget(r, layer), dflt = budget(r, detail::default_auto_cost_model());
+        if (mine == dflt) continue;
+        const cpu::MoeProblem problem = cpu::make_moe_problem(bc, r.topk_idx, r.s, seed);
+        cpu::MoeRunOptions opt;
+        opt.backward = false;
+        EXPECT_EQ(cpu::run_moe_layer(problem, opt).plan.slack_ppm, mine) << "seed " << seed << ", default " << dflt;
+        return;
+    }
+    FAIL() << "no routing in 400 seeds where the layer's model and the default choose different budgets";
 }
 
 TEST(CpuMoeLayer, RepeatedRunsBitwise) {

@@ -44,7 +44,9 @@ using evenep::MoeRunOptions;
 class MoeLayer {
   public:
     // One rank's view of one MoE layer. The buffer and pool are shared with other layers; `weights` is this
-    // layer's. All three must outlive the layer and belong to the same rank and configuration.
+    // layer's. All three must outlive the layer and belong to the same rank and configuration. Under the auto
+    // policy it sets the buffer's step-cost model to this layer's (detail::layer_auto_cost_model: shape and
+    // precision), as cuda::MoeLayer sets its Ep's.
     MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights);
 
     // Collective. out: [s*H]. Saves the activations backward needs (NvS rows each, sized once).

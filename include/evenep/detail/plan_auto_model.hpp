@@ -95,6 +95,13 @@ inline AutoCostModel make_auto_cost_model_fp8(int H,
     return m;
 }
 
+// The model of a layer of this shape and precision: what the layers set on the planners of their buffer or Ep
+// (cpu::MoeLayer, cuda::MoeLayer) and the Python buffers use, so that the CPU oracle, the GPU layer and the ops plan
+// the same plans. Host only.
+inline AutoCostModel layer_auto_cost_model(int H, int ffn_hidden, int tp, bool fp8) {
+    return fp8 ? make_auto_cost_model_fp8(H, ffn_hidden, tp) : make_auto_cost_model(H, ffn_hidden, tp);
+}
+
 // The default model (no layer shape given: Planner, EpOptions): the MoonEP layer of docs/benchmarks.md, H = 7168,
 // H' = 2048, tp = 128.
 inline AutoCostModel default_auto_cost_model() { return make_auto_cost_model(7168, 2048, 128); }

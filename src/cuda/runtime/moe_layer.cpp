@@ -45,9 +45,7 @@ MoeLayer::MoeLayer(Ep& ep, Experts& experts, int ffn_hidden, const MoeLayerOptio
     if (fp8_) fp8_check_options();
     training_ = es.with_grads && B == epn;
     // The auto policy predicts this layer's step (docs/auto.md): its GEMM and weight sizes, and its precision.
-    if (cfg.policy == PlannerPolicy::kAuto)
-        ep.set_auto_model(fp8_ ? detail::make_auto_cost_model_fp8(H, F, cfg.tp)
-                               : detail::make_auto_cost_model(H, F, cfg.tp));
+    if (cfg.policy == PlannerPolicy::kAuto) ep.set_auto_model(detail::layer_auto_cost_model(H, F, cfg.tp, fp8_));
 
     // Regions of the one allocation, each [num_local][NvS][dim].
     const size_t rows = static_cast<size_t>(NL) * static_cast<size_t>(nvs);
