@@ -57,6 +57,12 @@ struct BufferConfig {
     std::string to_string() const;
 };
 
+// The auto policy's step-cost model of a layer of this buffer's shape and precision (detail::layer_auto_cost_model):
+// what cpu::MoeLayer and the Python buffers set on their planners, as cuda::MoeLayer does on its Ep.
+inline detail::AutoCostModel layer_auto_cost_model(const BufferConfig& b) {
+    return detail::layer_auto_cost_model(b.H, b.ffn_hidden, b.cfg.tp, b.precision.fp8);
+}
+
 // Bytes of every buffer of one rank.
 struct BufferSizes {
     // Communication buffer (symmetric), one per EP group, independent of the routing (SPEC invariant 4).

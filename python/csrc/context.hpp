@@ -131,12 +131,6 @@ inline BufferConfig make_buffer_config(int64_t num_ranks,
     return cfg;
 }
 
-// The auto policy's step-cost coefficients for a buffer's layer shape and precision (docs/auto.md), as
-// cuda::MoeLayer sets its own.
-inline detail::AutoCostModel auto_cost_model_of(const BufferConfig& b) {
-    return detail::layer_auto_cost_model(b.H, b.ffn_hidden, b.cfg.tp, b.precision.fp8);
-}
-
 // buffer_info: [R, E, K, S, H, H', B, tp, NvS, G, plan width, L, rank_begin, home experts]: the ops' tensors lead
 // with the L ranks served in this process (R with virtual ranks, 1 with group=), ranks [rank_begin, + L), whose
 // home experts (the weights' dim 0) are E*L/R.
@@ -213,7 +207,7 @@ class Context {
         // The auto policy's step-cost coefficients for this buffer's layer shape (docs/auto.md), as cuda::MoeLayer's;
         // the Context's planner and the buffers' (FP8 dispatch plans again) plan the same plans.
         if (cfg.cfg.policy == PlannerPolicy::kAuto) {
-            const detail::AutoCostModel model = auto_cost_model_of(cfg);
+            const detail::AutoCostModel model = layer_auto_cost_model(cfg);
             planner_.set_auto_model(model);
             for (auto& b : buffers_) b->set_auto_model(model);
         }

@@ -42,7 +42,7 @@ CudaContext::CudaContext(
     eo.sm_budget = num_sms;
     eo.team = to;
     eo.precision = cfg.precision;  // fp8: the FP8 dispatch (ops_fp8_cuda.cpp)
-    if (cfg.cfg.policy == PlannerPolicy::kAuto) eo.auto_model = auto_cost_model_of(cfg);
+    if (cfg.cfg.policy == PlannerPolicy::kAuto) eo.auto_model = layer_auto_cost_model(cfg);
     ep_ = std::make_unique<cuda::Ep>(*team_, cfg.cfg, cfg.H, eo);
     const auto opts = at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA, device);
     scratch_ = at::zeros({L(), cfg.cfg.S, cfg.H}, opts);

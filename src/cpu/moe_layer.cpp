@@ -13,7 +13,6 @@
 #include <memory>
 
 #include "evenep/cpu/grouped_gemm.hpp"
-#include "evenep/detail/plan_auto_model.hpp"
 #include "evenep/detail/row_grad.hpp"
 #include "evenep/error.hpp"
 
@@ -73,7 +72,7 @@ MoeLayer::MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights)
     // The auto policy predicts this layer's step (docs/auto.md), as cuda::MoeLayer sets its Ep's: the oracle and the
     // GPU layer plan the same plans.
     if (c.cfg.policy == PlannerPolicy::kAuto)
-        buffer.set_auto_model(detail::layer_auto_cost_model(c.H, c.ffn_hidden, c.cfg.tp, c.precision.fp8));
+        buffer.set_auto_model(layer_auto_cost_model(c));
     const size_t nvs = static_cast<size_t>(c.cfg.recv_rows());
     x_rows_.resize(nvs * c.H);
     g_rows_.resize(nvs * c.ffn_hidden);

@@ -49,6 +49,13 @@ struct AutoCostModel {
 // Microseconds as the model's integer picoseconds (rounded to nearest).
 inline int64_t auto_model_ps(double us) { return static_cast<int64_t>(us * 1e6 + 0.5); }
 
+// A group's fixed GEMM time (µs): its wgrad tiles (tile_us, or when < 0 every (H/128)·(H'/256) tile of the 3
+// projections at kAutoWgradTileUs over kAutoNumSms) plus half a tp tile of padding rows at row_us each.
+inline double auto_group_us(double h, double f, int tp, double row_us, double tile_us = -1) {
+    const double tiles = tile_us >= 0 ? tile_us : 3.0 * (h / 128.0) * (f / 256.0) * kAutoWgradTileUs / kAutoNumSms;
+    return tiles + row_us * (tp - 1) / 2.0;
+}
+
 // The model for an expert of hidden size H and FFN size H' (3 projections of H·H'), groups padded to tp rows.
 // Throughputs: GEMM TFLOP/s, link GB/s per direction; group_us < 0: the wgrad tile overhead above. Host only.
 inline AutoCostModel make_auto_cost_model(int H,
@@ -60,11 +67,10 @@ inline AutoCostModel make_auto_cost_model(int H,
                                           double plan_copy_us = kAutoPlanCopyUs) {
     const double h = H, f = ffn_hidden;
     const double row_us = 18.0 * h * f / (gemm_tflops * 1e12) * 1e6;
-    const double tile_us = group_us >= 0 ? group_us : 3.0 * (h / 128.0) * (f / 256.0) * kAutoWgradTileUs / kAutoNumSms;
     const double bytes_per_us = link_gbps * 1e3;
     AutoCostModel m;
     m.row_ps = auto_model_ps(row_us);
-    m.group_ps = auto_model_ps(tile_us + row_us * (tp - 1) / 2.0);
+    m.group_ps = auto_model_ps(auto_group_us(h, f, tp, row_us, group_us));
     m.entry_ps = auto_model_ps(2.0 * h / bytes_per_us);
     m.weight_ps = auto_model_ps(3.0 * h * f * 2.0 / bytes_per_us);
     m.grad_ps = auto_model_ps(3.0 * h * f * 4.0 / bytes_per_us);
@@ -87,9 +93,8 @@ inline AutoCostModel make_auto_cost_model_fp8(int H,
     AutoCostModel m = make_auto_cost_model(H, ffn_hidden, tp, gemm_tflops, -1, link_gbps, plan_copy_us);
     const double h = H, f = ffn_hidden, bytes_per_us = link_gbps * 1e3;
     const double row_us = (12.0 / fp8_speedup + 6.0) * h * f / (gemm_tflops * 1e12) * 1e6;
-    const double tile_us = 3.0 * (h / 128.0) * (f / 256.0) * kAutoWgradTileUs / kAutoNumSms;
     m.row_ps = auto_model_ps(row_us);
-    m.group_ps = auto_model_ps(tile_us + row_us * (tp - 1) / 2.0);
+    m.group_ps = auto_model_ps(auto_group_us(h, f, tp, row_us));
     m.dispatch_entry_ps = auto_model_ps((h + h / 32.0) / bytes_per_us);
     m.weight_ps = auto_model_ps(3.0 * h * f * (1.0 + 1.0 / 4096.0) / bytes_per_us);
     return m;
