@@ -71,8 +71,7 @@ MoeLayer::MoeLayer(Buffer& buffer, ExpertPool& pool, ExpertWeights& weights)
                  ", the buffer ", c.to_string(), " (precision differs)");
     // The auto policy predicts this layer's step (docs/auto.md), as cuda::MoeLayer sets its Ep's: the oracle and the
     // GPU layer plan the same plans.
-    if (c.cfg.policy == PlannerPolicy::kAuto)
-        buffer.set_auto_model(layer_auto_cost_model(c));
+    if (c.cfg.policy == PlannerPolicy::kAuto) buffer.set_auto_model(layer_auto_cost_model(c));
     const size_t nvs = static_cast<size_t>(c.cfg.recv_rows());
     x_rows_.resize(nvs * c.H);
     g_rows_.resize(nvs * c.ffn_hidden);
