@@ -171,6 +171,12 @@ void check_cuda(const CudaContext& ctx,
                       ", the buffer on cuda:", ctx.device());
 }
 
+void check_home(const CudaContext& ctx, const at::Tensor& w, const char* op, const char* name, at::ScalarType dtype) {
+    TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == ctx.num_home(), "evenep.", op, ": ", name, " has shape ", w.sizes(),
+                      ", expected [", ctx.multi_process() ? "E/R = " : "E = ", ctx.num_home(), ", in, out]");
+    check_cuda(ctx, w, op, name, dtype, {w.size(0), w.size(1), w.size(2)});
+}
+
 // topk_idx as int32 on the device. int64 ids are clamped to int32's range first (never wrapping into [-1, E)), so
 // the device check reports a bad id as given (-5 as -5; past int32 as the int32 bound): an asynchronous error,
 // surfaced by the next call or Buffer.check().
@@ -247,6 +253,8 @@ int64_t create_nccl_buffer(at::IntArrayRef config,
                            int64_t num_sms,
                            std::string policy,
                            double slack,
+                           bool fp8,
+                           bool ue8m0,
                            bool bf16_partials) {
     return translate([&] {
         EVENEP_CHECK(cuda::nccl_team_built(),
@@ -256,7 +264,7 @@ int64_t create_nccl_buffer(at::IntArrayRef config,
                           " values, expected [E, K, S, H, H', B, tp]");
         const BufferConfig cfg =
             make_buffer_config(world_size, config[0], config[1], config[2], config[3], config[4], config[5], config[6],
-                               policy, slack, DataPrecision{false, false, bf16_partials});
+                               policy, slack, DataPrecision{fp8, ue8m0, bf16_partials});
         cuda::NcclBootstrap boot;
         boot.rank = static_cast<int>(rank);
         boot.world_size = static_cast<int>(world_size);
@@ -324,7 +332,8 @@ TORCH_LIBRARY_FRAGMENT(evenep, m) {
         &create_cuda_buffer);
     m.def(
         "create_nccl_buffer(int[] config, str planner, str unique_id, int rank, int world_size, int device, "
-        "int num_sms, str policy=\"auto\", float slack=-1., bool bf16_partials=False) -> int",
+        "int num_sms, str policy=\"auto\", float slack=-1., bool fp8=False, bool ue8m0=False, "
+        "bool bf16_partials=False) -> int",
         &create_nccl_buffer);
     m.def("nccl_unique_id() -> str", &nccl_unique_id);
     m.def("nccl_built() -> bool", &nccl_built);

@@ -131,6 +131,9 @@ void check_cuda(const CudaContext& ctx,
                 const char* name,
                 at::ScalarType dtype,
                 std::initializer_list<int64_t> sizes);
+// Home weights [E*L/R, in, out] of dtype on the buffer's device: every expert with virtual ranks, this rank's E/R
+// with group=.
+void check_home(const CudaContext& ctx, const at::Tensor& w, const char* op, const char* name, at::ScalarType dtype);
 // topk_idx ([L, s, K] int32 or int64 on the device) as int32 (int64 ids past int32 clamped to its range).
 at::Tensor topk_int32(const CudaContext& ctx, const at::Tensor& topk_idx, const char* op);
 

@@ -284,13 +284,6 @@ void check_plan(const CudaContext& ctx, const at::Tensor& plan, const char* op) 
     check_cuda(ctx, plan, op, "plan", at::kInt, {ctx.L(), ctx.plan_layout().width});
 }
 
-// Home weights [E*L/R, in, out]: every expert with virtual ranks, this rank's E/R with group=.
-void check_home(const CudaContext& ctx, const at::Tensor& w, const char* op, const char* name, at::ScalarType dtype) {
-    TORCH_CHECK_VALUE(w.dim() == 3 && w.size(0) == ctx.num_home(), "evenep.", op, ": ", name, " has shape ", w.sizes(),
-                      ", expected [", ctx.multi_process() ? "E/R = " : "E = ", ctx.num_home(), ", in, out]");
-    check_cuda(ctx, w, op, name, dtype, {w.size(0), w.size(1), w.size(2)});
-}
-
 // slots[i, b] = weight of expert copies[i][b]; slots without a copy are not written (unwritten_zero: zero).
 at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int64_t buffer) {
     return translate([&] {
@@ -308,18 +301,25 @@ at::Tensor prefetch_weight_cuda(const at::Tensor& w, const at::Tensor& plan, int
                 unwritten_zero(), sc.stream);
             return slots;
         }
-        // group=: the owners push their weights (raw bytes of w's dtype) into the holders' slots.
-        TORCH_CHECK_VALUE(mat_bytes > 0 && mat_bytes % 16 == 0, "evenep.prefetch_weight: one matrix of weight has ",
-                          mat_bytes, " bytes, expected a positive multiple of 16");
-        cuda::Experts& ex = ctx.experts(mat_bytes / 2, false, sc.capturing);
+        // group=: the owners push their weights (raw bytes of w's dtype) into the holders' slots. The pool's
+        // matrices are 16-byte multiples: a smaller stride (the FP8 weights' scales, [in/128, out/128] fp32) is
+        // padded on the way in and out.
+        if (mat_bytes == 0) return slots;
+        const int64_t pool_bytes = (mat_bytes + 15) / 16 * 16;
+        const bool padded = pool_bytes != mat_bytes;
+        cuda::Experts& ex = ctx.experts(pool_bytes / 2, false, sc.capturing);
         const int r = ctx.rank_begin();
         // The owners push into this rank's slots (the last copy-out is done) and the plan rows go into every rank's
         // copies table (no peer still reads it).
         ctx.peer_barrier(sc.stream, 1);
-        EVENEP_CUDA_CHECK(cudaMemcpyAsync(ex.weight(r, 0, 0), w.data_ptr(), mat_bytes * ctx.num_home(),
-                                          cudaMemcpyDeviceToDevice, sc.stream));
+        EVENEP_CUDA_CHECK(cudaMemcpy2DAsync(ex.weight(r, 0, 0), pool_bytes, w.data_ptr(), mat_bytes, mat_bytes,
+                                            ctx.num_home(), cudaMemcpyDeviceToDevice, sc.stream));
         ex.prefetch_weight(ctx.ep(), ctx.unpack(plan, nullptr, 1, sc.stream), sc.stream);
-        cuda::select_slots(ctx.plan_rows(plan, 1), ex.slot(r, 0, 0), slots.data_ptr(), mat_bytes, sc.stream);
+        at::Tensor staged = padded ? output(ctx, {L.B, pool_bytes}, at::kByte) : slots;
+        cuda::select_slots(ctx.plan_rows(plan, 1), ex.slot(r, 0, 0), staged.data_ptr(), pool_bytes, sc.stream);
+        if (padded)
+            EVENEP_CUDA_CHECK(cudaMemcpy2DAsync(slots.data_ptr(), mat_bytes, staged.data_ptr(), pool_bytes, mat_bytes,
+                                                L.B, cudaMemcpyDeviceToDevice, sc.stream));
         return slots;
     });
 }

@@ -108,7 +108,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_
         CudaContext& ctx = *sc.ctx;
         TORCH_CHECK_VALUE(ctx.buffer_config().precision.fp8, "evenep.dispatch_fp8: buffer ", buffer,
                           " was created without fp8=True (its rows are bf16: use dispatch)");
-        TORCH_CHECK(!ctx.multi_process(), "evenep.dispatch_fp8: FP8 buffers with group= are not supported");
         const int R = ctx.L(), K = ctx.cfg().K, H = ctx.H();
         const int64_t s_pad = x.dim() == 3 ? x.size(1) : -1, nvs = ctx.nvs(), spr = H / kBlock;
         const bool pre = x_scales.has_value();
@@ -130,6 +129,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> dispatch_
             io[r].row_scales = rows_of<float>(ctx, recv_sc, r, spr);
         }
         ctx.ep().dispatch(p, io, sc.stream);
+        if (ctx.multi_process()) {  // group=: the rows arrived in this rank's window; copied out as the bf16 op's
+            const int r = ctx.rank_begin();
+            EVENEP_CUDA_CHECK(cudaMemcpyAsync(recv_x8.data_ptr(), ctx.ep().recv_x8(r), recv_x8.nbytes(),
+                                              cudaMemcpyDeviceToDevice, sc.stream));
+            EVENEP_CUDA_CHECK(cudaMemcpyAsync(recv_sc.data_ptr(), ctx.ep().recv_scale(r), recv_sc.nbytes(),
+                                              cudaMemcpyDeviceToDevice, sc.stream));
+        }
         auto [recv_w, cu, handle] = dispatch_results(sc, plan, s_pad, nullptr);
         return std::make_tuple(recv_x8, recv_sc, recv_w, cu, handle);
     });
@@ -166,18 +172,15 @@ at::Tensor grouped_gemm_fp8_cuda(const at::Tensor& x,
                                     "(CUTLASS headers, CMAKE_CUDA_ARCHITECTURES with 90a) and a compute capability "
                                     "9.0 device (H100/H200); this build or device has none (the CPU backend has the "
                                     "FP8 GEMM)");
-        TORCH_CHECK(!ctx.multi_process(), "evenep.grouped_gemm_fp8: FP8 buffers with group= are not supported");
-        const Config& c = ctx.cfg();
         const PlanRowLayout& L = ctx.plan_layout();
         const at::ScalarType dtype = gemm_out_dtype(out_dtype, op);
         TORCH_CHECK_VALUE(weight.scalar_type() == at::kFloat8_e4m3fn, "evenep.", op, ": weight has dtype ",
                           weight.scalar_type(), ", expected Float8_e4m3fn (quantize_fp8_weight)");
-        check_gemm_weights(c, op, weight, slots, c10::DeviceType::CUDA);
+        check_home(ctx, weight, op, "weight", at::kFloat8_e4m3fn);  // [E, a, b]; group=: this rank's [E/R, a, b]
         check_blocked(weight, op, "weight", 2);
         const int64_t a = weight.size(1), b = weight.size(2), in = transposed ? b : a, out_dim = transposed ? a : b;
-        check_cuda(ctx, weight, op, "weight", at::kFloat8_e4m3fn, {c.E, a, b});
         check_cuda(ctx, slots, op, "slots", at::kFloat8_e4m3fn, {ctx.L(), L.B, a, b});
-        check_cuda(ctx, weight_scales, op, "weight_scales", at::kFloat, {c.E, a / kBlock, b / kBlock});
+        check_cuda(ctx, weight_scales, op, "weight_scales", at::kFloat, {ctx.num_home(), a / kBlock, b / kBlock});
         check_cuda(ctx, slot_scales, op, "slot_scales", at::kFloat, {ctx.L(), L.B, a / kBlock, b / kBlock});
         check_cuda(ctx, plan, op, "plan", at::kInt, {ctx.L(), L.width});
         const int64_t nvs = ctx.nvs();

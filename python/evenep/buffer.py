@@ -91,9 +91,10 @@ class Buffer:
             buffer is sized for it: num_recv_rows grows with slack.
         fp8: True for the FP8 data path (docs/fp8.md, docs/python.md "FP8"): dispatch sends e4m3 rows with one fp32
             scale per 128 channels (dedup kept) and returns (recv_x_fp8, recv_scales); H and H' must be multiples
-            of 128. A bool (anything else: ValueError). On CUDA with virtual ranks the library's FP8 dispatch
-            (bit for bit the CPU's); not with group= (NotImplementedError). evenep.nn.MoE(fp8=True) on CUDA runs the
-            library's CUTLASS FP8 grouped GEMM (a build with EVENEP_CUTLASS, an H100/H200).
+            of 128. A bool (anything else: ValueError). On CUDA, with virtual ranks or group=, the library's FP8
+            dispatch (bit for bit the CPU's; with group= the rows arrive in this rank's window and are copied out,
+            as the bf16 dispatch's are). evenep.nn.MoE(fp8=True) on CUDA runs the library's CUTLASS FP8 grouped
+            GEMM (a build with EVENEP_CUTLASS, an H100/H200).
         ue8m0: with fp8, every scale rounded up to a power of two (UE8M0).
         bf16_partials: combine sends a rank's partial sum of >= 2 entries of a token (its deduplicated chain) as
             bf16 instead of fp32 (upstream MoonEP's format: fewer combine bytes, one more rounding; docs/fp8.md
@@ -153,11 +154,6 @@ class Buffer:
         if ue8m0 and not fp8:
             raise ValueError("evenep.Buffer: ue8m0=True needs fp8=True (it rounds the FP8 scales)")
         self.fp8, self.ue8m0, self.bf16_partials = fp8, ue8m0, bf16_partials
-        if fp8 and group is not None:
-            raise NotImplementedError(
-                "evenep.Buffer(fp8=True, group=...): the FP8 dispatch writes caller-owned rows, which the NCCL team "
-                "does not have yet; FP8 runs on the CPU backend and on CUDA with virtual ranks (docs/python.md, FP8)"
-            )
         if group is not None:
             self._init_group(group, virtual_ranks, device, num_sms, num_experts, top_k, max_tokens, hidden,
                              prefetch_slots, ffn_hidden, token_padding, planner, policy_args)
@@ -232,11 +228,10 @@ class Buffer:
         uid = _group_unique_id(group, rank, self.device)
         self.num_sms = num_sms
         self.group = group
-        self.fp8 = self.ue8m0 = False
         self._release = ops.release_cuda_buffer
         config = [E, K, S, H, H if ffn_hidden is None else ffn_hidden, -1 if slots is None else slots, tp]
         self._id = ops.create_nccl_buffer(config, planner, uid, rank, world, self.device.index, num_sms, *policy_args,
-                                          self.bf16_partials)
+                                          self.fp8, self.ue8m0, self.bf16_partials)
         self._finish()
 
     # Static shape -----------------------------------------------------------------------------------------
