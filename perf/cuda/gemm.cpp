@@ -260,7 +260,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
             variants.push_back({"cutlass/fixed", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kFixed});
             variants.push_back({"cutlass/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
             have_fixed = true;
-        } else if (k == "cutlass_pingpong" && cuda::grouped_gemm_has_cutlass()) {
+        } else if (k == "cutlass_pingpong" && cuda::grouped_gemm_has_candidates()) {
             variants.push_back(
                 {"cutlass_pingpong/load_aware", cuda::GemmKernel::kCutlassPingpong, cuda::GemmSchedule::kLoadAware});
         }
@@ -272,9 +272,12 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
         std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("fp8_", 0) == 0; });
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8 || cuda::grouped_gemm_has_cutlass(),
                       "bench gemm: the fp8 ops need the CUTLASS kernels (EVENEP_CUTLASS) on a Hopper device");
-    const std::vector<Variant> fp8_variants = {
-        {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware},
-        {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
+    // The unscaled anchor is a tuning candidate (EVENEP_CUTLASS_CANDIDATES): left out where it is not built.
+    std::vector<Variant> fp8_variants = {
+        {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
+    if (cuda::grouped_gemm_has_candidates())
+        fp8_variants.push_back(
+            {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
     const size_t fp8_x = with_fp8 ? xy_elems : 1, fp8_w = with_fp8 ? welems * G : 1;
     DeviceArray<uint8_t> x8(fp8_x), w8(fp8_w);
     DeviceArray<float> x8_scales(fp8_x / 128 + 1), w8_scales(fp8_w / (128 * 128) + 1);
@@ -284,7 +287,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     const std::vector<Variant> wgrad8_variants = {
         {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
     const bool with_fp8_wgrad = std::find(o.ops.begin(), o.ops.end(), "fp8_wgrad") != o.ops.end();
-    EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8_wgrad || cuda::grouped_gemm_has_fp8_wgrad(),
+    EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8_wgrad || cuda::grouped_gemm_has_candidates(),
                       "bench gemm: fp8_wgrad needs the CUTLASS tuning candidates (EVENEP_CUTLASS_CANDIDATES)");
     const int64_t cols_ld = fp8_cols_ld(max_rows), cols_sr = fp8_cols_scale_rows(max_rows, G);
     const size_t cols_n = with_fp8_wgrad ? static_cast<size_t>(wide) * cols_ld : 1;

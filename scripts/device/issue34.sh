@@ -17,7 +17,8 @@
 # On the device machine, from the repository root (carry .devdeps and .deps):
 #   source .devdeps/unpack.sh && scripts/device/issue34.sh
 # Environment: BUILD (default build-gpu), BUDGET, SKIP (space-separated step names to skip: tests gemm k3 defer
-# layer dispatch accuracy).
+# layer dispatch accuracy), NCCL (ON: the NCCL team too, against torch's NCCL, so that run_checks.sh with the same
+# settings reuses the build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-$PWD/device-out}
@@ -25,6 +26,8 @@ L=$OUT/logs
 mkdir -p "$L"
 exec > >(tee "$OUT/summary.txt") 2>&1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONDONTWRITEBYTECODE=1
+nccl_root=$(python3 -c "import nvidia.nccl; print(nvidia.nccl.__path__[0])" 2>/dev/null)
+[ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
 BUDGET=${BUDGET:-570}
@@ -38,7 +41,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 T="grouped_gemm_fp8_test gpu_moe_layer_fp8_test"
 {
   cmake -S . -B "$B" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL=OFF -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL="${NCCL:-OFF}" -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
     -DEVENEP_CUTLASS=ON -DEVENEP_CUTLASS_CANDIDATES=ON -DEVENEP_BUILD_PYTHON=ON \
     "-DPython_EXECUTABLE=$(command -v python3)" &&
   cmake --build "$B" -j "$(nproc)" --target evenep evenep_python $T

@@ -78,13 +78,15 @@ bool is_cutlass(cuda::GemmKernel k) {
 // The CUTLASS kernels run where they are built in (EVENEP_CUTLASS) and the device is an H100/H200; kWgmma on an
 // H100/H200.
 bool kernel_runs(cuda::GemmKernel k) {
+    if (k == cuda::GemmKernel::kCutlassPingpong) return cuda::grouped_gemm_has_candidates();  // a tuning candidate
     if (is_cutlass(k)) return cuda::grouped_gemm_has_cutlass();
     return k != cuda::GemmKernel::kWgmma || cuda::grouped_gemm_has_wgmma();
 }
-#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                                       \
-    do {                                                                                                         \
-        if (!kernel_runs(kernel))                                                                                \
-            GTEST_SKIP() << "kernel not built (EVENEP_CUTLASS) or not supported by the device (H100/H200 only)"; \
+#define EVENEP_SKIP_WITHOUT_KERNEL(kernel)                                                                   \
+    do {                                                                                                     \
+        if (!kernel_runs(kernel))                                                                            \
+            GTEST_SKIP() << "kernel not built (EVENEP_CUTLASS, EVENEP_CUTLASS_CANDIDATES) or not supported " \
+                            "by the device (H100/H200 only)";                                                \
     } while (0)
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {

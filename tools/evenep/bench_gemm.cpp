@@ -161,11 +161,13 @@ void register_bench_gemm(CLI::App& bench) {
     add_real(*cmd, "--zipf", o->bench.zipf, "Zipf exponent of the extra split (<= 0: none)", -1000, 1000)
         ->capture_default_str();
     add_u64(*cmd, "--seed", o->bench.seed, "routing and data seed");
-    cmd->add_option("--ops", o->bench.ops,
-                    "any of fwd, dgrad, wgrad (dW += x^T dy into fp32), wgrad_set (dW = x^T dy, no read); wgrad "
-                    "--check: 8 sampled elements; fp8_fwd, fp8_dgrad (CUTLASS FP8 grouped GEMM, 1x128 / 128x128 "
-                    "block-scaled, beside CUTLASS's unscaled FP8 anchor; timing only, not checked), fp8_wgrad (FP8 "
-                    "wgrad from the wgrad cols casts, dW += into fp32; a tuning candidate, EVENEP_CUTLASS_CANDIDATES)")
+    cmd->add_option(
+           "--ops", o->bench.ops,
+           "any of fwd, dgrad, wgrad (dW += x^T dy into fp32), wgrad_set (dW = x^T dy, no read); wgrad "
+           "--check: 8 sampled elements; fp8_fwd, fp8_dgrad (CUTLASS FP8 grouped GEMM, 1x128 / 128x128 "
+           "block-scaled, beside CUTLASS's unscaled FP8 anchor where the tuning candidates are built; timing only, not "
+           "checked), fp8_wgrad (FP8 "
+           "wgrad from the wgrad cols casts, dW += into fp32; a tuning candidate, EVENEP_CUTLASS_CANDIDATES)")
         ->capture_default_str();
     add_int(*cmd, "--warmup", o->bench.warmup, "untimed runs", 0, 1000000);
     add_int(*cmd, "--iters", o->bench.iters, "timed runs (median reported)", 1, 1000000);
@@ -180,7 +182,8 @@ void register_bench_gemm(CLI::App& bench) {
     cmd->add_option("--kernels", o->bench.kernels,
                     "any of wgmma (Hopper kernel, fixed and load-aware schedules), mma (portable kernel), cutlass "
                     "(CUTLASS cooperative grouped GEMM, fixed and load-aware), cutlass_pingpong (CUTLASS ping-pong, "
-                    "load-aware); kernels not built or not supported by the device are left out")
+                    "load-aware; a tuning candidate, EVENEP_CUTLASS_CANDIDATES); kernels not built or not supported "
+                    "by the device are left out")
         ->capture_default_str();
     cmd->add_flag("--calibrate", o->calibrate,
                   "fit the scheduler's cost model (us per tile = c_tile + c_kblock * k-blocks) on this GPU");

@@ -44,7 +44,8 @@ namespace evenep::cuda {
 
 enum class GemmOp : int { kForward = 0, kDgrad = 1 };
 enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
-// kWgmma, kCutlass and kCutlassPingpong throw where unsupported (grouped_gemm_has_wgmma / grouped_gemm_has_cutlass).
+// kWgmma, kCutlass and kCutlassPingpong throw where unsupported (grouped_gemm_has_wgmma / grouped_gemm_has_cutlass;
+// kCutlassPingpong is a tuning candidate, measured slower than kCutlass on every row: grouped_gemm_has_candidates).
 // kCutlass / kCutlassPingpong: CUTLASS 3.x's Hopper ptr-array grouped GEMM (TMA, warp-specialised wgmma, TMA
 // epilogue; cooperative 128 x 256 tiles, or ping-pong 128 x 128 tiles whose epilogue overlaps the other warpgroup's
 // mainloop), built when EVENEP_CUTLASS is ON (the pinned headers of scripts/fetch-cutlass.sh). kLoadAware hands the
@@ -69,8 +70,13 @@ GemmCostModel grouped_gemm_cost_model();
 float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, int rows, int in, int out);
 // True when the hand-written Hopper kernel (kWgmma) runs on the current device.
 bool grouped_gemm_has_wgmma();
-// True when the CUTLASS kernels (kCutlass, kCutlassPingpong) are built in and run on the current device.
+// True when the CUTLASS kernels (kCutlass, the FP8 block-scaled grouped GEMM) are built in and run on the current
+// device (compute capability 9.0).
 bool grouped_gemm_has_cutlass();
+// True when, in addition, the CUTLASS tuning candidates are built in (EVENEP_CUTLASS_CANDIDATES; not in the default
+// build, so that CI compiles only the kernels in use; docs/benchmarks.md "Tuning candidates"): kCutlassPingpong, the
+// unscaled FP8 anchor (GroupedGemmFp8Args::block_scaled false) and grouped_gemm_wgrad_fp8.
+bool grouped_gemm_has_candidates();
 
 struct GroupedGemmArgs {
     const uint16_t* x = nullptr;               // [rows, in] (kForward) or [rows, out] (kDgrad), bf16 bits
@@ -131,7 +137,8 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
 //                           the scales applied per 128-deep k-block to the fp32 partial sums (CUTLASS's blockwise
 //                           scaling); activations 1 x 128, weights 128 x 128 blocks.
 //   !block_scaled           y = x W with every scale taken as 1 (the scales are not read): CUTLASS's unscaled FP8
-//                           grouped GEMM (fast accumulation), the in-run speed anchor of the scaled kernel.
+//                           grouped GEMM (fast accumulation), the in-run speed anchor of the scaled kernel; a tuning
+//                           candidate (grouped_gemm_has_candidates(); elsewhere it throws).
 // Operands (K = in, N = out for kForward; K = out, N = in for kDgrad), all 16-byte aligned:
 //   x              [rows, K] e4m3 bytes: the dispatched rows (kForward) or dY (kDgrad)
 //   x_scales       [rows, K / 128] fp32, row-major
@@ -162,7 +169,7 @@ struct GroupedGemmFp8Args {
 void grouped_gemm_fp8(const GroupedGemmFp8Args& args, cudaStream_t stream);
 
 // FP8 wgrad (DeepSeek-V3 does its wgrad in FP8 too; a tuning candidate, EVENEP_CUTLASS_CANDIDATES, not used by the
-// MoE layer; grouped_gemm_has_fp8_wgrad()): dW_g [in][out] fp32 (+)= sum over the group's rows r of x[r, i] dy[r, o],
+// MoE layer; grouped_gemm_has_candidates()): dW_g [in][out] fp32 (+)= sum over the group's rows r of x[r, i] dy[r, o],
 // computed from the wgrad cols casts of x and dy (cuda::launch_fp8_cast_cols of the same cu_seqlens and capacity;
 // evenep/detail/fp8.hpp): per 128-row block of the group the e4m3 partial sums scaled by sx[block][i] * sdy[block][o]
 // (CUTLASS's blockwise scaling with one scale per channel), fp32 accumulation; cpu::grouped_gemm_wgrad_fp8 is the
@@ -186,9 +193,6 @@ struct GroupedWgradFp8Args {
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
 };
 void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& args, cudaStream_t stream);
-// True when grouped_gemm_wgrad_fp8 is built in (EVENEP_CUTLASS and EVENEP_CUTLASS_CANDIDATES) and runs on the current
-// device (compute capability 9.0).
-bool grouped_gemm_has_fp8_wgrad();
 
 // Synchronises `stream` and throws evenep::Error(kInvalidArgument) naming the first group of the last call on
 // `workspace` whose pointer (weight or gradient) was rejected: a group with rows and a non-null pointer that is not

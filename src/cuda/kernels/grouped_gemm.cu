@@ -444,6 +444,14 @@ bool grouped_gemm_has_cutlass() {
 #endif
 }
 
+bool grouped_gemm_has_candidates() {
+#if defined(EVENEP_HAVE_CUTLASS)
+    return grouped_gemm_has_cutlass() && cutlass_gemm::candidates_built();
+#else
+    return false;
+#endif
+}
+
 GemmCostModel grouped_gemm_cost_model() { return sm90::cost_model(); }
 
 float grouped_gemm_group_cost_us(const GemmCostModel& m, GemmOp op, bool wgrad, int rows, int in, int out) {
@@ -469,6 +477,9 @@ bool use_cutlass(GemmKernel kernel, const char* what, bool auto_picks_cutlass = 
     EVENEP_CHECK(grouped_gemm_has_cutlass(), what,
                  ": kernel = ", kernel == GemmKernel::kCutlass ? "kCutlass" : "kCutlassPingpong",
                  " needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
+    EVENEP_CHECK(kernel == GemmKernel::kCutlass || grouped_gemm_has_candidates(), what,
+                 ": kernel = kCutlassPingpong is a tuning candidate: it needs a build with "
+                 "EVENEP_CUTLASS_CANDIDATES=ON");
     return true;
 }
 

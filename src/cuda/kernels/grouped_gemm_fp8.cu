@@ -51,6 +51,9 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
     EVENEP_CHECK(
         grouped_gemm_has_cutlass(),
         "grouped_gemm_fp8: needs a build with EVENEP_CUTLASS=ON and a compute capability 9.0 device (H100/H200)");
+    EVENEP_CHECK(a.block_scaled || grouped_gemm_has_candidates(),
+                 "grouped_gemm_fp8: block_scaled = false (CUTLASS's unscaled FP8 anchor) is a tuning candidate: it "
+                 "needs a build with EVENEP_CUTLASS_CANDIDATES=ON");
 #if defined(EVENEP_HAVE_CUTLASS)
     const cutlass_gemm::Fp8LaunchArgs l{
         .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
@@ -73,14 +76,6 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
 #endif
 }
 
-bool grouped_gemm_has_fp8_wgrad() {
-#if defined(EVENEP_HAVE_CUTLASS)
-    return grouped_gemm_has_cutlass() && cutlass_gemm::candidates_built();
-#else
-    return false;
-#endif
-}
-
 void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& a, cudaStream_t stream) {
     EVENEP_CHECK(a.num_groups >= 1 && a.num_groups <= kMaxGemmGroups,
                  "grouped_gemm_wgrad_fp8: num_groups = ", a.num_groups, " must be in [1, ", kMaxGemmGroups, "]");
@@ -96,7 +91,7 @@ void grouped_gemm_wgrad_fp8(const GroupedWgradFp8Args& a, cudaStream_t stream) {
                  "cu_seqlens, grads");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x_cols) % 16 == 0 && reinterpret_cast<uintptr_t>(a.dy_cols) % 16 == 0,
                  "grouped_gemm_wgrad_fp8: x_cols and dy_cols must be 16-byte aligned");
-    EVENEP_CHECK(grouped_gemm_has_fp8_wgrad(),
+    EVENEP_CHECK(grouped_gemm_has_candidates(),
                  "grouped_gemm_wgrad_fp8: needs a build with EVENEP_CUTLASS=ON and EVENEP_CUTLASS_CANDIDATES=ON and "
                  "a compute capability 9.0 device (H100/H200)");
 #if defined(EVENEP_HAVE_CUTLASS)

@@ -34,10 +34,17 @@ int sm_count() {
 
 template <Op kOp>
 void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t stream) {
-    if (schedule == Schedule::kPingpong)
-        instance_launch<kOp, Schedule::kPingpong>(a, sms, stream);
-    else
+    if (schedule == Schedule::kCooperative) {
         instance_launch<kOp, Schedule::kCooperative>(a, sms, stream);
+        return;
+    }
+#if defined(EVENEP_CUTLASS_CANDIDATES)
+    instance_launch<kOp, Schedule::kPingpong>(a, sms, stream);
+#else
+    EVENEP_CHECK(false,
+                 "grouped_gemm (CUTLASS): the ping-pong schedule is a tuning candidate "
+                 "(EVENEP_CUTLASS_CANDIDATES=ON)");
+#endif
 }
 
 }  // namespace
@@ -68,18 +75,20 @@ size_t workspace_bytes(int num_groups) {
     const int sms = std::max(sm_count(), kMaxSms);
     size_t bytes = 0;
     for (size_t b : {instance_workspace_bytes<Op::kForward, Schedule::kCooperative>(num_groups, sms),
-                     instance_workspace_bytes<Op::kForward, Schedule::kPingpong>(num_groups, sms),
                      instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative>(num_groups, sms),
-                     instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
                      instance_workspace_bytes<Op::kWgrad, Schedule::kCooperative>(num_groups, sms),
-                     instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms)}) {
+                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms)}) {
         bytes = std::max(bytes, b);
     }
 #if defined(EVENEP_CUTLASS_CANDIDATES)
-    bytes = std::max(bytes, fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms));
+    for (size_t b : {instance_workspace_bytes<Op::kForward, Schedule::kPingpong>(num_groups, sms),
+                     instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
+                     instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms),
+                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms)}) {
+        bytes = std::max(bytes, b);
+    }
 #endif
     return bytes;
 }
@@ -120,9 +129,13 @@ void launch_fp8(const Fp8LaunchArgs& a, cudaStream_t stream) {
         return;
     }
     const int sms = sm_count();
-    if (!a.block_scaled)
+    if (!a.block_scaled) {  // grouped_gemm_fp8 refuses first where the candidate is not built
+#if defined(EVENEP_CUTLASS_CANDIDATES)
         fp8_instance_launch<Fp8Kind::kUnscaled>(a, sms, stream);
-    else if (a.op == Op::kForward)
+#endif
+        return;
+    }
+    if (a.op == Op::kForward)
         fp8_instance_launch<Fp8Kind::kBlockwiseForward>(a, sms, stream);
     else
         fp8_instance_launch<Fp8Kind::kBlockwiseDgrad>(a, sms, stream);

@@ -4,8 +4,8 @@
 // (the pinned headers of scripts/fetch-cutlass.sh); no CUTLASS header is included here.
 //
 // Each (op, schedule) pair is one kernel instantiation in its own translation unit
-// (grouped_gemm_cutlass_<op>_<schedule>.cu, so that a 2-core build compiles them in parallel); the templates are in
-// grouped_gemm_cutlass.cuh, the dispatch in grouped_gemm_cutlass.cpp.
+// (grouped_gemm_cutlass_<op>_<schedule>.cu, so that a 2-core build compiles them in parallel; the tuning candidates'
+// in candidates/); the templates are in grouped_gemm_cutlass.cuh, the dispatch in grouped_gemm_cutlass.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,7 +22,8 @@ enum class Op : int { kForward = 0, kDgrad = 1, kWgrad = 2 };
 // 128 x 128 tile, one's epilogue overlapping the other's mainloop.
 enum class Schedule : int { kCooperative = 0, kPingpong = 1 };
 // The tuning candidates (src/cuda/kernels/cutlass/candidates/, built only with EVENEP_CUTLASS_CANDIDATES so that CI
-// compiles only the kernels in use): today the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether they are built in.
+// compiles only the kernels in use): the ping-pong schedule of every op, the unscaled FP8 anchor (Fp8Kind::kUnscaled)
+// and the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether they are built in.
 bool candidates_built();
 
 struct LaunchArgs {

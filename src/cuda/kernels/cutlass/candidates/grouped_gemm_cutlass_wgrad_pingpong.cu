@@ -1,4 +1,4 @@
-// One CUTLASS grouped GEMM instantiation (grouped_gemm_cutlass.cuh): wgrad, pingpong schedule.
+// Tuning candidate (EVENEP_CUTLASS_CANDIDATES; grouped_gemm_cutlass.hpp): CUTLASS grouped GEMM, wgrad, ping-pong.
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass.cuh"
 
 namespace evenep::cuda::cutlass_gemm {

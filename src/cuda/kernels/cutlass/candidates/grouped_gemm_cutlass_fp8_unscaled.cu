@@ -1,4 +1,4 @@
-// One FP8 CUTLASS grouped GEMM instantiation (grouped_gemm_cutlass_fp8.cuh): unscaled (forward and dgrad).
+// Tuning candidate (EVENEP_CUTLASS_CANDIDATES; grouped_gemm_cutlass.hpp): FP8 unscaled (the anchor), fwd and dgrad.
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass_fp8.cuh"
 
 namespace evenep::cuda::cutlass_gemm {
