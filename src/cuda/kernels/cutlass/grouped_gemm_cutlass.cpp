@@ -5,8 +5,11 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "evenep/cuda/check.hpp"
 #include "evenep/error.hpp"
@@ -30,6 +33,18 @@ int sm_count() {
     EVENEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     cache[device] = sms;
     return sms;
+}
+
+// EVENEP_CUTLASS_RASTER: "m" or "n" overrides the raster order (grouped_gemm_cutlass.hpp, launch); unset, empty: none.
+std::optional<bool> raster_override() {
+    static const std::optional<bool> value = []() -> std::optional<bool> {
+        const char* v = std::getenv("EVENEP_CUTLASS_RASTER");
+        if (v == nullptr || *v == '\0') return std::nullopt;
+        EVENEP_CHECK(std::strcmp(v, "m") == 0 || std::strcmp(v, "n") == 0, "EVENEP_CUTLASS_RASTER = '", v,
+                     "': expected m or n (or unset)");
+        return std::strcmp(v, "n") == 0;
+    }();
+    return value;
 }
 
 template <Op kOp>
@@ -93,7 +108,9 @@ size_t workspace_bytes(int num_groups) {
     return bytes;
 }
 
-void launch(Schedule schedule, const LaunchArgs& a, cudaStream_t stream) {
+void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream) {
+    LaunchArgs a = args;
+    a.raster_along_n = raster_override().value_or(args.raster_along_n);
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
                  "grouped_gemm (CUTLASS): workspace must be 128-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm (CUTLASS): x must be 16-byte aligned");
@@ -115,7 +132,9 @@ void launch(Schedule schedule, const LaunchArgs& a, cudaStream_t stream) {
     }
 }
 
-void launch_fp8(const Fp8LaunchArgs& a, cudaStream_t stream) {
+void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream) {
+    Fp8LaunchArgs a = args;
+    a.raster_along_n = raster_override().value_or(args.raster_along_n);
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
                  "grouped_gemm_fp8: workspace must be 128-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm_fp8: x must be 16-byte aligned");

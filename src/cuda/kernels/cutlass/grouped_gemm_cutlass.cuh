@@ -20,6 +20,9 @@
 // unit (tile) cost, forward / dgrad by decreasing group cost, ties by index — so every round of tiles dealt to the
 // SMs costs about the same and the short tiles fill the tail. A custom CUTLASS tile scheduler (dynamic hand-out,
 // wgrad row splitting as the hand-written kernel does) is not done: the permutation is EvenEP's schedule here.
+// (CUTLASS 4.2's ptr-array kernels already run the group scheduler on a producer warp of its own that hands each work
+// tile to the other warps through a shared-memory pipeline, so a scheduler that claims tiles from a global counter
+// fits there: a TileSchedulerSelector specialisation for this ProblemShape, its counter in the scheduler workspace.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -48,6 +51,16 @@ namespace evenep::cuda::cutlass_gemm {
 namespace {
 
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+
+// The group scheduler's raster order (its swizzle stays 1: with the shapes on the device only it has no grid to
+// swizzle over): M-fastest walks down a group's row tiles with one weight column tile shared, N-fastest across the
+// weight's column tiles with one row tile shared. Which keeps more of a call's operands in L2 depends on the groups'
+// heights (EVENEP_CUTLASS_RASTER measures both).
+template <class Arguments>
+void set_raster_order(Arguments& args, bool along_n) {
+    using Order = decltype(args.scheduler.raster_order);
+    args.scheduler.raster_order = along_n ? Order::AlongN : Order::AlongM;
+}
 using ProblemMnk = ProblemShape::UnderlyingProblemShape;
 
 template <class LayoutA_, class LayoutB_, class ElementC_, class ElementD_>
@@ -210,8 +223,10 @@ struct Instance {
         return t;
     }
 
-    static typename Gemm::Arguments arguments(const Tables& t, int G, float beta, int device, int sm_count) {
+    static typename Gemm::Arguments arguments(
+        const Tables& t, int G, float beta, int device, int sm_count, bool along_n = false) {
         typename Gemm::Arguments args{};
+        set_raster_order(args, along_n);
         args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
         args.problem_shape = {G, t.shapes, nullptr};  // device-side shapes only (no host copy: no sync)
         args.mainloop = {t.a, t.sa, t.b, t.sb};
@@ -369,7 +384,7 @@ size_t instance_workspace_bytes(int num_groups, int sm_count) {
     using I = Instance<kOp, kSchedule>;
     size_t tables = 0;
     const typename I::Tables t = I::carve(nullptr, num_groups, &tables);
-    const auto args = I::arguments(t, num_groups, 0.0f, 0, sm_count);
+    const auto args = I::arguments(t, num_groups, 0.0f, 0, sm_count);  // the raster order does not size it
     return tables + I::Gemm::get_workspace_size(args);
 }
 
@@ -412,8 +427,8 @@ void instance_launch(const LaunchArgs& a, int sm_count, cudaStream_t stream) {
     prepare_kernel<kOp, kSchedule><<<1, 1024, 0, stream>>>(p);
     EVENEP_CUDA_CHECK(cudaGetLastError());
     const float beta = kOp == Op::kWgrad && a.accumulate ? 1.0f : 0.0f;
-    run_gemm<typename I::Gemm>(I::arguments(t, G, beta, current_device(), sm_count), t.cutlass_workspace,
-                               kOp == Op::kWgrad ? "grouped_gemm_wgrad" : "grouped_gemm", stream);
+    run_gemm<typename I::Gemm>(I::arguments(t, G, beta, current_device(), sm_count, a.raster_along_n),
+                               t.cutlass_workspace, kOp == Op::kWgrad ? "grouped_gemm_wgrad" : "grouped_gemm", stream);
 }
 
 }  // namespace evenep::cuda::cutlass_gemm

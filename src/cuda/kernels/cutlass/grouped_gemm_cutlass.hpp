@@ -38,6 +38,7 @@ struct LaunchArgs {
     int out_dim = 0;
     bool load_aware = true;  // groups handed to CUTLASS's group scheduler in the cost model's order (else index order)
     bool accumulate = true;  // wgrad: dW += (beta = 1) or dW = (beta = 0)
+    bool raster_along_n = false;  // the group scheduler walks a group's tiles N-fastest (else M-fastest); see launch
     GemmCostModel cost;      // the calibrated model that orders the groups
     void* workspace = nullptr;
 };
@@ -48,7 +49,9 @@ bool supported();
 // tables, then CUTLASS's workspace), excluding the error word.
 size_t workspace_bytes(int num_groups);
 // Launches the prepare kernel (per-group problem shapes, pointers and strides in the chosen order; the error word)
-// and the CUTLASS kernel on `stream`. No allocation, no host synchronisation.
+// and the CUTLASS kernel on `stream`. No allocation, no host synchronisation. The tuning knob
+// EVENEP_CUTLASS_RASTER=m|n (read once per process; unset: the caller's raster_along_n) overrides the raster order of
+// every CUTLASS grouped GEMM (bf16 and FP8), for `evenep bench gemm` to measure both orders on the same build.
 void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream);
 
 // FP8 (evenep::cuda::grouped_gemm_fp8): kBlockwiseForward / kBlockwiseDgrad (1 x 128 activation and 128 x 128
@@ -72,6 +75,7 @@ struct Fp8LaunchArgs {
     int in_dim = 0;
     int out_dim = 0;
     bool load_aware = true;
+    bool raster_along_n = false;  // as LaunchArgs'
     GemmCostModel cost;
     void* workspace = nullptr;
     // kWgrad (kBlockwiseWgrad): x / x_scales are x's wgrad cols cast, dy / dy_scales dy's, capacity their buffer's

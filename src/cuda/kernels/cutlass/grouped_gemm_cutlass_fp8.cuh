@@ -129,8 +129,10 @@ struct Fp8Instance {
         return t;
     }
 
-    static typename Gemm::Arguments arguments(const Tables& t, int G, float beta, int device, int sm_count) {
+    static typename Gemm::Arguments arguments(
+        const Tables& t, int G, float beta, int device, int sm_count, bool along_n = false) {
         typename Gemm::Arguments args{};
+        set_raster_order(args, along_n);
         args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
         args.problem_shape = {G, t.shapes, nullptr};
         if constexpr (kScaled) {
@@ -266,8 +268,8 @@ void fp8_instance_launch(const Fp8LaunchArgs& a, int sm_count, cudaStream_t stre
     fp8_prepare_kernel<kKind><<<1, 1024, 0, stream>>>(p);
     EVENEP_CUDA_CHECK(cudaGetLastError());
     const float beta = I::kWgrad && a.accumulate ? 1.0f : 0.0f;
-    run_gemm<typename I::Gemm>(I::arguments(t, G, beta, current_device(), sm_count), t.cutlass_workspace,
-                               I::kWgrad ? "grouped_gemm_wgrad_fp8" : "grouped_gemm_fp8", stream);
+    run_gemm<typename I::Gemm>(I::arguments(t, G, beta, current_device(), sm_count, a.raster_along_n),
+                               t.cutlass_workspace, I::kWgrad ? "grouped_gemm_wgrad_fp8" : "grouped_gemm_fp8", stream);
 }
 
 }  // namespace evenep::cuda::cutlass_gemm
