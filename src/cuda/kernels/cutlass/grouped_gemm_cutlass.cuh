@@ -51,6 +51,7 @@ namespace evenep::cuda::cutlass_gemm {
 namespace {
 
 using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+using ProblemMnk = ProblemShape::UnderlyingProblemShape;
 
 // The group scheduler's raster order (its swizzle stays 1: with the shapes on the device only it has no grid to
 // swizzle over): M-fastest walks down a group's row tiles with one weight column tile shared, N-fastest across the
@@ -61,7 +62,6 @@ void set_raster_order(Arguments& args, bool along_n) {
     using Order = decltype(args.scheduler.raster_order);
     args.scheduler.raster_order = along_n ? Order::AlongN : Order::AlongM;
 }
-using ProblemMnk = ProblemShape::UnderlyingProblemShape;
 
 template <class LayoutA_, class LayoutB_, class ElementC_, class ElementD_>
 struct OpTypesOf {
