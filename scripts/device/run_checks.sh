@@ -10,7 +10,8 @@
 #   source .devdeps/unpack.sh && scripts/device/run_checks.sh
 # Environment: BUILD, CUTLASS (ON needs .deps carried), CANDIDATES (ON: also the CUTLASS tuning candidates), NCCL (ON: the NCCL team against torch's NCCL, so that
 # tests/python/test_group.py runs), TESTS (space-separated binaries), PYTESTS (pytest paths),
-# BUDGET (seconds for the whole script, default 585).
+# BUDGET (seconds for the whole script, default 585), TEST_TIMEOUT (seconds per binary, default 90), GTEST_FILTER
+# (given to every binary, e.g. -*_mma* to leave out the portable GEMM kernel's slow cases).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device-out}
@@ -32,7 +33,7 @@ find "$B" -name "_C*.so" -exec cp {} python/evenep/ \;
 status=0
 for t in $T; do
   f=$(find "$B/tests" -name "$t" -type f | head -1)
-  timeout 90 "$f" --gtest_brief=1 > "$OUT/t_$t.log" 2>&1
+  timeout "${TEST_TIMEOUT:-90}" "$f" --gtest_brief=1 ${GTEST_FILTER:+"--gtest_filter=$GTEST_FILTER"} > "$OUT/t_$t.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && status=1
   echo "$t rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/t_$t.log" | tr '\n' ' ')"
