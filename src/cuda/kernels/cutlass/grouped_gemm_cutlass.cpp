@@ -88,22 +88,17 @@ size_t workspace_bytes(int num_groups) {
     // Without a device, size for the largest Hopper part (the CUTLASS workspace grows with the SM count).
     constexpr int kMaxSms = 144;
     const int sms = std::max(sm_count(), kMaxSms);
-    size_t bytes = 0;
-    for (size_t b : {instance_workspace_bytes<Op::kForward, Schedule::kCooperative>(num_groups, sms),
-                     instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative>(num_groups, sms),
-                     instance_workspace_bytes<Op::kWgrad, Schedule::kCooperative>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms)}) {
-        bytes = std::max(bytes, b);
-    }
+    size_t bytes = std::max({instance_workspace_bytes<Op::kForward, Schedule::kCooperative>(num_groups, sms),
+                             instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative>(num_groups, sms),
+                             instance_workspace_bytes<Op::kWgrad, Schedule::kCooperative>(num_groups, sms),
+                             fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward>(num_groups, sms),
+                             fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms)});
 #if defined(EVENEP_CUTLASS_CANDIDATES)
-    for (size_t b : {instance_workspace_bytes<Op::kForward, Schedule::kPingpong>(num_groups, sms),
-                     instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
-                     instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms),
-                     fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms)}) {
-        bytes = std::max(bytes, b);
-    }
+    bytes = std::max({bytes, instance_workspace_bytes<Op::kForward, Schedule::kPingpong>(num_groups, sms),
+                      instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
+                      instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
+                      fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms),
+                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms)});
 #endif
     return bytes;
 }
