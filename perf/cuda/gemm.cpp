@@ -272,12 +272,17 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
         std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("fp8_", 0) == 0; });
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8 || cuda::grouped_gemm_has_cutlass(),
                       "bench gemm: the fp8 ops need the CUTLASS kernels (EVENEP_CUTLASS) on a Hopper device");
-    // The unscaled anchor is a tuning candidate (EVENEP_CUTLASS_CANDIDATES): left out where it is not built.
+    // The anchors are tuning candidates (EVENEP_CUTLASS_CANDIDATES), left out where they are not built: the same
+    // block-scaled kernel with CUTLASS's own consumer loop (GroupedGemmFp8Args::overlapped_promotion false) and
+    // CUTLASS's unscaled FP8 grouped GEMM.
     std::vector<Variant> fp8_variants = {
         {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
-    if (cuda::grouped_gemm_has_candidates())
+    if (cuda::grouped_gemm_has_candidates()) {
+        fp8_variants.push_back(
+            {"cutlass_fp8_cutlass_loop/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
         fp8_variants.push_back(
             {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
+    }
     const size_t fp8_x = with_fp8 ? xy_elems : 1, fp8_w = with_fp8 ? welems * G : 1;
     DeviceArray<uint8_t> x8(fp8_x), w8(fp8_w);
     DeviceArray<float> x8_scales(fp8_x / 128 + 1), w8_scales(fp8_w / (128 * 128) + 1);
@@ -372,6 +377,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     c.fa.weights = d8table.get(), c.fa.weight_scales = d8scales.get(), c.fa.y = y.get();
                     c.fa.num_groups = G, c.fa.in_dim = p.in, c.fa.out_dim = p.out, c.fa.op = op, c.fa.schedule = sch;
                     c.fa.block_scaled = var.name.find("unscaled") == std::string::npos;
+                    c.fa.overlapped_promotion = var.name.find("cutlass_loop") == std::string::npos;
                     c.fwa.x_cols = xc8.get(), c.fwa.x_col_scales = xc8_scales.get(), c.fwa.dy_cols = dyc8.get();
                     c.fwa.dy_col_scales = dyc8_scales.get(), c.fwa.cu_seqlens = dcu.get(), c.fwa.grads = dgtable.get();
                     c.fwa.num_groups = G, c.fwa.in_dim = p.in, c.fwa.out_dim = p.out, c.fwa.capacity = max_rows;

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Issue 34's tables in one device call (docs/benchmarks.md "CUTLASS kernels and FP8" and "The FP8 layer"; docs/fp8.md):
-#   1. build the `evenep` CLI, the Python extension and the FP8 tests (CUTLASS on, the tuning candidates for
-#      `fp8_wgrad`), run grouped_gemm_fp8_test and gpu_moe_layer_fp8_test;
+#   1. build the `evenep` CLI, the Python extension, grouped_gemm_test and the FP8 tests (CUTLASS on, the tuning
+#      candidates for the anchors and `fp8_wgrad`), run grouped_gemm_fp8_test and gpu_moe_layer_fp8_test;
 #   2. the GEMM table: `evenep bench gemm` at the MoonEP point (the planner's rows at maxvio 0.2 and 20, Zipf 1.0)
 #      and the K3-like point (R = 64), bf16 fwd/dgrad/wgrad (and wgrad_set: dW = x^T dy written without reading,
 #      the like-for-like row for torch._grouped_mm's fresh output) with the hand-written and CUTLASS kernels, FP8
-#      fwd/dgrad (block-scaled, beside CUTLASS's unscaled anchor) and the FP8 wgrad, then torch._grouped_mm and
-#      dense on the same offsets (gemm_anchor.py);
-#   3. the wgrad with four micro-batches' rows in one call (S x 4: the deferred-wgrad measurement);
+#      fwd/dgrad (block-scaled, beside the same kernel with CUTLASS's own consumer loop and CUTLASS's unscaled
+#      anchor) and the FP8 wgrad, then torch._grouped_mm and dense on the same offsets (gemm_anchor.py);
+#   3. the CUTLASS raster order: grouped_gemm_test's CUTLASS cases and the bf16 CUTLASS rows with a group's tiles
+#      walked N-fastest (EVENEP_CUTLASS_RASTER=n) beside the default M-fastest rows of step 2; then the wgrad with
+#      four micro-batches' rows in one call (S x 4: the deferred-wgrad measurement);
 #   4. the FP8 layer table: `bench layer --fp8` at both points, maxvio 0.2 and 20, M = 4 micro-batches a step;
 #   5. the dispatch, bf16 and FP8, at the MoonEP point;
 #   6. accuracy: `evenep demo --fp8 --backend cuda` and the 200-step `train_moe.py --compare-fp8` on CUDA.
@@ -16,9 +18,9 @@
 #
 # On the device machine, from the repository root (carry .devdeps and .deps):
 #   source .devdeps/unpack.sh && scripts/device/issue34.sh
-# Environment: BUILD (default build-gpu), BUDGET, SKIP (space-separated step names to skip: tests gemm k3 defer
-# layer dispatch accuracy), NCCL (ON: the NCCL team too, against torch's NCCL, so that run_checks.sh with the same
-# settings reuses the build).
+# Environment: BUILD (default build-gpu), BUDGET, SKIP (space-separated step names to skip: tests gemm k3 raster
+# defer layer dispatch accuracy), NCCL (ON: the NCCL team too, against torch's NCCL, so that run_checks.sh with the
+# same settings reuses the build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-$PWD/device-out}
@@ -44,7 +46,7 @@ T="grouped_gemm_fp8_test gpu_moe_layer_fp8_test"
     -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL="${NCCL:-OFF}" -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
     -DEVENEP_CUTLASS=ON -DEVENEP_CUTLASS_CANDIDATES=ON -DEVENEP_BUILD_PYTHON=ON \
     "-DPython_EXECUTABLE=$(command -v python3)" &&
-  cmake --build "$B" -j "$(nproc)" --target evenep evenep_python $T
+  cmake --build "$B" -j "$(nproc)" --target evenep evenep_python $T grouped_gemm_test
 } > "$L/build.log" 2>&1 || { tail -40 "$L/build.log"; exit 1; }
 grep -E "EvenEP: CUTLASS" "$L/build.log"
 echo "build $(el) s"
@@ -76,6 +78,37 @@ gemm gemm 150 --maxvio 0.2 20 --zipf 1.0 --ops fwd dgrad wgrad wgrad_set fp8_fwd
   --kernels wgmma cutlass cutlass_pingpong --check
 gemm k3 60 --R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0 --ops fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad \
   --kernels wgmma cutlass
+
+# The CUTLASS group scheduler's raster order (EVENEP_CUTLASS_RASTER=n: a group's tiles N-fastest; the default walks
+# them M-fastest): the CUTLASS cases of grouped_gemm_test with it (same results: only the order differs), then the
+# bf16 CUTLASS rows of both points again, printed beside the M-fastest rows of the gemm / k3 steps above.
+if want raster 60; then
+  echo "== CUTLASS raster N-fastest ($(el) s)"
+  EVENEP_CUTLASS_RASTER=n timeout "$(left 60)" "$B/tests/grouped_gemm_test" --gtest_brief=1 --gtest_filter='*utlass*' \
+    > "$L/t_raster.log" 2>&1
+  echo "grouped_gemm_test (raster n) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/t_raster.log" | tr '\n' ' ')"
+  for pt in k3 gemm; do
+    [ $pt = k3 ] && args="--R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0" || args="--maxvio 0.2 20 --zipf 1.0"
+    want raster 30 || break
+    EVENEP_CUTLASS_RASTER=n timeout "$(left 90)" "$E" bench gemm $args --ops fwd dgrad wgrad --kernels cutlass \
+      --iters 10 --json "$L/${pt}_raster_n.json" > "$L/${pt}_raster_n.log" 2>&1
+    echo "bench $pt raster n rc=$? ($(el) s)"
+    python3 - "$L/$pt.json" "$L/${pt}_raster_n.json" <<'PY'
+import json, sys
+def rows(f):
+    try:
+        return {(r["dist"], r["proj"], r["op"]): r["tflops"] for r in json.load(open(f))["rows"]
+                if r["schedule"] == "cutlass/load_aware"}
+    except (OSError, ValueError, KeyError):
+        return {}
+m, n = rows(sys.argv[1]), rows(sys.argv[2])
+print(f"{'dist':<20} {'proj':<8} {'op':<6} {'M-fast':>7} {'N-fast':>7} {'N/M':>5}")
+for k in sorted(n):
+    a = m.get(k, float("nan"))
+    print(f"{k[0]:<20} {k[1]:<8} {k[2]:<6} {a:7.1f} {n[k]:7.1f} {n[k] / a:5.2f}")
+PY
+  done
+fi
 
 if want defer 30; then
   echo "== wgrad over four micro-batches' rows (S x 4) ($(el) s)"

@@ -4,12 +4,15 @@
 //   planner   8 groups of 320 rows (the planner's equal rows)
 //   zipf      10 groups, rows ~ 1800 / (g + 1)^1.2
 //   edges     empty groups (one with a null weight), one-row groups, a group of 129 rows (a partial tile)
+//   deep      in 640, out 512: 5 k-tiles forward, 4 in dgrad (the overlapped consumer loop's pairs and both tails)
 // ops: forward (weights given as W^T [out][in]) and dgrad (W [in][out]); block_scaled (1 x 128 activation scales,
 // 128 x 128 weight scales, random in [2^-4, 2^4)) and unscaled (scales ignored; the reference takes them as 1);
 // schedules fixed and load-aware. Each case poisons y (NaN bits), then checks every row of every group with rows
 // and a weight: |y - ref| <= 2^-7 |ref| + 2^-9 sum_k |terms| (bf16 output rounding, fp32 accumulation with the
 // per-k-block promotion; the unscaled kernel's fast accumulation keeps fewer bits, within the same bound), and that
-// rows of empty / null-weight groups keep the poison. Seeds fixed per case, printed on failure.
+// rows of empty / null-weight groups keep the poison. Seeds fixed per case, printed on failure. Where the tuning
+// candidates are built, the block-scaled cases also run CUTLASS's own consumer loop (overlapped_promotion false)
+// and expect the same output, element by element.
 // GroupedGemmFp8Wgrad.MatchesCpuReference: the FP8 wgrad (a tuning candidate) against the CPU reference (below).
 // GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled -> evenep::Error.
 // Skipped without a device, or where the CUTLASS kernels are not built (EVENEP_CUTLASS) or the device is not Hopper.
@@ -182,6 +185,24 @@ TEST_P(GroupedGemmFp8Test, MatchesReference) {
     }
     EXPECT_EQ(bad, 0);
     if (c.null_group >= 0 && c.rows[c.null_group] > 0) EXPECT_GT(poisoned, 0);
+
+    // EvenEP's consumer loop (overlapped promotion) adds the same partial sums in the same order as CUTLASS's own
+    // loop (a tuning candidate): the outputs are equal, element by element.
+    if (c.scaled && cuda::grouped_gemm_has_candidates()) {
+        EVENEP_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, dy.size() * 2));
+        cuda::GroupedGemmFp8Args cutlass_loop = a;
+        cutlass_loop.overlapped_promotion = false;
+        cuda::grouped_gemm_fp8(cutlass_loop, nullptr);
+        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<uint16_t> hy2 = dy.download();
+        int differ = 0;
+        for (size_t i = 0; i < hy.size(); ++i) {
+            const float x1 = bf16_to_float(Bf16{hy[i]}), x2 = bf16_to_float(Bf16{hy2[i]});
+            if (!(x1 == x2 || (std::isnan(x1) && std::isnan(x2))) && ++differ <= 5)
+                ADD_FAILURE() << "element " << i << ": overlapped promotion " << x1 << ", CUTLASS's loop " << x2;
+        }
+        EXPECT_EQ(differ, 0);
+    }
 }
 
 std::vector<Fp8Case> fp8_cases() {
@@ -189,6 +210,8 @@ std::vector<Fp8Case> fp8_cases() {
         {"planner", 256, 384, std::vector<int>(8, 320)},
         {"zipf", 384, 256, {1800, 784, 482, 341, 261, 210, 175, 149, 130, 115}},
         {"edges", 256, 256, {0, 1, 129, 0, 1, 40, 0}, 5},
+        // 5 k-tiles forward, 4 in dgrad: the consumer loop's paired steady state and both of its tails
+        {"deep", 640, 512, {200, 0, 333, 64}},
     };
     std::vector<Fp8Case> out;
     for (const Fp8Case& s : shapes)

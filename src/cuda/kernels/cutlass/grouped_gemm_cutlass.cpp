@@ -98,7 +98,9 @@ size_t workspace_bytes(int num_groups) {
                       instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
                       instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
                       fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms),
-                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms)});
+                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms),
+                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForwardCutlass>(num_groups, sms),
+                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgradCutlass>(num_groups, sms)});
 #endif
     return bytes;
 }
@@ -146,6 +148,15 @@ void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream) {
     if (!a.block_scaled) {  // grouped_gemm_fp8 refuses first where the candidate is not built
 #if defined(EVENEP_CUTLASS_CANDIDATES)
         fp8_instance_launch<Fp8Kind::kUnscaled>(a, sms, stream);
+#endif
+        return;
+    }
+    if (!a.overlapped_promotion) {  // grouped_gemm_fp8 refuses first where the candidates are not built
+#if defined(EVENEP_CUTLASS_CANDIDATES)
+        if (a.op == Op::kForward)
+            fp8_instance_launch<Fp8Kind::kBlockwiseForwardCutlass>(a, sms, stream);
+        else
+            fp8_instance_launch<Fp8Kind::kBlockwiseDgradCutlass>(a, sms, stream);
 #endif
         return;
     }

@@ -8,7 +8,10 @@
 //   block-scaled  CUTLASS's Hopper blockwise-scaling mainloop (KernelPtrArrayTmaWarpSpecializedCooperativeFP8-
 //                 Blockwise): scale granularity 1 (M) x 128 (N) x 128 (K); every 128-deep k-block's wgmma partial
 //                 sums are promoted into the fp32 accumulators times sx[m, kb] * sw[kb, nb]. Tile 128 x 128 x 128
-//                 (the k-tile is one scale block). The wgrad (kBlockwiseWgrad) scales per channel on both sides. SFA
+//                 (the k-tile is one scale block). The forward and dgrad (kBlockwiseForward / kBlockwiseDgrad) run
+//                 it with EvenEP's consumer loop (fp8_overlap_mainloop.cuh: the promotion of one k-tile overlaps
+//                 the next one's wgmma); kBlockwiseForwardCutlass / kBlockwiseDgradCutlass (tuning candidates) with
+//                 CUTLASS's own. The wgrad (kBlockwiseWgrad) scales per channel on both sides. SFA
 //                 (activations, [rows][K/128]) is K-major; SFB (weights, [in/128][out/128]) is N-major in the forward
 //                 (K = in runs down the rows) and K-major in dgrad.
 //   unscaled      CUTLASS's FP8 ptr-array grouped GEMM with fast accumulation (KernelPtrArrayTmaWarpSpecialized-
@@ -16,6 +19,7 @@
 // Problem list, order and the error word as in grouped_gemm_cutlass.cuh (GroupOrder).
 #pragma once
 
+#include "cuda/kernels/cutlass/fp8_overlap_mainloop.cuh"
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "evenep/detail/fp8.hpp"
@@ -40,6 +44,9 @@ template <Fp8Kind kKind>
 struct Fp8Instance {
     static constexpr bool kScaled = kKind != Fp8Kind::kUnscaled;
     static constexpr bool kWgrad = kKind == Fp8Kind::kBlockwiseWgrad;
+    static constexpr bool kDgradScales = kKind == Fp8Kind::kBlockwiseDgrad || kKind == Fp8Kind::kBlockwiseDgradCutlass;
+    // EvenEP's consumer loop (fp8_overlap_mainloop.cuh) on the forward and dgrad; CUTLASS's own elsewhere.
+    static constexpr bool kOverlap = kKind == Fp8Kind::kBlockwiseForward || kKind == Fp8Kind::kBlockwiseDgrad;
     using Sched = std::conditional_t<kScaled, Fp8ScaledTypes, Fp8UnscaledTypes>;
     using ElementAB = cutlass::float_e4m3_t;
     using ElementAcc = float;
@@ -61,8 +68,7 @@ struct Fp8Instance {
                                                   kWgrad ? 1 : 128,
                                                   128,
                                                   kWgrad ? cute::GMMA::Major::MN : cute::GMMA::Major::K,
-                                                  kKind == Fp8Kind::kBlockwiseDgrad ? cute::GMMA::Major::K
-                                                                                    : cute::GMMA::Major::MN>;
+                                                  kDgradScales ? cute::GMMA::Major::K : cute::GMMA::Major::MN>;
     using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
     using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
     static constexpr int kAlignAB = 16;                                      // 16 bytes of e4m3
@@ -87,7 +93,7 @@ struct Fp8Instance {
         cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc, ElementC, ElementAcc>>::CollectiveOp;
     using GmemA = std::conditional_t<kScaled, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
     using GmemB = std::conditional_t<kScaled, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
-    using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+    using CutlassMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
         cutlass::arch::Sm90,
         cutlass::arch::OpClassTensorOp,
         ElementAB,
@@ -101,6 +107,7 @@ struct Fp8Instance {
         ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
         KernelSchedule>::CollectiveOp;
+    using Mainloop = std::conditional_t<kOverlap, OverlappedPromotionMainloop<CutlassMainloop>, CutlassMainloop>;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
     using StrideA = typename Kernel::InternalStrideA;

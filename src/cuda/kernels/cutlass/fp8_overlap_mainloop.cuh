@@ -1,0 +1,155 @@
+// src/cuda/kernels/cutlass/fp8_overlap_mainloop.cuh — EvenEP's consumer loop for CUTLASS's Hopper blockwise-scaled
+// FP8 ptr-array mainloop: the same collective (TMA loads, scale loads, shared memory, pipeline, tensor maps: all
+// inherited), with mma() replaced so that the promotion of one k-tile's partial sums overlaps the next k-tile's
+// wgmma.
+//
+// Why: CUTLASS's blockwise consumer issues a k-tile's wgmma batch into a partial accumulator, waits for it to finish
+// (warpgroup_wait<0>), then adds partial * scale into the fp32 accumulator (64 FFMAs a thread on a 64 x 128
+// warpgroup tile) before it issues the next batch; in the cooperative schedule both consumer warpgroups do so in step,
+// so the tensor cores idle for every promotion and every pipeline refill. Here two partial accumulators alternate: the
+// batch of k-tile t+1 is committed before the partial of k-tile t is promoted (warpgroup_wait<1>), so one wgmma batch
+// is always in flight while the CUDA cores scale. Costs 64 more registers a thread (accumulator + two partials = 192
+// of the consumer's 232 on a 64 x 128 warpgroup tile).
+//
+// Same arithmetic as CUTLASS's loop, in the same order: accum += partial_t * (sx[row] * sw), k-tile by k-tile, the
+// partial of each k-tile summed by the tensor cores from zero. Supports what the forward and dgrad instantiations use:
+// several activation scales per tile along M, one weight scale per tile along N, one scale block per k-tile
+// (static_asserts below).
+#pragma once
+
+#include "cute/tensor.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+
+namespace evenep::cuda::cutlass_gemm {
+
+template <class Base>
+struct OverlappedPromotionMainloop : Base {
+    using typename Base::ElementBlockScale;
+    using typename Base::MainloopPipeline;
+    using typename Base::Params;
+    using typename Base::PipelineState;
+    using typename Base::SmemLayoutA;
+    using typename Base::SmemLayoutB;
+    using typename Base::SmemLayoutSFA;
+    using typename Base::SmemLayoutSFB;
+    using typename Base::TensorStorage;
+    using typename Base::TiledMma;
+    using typename Base::TileShape;
+
+    static_assert(Base::ScaleMsPerTile > 1 && Base::ScaleNsPerTile == 1,
+                  "OverlappedPromotionMainloop: per-row activation scales, one weight scale per tile along N");
+    static_assert(Base::ScaleGranularityK == cute::size<2>(TileShape{}),
+                  "OverlappedPromotionMainloop: one scale block per k-tile (a promotion after every k-tile)");
+
+    // The consumer side (the kernel's two MMA warpgroups). Releases the stages of k-tiles 0 .. k_tile_count - 2, as
+    // CUTLASS's loop does; the inherited mma_tail releases the last one.
+    template <class FrgTensorC>
+    CUTLASS_DEVICE void mma(MainloopPipeline pipeline,
+                            PipelineState smem_pipe_read,
+                            FrgTensorC& accum,
+                            int k_tile_count,
+                            int thread_idx,
+                            TensorStorage& shared_tensors,
+                            Params const& /*mainloop_params*/) {
+        using namespace cute;
+        static_assert(is_rmem<FrgTensorC>::value, "the accumulator must live in registers");
+
+        Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
+        Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
+        // The scales in shared memory viewed as (BLK_M, BLK_N, (BLK_K, PIPE)) tensors: the activation scales broadcast
+        // along N, the weight scales along M, so that partitioning them like C gives every thread the scales of its
+        // accumulator elements.
+        Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
+                                  make_layout(make_shape(shape<0>(SmemLayoutSFA{}),
+                                                         get<1>(TileShape{}),
+                                                         make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
+                                              make_stride(stride<0>(SmemLayoutSFA{}),
+                                                          _0{},
+                                                          make_stride(stride<1>(SmemLayoutSFA{}),
+                                                                      stride<2>(SmemLayoutSFA{})))));
+        Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
+                                  make_layout(make_shape(get<0>(TileShape{}),
+                                                         shape<0>(SmemLayoutSFB{}),
+                                                         make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
+                                              make_stride(_0{},
+                                                          stride<0>(SmemLayoutSFB{}),
+                                                          make_stride(stride<1>(SmemLayoutSFB{}),
+                                                                      stride<2>(SmemLayoutSFB{})))));
+
+        constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+        const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
+        const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+        TiledMma tiled_mma;
+        auto thread_mma = tiled_mma.get_slice(warp_groups(warp_group));
+        Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA, MMA_M, MMA_N, (MMA_K, PIPE))
+        Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);
+        Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+        Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+
+        // Two partial accumulators and their combined scales sx[row] * sw, alternating between k-tiles.
+        Tensor part0 = make_fragment_like(accum);
+        Tensor part1 = make_fragment_like(accum);
+        Tensor scale0 = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{}));  // broadcast along N
+        Tensor scale1 = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{}));
+        Tensor scale_w = make_tensor_like<ElementBlockScale>(tCsSFB(_, _, _, _0{}));
+
+        clear(accum);
+        warpgroup_fence_operand(accum);
+        if (k_tile_count <= 0) return;
+        PipelineState smem_pipe_release = smem_pipe_read;
+
+        // Waits for k-tile `smem_pipe_read`, reads its scales and commits its wgmma batch into `part`.
+        auto issue = [&](auto& part, auto& scale) {
+            pipeline.consumer_wait(smem_pipe_read);
+            const int stage = smem_pipe_read.index();
+            copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), scale);
+            copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), scale_w);
+            tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+            warpgroup_fence_operand(part);
+            warpgroup_arrive();
+            CUTLASS_PRAGMA_UNROLL
+            for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+                cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), part);
+                tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+            }
+            warpgroup_commit_batch();
+            warpgroup_fence_operand(part);
+            const ElementBlockScale sw = scale_w(_0{});
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < size(filter_zeros(scale)); ++i) filter_zeros(scale)(i) = filter_zeros(scale)(i) * sw;
+            ++smem_pipe_read;
+        };
+        // After the next batch is committed: waits for the previous one, frees its stage and promotes its partial.
+        auto promote = [&](auto& part, auto const& scale, auto wait) {
+            warpgroup_wait<decltype(wait)::value>();
+            warpgroup_fence_operand(part);
+            if constexpr (decltype(wait)::value == 1) {
+                pipeline.consumer_release(smem_pipe_release);
+                ++smem_pipe_release;
+            }
+            warpgroup_fence_operand(accum);
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < size(accum); ++i) accum(i) += part(i) * scale(i);
+            warpgroup_fence_operand(accum);
+        };
+
+        issue(part0, scale0);
+        int left = k_tile_count - 1;
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (; left >= 2; left -= 2) {
+            issue(part1, scale1);
+            promote(part0, scale0, Int<1>{});
+            issue(part0, scale0);
+            promote(part1, scale1, Int<1>{});
+        }
+        if (left == 1) {
+            issue(part1, scale1);
+            promote(part0, scale0, Int<1>{});
+            promote(part1, scale1, Int<0>{});
+        } else {
+            promote(part0, scale0, Int<0>{});
+        }
+    }
+};
+
+}  // namespace evenep::cuda::cutlass_gemm
