@@ -8,8 +8,9 @@
 #      fwd/dgrad (block-scaled, beside the same kernel with CUTLASS's own consumer loop and CUTLASS's unscaled
 #      anchor) and the FP8 wgrad, then torch._grouped_mm and dense on the same offsets (gemm_anchor.py);
 #   3. the CUTLASS raster order: grouped_gemm_test's CUTLASS cases and the bf16 CUTLASS rows with a group's tiles
-#      walked N-fastest (EVENEP_CUTLASS_RASTER=n) beside the default M-fastest rows of step 2; then the wgrad with
-#      four micro-batches' rows in one call (S x 4: the deferred-wgrad measurement);
+#      walked N-fastest (EVENEP_CUTLASS_RASTER=n) beside the default M-fastest rows of step 2; the fp32-output
+#      dgrad (the layer's), hand-written against CUTLASS's candidate; then the wgrad with four micro-batches' rows
+#      in one call (S x 4: the deferred-wgrad measurement);
 #   4. the FP8 layer table: `bench layer --fp8` at both points, maxvio 0.2 and 20, M = 4 micro-batches a step;
 #   5. the dispatch, bf16 and FP8, at the MoonEP point;
 #   6. accuracy: `evenep demo --fp8 --backend cuda` and the 200-step `train_moe.py --compare-fp8` on CUDA.
@@ -19,7 +20,7 @@
 # On the device machine, from the repository root (carry .devdeps and .deps):
 #   source .devdeps/unpack.sh && scripts/device/issue34.sh
 # Environment: BUILD (default build-gpu), BUDGET, SKIP (space-separated step names to skip: tests gemm k3 raster
-# defer layer dispatch accuracy), NCCL (ON: the NCCL team too, against torch's NCCL, so that run_checks.sh with the
+# f32 defer layer dispatch accuracy), NCCL (ON: the NCCL team too, against torch's NCCL, so that run_checks.sh with the
 # same settings reuses the build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -107,6 +108,23 @@ for k in sorted(n):
     a = m.get(k, float("nan"))
     print(f"{k[0]:<20} {k[1]:<8} {k[2]:<6} {a:7.1f} {n[k]:7.1f} {n[k] / a:5.2f}")
 PY
+  done
+fi
+
+# The layer's fp32-output dgrads: the hand-written kernel (what kAuto runs) against CUTLASS's fp32 dgrad (a tuning
+# candidate), and grouped_gemm_test's fp32 cases.
+if want f32 40; then
+  echo "== dgrad with fp32 output ($(el) s)"
+  timeout "$(left 60)" "$B/tests/grouped_gemm_test" --gtest_brief=1 --gtest_filter='*_f32_*' > "$L/t_f32.log" 2>&1
+  echo "grouped_gemm_test (f32) rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/t_f32.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED  \]" "$L/t_f32.log" | head -8
+  for pt in moon k3; do
+    [ $pt = k3 ] && args="--R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0" || args="--maxvio 0.2 20 --zipf 1.0"
+    want f32 20 || break
+    timeout "$(left 90)" "$E" bench gemm $args --ops dgrad_f32 --kernels wgmma cutlass --iters 10 \
+      --json "$L/${pt}_f32.json" > "$L/${pt}_f32.log" 2>&1
+    echo "bench $pt dgrad_f32 rc=$? ($(el) s)"
+    grep -E "load_aware" "$L/${pt}_f32.log" | awk '{print $1, $2, $3, $4, $7}'
   done
 fi
 

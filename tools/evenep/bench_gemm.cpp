@@ -163,11 +163,11 @@ void register_bench_gemm(CLI::App& bench) {
     add_u64(*cmd, "--seed", o->bench.seed, "routing and data seed");
     cmd->add_option(
            "--ops", o->bench.ops,
-           "any of fwd, dgrad, wgrad (dW += x^T dy into fp32), wgrad_set (dW = x^T dy, no read); wgrad "
-           "--check: 8 sampled elements; fp8_fwd, fp8_dgrad (CUTLASS FP8 grouped GEMM, 1x128 / 128x128 "
-           "block-scaled, beside CUTLASS's unscaled FP8 anchor where the tuning candidates are built; timing only, not "
-           "checked), fp8_wgrad (FP8 wgrad from the wgrad cols casts, dW += into fp32; a tuning candidate, "
-           "EVENEP_CUTLASS_CANDIDATES)")
+           "any of fwd, dgrad, dgrad_f32 (fp32 output, the layer's dgrads; timing only), wgrad (dW += x^T dy into "
+           "fp32), wgrad_set (dW = x^T dy, no read); wgrad --check: 8 sampled elements; fp8_fwd, fp8_dgrad (CUTLASS "
+           "FP8 grouped GEMM, 1x128 / 128x128 block-scaled, beside its CUTLASS-consumer-loop variant and CUTLASS's "
+           "unscaled FP8 anchor where the tuning candidates are built; timing only, not checked), fp8_wgrad (FP8 "
+           "wgrad from the wgrad cols casts, dW += into fp32; a tuning candidate, EVENEP_CUTLASS_CANDIDATES)")
         ->capture_default_str();
     add_int(*cmd, "--warmup", o->bench.warmup, "untimed runs", 0, 1000000);
     add_int(*cmd, "--iters", o->bench.iters, "timed runs (median reported)", 1, 1000000);
@@ -192,10 +192,10 @@ void register_bench_gemm(CLI::App& bench) {
     o->limits.add_to(*cmd);
     set_run(cmd, [o]() {
         for (const std::string& op : o->bench.ops)
-            EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "wgrad" || op == "wgrad_set" || op == "fp8_fwd" ||
-                             op == "fp8_dgrad" || op == "fp8_wgrad",
+            EVENEP_CHECK(op == "fwd" || op == "dgrad" || op == "dgrad_f32" || op == "wgrad" || op == "wgrad_set" ||
+                             op == "fp8_fwd" || op == "fp8_dgrad" || op == "fp8_wgrad",
                          "bench gemm: --ops entry '", op,
-                         "' must be fwd, dgrad, wgrad, wgrad_set, fp8_fwd, fp8_dgrad or fp8_wgrad");
+                         "' must be fwd, dgrad, dgrad_f32, wgrad, wgrad_set, fp8_fwd, fp8_dgrad or fp8_wgrad");
         for (const std::string& k : o->bench.kernels)
             EVENEP_CHECK(k == "wgmma" || k == "mma" || k == "cutlass" || k == "cutlass_pingpong",
                          "bench gemm: --kernels entry '", k, "' must be wgmma, mma, cutlass or cutlass_pingpong");

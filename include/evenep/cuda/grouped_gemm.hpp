@@ -50,8 +50,9 @@ enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
 // epilogue; cooperative 128 x 256 tiles, or ping-pong 128 x 128 tiles whose epilogue overlaps the other warpgroup's
 // mainloop), built when EVENEP_CUTLASS is ON (the pinned headers of scripts/fetch-cutlass.sh). kLoadAware hands the
 // groups to CUTLASS's group scheduler (tiles dealt round-robin in list order) permuted by the cost model; kFixed in
-// index order; wgrad groups are never split (deterministic either way). Forward / dgrad with fp32 output (y_fp32)
-// run the kWgmma kernel instead (no fp32-output CUTLASS instantiation is built).
+// index order; wgrad groups are never split (deterministic either way). Dgrad with fp32 output (y_fp32) runs
+// CUTLASS's cooperative kernel with an fp32 epilogue where the tuning candidates are built (kCutlass only; kAuto keeps
+// the hand-written kernel for fp32 output), the kWgmma kernel otherwise; forward with fp32 output always runs kWgmma.
 enum class GemmKernel : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kCutlass = 3, kCutlassPingpong = 4 };
 
 // The scheduler's cost model (µs per 128 x 256 tile on one SM = c_tile + c_kblock * k-blocks of 64).

@@ -520,8 +520,10 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     const int N = fwd ? a.out_dim : a.in_dim;
     const auto* ptrs = reinterpret_cast<const void* const*>(a.weights);
     const int G = a.num_groups;
-    // fp32 output: no CUTLASS instantiation; the hand-written Hopper kernel (see GemmKernel).
-    const bool cutlass = use_cutlass(a.kernel, "grouped_gemm", /*auto_picks_cutlass=*/true) && !a.y_fp32;
+    // fp32 output: CUTLASS's fp32-output dgrad (a tuning candidate) only when asked for by name; otherwise the
+    // hand-written Hopper kernel (see GemmKernel).
+    const bool cutlass = use_cutlass(a.kernel, "grouped_gemm", /*auto_picks_cutlass=*/!a.y_fp32) &&
+                         (!a.y_fp32 || (a.kernel == GemmKernel::kCutlass && !fwd && grouped_gemm_has_candidates()));
 #if defined(EVENEP_HAVE_CUTLASS)
     if (cutlass) {
         const cutlass_gemm::LaunchArgs l{.op = fwd ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
@@ -533,6 +535,7 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
                                          .in_dim = a.in_dim,
                                          .out_dim = a.out_dim,
                                          .load_aware = a.schedule == GemmSchedule::kLoadAware,
+                                         .y_fp32 = a.y_fp32,
                                          .cost = grouped_gemm_cost_model(),
                                          .workspace = a.workspace};
         cutlass_gemm::launch(cutlass_schedule(a.kernel), l, stream);

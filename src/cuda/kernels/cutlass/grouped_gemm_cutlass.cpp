@@ -49,6 +49,14 @@ std::optional<bool> raster_override() {
 
 template <Op kOp>
 void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t stream) {
+    if (a.y_fp32) {  // grouped_gemm routes fp32 output here only where the candidate is built
+        EVENEP_CHECK(kOp == Op::kDgrad && schedule == Schedule::kCooperative,
+                     "grouped_gemm (CUTLASS): fp32 output only for the cooperative dgrad");
+#if defined(EVENEP_CUTLASS_CANDIDATES)
+        if constexpr (kOp == Op::kDgrad) instance_launch<Op::kDgrad, Schedule::kCooperative, true>(a, sms, stream);
+#endif
+        return;
+    }
     if (schedule == Schedule::kCooperative) {
         instance_launch<kOp, Schedule::kCooperative>(a, sms, stream);
         return;
@@ -97,6 +105,7 @@ size_t workspace_bytes(int num_groups) {
     bytes = std::max({bytes, instance_workspace_bytes<Op::kForward, Schedule::kPingpong>(num_groups, sms),
                       instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
                       instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
+                      instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative, true>(num_groups, sms),
                       fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms),
                       fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms),
                       fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForwardCutlass>(num_groups, sms),

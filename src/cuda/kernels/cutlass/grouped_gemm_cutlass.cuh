@@ -9,6 +9,7 @@
 // graph capturable. Per op (D[M, N] = A[M, K] B[K, N], CUTLASS's names):
 //   forward  M = rows_g, N = out, K = in:   A = x rows (K-major), B = W_g [in][out] (N-major), D = y rows (bf16)
 //   dgrad    M = rows_g, N = in,  K = out:  A = dY rows (K-major), B = W_g read as [out][in] (K-major), D = dX rows
+//            (bf16, or fp32: the y_fp32 instantiation, a tuning candidate)
 //   wgrad    M = in, N = out, K = rows_g:   A = x rows read transposed (M-major), B = dY rows (N-major),
 //            C = D = dW_g (fp32, in place; beta = 1 accumulates, beta = 0 overwrites)
 // A group without rows, with a null pointer or with a pointer that is not 16-byte aligned (rejected, reported in
@@ -70,16 +71,20 @@ struct OpTypesOf {
     using ElementC = ElementC_;
     using ElementD = ElementD_;
 };
-template <Op kOp>
+template <Op kOp, bool kF32>
 struct OpTypes;
 template <>
-struct OpTypes<Op::kForward>
+struct OpTypes<Op::kForward, false>
     : OpTypesOf<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, cutlass::bfloat16_t> {};
+template <bool kF32>  // fp32 output: the layer's dgrads (dh, and dg / du summed into dx afterwards)
+struct OpTypes<Op::kDgrad, kF32>
+    : OpTypesOf<cutlass::layout::RowMajor,
+                cutlass::layout::ColumnMajor,
+                void,
+                std::conditional_t<kF32, float, cutlass::bfloat16_t>> {};
 template <>
-struct OpTypes<Op::kDgrad>
-    : OpTypesOf<cutlass::layout::RowMajor, cutlass::layout::ColumnMajor, void, cutlass::bfloat16_t> {};
-template <>
-struct OpTypes<Op::kWgrad> : OpTypesOf<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float> {};
+struct OpTypes<Op::kWgrad, false>
+    : OpTypesOf<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float> {};
 
 // Tiles: cooperative 128 x 256 x 64 (two consumer warpgroups of 64 x 256, the hand-written kernel's tile);
 // ping-pong 128 x 128 x 64 per consumer warpgroup. Clusters of one block: clusters of two along M (B shared by TMA
@@ -158,9 +163,9 @@ struct GroupTables {
     }
 };
 
-template <Op kOp, Schedule kSchedule>
+template <Op kOp, Schedule kSchedule, bool kF32>
 struct Instance {
-    using Types = OpTypes<kOp>;
+    using Types = OpTypes<kOp, kF32>;
     using Sched = ScheduleTypes<kSchedule>;
     using ElementAB = cutlass::bfloat16_t;
     using ElementAcc = float;
@@ -320,9 +325,9 @@ struct PrepareParams {
 };
 
 // One block: the error word, then each group's entry at its position in the problem list.
-template <Op kOp, Schedule kSchedule>
-__global__ void __launch_bounds__(1024) prepare_kernel(PrepareParams<Instance<kOp, kSchedule>> p) {
-    using I = Instance<kOp, kSchedule>;
+template <Op kOp, Schedule kSchedule, bool kF32>
+__global__ void __launch_bounds__(1024) prepare_kernel(PrepareParams<Instance<kOp, kSchedule, kF32>> p) {
+    using I = Instance<kOp, kSchedule, kF32>;
     if (threadIdx.x == 0) *p.error_word = 0;
     __syncthreads();
     const GroupOrder& o = p.order;
@@ -379,18 +384,18 @@ int current_device() {
 
 }  // namespace
 
-template <Op kOp, Schedule kSchedule>
+template <Op kOp, Schedule kSchedule, bool kF32>
 size_t instance_workspace_bytes(int num_groups, int sm_count) {
-    using I = Instance<kOp, kSchedule>;
+    using I = Instance<kOp, kSchedule, kF32>;
     size_t tables = 0;
     const typename I::Tables t = I::carve(nullptr, num_groups, &tables);
     const auto args = I::arguments(t, num_groups, 0.0f, 0, sm_count);  // the raster order does not size it
     return tables + I::Gemm::get_workspace_size(args);
 }
 
-template <Op kOp, Schedule kSchedule>
+template <Op kOp, Schedule kSchedule, bool kF32>
 void instance_launch(const LaunchArgs& a, int sm_count, cudaStream_t stream) {
-    using I = Instance<kOp, kSchedule>;
+    using I = Instance<kOp, kSchedule, kF32>;
     const int G = a.num_groups;
     const typename I::Tables t = I::carve(a.workspace, G);
 
@@ -424,7 +429,7 @@ void instance_launch(const LaunchArgs& a, int sm_count, cudaStream_t stream) {
     }
     p.t = t;
     p.error_word = gemm_error_word(a.workspace, G);
-    prepare_kernel<kOp, kSchedule><<<1, 1024, 0, stream>>>(p);
+    prepare_kernel<kOp, kSchedule, kF32><<<1, 1024, 0, stream>>>(p);
     EVENEP_CUDA_CHECK(cudaGetLastError());
     const float beta = kOp == Op::kWgrad && a.accumulate ? 1.0f : 0.0f;
     run_gemm<typename I::Gemm>(I::arguments(t, G, beta, current_device(), sm_count, a.raster_along_n),

@@ -22,7 +22,8 @@ enum class Op : int { kForward = 0, kDgrad = 1, kWgrad = 2 };
 // 128 x 128 tile, one's epilogue overlapping the other's mainloop.
 enum class Schedule : int { kCooperative = 0, kPingpong = 1 };
 // The tuning candidates (src/cuda/kernels/cutlass/candidates/, built only with EVENEP_CUTLASS_CANDIDATES so that CI
-// compiles only the kernels in use): the ping-pong schedule of every op, the unscaled FP8 anchor (Fp8Kind::kUnscaled),
+// compiles only the kernels in use): the ping-pong schedule of every op, the fp32-output cooperative dgrad
+// (LaunchArgs::y_fp32), the unscaled FP8 anchor (Fp8Kind::kUnscaled),
 // CUTLASS's own FP8 consumer loop (Fp8Kind::kBlockwise*Cutlass) and the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether
 // they are built in.
 bool candidates_built();
@@ -40,6 +41,7 @@ struct LaunchArgs {
     bool load_aware = true;  // groups handed to CUTLASS's group scheduler in the cost model's order (else index order)
     bool accumulate = true;  // wgrad: dW += (beta = 1) or dW = (beta = 0)
     bool raster_along_n = false;  // the group scheduler walks a group's tiles N-fastest (else M-fastest); see launch
+    bool y_fp32 = false;  // dgrad: y is fp32 (the cooperative dgrad_f32 instantiation, a tuning candidate)
     GemmCostModel cost;      // the calibrated model that orders the groups
     void* workspace = nullptr;
 };
@@ -100,9 +102,10 @@ struct Fp8LaunchArgs {
 void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream);
 
 // One instantiation (defined in grouped_gemm_cutlass.cuh / grouped_gemm_cutlass_fp8.cuh, instantiated in its own .cu).
-template <Op kOp, Schedule kSchedule>
+// kF32: fp32 output (dgrad, cooperative only).
+template <Op kOp, Schedule kSchedule, bool kF32 = false>
 size_t instance_workspace_bytes(int num_groups, int sm_count);
-template <Op kOp, Schedule kSchedule>
+template <Op kOp, Schedule kSchedule, bool kF32 = false>
 void instance_launch(const LaunchArgs& args, int sm_count, cudaStream_t stream);
 template <Fp8Kind kKind>
 size_t fp8_instance_workspace_bytes(int num_groups, int sm_count);

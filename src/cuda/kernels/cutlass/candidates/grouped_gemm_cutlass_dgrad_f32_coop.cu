@@ -1,0 +1,8 @@
+// Tuning candidate (EVENEP_CUTLASS_CANDIDATES; grouped_gemm_cutlass.hpp): dgrad with fp32 output, cooperative (the
+// layer's dgrads, against the hand-written kernel that runs them today).
+#include "cuda/kernels/cutlass/grouped_gemm_cutlass.cuh"
+
+namespace evenep::cuda::cutlass_gemm {
+template size_t instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative, true>(int, int);
+template void instance_launch<Op::kDgrad, Schedule::kCooperative, true>(const LaunchArgs&, int, cudaStream_t);
+}  // namespace evenep::cuda::cutlass_gemm
