@@ -338,8 +338,8 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
             for (const std::string& op_name : o.ops) {
                 const bool fp8 = op_name.rfind("fp8_", 0) == 0;
                 const bool f32 = op_name == "dgrad_f32";
-                const cuda::GemmOp op = op_name == "dgrad" || op_name == "fp8_dgrad" || f32 ? cuda::GemmOp::kDgrad
-                                                                                             : cuda::GemmOp::kForward;
+                const cuda::GemmOp op =
+                    op_name == "dgrad" || op_name == "fp8_dgrad" || f32 ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
                 const bool fp8_wgrad = op_name == "fp8_wgrad";
                 const std::vector<Variant>& op_variants = fp8_wgrad ? wgrad8_variants : fp8 ? fp8_variants : variants;
                 const int kdim = op == cuda::GemmOp::kForward ? p.in : p.out;

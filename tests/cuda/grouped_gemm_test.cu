@@ -19,8 +19,8 @@
 // gives the eager call's result bitwise (hand-written and CUTLASS kernels).
 // Kernels: kAuto (grouped_gemm.hpp: CUTLASS for bf16 output where built, else the Hopper kernel), kWgmma (the
 // hand-written Hopper kernel), kMmaSync, and the CUTLASS kernels kCutlass / kCutlassPingpong (bf16 output, and
-// kCutlass's fp32-output dgrad, a tuning candidate; skipped where not built or not Hopper). Shapes also cover Zipf-skewed group sizes ("zipf") and
-// the planner's equal rows per group ("planner").
+// kCutlass's fp32-output dgrad, a tuning candidate; skipped where not built or not Hopper). Shapes also cover
+// Zipf-skewed group sizes ("zipf") and the planner's equal rows per group ("planner").
 #include <gtest/gtest.h>
 
 #include <cmath>

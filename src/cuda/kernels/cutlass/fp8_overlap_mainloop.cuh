@@ -59,22 +59,18 @@ struct OverlappedPromotionMainloop : Base {
         // The scales in shared memory viewed as (BLK_M, BLK_N, (BLK_K, PIPE)) tensors: the activation scales broadcast
         // along N, the weight scales along M, so that partitioning them like C gives every thread the scales of its
         // accumulator elements.
-        Tensor sSFA = make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
-                                  make_layout(make_shape(shape<0>(SmemLayoutSFA{}),
-                                                         get<1>(TileShape{}),
-                                                         make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
-                                              make_stride(stride<0>(SmemLayoutSFA{}),
-                                                          _0{},
-                                                          make_stride(stride<1>(SmemLayoutSFA{}),
-                                                                      stride<2>(SmemLayoutSFA{})))));
-        Tensor sSFB = make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
-                                  make_layout(make_shape(get<0>(TileShape{}),
-                                                         shape<0>(SmemLayoutSFB{}),
-                                                         make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
-                                              make_stride(_0{},
-                                                          stride<0>(SmemLayoutSFB{}),
-                                                          make_stride(stride<1>(SmemLayoutSFB{}),
-                                                                      stride<2>(SmemLayoutSFB{})))));
+        Tensor sSFA =
+            make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
+                        make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
+                                               make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
+                                    make_stride(stride<0>(SmemLayoutSFA{}), _0{},
+                                                make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
+        Tensor sSFB =
+            make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
+                        make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
+                                               make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
+                                    make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
+                                                make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
 
         constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
         const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});

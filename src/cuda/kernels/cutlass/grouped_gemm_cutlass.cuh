@@ -77,14 +77,12 @@ template <>
 struct OpTypes<Op::kForward, false>
     : OpTypesOf<cutlass::layout::RowMajor, cutlass::layout::RowMajor, void, cutlass::bfloat16_t> {};
 template <bool kF32>  // fp32 output: the layer's dgrads (dh, and dg / du summed into dx afterwards)
-struct OpTypes<Op::kDgrad, kF32>
-    : OpTypesOf<cutlass::layout::RowMajor,
-                cutlass::layout::ColumnMajor,
-                void,
-                std::conditional_t<kF32, float, cutlass::bfloat16_t>> {};
+struct OpTypes<Op::kDgrad, kF32> : OpTypesOf<cutlass::layout::RowMajor,
+                                             cutlass::layout::ColumnMajor,
+                                             void,
+                                             std::conditional_t<kF32, float, cutlass::bfloat16_t>> {};
 template <>
-struct OpTypes<Op::kWgrad, false>
-    : OpTypesOf<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float> {};
+struct OpTypes<Op::kWgrad, false> : OpTypesOf<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, float, float> {};
 
 // Tiles: cooperative 128 x 256 x 64 (two consumer warpgroups of 64 x 256, the hand-written kernel's tile);
 // ping-pong 128 x 128 x 64 per consumer warpgroup. Clusters of one block: clusters of two along M (B shared by TMA

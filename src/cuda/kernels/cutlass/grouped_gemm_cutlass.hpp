@@ -41,7 +41,7 @@ struct LaunchArgs {
     bool load_aware = true;  // groups handed to CUTLASS's group scheduler in the cost model's order (else index order)
     bool accumulate = true;  // wgrad: dW += (beta = 1) or dW = (beta = 0)
     bool raster_along_n = false;  // the group scheduler walks a group's tiles N-fastest (else M-fastest); see launch
-    bool y_fp32 = false;  // dgrad: y is fp32 (the cooperative dgrad_f32 instantiation, a tuning candidate)
+    bool y_fp32 = false;          // dgrad: y is fp32 (the cooperative dgrad_f32 instantiation, a tuning candidate)
     GemmCostModel cost;      // the calibrated model that orders the groups
     void* workspace = nullptr;
 };
