@@ -20,8 +20,9 @@
 # On the device machine, from the repository root (carry .devdeps and .deps):
 #   source .devdeps/unpack.sh && scripts/device/issue34.sh
 # Environment: BUILD (default build-gpu), BUDGET, SKIP (space-separated step names to skip: tests gemm k3 raster
-# f32 defer layer dispatch accuracy), NCCL (ON: the NCCL team too, against torch's NCCL, so that run_checks.sh with the
-# same settings reuses the build).
+# f32 defer layer dispatch accuracy; without accuracy the Python extension is not built), OPS (the bench gemm ops of
+# the gemm and k3 steps instead of all of them), NCCL (ON: the NCCL team too, against torch's NCCL, so that
+# run_checks.sh with the same settings reuses the build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-$PWD/device-out}
@@ -42,12 +43,14 @@ B=${BUILD:-build-gpu}
 E=$B/tools/evenep/evenep
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader
 T="grouped_gemm_fp8_test gpu_moe_layer_fp8_test"
+PY=evenep_python  # the Python extension: only the accuracy step's train_moe.py needs it
+[[ " ${SKIP:-} " == *" accuracy "* ]] && PY=
 {
   cmake -S . -B "$B" -G Ninja ${DEPS_PREFIX:+-DCMAKE_PREFIX_PATH=$DEPS_PREFIX} -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DEVENEP_NCCL="${NCCL:-OFF}" -DEVENEP_BUILD_BENCH=OFF -DEVENEP_BUILD_EXAMPLES=OFF \
     -DEVENEP_CUTLASS=ON -DEVENEP_CUTLASS_CANDIDATES=ON -DEVENEP_BUILD_PYTHON=ON \
     "-DPython_EXECUTABLE=$(command -v python3)" &&
-  cmake --build "$B" -j "$(nproc)" --target evenep evenep_python $T grouped_gemm_test
+  cmake --build "$B" -j "$(nproc)" --target evenep $PY $T grouped_gemm_test
 } > "$L/build.log" 2>&1 || { tail -40 "$L/build.log"; exit 1; }
 grep -E "EvenEP: CUTLASS" "$L/build.log"
 echo "build $(el) s"
@@ -61,6 +64,8 @@ if want tests 60; then
   done
 fi
 
+# The torch anchors time the bf16 ops among OPS.
+AOPS=$(for o in ${OPS:-fwd dgrad wgrad wgrad_set}; do [[ $o == fp8_* ]] || echo -n "$o "; done)
 # gemm NAME NEED ARGS...: one bench gemm row set and its torch anchors
 gemm() {
   local name=$1 need=$2
@@ -71,13 +76,13 @@ gemm() {
     > "$L/$name.log" 2>&1
   echo "bench rc=$? ($(el) s)"
   timeout "$(left 120)" python3 scripts/device/gemm_anchor.py --offsets "$L/${name}_off.json" --evenep "$L/$name.json" \
-    --ops fwd dgrad wgrad wgrad_set --json "$L/${name}_anchor.json" > "$L/${name}_anchor.log" 2>&1
+    --ops $AOPS --json "$L/${name}_anchor.json" > "$L/${name}_anchor.log" 2>&1
   echo "anchor rc=$? ($(el) s)"
   sed -n '/^dist /,$p' "$L/${name}_anchor.log"
 }
-gemm gemm 150 --maxvio 0.2 20 --zipf 1.0 --ops fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad fp8_wgrad \
-  --kernels wgmma cutlass cutlass_pingpong --check
-gemm k3 60 --R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0 --ops fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad \
+gemm gemm 150 --maxvio 0.2 20 --zipf 1.0 --ops ${OPS:-fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad fp8_wgrad} \
+  --kernels wgmma cutlass --check
+gemm k3 60 --R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0 --ops ${OPS:-fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad} \
   --kernels wgmma cutlass
 
 # The CUTLASS group scheduler's raster order (EVENEP_CUTLASS_RASTER=n: a group's tiles N-fastest; the default walks
