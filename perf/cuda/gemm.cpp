@@ -269,8 +269,9 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
         }
     }
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !variants.empty(), "bench gemm: no kernel to run on this device");
-    // FP8 ops (fp8_fwd, fp8_dgrad): CUTLASS's block-scaled FP8 grouped GEMM and its unscaled FP8 anchor, whatever
-    // --kernels says; e4m3 operands from fill_random_e4m3, every scale 2^-4 (timing only: no --check).
+    // FP8 ops (fp8_fwd, fp8_dgrad): the block-scaled FP8 grouped GEMM (CUTLASS with EvenEP's consumer loop) and its
+    // anchors, whatever --kernels says; e4m3 operands from fill_random_e4m3, every scale 2^-4 (timing only: no
+    // --check; grouped_gemm_fp8_test checks them).
     const bool with_fp8 =
         std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("fp8_", 0) == 0; });
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8 || cuda::grouped_gemm_has_cutlass(),
