@@ -59,8 +59,15 @@ find "$B" -name "_C*.so" -exec cp {} python/evenep/ \;
 if want tests 60; then
   for t in $T; do
     timeout "$(left 90)" "$B/tests/$t" --gtest_brief=1 > "$L/t_$t.log" 2>&1
-    echo "$t rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$L/t_$t.log" | tr '\n' ' ') ($(el) s)"
+    rc=$?
+    echo "$t rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$L/t_$t.log" | tr '\n' ' ') ($(el) s)"
     grep -E "^\[  FAILED  \]" "$L/t_$t.log" | head -8
+    # A failing (or hanging) FP8 GEMM would only burn the rest of the call in the FP8 benchmarks: leave them out.
+    if [ "$t" = grouped_gemm_fp8_test ] && [ $rc -ne 0 ]; then
+      echo "FP8 GEMM test failed: the fp8 ops and the FP8 layer are skipped"
+      OPS=$(for o in ${OPS:-fwd dgrad wgrad wgrad_set}; do [[ $o == fp8_* ]] || echo -n "$o "; done)
+      SKIP="${SKIP:-} layer"
+    fi
   done
 fi
 
