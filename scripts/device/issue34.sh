@@ -21,7 +21,8 @@
 #   source .devdeps/unpack.sh && scripts/device/issue34.sh
 # Environment: BUILD (default build-gpu), BUDGET, SKIP (space-separated step names to skip: tests gemm k3 raster
 # f32 defer layer dispatch accuracy; without accuracy the Python extension is not built), OPS (the bench gemm ops of
-# the gemm and k3 steps instead of all of them), NCCL (ON: the NCCL team too, against torch's NCCL, so that
+# the gemm and k3 steps instead of all of them), ANCHOR_OPS (the ops the torch anchors time; default the bf16 ones
+# among OPS), NCCL (ON: the NCCL team too, against torch's NCCL, so that
 # run_checks.sh with the same settings reuses the build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -71,8 +72,9 @@ if want tests 60; then
   done
 fi
 
-# The torch anchors time the bf16 ops among OPS.
+# The torch anchors time the bf16 ops among OPS (ANCHOR_OPS, even empty, overrides).
 AOPS=$(for o in ${OPS:-fwd dgrad wgrad wgrad_set}; do [[ $o == fp8_* ]] || echo -n "$o "; done)
+AOPS=${ANCHOR_OPS-$AOPS}
 # gemm NAME NEED ARGS...: one bench gemm row set and its torch anchors
 gemm() {
   local name=$1 need=$2
