@@ -23,7 +23,7 @@
 # f32 defer layer dispatch accuracy; without accuracy the Python extension is not built), OPS (the bench gemm ops of
 # the gemm and k3 steps instead of all of them), ANCHOR_OPS (the ops the torch anchors time; default the bf16 ones
 # among OPS), TESTS (the test binaries of step 1), GG_TEST=0 (grouped_gemm_test not built: the raster and f32 steps
-# only time), NCCL (ON: the NCCL team too, against torch's NCCL, so that
+# only time), MOON_ROWS (the row sets of the gemm step, default "--maxvio 0.2 20 --zipf 1.0"), NCCL (ON: the NCCL team too, against torch's NCCL, so that
 # run_checks.sh with the same settings reuses the build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -92,7 +92,7 @@ gemm() {
   echo "anchor rc=$? ($(el) s)"
   sed -n '/^dist /,$p' "$L/${name}_anchor.log"
 }
-gemm gemm 150 --maxvio 0.2 20 --zipf 1.0 --ops ${OPS:-fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad fp8_wgrad} \
+gemm gemm 150 ${MOON_ROWS:---maxvio 0.2 20 --zipf 1.0} --ops ${OPS:-fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad fp8_wgrad} \
   --kernels wgmma cutlass --check
 gemm k3 60 --R 64 --E 896 --K 16 --H 3584 --maxvio 0.2 20 --zipf 0 --ops ${OPS:-fwd dgrad wgrad wgrad_set fp8_fwd fp8_dgrad} \
   --kernels wgmma cutlass
