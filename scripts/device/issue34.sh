@@ -23,8 +23,8 @@
 # f32 defer layer dispatch accuracy; without accuracy the Python extension is not built), OPS (the bench gemm ops of
 # the gemm and k3 steps instead of all of them), ANCHOR_OPS (the ops the torch anchors time; default the bf16 ones
 # among OPS), TESTS (the test binaries of step 1), GG_TEST=0 (grouped_gemm_test not built: the raster and f32 steps
-# only time), MOON_ROWS (the row sets of the gemm step, default "--maxvio 0.2 20 --zipf 1.0"), NCCL (ON: the NCCL team too, against torch's NCCL, so that
-# run_checks.sh with the same settings reuses the build).
+# only time), MOON_ROWS (the row sets of the gemm step, default "--maxvio 0.2 20 --zipf 1.0"), NCCL (ON: the NCCL
+# team too, against torch's NCCL, so that run_checks.sh with the same settings reuses the build).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-$PWD/device-out}
