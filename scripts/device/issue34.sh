@@ -5,8 +5,9 @@
 #   2. the GEMM table: `evenep bench gemm` at the MoonEP point (the planner's rows at maxvio 0.2 and 20, Zipf 1.0)
 #      and the K3-like point (R = 64), bf16 fwd/dgrad/wgrad (and wgrad_set: dW = x^T dy written without reading,
 #      the like-for-like row for torch._grouped_mm's fresh output) with the hand-written and CUTLASS kernels, FP8
-#      fwd/dgrad (block-scaled, beside the same kernel with CUTLASS's own consumer loop and CUTLASS's unscaled
-#      anchor) and the FP8 wgrad, then torch._grouped_mm and dense on the same offsets (gemm_anchor.py);
+#      fwd/dgrad (block-scaled, beside the same kernel with EvenEP's overlapped consumer loop, a candidate, and
+#      CUTLASS's unscaled anchor) and the FP8 wgrad, then torch._grouped_mm and dense on the same offsets
+#      (gemm_anchor.py);
 #   3. the CUTLASS raster order: grouped_gemm_test's CUTLASS cases and the bf16 CUTLASS rows with a group's tiles
 #      walked N-fastest (EVENEP_CUTLASS_RASTER=n) beside the default M-fastest rows of step 2; the fp32-output
 #      dgrad (the layer's), hand-written against CUTLASS's candidate; then the wgrad with four micro-batches' rows

@@ -11,7 +11,7 @@
 // and a weight: |y - ref| <= 2^-7 |ref| + 2^-9 sum_k |terms| (bf16 output rounding, fp32 accumulation with the
 // per-k-block promotion; the unscaled kernel's fast accumulation keeps fewer bits, within the same bound), and that
 // rows of empty / null-weight groups keep the poison. Seeds fixed per case, printed on failure. Where the tuning
-// candidates are built, the block-scaled cases also run CUTLASS's own consumer loop (overlapped_promotion false)
+// candidates are built, the block-scaled cases also run EvenEP's consumer loop (overlapped_promotion, a candidate)
 // and expect the same output, element by element.
 // GroupedGemmFp8Wgrad.MatchesCpuReference: the FP8 wgrad (a tuning candidate) against the CPU reference (below).
 // GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled -> evenep::Error.
@@ -186,13 +186,13 @@ TEST_P(GroupedGemmFp8Test, MatchesReference) {
     EXPECT_EQ(bad, 0);
     if (c.null_group >= 0 && c.rows[c.null_group] > 0) EXPECT_GT(poisoned, 0);
 
-    // EvenEP's consumer loop (overlapped promotion) adds the same partial sums in the same order as CUTLASS's own
-    // loop (a tuning candidate): the outputs are equal, element by element.
+    // EvenEP's consumer loop (overlapped promotion, a tuning candidate) adds the same partial sums in the same order
+    // as CUTLASS's: the outputs are equal, element by element.
     if (c.scaled && cuda::grouped_gemm_has_candidates()) {
         EVENEP_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, dy.size() * 2));
-        cuda::GroupedGemmFp8Args cutlass_loop = a;
-        cutlass_loop.overlapped_promotion = false;
-        cuda::grouped_gemm_fp8(cutlass_loop, nullptr);
+        cuda::GroupedGemmFp8Args overlapped = a;
+        overlapped.overlapped_promotion = true;
+        cuda::grouped_gemm_fp8(overlapped, nullptr);
         EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<uint16_t> hy2 = dy.download();
         int differ = 0;

@@ -76,8 +76,8 @@ bool grouped_gemm_has_wgmma();
 bool grouped_gemm_has_cutlass();
 // True when, in addition, the CUTLASS tuning candidates are built in (EVENEP_CUTLASS_CANDIDATES; not in the default
 // build, so that CI compiles only the kernels in use; docs/benchmarks.md "Tuning candidates"): kCutlassPingpong, the
-// unscaled FP8 anchor (GroupedGemmFp8Args::block_scaled false), CUTLASS's own FP8 consumer loop
-// (GroupedGemmFp8Args::overlapped_promotion false) and grouped_gemm_wgrad_fp8.
+// fp32-output CUTLASS dgrad (kCutlass with y_fp32), the unscaled FP8 anchor (GroupedGemmFp8Args::block_scaled
+// false), EvenEP's FP8 consumer loop (GroupedGemmFp8Args::overlapped_promotion) and grouped_gemm_wgrad_fp8.
 bool grouped_gemm_has_candidates();
 
 struct GroupedGemmArgs {
@@ -138,10 +138,9 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
 //   block_scaled (default)  y[row, n] = sum_k (x[row, k] * sx[row, k / 128]) * (W[k, n] * sw[k / 128, n / 128]),
 //                           the scales applied per 128-deep k-block to the fp32 partial sums (CUTLASS's blockwise
 //                           scaling); activations 1 x 128, weights 128 x 128 blocks.
-//                           The consumer loop is EvenEP's (overlapped_promotion: each k-block's promotion
-//                           overlaps the next k-block's wgmma); overlapped_promotion = false runs CUTLASS's own
-//                           loop (the same sums in the same order), a tuning candidate (grouped_gemm_has_candidates();
-//                           elsewhere it throws).
+//                           overlapped_promotion: EvenEP's consumer loop in place of CUTLASS's (each k-block's
+//                           promotion overlaps the next k-block's wgmma; the same sums in the same order), a tuning
+//                           candidate (grouped_gemm_has_candidates(); elsewhere it throws).
 //   !block_scaled           y = x W with every scale taken as 1 (the scales are not read): CUTLASS's unscaled FP8
 //                           grouped GEMM (fast accumulation), the in-run speed anchor of the scaled kernel; a tuning
 //                           candidate (grouped_gemm_has_candidates(); elsewhere it throws).
@@ -168,7 +167,7 @@ struct GroupedGemmFp8Args {
     GemmOp op = GemmOp::kForward;
     GemmSchedule schedule = GemmSchedule::kLoadAware;
     bool block_scaled = true;
-    bool overlapped_promotion = true;
+    bool overlapped_promotion = false;
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
 };
 // Throws evenep::Error(kInvalidArgument) naming the field for a null pointer, G outside 1..kMaxGemmGroups, or in/out

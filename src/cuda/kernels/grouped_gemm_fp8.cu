@@ -54,8 +54,8 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
     EVENEP_CHECK(a.block_scaled || grouped_gemm_has_candidates(),
                  "grouped_gemm_fp8: block_scaled = false (CUTLASS's unscaled FP8 anchor) is a tuning candidate: it "
                  "needs a build with EVENEP_CUTLASS_CANDIDATES=ON");
-    EVENEP_CHECK(a.overlapped_promotion || grouped_gemm_has_candidates(),
-                 "grouped_gemm_fp8: overlapped_promotion = false (CUTLASS's own consumer loop) is a tuning candidate: "
+    EVENEP_CHECK(!a.overlapped_promotion || grouped_gemm_has_candidates(),
+                 "grouped_gemm_fp8: overlapped_promotion = true (EvenEP's FP8 consumer loop) is a tuning candidate: "
                  "it needs a build with EVENEP_CUTLASS_CANDIDATES=ON");
 #if defined(EVENEP_HAVE_CUTLASS)
     const cutlass_gemm::Fp8LaunchArgs l{

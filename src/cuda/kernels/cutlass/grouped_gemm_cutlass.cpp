@@ -108,8 +108,8 @@ size_t workspace_bytes(int num_groups) {
                       instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative, true>(num_groups, sms),
                       fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms),
                       fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms),
-                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForwardCutlass>(num_groups, sms),
-                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgradCutlass>(num_groups, sms)});
+                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForwardOverlap>(num_groups, sms),
+                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgradOverlap>(num_groups, sms)});
 #endif
     return bytes;
 }
@@ -160,12 +160,12 @@ void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream) {
 #endif
         return;
     }
-    if (!a.overlapped_promotion) {  // grouped_gemm_fp8 refuses first where the candidates are not built
+    if (a.overlapped_promotion) {  // grouped_gemm_fp8 refuses first where the candidates are not built
 #if defined(EVENEP_CUTLASS_CANDIDATES)
         if (a.op == Op::kForward)
-            fp8_instance_launch<Fp8Kind::kBlockwiseForwardCutlass>(a, sms, stream);
+            fp8_instance_launch<Fp8Kind::kBlockwiseForwardOverlap>(a, sms, stream);
         else
-            fp8_instance_launch<Fp8Kind::kBlockwiseDgradCutlass>(a, sms, stream);
+            fp8_instance_launch<Fp8Kind::kBlockwiseDgradOverlap>(a, sms, stream);
 #endif
         return;
     }

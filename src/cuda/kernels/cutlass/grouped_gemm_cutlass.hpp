@@ -24,7 +24,7 @@ enum class Schedule : int { kCooperative = 0, kPingpong = 1 };
 // The tuning candidates (src/cuda/kernels/cutlass/candidates/, built only with EVENEP_CUTLASS_CANDIDATES so that CI
 // compiles only the kernels in use): the ping-pong schedule of every op, the fp32-output cooperative dgrad
 // (LaunchArgs::y_fp32), the unscaled FP8 anchor (Fp8Kind::kUnscaled),
-// CUTLASS's own FP8 consumer loop (Fp8Kind::kBlockwise*Cutlass) and the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether
+// EvenEP's FP8 consumer loop (Fp8Kind::kBlockwise*Overlap) and the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether
 // they are built in.
 bool candidates_built();
 
@@ -63,22 +63,22 @@ void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream);
 // kBlockwiseWgrad (a tuning candidate, EVENEP_CUTLASS_CANDIDATES): dW_g (fp32, C = D) += xt_g · dyt_g^T over the
 // group's rows, both operands the wgrad cols casts (launch_fp8_cast_cols: [dim][ld] K-major, per-channel scales per
 // 128-row block, MN-major [blocks][dim]).
-// kBlockwiseForward / kBlockwiseDgrad run EvenEP's consumer loop (fp8_overlap_mainloop.cuh: each k-tile's
-// promotion overlaps the next k-tile's wgmma); kBlockwiseForwardCutlass / kBlockwiseDgradCutlass (tuning candidates)
-// are the same kernels with CUTLASS's own consumer loop, the in-run anchor of that change.
+// kBlockwiseForwardOverlap / kBlockwiseDgradOverlap (tuning candidates) are kBlockwiseForward / kBlockwiseDgrad with
+// EvenEP's consumer loop (fp8_overlap_mainloop.cuh: each k-tile's promotion overlaps the next k-tile's wgmma) in
+// place of CUTLASS's; not yet run on a GPU, so not the default.
 enum class Fp8Kind : int {
     kBlockwiseForward = 0,
     kBlockwiseDgrad = 1,
     kUnscaled = 2,
     kBlockwiseWgrad = 3,
-    kBlockwiseForwardCutlass = 4,
-    kBlockwiseDgradCutlass = 5,
+    kBlockwiseForwardOverlap = 4,
+    kBlockwiseDgradOverlap = 5,
 };
 
 struct Fp8LaunchArgs {
     Op op = Op::kForward;  // kForward or kDgrad
     bool block_scaled = true;
-    bool overlapped_promotion = true;  // block-scaled fwd / dgrad: EvenEP's consumer loop (else CUTLASS's, a candidate)
+    bool overlapped_promotion = false;  // block-scaled fwd / dgrad: EvenEP's consumer loop (a candidate; else CUTLASS's)
     const uint8_t* x = nullptr;       // [rows][K] e4m3
     const float* x_scales = nullptr;  // [rows][K / 128]
     const int32_t* cu = nullptr;

@@ -9,9 +9,9 @@
 //                 Blockwise): scale granularity 1 (M) x 128 (N) x 128 (K); every 128-deep k-block's wgmma partial
 //                 sums are promoted into the fp32 accumulators times sx[m, kb] * sw[kb, nb]. Tile 128 x 128 x 128
 //                 (the k-tile is one scale block). The forward and dgrad (kBlockwiseForward / kBlockwiseDgrad) run
-//                 it with EvenEP's consumer loop (fp8_overlap_mainloop.cuh: the promotion of one k-tile overlaps
-//                 the next one's wgmma); kBlockwiseForwardCutlass / kBlockwiseDgradCutlass (tuning candidates) with
-//                 CUTLASS's own. The wgrad (kBlockwiseWgrad) scales per channel on both sides. SFA
+//                 it with CUTLASS's consumer loop; kBlockwiseForwardOverlap / kBlockwiseDgradOverlap (tuning
+//                 candidates) with EvenEP's (fp8_overlap_mainloop.cuh: the promotion of one k-tile overlaps the
+//                 next one's wgmma). The wgrad (kBlockwiseWgrad) scales per channel on both sides. SFA
 //                 (activations, [rows][K/128]) is K-major; SFB (weights, [in/128][out/128]) is N-major in the forward
 //                 (K = in runs down the rows) and K-major in dgrad.
 //   unscaled      CUTLASS's FP8 ptr-array grouped GEMM with fast accumulation (KernelPtrArrayTmaWarpSpecialized-
@@ -44,9 +44,10 @@ template <Fp8Kind kKind>
 struct Fp8Instance {
     static constexpr bool kScaled = kKind != Fp8Kind::kUnscaled;
     static constexpr bool kWgrad = kKind == Fp8Kind::kBlockwiseWgrad;
-    static constexpr bool kDgradScales = kKind == Fp8Kind::kBlockwiseDgrad || kKind == Fp8Kind::kBlockwiseDgradCutlass;
-    // EvenEP's consumer loop (fp8_overlap_mainloop.cuh) on the forward and dgrad; CUTLASS's own elsewhere.
-    static constexpr bool kOverlap = kKind == Fp8Kind::kBlockwiseForward || kKind == Fp8Kind::kBlockwiseDgrad;
+    static constexpr bool kDgradScales = kKind == Fp8Kind::kBlockwiseDgrad || kKind == Fp8Kind::kBlockwiseDgradOverlap;
+    // EvenEP's consumer loop (fp8_overlap_mainloop.cuh) on the candidates; CUTLASS's own elsewhere.
+    static constexpr bool kOverlap =
+        kKind == Fp8Kind::kBlockwiseForwardOverlap || kKind == Fp8Kind::kBlockwiseDgradOverlap;
     using Sched = std::conditional_t<kScaled, Fp8ScaledTypes, Fp8UnscaledTypes>;
     using ElementAB = cutlass::float_e4m3_t;
     using ElementAcc = float;
