@@ -5,6 +5,7 @@
 //   zipf      10 groups, rows ~ 1800 / (g + 1)^1.2
 //   edges     empty groups (one with a null weight), one-row groups, a group of 129 rows (a partial tile)
 //   deep      in 640, out 512: 5 k-tiles forward, 4 in dgrad (the overlapped consumer loop's pairs and both tails)
+//   many_tiles 3 groups of 1200 rows, 640 x 640: 150 tiles, so that persistent blocks run more than one tile
 // ops: forward (weights given as W^T [out][in]) and dgrad (W [in][out]); block_scaled (1 x 128 activation scales,
 // 128 x 128 weight scales, random in [2^-4, 2^4)) and unscaled (scales ignored; the reference takes them as 1);
 // schedules fixed and load-aware. Each case poisons y (NaN bits), then checks every row of every group with rows
@@ -212,6 +213,9 @@ std::vector<Fp8Case> fp8_cases() {
         {"edges", 256, 256, {0, 1, 129, 0, 1, 40, 0}, 5},
         // 5 k-tiles forward, 4 in dgrad: the consumer loop's paired steady state and both of its tails
         {"deep", 640, 512, {200, 0, 333, 64}},
+        // 150 tiles of 128 x 128 in each op, more than an H100's / H200's 132 SMs: persistent blocks run a second
+        // tile, whose accumulator must start from zero again
+        {"many_tiles", 640, 640, {1200, 1200, 1200}},
     };
     std::vector<Fp8Case> out;
     for (const Fp8Case& s : shapes)
