@@ -78,7 +78,7 @@ enum class Fp8Kind : int {
 struct Fp8LaunchArgs {
     Op op = Op::kForward;  // kForward or kDgrad
     bool block_scaled = true;
-    bool overlapped_promotion = false;  // block-scaled fwd / dgrad: EvenEP's consumer loop (a candidate; else CUTLASS's)
+    bool overlapped_promotion = false;  // fwd / dgrad: EvenEP's consumer loop (a candidate), else CUTLASS's
     const uint8_t* x = nullptr;       // [rows][K] e4m3
     const float* x_scales = nullptr;  // [rows][K / 128]
     const int32_t* cu = nullptr;
