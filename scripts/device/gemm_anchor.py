@@ -8,8 +8,9 @@ offsets.json comes from `evenep bench gemm --offsets-json`: {"G", "H", "ffn_hidd
 With --evenep, prints one table: EvenEP's kernels' TFLOP/s (hand-written wgmma fixed / load-aware, mma, CUTLASS
 cooperative and ping-pong load-aware) next to the anchors, and the ratios; then, when the bench ran fp8_fwd /
 fp8_dgrad, the FP8 block-scaled kernel beside its overlapped-promotion candidate (fp8_ov), CUTLASS's unscaled
-FP8 anchor and the bf16 kernels on the same rows. For wgrad it also times the like-for-like anchor "gmm+f32": the grouped product in fp32 added into fp32 per-expert gradients
-(EvenEP's wgrad accumulates into fp32 gradients; plain _grouped_mm writes a fresh bf16 result).
+FP8 anchor and the bf16 kernels on the same rows. For wgrad it also times the like-for-like anchor "gmm+f32": the
+grouped product in fp32 added into fp32 per-expert gradients (EvenEP's wgrad accumulates into fp32 gradients;
+plain _grouped_mm writes a fresh bf16 result).
 TFLOP/s = 2 * rows * in * out / median time, rows = the last offset (padded rows), as in the C++ benchmark.
 """
 import argparse

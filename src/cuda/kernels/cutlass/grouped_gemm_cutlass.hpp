@@ -23,9 +23,8 @@ enum class Op : int { kForward = 0, kDgrad = 1, kWgrad = 2 };
 enum class Schedule : int { kCooperative = 0, kPingpong = 1 };
 // The tuning candidates (src/cuda/kernels/cutlass/candidates/, built only with EVENEP_CUTLASS_CANDIDATES so that CI
 // compiles only the kernels in use): the ping-pong schedule of every op, the fp32-output cooperative dgrad
-// (LaunchArgs::y_fp32), the unscaled FP8 anchor (Fp8Kind::kUnscaled),
-// EvenEP's FP8 consumer loop (Fp8Kind::kBlockwise*Overlap) and the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether
-// they are built in.
+// (LaunchArgs::y_fp32), the unscaled FP8 anchor (Fp8Kind::kUnscaled), EvenEP's FP8 consumer loop
+// (Fp8Kind::kBlockwise*Overlap) and the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether they are built in.
 bool candidates_built();
 
 struct LaunchArgs {
