@@ -276,14 +276,16 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
         std::any_of(o.ops.begin(), o.ops.end(), [](const std::string& op) { return op.rfind("fp8_", 0) == 0; });
     EVENEP_CHECK_KIND(ErrorKind::kRuntime, !with_fp8 || cuda::grouped_gemm_has_cutlass(),
                       "bench gemm: the fp8 ops need the CUTLASS kernels (EVENEP_CUTLASS) on a Hopper device");
-    // Tuning candidates (EVENEP_CUTLASS_CANDIDATES), left out where they are not built: the same block-scaled
-    // kernel with EvenEP's consumer loop (GroupedGemmFp8Args::overlapped_promotion) and CUTLASS's unscaled FP8
-    // grouped GEMM (the anchor).
+    // The block-scaled kernel with CUTLASS's consumer loop and with EvenEP's (GroupedGemmFp8Args::mainloop kCutlass,
+    // kOverlapped: kAuto runs one of the two, by the output's width), then the tuning candidates (EVENEP_CUTLASS_
+    // CANDIDATES, left out where not built): the 128 x 256 tile (kOverlappedWide) and CUTLASS's unscaled FP8 grouped
+    // GEMM (the anchor).
     std::vector<Variant> fp8_variants = {
-        {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
-    if (cuda::grouped_gemm_has_candidates()) {
+        {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware},
+        {"cutlass_fp8_overlap/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
+    if (cuda::grouped_gemm_has_candidates()) {  // the wide-tile loop (Fp8Mainloop::kOverlappedWide), the anchor
         fp8_variants.push_back(
-            {"cutlass_fp8_overlap/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
+            {"cutlass_fp8_wide/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
         fp8_variants.push_back(
             {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
     }
@@ -374,6 +376,7 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     c.a.kernel = var.kernel;
                     c.a.y_fp32 = f32;
                     c.a.workspace = ws.get();
+                    c.a.rows_capacity = rows;  // the raster order's hint: this row set's buffer
                     c.wa.x = x.get(), c.wa.dy = dyw.get(), c.wa.cu_seqlens = dcu.get(), c.wa.grads = dgtable.get();
                     c.wa.num_groups = G, c.wa.in_dim = p.in, c.wa.out_dim = p.out, c.wa.schedule = sch;
                     c.wa.workspace = ws.get();
@@ -383,7 +386,10 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     c.fa.weights = d8table.get(), c.fa.weight_scales = d8scales.get(), c.fa.y = y.get();
                     c.fa.num_groups = G, c.fa.in_dim = p.in, c.fa.out_dim = p.out, c.fa.op = op, c.fa.schedule = sch;
                     c.fa.block_scaled = var.name.find("unscaled") == std::string::npos;
-                    c.fa.overlapped_promotion = var.name.find("overlap") != std::string::npos;
+                    c.fa.mainloop = var.name.find("overlap") != std::string::npos ? cuda::Fp8Mainloop::kOverlapped
+                                    : var.name.find("wide") != std::string::npos  ? cuda::Fp8Mainloop::kOverlappedWide
+                                                                                  : cuda::Fp8Mainloop::kCutlass;
+                    c.fa.rows_capacity = rows;
                     c.fwa.x_cols = xc8.get(), c.fwa.x_col_scales = xc8_scales.get(), c.fwa.dy_cols = dyc8.get();
                     c.fwa.dy_col_scales = dyc8_scales.get(), c.fwa.cu_seqlens = dcu.get(), c.fwa.grads = dgtable.get();
                     c.fwa.num_groups = G, c.fwa.in_dim = p.in, c.fwa.out_dim = p.out, c.fwa.capacity = max_rows;

@@ -288,7 +288,7 @@ void RankComputeTimer::forward(const Launch& l) {
         ::evenep::cuda::GroupedGemmArgs a;
         a.x = x, a.cu_seqlens = l.d_cu(), a.weights = l.d_weights(proj), a.y = y;
         a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.op = GemmOp::kForward;
-        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
+        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_, a.rows_capacity = max_rows_;
         ::evenep::cuda::grouped_gemm(a, stream_);
     };
     gemm(0, x_, g_, H_, F_);
@@ -319,7 +319,7 @@ void RankComputeTimer::backward(const Launch& l) {
         ::evenep::cuda::GroupedGemmArgs a;
         a.x = dy, a.cu_seqlens = l.d_cu(), a.weights = l.d_weights(proj), a.y = dx, a.y_fp32 = true;
         a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.op = GemmOp::kDgrad;
-        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
+        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_, a.rows_capacity = max_rows_;
         ::evenep::cuda::grouped_gemm(a, stream_);
     };
     auto wgrad = [&](int proj, const uint16_t* x, const uint16_t* dy, int in, int out) {
@@ -346,7 +346,7 @@ void RankComputeTimer::forward_fp8(const Launch& l) {
         a.weights = reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(2, proj));  // W^T
         a.weight_scales = reinterpret_cast<const float* const*>(l.d_fp8_table(1, proj));
         a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.op = GemmOp::kForward;
-        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
+        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_, a.rows_capacity = max_rows_;
         ::evenep::cuda::grouped_gemm_fp8(a, stream_);
     };
     for (int proj = 0; proj < 3; ++proj)  // the copies' transposes (the homes' come from the cast)
@@ -371,7 +371,7 @@ void RankComputeTimer::backward_fp8(const Launch& l) {
         a.weights = reinterpret_cast<const uint8_t* const*>(l.d_fp8_table(0, proj));  // W
         a.weight_scales = reinterpret_cast<const float* const*>(l.d_fp8_table(1, proj));
         a.num_groups = l.G, a.in_dim = in, a.out_dim = out, a.op = GemmOp::kDgrad;
-        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_;
+        a.schedule = GemmSchedule::kLoadAware, a.workspace = workspace_, a.rows_capacity = max_rows_;
         ::evenep::cuda::grouped_gemm_fp8(a, stream_);
     };
     auto wgrad = [&](int proj, const uint16_t* x, const uint16_t* dy, int in, int out) {

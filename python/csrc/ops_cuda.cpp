@@ -426,6 +426,7 @@ at::Tensor grouped_gemm_impl(const char* op,
         g.op = transposed ? cuda::GemmOp::kDgrad : cuda::GemmOp::kForward;
         g.schedule = cuda::GemmSchedule::kLoadAware;
         g.workspace = scratch.workspace(0);
+        g.rows_capacity = ctx.L() * nvs;
         cuda::grouped_gemm(g, sc.stream);
         return out;
     });

@@ -223,6 +223,7 @@ at::Tensor grouped_gemm_fp8_cuda(const at::Tensor& x,
         g.schedule = cuda::GemmSchedule::kLoadAware;
         g.block_scaled = true;
         g.workspace = scratch.workspace(0);
+        g.rows_capacity = ctx.L() * nvs;
         cuda::grouped_gemm_fp8(g, sc.stream);
         return dtype == at::kBFloat16 ? y : y.to(dtype);
     });

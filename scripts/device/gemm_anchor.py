@@ -7,8 +7,10 @@ dense torch.matmul (cuBLAS) of the same FLOPs (rows x in x out), per distributio
 offsets.json comes from `evenep bench gemm --offsets-json`: {"G", "H", "ffn_hidden", "offsets": {dist: [G ends]}}.
 With --evenep, prints one table: EvenEP's kernels' TFLOP/s (hand-written wgmma fixed / load-aware, mma, CUTLASS
 cooperative and ping-pong load-aware) next to the anchors, and the ratios; then, when the bench ran fp8_fwd /
-fp8_dgrad, the FP8 block-scaled kernel beside its overlapped-promotion candidate (fp8_ov), CUTLASS's unscaled
-FP8 anchor and the bf16 kernels on the same rows. For wgrad it also times the like-for-like anchor "gmm+f32": the
+fp8_dgrad, the FP8 block-scaled kernel with CUTLASS's consumer loop (fp8) and with EvenEP's overlapped one (fp8_ov),
+the one the library's default runs (auto: fp8_ov where the output has more columns than the inner dimension,
+Fp8Mainloop::kAuto), the 128 x 256 tile candidate (wide, Fp8Mainloop::kOverlappedWide),
+CUTLASS's unscaled FP8 anchor and the bf16 kernels on the same rows. For wgrad it also times the like-for-like anchor "gmm+f32": the
 grouped product in fp32 added into fp32 per-expert gradients (EvenEP's wgrad accumulates into fp32 gradients;
 plain _grouped_mm writes a fresh bf16 result).
 TFLOP/s = 2 * rows * in * out / median time, rows = the last offset (padded rows), as in the C++ benchmark.
@@ -164,18 +166,23 @@ def main():
         fp8_keys = sorted({k for k in ours if k[2].startswith("fp8_")})
         if fp8_keys:  # FP8 block-scaled against CUTLASS's unscaled FP8 and the bf16 kernels on the same rows
             print()
-            print(f"{'dist':<20} {'proj':<8} {'op':<9} {'fp8':>7} {'fp8_ov':>7} {'fp8_uns':>7} {'bf16_cut':>8} "
-                  f"{'bf16_la':>7} {'ov/fp8':>7} {'fp8/uns':>7} {'fp8/cut':>7} {'fp8/la':>7}")
+            print(f"{'dist':<20} {'proj':<8} {'op':<9} {'fp8':>7} {'fp8_ov':>7} {'auto':>7} {'wide':>7} {'fp8_uns':>7} "
+                  f"{'bf16_cut':>8} {'bf16_la':>7} {'ov/fp8':>7} {'wid/aut':>7} {'aut/uns':>7} {'aut/cut':>7} "
+                  f"{'aut/la':>7}")
             for k in fp8_keys:
                 o = ours[k]
                 bf = ours.get((k[0], k[1], k[2][len("fp8_"):]), {})
                 f8 = o.get("cutlass_fp8/load_aware", nan)
                 ov = o.get("cutlass_fp8_overlap/load_aware", nan)
                 un = o.get("cutlass_fp8_unscaled/load_aware", nan)
+                wd = o.get("cutlass_fp8_wide/load_aware", nan)
                 ct = bf.get("cutlass/load_aware", nan)
                 la = bf.get("wgmma/load_aware", nan)
-                print(f"{k[0]:<20} {k[1]:<8} {k[2]:<9} {f8:7.1f} {ov:7.1f} {un:7.1f} {ct:8.1f} {la:7.1f} "
-                      f"{ov / f8:7.2f} {f8 / un:7.2f} {f8 / ct:7.2f} {f8 / la:7.2f}")
+                din, dout = (H, F) if k[1] == "gate_up" else (F, H)
+                n, kd = (dout, din) if k[2] == "fp8_fwd" else (din, dout)
+                au = ov if n > kd else f8  # Fp8Mainloop::kAuto: EvenEP's loop where N > K
+                print(f"{k[0]:<20} {k[1]:<8} {k[2]:<9} {f8:7.1f} {ov:7.1f} {au:7.1f} {wd:7.1f} {un:7.1f} {ct:8.1f} "
+                      f"{la:7.1f} {ov / f8:7.2f} {wd / au:7.2f} {au / un:7.2f} {au / ct:7.2f} {au / la:7.2f}")
     return 0
 
 

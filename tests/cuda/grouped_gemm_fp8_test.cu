@@ -12,11 +12,14 @@
 // schedules fixed and load-aware. Each case poisons y (NaN bits), then checks every row of every group with rows
 // and a weight: |y - ref| <= 2^-7 |ref| + 2^-9 sum_k |terms| (bf16 output rounding, fp32 accumulation with the
 // per-k-block promotion; the unscaled kernel's fast accumulation keeps fewer bits, within the same bound), and that
-// rows of empty / null-weight groups keep the poison. Seeds fixed per case, printed on failure. Where the tuning
-// candidates are built, the block-scaled cases also run EvenEP's consumer loop (overlapped_promotion, a candidate)
-// and expect the same output, element by element.
+// rows of empty / null-weight groups keep the poison. Seeds fixed per case, printed on failure. The block-scaled
+// cases run CUTLASS's consumer loop (Fp8Mainloop::kCutlass), then EvenEP's (kOverlapped) and CUTLASS's loop with the
+// tiles walked N-fastest (rows_capacity above G x N: the raster order grouped_gemm picks for tall groups), and
+// expect the same output, element by element; where the tuning candidates are built, the 128 x 256 tile
+// (Fp8Mainloop::kOverlappedWide) is checked against the reference too.
 // GroupedGemmFp8Wgrad.MatchesCpuReference: the FP8 wgrad (a tuning candidate) against the CPU reference (below).
-// GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled -> evenep::Error.
+// GroupedGemmFp8Test.RejectsBadArguments: in not a multiple of 128, null scales with block_scaled, a negative
+// rows_capacity, a mainloop out of range -> evenep::Error.
 // Skipped without a device, or where the CUTLASS kernels are not built (EVENEP_CUTLASS) or the device is not Hopper.
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
@@ -151,60 +154,78 @@ TEST_P(GroupedGemmFp8Test, MatchesReference) {
                                      .op = c.op,
                                      .schedule = c.schedule,
                                      .block_scaled = c.scaled,
+                                     .mainloop = cuda::Fp8Mainloop::kCutlass,
                                      .workspace = ws.get()};
     cuda::grouped_gemm_fp8(a, nullptr);
     EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> hy = dy.download();
 
-    int bad = 0, poisoned = 0;
-    for (int g = 0; g < G; ++g) {
-        const int begin = g == 0 ? 0 : cu[g - 1];
-        const bool empty = wtab[g] == nullptr;
-        for (int r = begin; r < cu[g]; r += r == begin ? 1 : c.row_stride)
-            for (int n = 0; n < N; ++n) {
-                const float got = bf16_to_float(Bf16{hy[static_cast<size_t>(r) * N + n]});
-                if (empty) {
-                    poisoned += std::isnan(got);
-                    if (!std::isnan(got) && ++bad <= 5)
-                        ADD_FAILURE() << "group " << g << " (null weight) row " << r << " col " << n << " written";
-                    continue;
-                }
-                double ref = 0, mag = 0;
-                for (int k = 0; k < K; ++k) {
-                    const int i = fwd ? k : n, o = fwd ? n : k;  // W index [i][o]
-                    double xv = from_e4m3(hx[static_cast<size_t>(r) * K + k]);
-                    double wv = from_e4m3(hw[g][static_cast<size_t>(i) * out + o]);
-                    if (c.scaled) {
-                        xv *= hxs[static_cast<size_t>(r) * (K / 128) + k / 128];
-                        wv *= hws[g][static_cast<size_t>(i / 128) * (out / 128) + o / 128];
+    // Every row of every group with rows and a weight within the bound of the reference; empty / null-weight
+    // groups' rows keep the poison.
+    auto check = [&](const std::vector<uint16_t>& y_host, const char* what) {
+        int bad = 0, poisoned = 0;
+        for (int g = 0; g < G; ++g) {
+            const int begin = g == 0 ? 0 : cu[g - 1];
+            const bool empty = wtab[g] == nullptr;
+            for (int r = begin; r < cu[g]; r += r == begin ? 1 : c.row_stride)
+                for (int n = 0; n < N; ++n) {
+                    const float got = bf16_to_float(Bf16{y_host[static_cast<size_t>(r) * N + n]});
+                    if (empty) {
+                        poisoned += std::isnan(got);
+                        if (!std::isnan(got) && ++bad <= 5)
+                            ADD_FAILURE()
+                                << what << ": group " << g << " (null weight) row " << r << " col " << n << " written";
+                        continue;
                     }
-                    ref += xv * wv;
-                    mag += std::fabs(xv * wv);
+                    double ref = 0, mag = 0;
+                    for (int k = 0; k < K; ++k) {
+                        const int i = fwd ? k : n, o = fwd ? n : k;  // W index [i][o]
+                        double xv = from_e4m3(hx[static_cast<size_t>(r) * K + k]);
+                        double wv = from_e4m3(hw[g][static_cast<size_t>(i) * out + o]);
+                        if (c.scaled) {
+                            xv *= hxs[static_cast<size_t>(r) * (K / 128) + k / 128];
+                            wv *= hws[g][static_cast<size_t>(i / 128) * (out / 128) + o / 128];
+                        }
+                        ref += xv * wv;
+                        mag += std::fabs(xv * wv);
+                    }
+                    if (!(std::fabs(got - ref) <= std::fabs(ref) / 128 + mag / 512) && ++bad <= 5)
+                        ADD_FAILURE() << what << ": group " << g << " row " << r << " col " << n << ": got " << got
+                                      << " ref " << ref << " (sum |terms| " << mag << ")";
                 }
-                if (!(std::fabs(got - ref) <= std::fabs(ref) / 128 + mag / 512) && ++bad <= 5)
-                    ADD_FAILURE() << "group " << g << " row " << r << " col " << n << ": got " << got << " ref " << ref
-                                  << " (sum |terms| " << mag << ")";
-            }
-    }
-    EXPECT_EQ(bad, 0);
-    if (c.null_group >= 0 && c.rows[c.null_group] > 0) EXPECT_GT(poisoned, 0);
+        }
+        EXPECT_EQ(bad, 0) << what;
+        if (c.null_group >= 0 && c.rows[c.null_group] > 0) EXPECT_GT(poisoned, 0) << what;
+    };
+    check(hy, "CUTLASS's loop");
 
-    // EvenEP's consumer loop (overlapped promotion, a tuning candidate) adds the same partial sums in the same order
-    // as CUTLASS's: the outputs are equal, element by element.
-    if (c.scaled && cuda::grouped_gemm_has_candidates()) {
+    // EvenEP's consumer loop adds the same partial sums in the same order as CUTLASS's, and the raster order only
+    // changes which tiles run together: the outputs are equal, element by element.
+    if (!c.scaled) return;
+    // The 128 x 256 tile (a tuning candidate): the same sums through n64 wgmma, checked against the reference.
+    if (cuda::grouped_gemm_has_candidates()) {
+        cuda::GroupedGemmFp8Args wide = a;
+        wide.mainloop = cuda::Fp8Mainloop::kOverlappedWide;
         EVENEP_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, dy.size() * 2));
-        cuda::GroupedGemmFp8Args overlapped = a;
-        overlapped.overlapped_promotion = true;
-        cuda::grouped_gemm_fp8(overlapped, nullptr);
+        cuda::grouped_gemm_fp8(wide, nullptr);
+        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+        check(dy.download(), "the 128 x 256 tile");
+    }
+    cuda::GroupedGemmFp8Args overlapped = a, along_n = a;
+    overlapped.mainloop = cuda::Fp8Mainloop::kOverlapped;
+    along_n.rows_capacity = static_cast<int64_t>(G) * N + 1;
+    for (const auto& [what, v] : {std::pair{"EvenEP's consumer loop", overlapped}, std::pair{"N-fastest", along_n}}) {
+        EVENEP_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, dy.size() * 2));
+        cuda::grouped_gemm_fp8(v, nullptr);
         EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
         const std::vector<uint16_t> hy2 = dy.download();
         int differ = 0;
         for (size_t i = 0; i < hy.size(); ++i) {
             const float x1 = bf16_to_float(Bf16{hy[i]}), x2 = bf16_to_float(Bf16{hy2[i]});
             if (!(x1 == x2 || (std::isnan(x1) && std::isnan(x2))) && ++differ <= 5)
-                ADD_FAILURE() << "element " << i << ": overlapped promotion " << x1 << ", CUTLASS's loop " << x2;
+                ADD_FAILURE() << "element " << i << ": " << what << " " << x2 << ", CUTLASS's loop " << x1;
         }
-        EXPECT_EQ(differ, 0);
+        EXPECT_EQ(differ, 0) << what;
     }
 }
 
@@ -254,6 +275,12 @@ TEST(GroupedGemmFp8ArgsTest, RejectsBadArguments) {
     EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
     a.in_dim = 128;
     a.x_scales = nullptr;
+    EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
+    a.x_scales = xs.get();
+    a.rows_capacity = -1;
+    EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
+    a.rows_capacity = 0;
+    a.mainloop = static_cast<cuda::Fp8Mainloop>(7);
     EXPECT_THROW(cuda::grouped_gemm_fp8(a, nullptr), Error);
 }
 

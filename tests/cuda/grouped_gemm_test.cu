@@ -11,15 +11,18 @@
 // (|y - ref| <= rel |ref| + 1e-4 sqrt(inner), rel = 2^-7 for bf16 output (rounding is <= 2^-8), 1e-5 for fp32;
 // inputs uniform in [-1, 1), reference accumulated in double) and
 // that the rows of empty / null-weight groups keep the poison. Seeds are fixed per case and printed on failure.
+// kAuto and kCutlass cases then run again with rows_capacity above G x N (CUTLASS walks the tiles N-fastest, the
+// raster order grouped_gemm picks for tall groups) and expect the same bytes.
 // GroupedWgradTest.MatchesReference (same shapes x schedule): grads start random (accumulation), null-pointer and
 // 0-row groups must stay bitwise unchanged, the rest equal init + x_g^T dy_g within 1e-4 of sum |terms| (double
 // reference).
-// GroupedGemmArgsTest.RejectsBadArguments: in not a multiple of 8, G = 0, a null gradient table -> evenep::Error.
+// GroupedGemmArgsTest.RejectsBadArguments: in not a multiple of 8, G = 0, a negative rows_capacity, a null gradient
+// table -> evenep::Error.
 // GroupedGemmArgsTest.GraphCaptureMatchesEagerCall: the forward call captured in a CUDA graph and replayed twice
 // gives the eager call's result bitwise (hand-written and CUTLASS kernels).
-// Kernels: kAuto (grouped_gemm.hpp: CUTLASS for bf16 output where built, else the Hopper kernel), kWgmma (the
-// hand-written Hopper kernel), kMmaSync, and the CUTLASS kernels kCutlass / kCutlassPingpong (bf16 output, and
-// kCutlass's fp32-output dgrad, a tuning candidate; skipped where not built or not Hopper). Shapes also cover
+// Kernels: kAuto (grouped_gemm.hpp: CUTLASS for bf16 output and the fp32 dgrad where built, else the Hopper
+// kernel), kWgmma (the hand-written Hopper kernel), kMmaSync, and the CUTLASS kernels kCutlass / kCutlassPingpong
+// (bf16 output, and kCutlass's fp32-output dgrad; skipped where not built or not Hopper). Shapes also cover
 // Zipf-skewed group sizes ("zipf") and the planner's equal rows per group ("planner").
 #include <gtest/gtest.h>
 
@@ -203,6 +206,14 @@ TEST_P(GroupedGemmTest, MatchesReference) {
     }
     EXPECT_EQ(bad, 0);
     if (c.shape.null_group >= 0) EXPECT_GT(poisoned_ok, 0);
+
+    if (c.kernel == cuda::GemmKernel::kAuto || c.kernel == cuda::GemmKernel::kCutlass) {
+        EVENEP_CUDA_CHECK(cudaMemset(dy.get(), 0xFF, yelems * 4));
+        a.rows_capacity = static_cast<int64_t>(G) * N + 1;  // N-fastest: the same tiles, another order
+        cuda::grouped_gemm(a, nullptr);
+        EVENEP_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_TRUE(dy.download() == hy) << "rows_capacity " << a.rows_capacity << " (N-fastest) changed the result";
+    }
 }
 
 std::vector<Case> all_cases() {
@@ -227,8 +238,8 @@ std::vector<Case> all_cases() {
                 for (GemmSchedule sch : {GemmSchedule::kFixed, GemmSchedule::kLoadAware})
                     for (auto k : {cuda::GemmKernel::kAuto, cuda::GemmKernel::kWgmma, cuda::GemmKernel::kMmaSync,
                                    cuda::GemmKernel::kCutlass, cuda::GemmKernel::kCutlassPingpong}) {
-                        // fp32 output: kCutlass runs CUTLASS's fp32 dgrad where the candidates are built (else, and
-                        // for the forward, kWgmma: see GemmKernel); the ping-pong kernel has none.
+                        // fp32 output: kCutlass runs CUTLASS's fp32 dgrad (the forward: kWgmma, see GemmKernel); the
+                        // ping-pong kernel has none.
                         if (f32 && (k == cuda::GemmKernel::kCutlassPingpong ||
                                     (k == cuda::GemmKernel::kCutlass && op == GemmOp::kForward)))
                             continue;
@@ -351,6 +362,10 @@ TEST(GroupedGemmArgsTest, RejectsBadArguments) {
     a.in_dim = 8;
     a.num_groups = 0;
     EXPECT_THROW(cuda::grouped_gemm(a, nullptr), Error);
+    a.num_groups = 1;
+    a.rows_capacity = -1;
+    EXPECT_THROW(cuda::grouped_gemm(a, nullptr), Error);
+    a.rows_capacity = 0;
     cuda::GroupedWgradArgs wa;
     wa.x = buf.get();
     wa.dy = buf.get();

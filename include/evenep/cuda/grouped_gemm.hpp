@@ -17,10 +17,10 @@
 // warpgroups), 128 x 256 x 64 tiles, per-group tensor maps written on the device; kMmaSync a portable mma.sync
 // m16n8k16 + cp.async kernel (128 x 128 x 32 tiles); kCutlass / kCutlassPingpong CUTLASS's grouped GEMM (below, at
 // GemmKernel). kAuto picks, per call, the one measured fastest on the H100/H200 (docs/benchmarks.md, "Tuning
-// candidates"): CUTLASS's cooperative kernel for bf16-output forward and dgrad, and for wgrad of a gradient with
-// fewer rows than columns (in < out, the down projection's [H', H]), where it is built (EVENEP_CUTLASS) and runs;
-// the hand-written Hopper kernel for fp32 output, for the other wgrads (gate / up, [H, H']), and where CUTLASS is
-// not built; the portable kernel off Hopper.
+// candidates"): CUTLASS's cooperative kernel for forward with bf16 output, for dgrad (bf16 or fp32 output), and for
+// wgrad of a gradient with fewer rows than columns (in < out, the down projection's [H', H]), where it is built
+// (EVENEP_CUTLASS) and runs; the hand-written Hopper kernel for forward with fp32 output, for the other wgrads
+// (gate / up, [H, H']), and where CUTLASS is not built; the portable kernel off Hopper.
 //
 // Scheduling: the kernels are persistent. A one-block scheduler kernel, launched first on the same stream, reads
 // cu_seqlens and the pointer table and writes the work order into `workspace`:
@@ -51,8 +51,12 @@ enum class GemmSchedule : int { kFixed = 0, kLoadAware = 1 };
 // mainloop), built when EVENEP_CUTLASS is ON (the pinned headers of scripts/fetch-cutlass.sh). kLoadAware hands the
 // groups to CUTLASS's group scheduler (tiles dealt round-robin in list order) permuted by the cost model; kFixed in
 // index order; wgrad groups are never split (deterministic either way). Dgrad with fp32 output (y_fp32) runs
-// CUTLASS's cooperative kernel with an fp32 epilogue where the tuning candidates are built (kCutlass only; kAuto keeps
-// the hand-written kernel for fp32 output), the kWgmma kernel otherwise; forward with fp32 output always runs kWgmma.
+// CUTLASS's cooperative kernel with an fp32 epilogue (kCutlassPingpong: kWgmma); forward with fp32 output always
+// runs kWgmma. The group
+// scheduler walks a group's tiles M-fastest (a weight column tile shared by the row tiles running together), or
+// N-fastest (a row tile shared by the column tiles) where the rows per group on average outnumber the output's
+// columns (GroupedGemmArgs::rows_capacity / G > N): then a group's rows, not its weight, are the operand that
+// outgrows the L2 (measured: docs/benchmarks.md, "Raster order"; EVENEP_CUTLASS_RASTER=m|n overrides it).
 enum class GemmKernel : int { kAuto = 0, kWgmma = 1, kMmaSync = 2, kCutlass = 3, kCutlassPingpong = 4 };
 
 // The scheduler's cost model (µs per 128 x 256 tile on one SM = c_tile + c_kblock * k-blocks of 64).
@@ -76,8 +80,8 @@ bool grouped_gemm_has_wgmma();
 bool grouped_gemm_has_cutlass();
 // True when, in addition, the CUTLASS tuning candidates are built in (EVENEP_CUTLASS_CANDIDATES; not in the default
 // build, so that CI compiles only the kernels in use; docs/benchmarks.md "Tuning candidates"): kCutlassPingpong, the
-// fp32-output CUTLASS dgrad (kCutlass with y_fp32), the unscaled FP8 anchor (GroupedGemmFp8Args::block_scaled
-// false), EvenEP's FP8 consumer loop (GroupedGemmFp8Args::overlapped_promotion) and grouped_gemm_wgrad_fp8.
+// unscaled FP8 anchor (GroupedGemmFp8Args::block_scaled false), the wide FP8 tile (Fp8Mainloop::kOverlappedWide)
+// and grouped_gemm_wgrad_fp8.
 bool grouped_gemm_has_candidates();
 
 struct GroupedGemmArgs {
@@ -93,6 +97,9 @@ struct GroupedGemmArgs {
     GemmSchedule schedule = GemmSchedule::kLoadAware;
     void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes of device memory
     GemmKernel kernel = GemmKernel::kAuto;
+    // Optional: the rows x and y hold (>= cu_seqlens[G-1]; the receive buffer's rows), 0 when unknown. Only the
+    // CUTLASS kernels read it, to pick their raster order (GemmKernel); it changes no result.
+    int64_t rows_capacity = 0;
 };
 
 inline constexpr int kMaxGemmGroups = 8192;
@@ -138,9 +145,8 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
 //   block_scaled (default)  y[row, n] = sum_k (x[row, k] * sx[row, k / 128]) * (W[k, n] * sw[k / 128, n / 128]),
 //                           the scales applied per 128-deep k-block to the fp32 partial sums (CUTLASS's blockwise
 //                           scaling); activations 1 x 128, weights 128 x 128 blocks.
-//                           overlapped_promotion: EvenEP's consumer loop in place of CUTLASS's (each k-block's
-//                           promotion overlaps the next k-block's wgmma; the same sums in the same order), a tuning
-//                           candidate (grouped_gemm_has_candidates(); elsewhere it throws).
+//                           mainloop (Fp8Mainloop): CUTLASS's consumer loop, or EvenEP's (each k-block's promotion
+//                           overlaps the next k-block's wgmma; the same sums in the same order, so the same bits).
 //   !block_scaled           y = x W with every scale taken as 1 (the scales are not read): CUTLASS's unscaled FP8
 //                           grouped GEMM (fast accumulation), the in-run speed anchor of the scaled kernel; a tuning
 //                           candidate (grouped_gemm_has_candidates(); elsewhere it throws).
@@ -152,8 +158,21 @@ void grouped_gemm_wgrad(const GroupedWgradArgs& args, cudaStream_t stream);
 //                  [in][out] e4m3 as it is
 //   weight_scales  [G] device table of fp32 [in / 128][out / 128] row-major (the same array for both ops)
 //   y              [rows, N] bf16 (round to nearest even)
-// in and out must be multiples of 128. Groups are scheduled as in grouped_gemm with kernel = kCutlass (empty, null
-// or misaligned weight pointers: no tile; grouped_gemm_check reports misaligned ones). Same workspace.
+// in and out must be multiples of 128. Groups are scheduled as in grouped_gemm with kernel = kCutlass, raster order
+// (rows_capacity) included (empty, null or misaligned weight pointers: no tile; grouped_gemm_check reports misaligned
+// ones). Same workspace.
+//
+// The block-scaled kernel's consumer loop. CUTLASS's waits for each k-block's wgmma before it scales the partial sums
+// into the accumulator, so the tensor cores idle through every promotion; EvenEP's (kOverlapped,
+// src/cuda/kernels/cutlass/fp8_overlap_mainloop.cuh) keeps two partial accumulators and issues k-block t+1 before it
+// promotes k-block t. kAuto takes EvenEP's where the output has more columns than the inner dimension (N > K),
+// CUTLASS's elsewhere: measured on the H100 (docs/benchmarks.md, "Ninth session"), EvenEP's loop was 3-9% faster on
+// 9 of the 10 rows with N > K (N = 7168 or 3584, K = 2048) and 0.94-1.02x CUTLASS's on the rows with N < K.
+// kOverlappedWide (a tuning candidate: grouped_gemm_has_candidates(), elsewhere it throws): 128 x 256 tiles with
+// EvenEP's loop promoting a quarter of the tile at a time (two 64-column partials), so that the accumulator and the
+// partials fit the registers; each element's sums are the same as the other loops', the tensor cores' n64 wgmma in
+// place of n128.
+enum class Fp8Mainloop : int { kAuto = 0, kCutlass = 1, kOverlapped = 2, kOverlappedWide = 3 };
 struct GroupedGemmFp8Args {
     const uint8_t* x = nullptr;
     const float* x_scales = nullptr;
@@ -167,8 +186,9 @@ struct GroupedGemmFp8Args {
     GemmOp op = GemmOp::kForward;
     GemmSchedule schedule = GemmSchedule::kLoadAware;
     bool block_scaled = true;
-    bool overlapped_promotion = false;
-    void* workspace = nullptr;  // grouped_gemm_workspace_bytes(G) bytes
+    Fp8Mainloop mainloop = Fp8Mainloop::kAuto;  // block-scaled only
+    void* workspace = nullptr;                  // grouped_gemm_workspace_bytes(G) bytes
+    int64_t rows_capacity = 0;                  // as GroupedGemmArgs'
 };
 // Throws evenep::Error(kInvalidArgument) naming the field for a null pointer, G outside 1..kMaxGemmGroups, or in/out
 // not positive multiples of 128; without the CUTLASS kernels (grouped_gemm_has_cutlass() false) it throws too.

@@ -520,10 +520,11 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
     const int N = fwd ? a.out_dim : a.in_dim;
     const auto* ptrs = reinterpret_cast<const void* const*>(a.weights);
     const int G = a.num_groups;
-    // fp32 output: CUTLASS's fp32-output dgrad (a tuning candidate) only when asked for by name; otherwise the
-    // hand-written Hopper kernel (see GemmKernel).
-    const bool cutlass = use_cutlass(a.kernel, "grouped_gemm", /*auto_picks_cutlass=*/!a.y_fp32) &&
-                         (!a.y_fp32 || (a.kernel == GemmKernel::kCutlass && !fwd && grouped_gemm_has_candidates()));
+    EVENEP_CHECK(a.rows_capacity >= 0, "grouped_gemm: rows_capacity = ", a.rows_capacity, " must be >= 0");
+    // CUTLASS for every bf16-output call and the cooperative fp32-output dgrad; the fp32-output forward (and
+    // ping-pong dgrad) have no CUTLASS instantiation and run the hand-written Hopper kernel (see GemmKernel).
+    const bool cutlass = use_cutlass(a.kernel, "grouped_gemm", /*auto_picks_cutlass=*/true) &&
+                         (!a.y_fp32 || (!fwd && a.kernel != GemmKernel::kCutlassPingpong));
 #if defined(EVENEP_HAVE_CUTLASS)
     if (cutlass) {
         const cutlass_gemm::LaunchArgs l{.op = fwd ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
@@ -535,6 +536,7 @@ void grouped_gemm(const GroupedGemmArgs& a, cudaStream_t stream) {
                                          .in_dim = a.in_dim,
                                          .out_dim = a.out_dim,
                                          .load_aware = a.schedule == GemmSchedule::kLoadAware,
+                                         .rows_capacity = a.rows_capacity,
                                          .y_fp32 = a.y_fp32,
                                          .cost = grouped_gemm_cost_model(),
                                          .workspace = a.workspace};

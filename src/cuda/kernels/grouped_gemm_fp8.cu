@@ -54,14 +54,24 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
     EVENEP_CHECK(a.block_scaled || grouped_gemm_has_candidates(),
                  "grouped_gemm_fp8: block_scaled = false (CUTLASS's unscaled FP8 anchor) is a tuning candidate: it "
                  "needs a build with EVENEP_CUTLASS_CANDIDATES=ON");
-    EVENEP_CHECK(!a.overlapped_promotion || grouped_gemm_has_candidates(),
-                 "grouped_gemm_fp8: overlapped_promotion = true (EvenEP's FP8 consumer loop) is a tuning candidate: "
-                 "it needs a build with EVENEP_CUTLASS_CANDIDATES=ON");
+    EVENEP_CHECK(a.mainloop == Fp8Mainloop::kAuto || a.mainloop == Fp8Mainloop::kCutlass ||
+                     a.mainloop == Fp8Mainloop::kOverlapped || a.mainloop == Fp8Mainloop::kOverlappedWide,
+                 "grouped_gemm_fp8: mainloop = ", static_cast<int>(a.mainloop), " is not an Fp8Mainloop");
+    EVENEP_CHECK(a.mainloop != Fp8Mainloop::kOverlappedWide || grouped_gemm_has_candidates(),
+                 "grouped_gemm_fp8: mainloop = kOverlappedWide (128 x 256 tiles) is a tuning candidate: it needs a "
+                 "build with EVENEP_CUTLASS_CANDIDATES=ON");
+    EVENEP_CHECK(a.rows_capacity >= 0, "grouped_gemm_fp8: rows_capacity = ", a.rows_capacity, " must be >= 0");
+    // kAuto: EvenEP's consumer loop where the output has more columns than the inner dimension (Fp8Mainloop).
+    const bool fwd = a.op == GemmOp::kForward;
+    const int k_dim = fwd ? a.in_dim : a.out_dim, n_dim = fwd ? a.out_dim : a.in_dim;
+    const bool overlapped =
+        a.mainloop == Fp8Mainloop::kOverlapped || (a.mainloop == Fp8Mainloop::kAuto && n_dim > k_dim);
 #if defined(EVENEP_HAVE_CUTLASS)
     const cutlass_gemm::Fp8LaunchArgs l{
         .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
         .block_scaled = a.block_scaled,
-        .overlapped_promotion = a.overlapped_promotion,
+        .overlapped_promotion = overlapped,
+        .wide_tile = a.mainloop == Fp8Mainloop::kOverlappedWide,
         .x = a.x,
         .x_scales = a.x_scales,
         .cu = a.cu_seqlens,
@@ -72,11 +82,13 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
         .in_dim = a.in_dim,
         .out_dim = a.out_dim,
         .load_aware = a.schedule == GemmSchedule::kLoadAware,
+        .rows_capacity = a.rows_capacity,
         .cost = grouped_gemm_cost_model(),
         .workspace = a.workspace};
     cutlass_gemm::launch_fp8(l, stream);
 #else
     (void)stream;
+    (void)overlapped;
 #endif
 }
 

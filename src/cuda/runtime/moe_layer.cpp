@@ -246,6 +246,7 @@ void MoeLayer::gemm(int rank, int proj, GemmOp op, const uint16_t* x, void* y, b
     a.op = op;
     a.schedule = options_.schedule;
     a.workspace = gemm_workspace_;
+    a.rows_capacity = ep_.layout().nvs;
     grouped_gemm(a, stream);
 }
 

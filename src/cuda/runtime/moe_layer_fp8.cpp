@@ -166,6 +166,7 @@ void MoeLayer::fp8_gemm(
     a.schedule = options_.schedule;
     a.block_scaled = true;
     a.workspace = gemm_workspace_;
+    a.rows_capacity = ep_.layout().nvs;
     grouped_gemm_fp8(a, stream);
 }
 

@@ -148,4 +148,160 @@ struct OverlappedPromotionMainloop : Base {
     }
 };
 
+// The same overlap on a wide tile (a tuning candidate, Fp8Kind::kBlockwise*Wide): the tile's N is cut into pieces of
+// kPieceN columns, and the wgmma batch of each (k-tile, piece) goes into one of two piece-sized partial accumulators,
+// the next piece's batch committed before the previous piece is promoted (at a k-tile's first piece the wait also
+// covers the new batch: see k_tile below). On a 128 x 256 tile with 64-column pieces
+// the accumulator and the two partials take 128 + 2 x 32 registers a thread, as the 128 x 128 tile's loop above, so
+// that the tile reads 1.5 bytes of operands per 256 multiply-adds instead of 2 (the block-scaled kernel is held by L2
+// traffic at 128 x 128: docs/fp8.md section 3). The per-element arithmetic is the loop above's: accum += partial_t *
+// (sx[row] * sw[column block]), k-tile by k-tile. Needs the weight-scale block to hold whole pieces.
+template <class Base, int kPieceN>
+struct PiecewisePromotionMainloop : Base {
+    using typename Base::ElementA;
+    using typename Base::ElementAccumulator;
+    using typename Base::ElementB;
+    using typename Base::ElementBlockScale;
+    using typename Base::MainloopPipeline;
+    using typename Base::Params;
+    using typename Base::PipelineState;
+    using typename Base::SmemLayoutA;
+    using typename Base::SmemLayoutB;
+    using typename Base::SmemLayoutSFA;
+    using typename Base::SmemLayoutSFB;
+    using typename Base::TensorStorage;
+    using typename Base::TiledMma;
+    using typename Base::TileShape;
+
+    static constexpr int kTileN = cute::size<1>(TileShape{});
+    static constexpr int kPieces = kTileN / kPieceN;
+    static_assert(kTileN % kPieceN == 0 && kPieces % 2 == 0,
+                  "PiecewisePromotionMainloop: an even number of pieces along the tile's N");
+    static_assert(Base::ScaleGranularityN % kPieceN == 0,
+                  "PiecewisePromotionMainloop: a piece must lie in one weight-scale block");
+    static_assert(Base::ScaleMsPerTile > 1, "PiecewisePromotionMainloop: per-row activation scales");
+    static_assert(Base::ScaleGranularityK == cute::size<2>(TileShape{}),
+                  "PiecewisePromotionMainloop: one scale block per k-tile (a promotion after every k-tile)");
+    static constexpr int kWarpGroups = cute::size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
+    // A warpgroup's 64 x kPieceN wgmma, the warpgroups stacked along M as in TiledMma.
+    using PieceMma = decltype(cute::make_tiled_mma(
+        cute::GMMA::ss_op_selector<ElementA,
+                                   ElementB,
+                                   ElementAccumulator,
+                                   cute::Shape<cute::_64, cute::Int<kPieceN>, cute::_128>>(),
+        cute::Layout<cute::Shape<cute::Int<kWarpGroups>, cute::_1, cute::_1>>{}));
+
+    template <class FrgTensorC>
+    CUTLASS_DEVICE void mma(MainloopPipeline pipeline,
+                            PipelineState smem_pipe_read,
+                            FrgTensorC& accum,
+                            int k_tile_count,
+                            int thread_idx,
+                            TensorStorage& shared_tensors,
+                            Params const& /*mainloop_params*/) {
+        using namespace cute;
+        static_assert(is_rmem<FrgTensorC>::value, "the accumulator must live in registers");
+
+        Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
+        Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
+        Tensor sBp = flat_divide(sB, Shape<Int<kPieceN>>{});  // (kPieceN, kPieces, BLK_K, PIPE)
+        // The scales viewed as (BLK_M, BLK_N, (BLK_K, PIPE)), as CUTLASS's loop does: partitioned like C, every
+        // thread holds the scales of its accumulator elements (broadcast modes stored once).
+        Tensor sSFA =
+            make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
+                        make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
+                                               make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
+                                    make_stride(stride<0>(SmemLayoutSFA{}), _0{},
+                                                make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
+        Tensor sSFB =
+            make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
+                        make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
+                                               make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
+                                    make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
+                                                make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
+
+        const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
+        const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+        TiledMma tiled_mma;
+        PieceMma piece_mma;
+        auto thread_piece = piece_mma.get_slice(warp_groups(warp_group));
+        Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA, MMA_M, MMA_N, (MMA_K, PIPE))
+        Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);
+        Tensor tCrA = thread_piece.make_fragment_A(thread_piece.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+
+        // Two piece-sized partials; piece q of the tile is accum(q * kPieceVals + j), j < kPieceVals (the wgmma
+        // accumulator orders a thread's values by 8-column group last, so a piece's are contiguous).
+        Tensor part0 = partition_fragment_C(piece_mma, Shape<Int<size<0>(TileShape{})>, Int<kPieceN>>{});
+        Tensor part1 = make_fragment_like(part0);
+        constexpr int kPieceVals = decltype(size(part0))::value;
+        static_assert(decltype(size(accum))::value == kPieces * kPieceVals,
+                      "PiecewisePromotionMainloop: the accumulator must be the pieces' partials side by side");
+        Tensor sfa = make_tensor_like<ElementBlockScale>(tCsSFA(_, _, _, _0{}));
+        Tensor sfb = make_tensor_like<ElementBlockScale>(tCsSFB(_, _, _, _0{}));
+
+        clear(accum);
+        warpgroup_fence_operand(accum);
+        if (k_tile_count <= 0) return;
+        PipelineState smem_pipe_release = smem_pipe_read;
+
+        // Commits piece q of the current k-tile (stage) into `part`.
+        auto issue = [&](auto& part, int stage, auto q) {
+            Tensor tCrB = thread_piece.make_fragment_B(thread_piece.partition_B(sBp(_, q, _, _)));
+            piece_mma.accumulate_ = GMMA::ScaleOut::Zero;
+            warpgroup_fence_operand(part);
+            warpgroup_arrive();
+            CUTLASS_PRAGMA_UNROLL
+            for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+                cute::gemm(piece_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), part);
+                piece_mma.accumulate_ = GMMA::ScaleOut::One;
+            }
+            warpgroup_commit_batch();
+            warpgroup_fence_operand(part);
+        };
+        // Waits for every batch but the last committed one, then adds piece q's partial times its scales.
+        auto promote = [&](auto& part, auto q, auto wait) {
+            warpgroup_wait<decltype(wait)::value>();
+            warpgroup_fence_operand(part);
+            warpgroup_fence_operand(accum);
+            constexpr int base = decltype(q)::value * kPieceVals;
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kPieceVals; ++j) accum(base + j) += part(j) * (sfa(base + j) * sfb(base + j));
+            warpgroup_fence_operand(accum);
+        };
+
+        // One k-tile: its pieces in turn, each committed before the previous piece (for piece 0: the last of the
+        // previous k-tile, `first` false) is promoted. The first k-tile is peeled off, so that the loop body is the
+        // same on every trip.
+        auto k_tile = [&](auto first) {
+            pipeline.consumer_wait(smem_pipe_read);
+            const int stage = smem_pipe_read.index();
+            issue(part0, stage, Int<0>{});
+            // The last piece of the previous k-tile, then its stage is free. It waits for piece 0 too (wait<0>): with
+            // a batch in flight across the loop's back edge ptxas serialises every wgmma of the loop (C7514).
+            if constexpr (!decltype(first)::value) {
+                promote(part1, Int<kPieces - 1>{}, Int<0>{});
+                pipeline.consumer_release(smem_pipe_release);
+                ++smem_pipe_release;
+            }
+            copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), sfa);
+            copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), sfb);
+            for_each(make_int_sequence<kPieces - 1>{}, [&](auto p) {  // pieces 1 .. kPieces-1
+                constexpr int q = decltype(p)::value + 1;
+                if constexpr (q % 2 == 1) {
+                    issue(part1, stage, Int<q>{});
+                    promote(part0, Int<q - 1>{}, Int<1>{});
+                } else {
+                    issue(part0, stage, Int<q>{});
+                    promote(part1, Int<q - 1>{}, Int<1>{});
+                }
+            });
+            ++smem_pipe_read;
+        };
+        k_tile(cute::true_type{});
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int t = 1; t < k_tile_count; ++t) k_tile(cute::false_type{});
+        promote(part1, Int<kPieces - 1>{}, Int<0>{});
+    }
+};
+
 }  // namespace evenep::cuda::cutlass_gemm

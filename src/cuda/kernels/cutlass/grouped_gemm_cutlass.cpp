@@ -49,12 +49,10 @@ std::optional<bool> raster_override() {
 
 template <Op kOp>
 void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t stream) {
-    if (a.y_fp32) {  // grouped_gemm routes fp32 output here only where the candidate is built
+    if (a.y_fp32) {
         EVENEP_CHECK(kOp == Op::kDgrad && schedule == Schedule::kCooperative,
                      "grouped_gemm (CUTLASS): fp32 output only for the cooperative dgrad");
-#if defined(EVENEP_CUTLASS_CANDIDATES)
         if constexpr (kOp == Op::kDgrad) instance_launch<Op::kDgrad, Schedule::kCooperative, true>(a, sms, stream);
-#endif
         return;
     }
     if (schedule == Schedule::kCooperative) {
@@ -71,6 +69,11 @@ void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t str
 }
 
 }  // namespace
+
+bool raster_along_n(Op op, int64_t rows_capacity, int num_groups, int n_dim) {
+    if (const std::optional<bool> o = raster_override()) return *o;
+    return op != Op::kWgrad && rows_capacity > static_cast<int64_t>(num_groups) * n_dim;
+}
 
 bool candidates_built() {
 #if defined(EVENEP_CUTLASS_CANDIDATES)
@@ -99,24 +102,26 @@ size_t workspace_bytes(int num_groups) {
     size_t bytes = std::max({instance_workspace_bytes<Op::kForward, Schedule::kCooperative>(num_groups, sms),
                              instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative>(num_groups, sms),
                              instance_workspace_bytes<Op::kWgrad, Schedule::kCooperative>(num_groups, sms),
+                             instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative, true>(num_groups, sms),
                              fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForward>(num_groups, sms),
-                             fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms)});
+                             fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgrad>(num_groups, sms),
+                             fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForwardOverlap>(num_groups, sms),
+                             fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgradOverlap>(num_groups, sms)});
 #if defined(EVENEP_CUTLASS_CANDIDATES)
     bytes = std::max({bytes, instance_workspace_bytes<Op::kForward, Schedule::kPingpong>(num_groups, sms),
                       instance_workspace_bytes<Op::kDgrad, Schedule::kPingpong>(num_groups, sms),
                       instance_workspace_bytes<Op::kWgrad, Schedule::kPingpong>(num_groups, sms),
-                      instance_workspace_bytes<Op::kDgrad, Schedule::kCooperative, true>(num_groups, sms),
                       fp8_instance_workspace_bytes<Fp8Kind::kUnscaled>(num_groups, sms),
                       fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseWgrad>(num_groups, sms),
-                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForwardOverlap>(num_groups, sms),
-                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgradOverlap>(num_groups, sms)});
+                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseForwardWide>(num_groups, sms),
+                      fp8_instance_workspace_bytes<Fp8Kind::kBlockwiseDgradWide>(num_groups, sms)});
 #endif
     return bytes;
 }
 
 void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream) {
     LaunchArgs a = args;
-    a.raster_along_n = raster_override().value_or(args.raster_along_n);
+    a.raster_along_n = raster_along_n(a.op, a.rows_capacity, a.num_groups, a.op == Op::kDgrad ? a.in_dim : a.out_dim);
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
                  "grouped_gemm (CUTLASS): workspace must be 128-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm (CUTLASS): x must be 16-byte aligned");
@@ -140,7 +145,7 @@ void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream) {
 
 void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream) {
     Fp8LaunchArgs a = args;
-    a.raster_along_n = raster_override().value_or(args.raster_along_n);
+    a.raster_along_n = raster_along_n(a.op, a.rows_capacity, a.num_groups, a.op == Op::kDgrad ? a.in_dim : a.out_dim);
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
                  "grouped_gemm_fp8: workspace must be 128-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm_fp8: x must be 16-byte aligned");
@@ -160,13 +165,20 @@ void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream) {
 #endif
         return;
     }
-    if (a.overlapped_promotion) {  // grouped_gemm_fp8 refuses first where the candidates are not built
+    if (a.wide_tile) {  // grouped_gemm_fp8 refuses first where the candidates are not built
 #if defined(EVENEP_CUTLASS_CANDIDATES)
+        if (a.op == Op::kForward)
+            fp8_instance_launch<Fp8Kind::kBlockwiseForwardWide>(a, sms, stream);
+        else
+            fp8_instance_launch<Fp8Kind::kBlockwiseDgradWide>(a, sms, stream);
+#endif
+        return;
+    }
+    if (a.overlapped_promotion) {
         if (a.op == Op::kForward)
             fp8_instance_launch<Fp8Kind::kBlockwiseForwardOverlap>(a, sms, stream);
         else
             fp8_instance_launch<Fp8Kind::kBlockwiseDgradOverlap>(a, sms, stream);
-#endif
         return;
     }
     if (a.op == Op::kForward)

@@ -9,7 +9,7 @@
 // graph capturable. Per op (D[M, N] = A[M, K] B[K, N], CUTLASS's names):
 //   forward  M = rows_g, N = out, K = in:   A = x rows (K-major), B = W_g [in][out] (N-major), D = y rows (bf16)
 //   dgrad    M = rows_g, N = in,  K = out:  A = dY rows (K-major), B = W_g read as [out][in] (K-major), D = dX rows
-//            (bf16, or fp32: the y_fp32 instantiation, a tuning candidate)
+//            (bf16, or fp32: the y_fp32 instantiation)
 //   wgrad    M = in, N = out, K = rows_g:   A = x rows read transposed (M-major), B = dY rows (N-major),
 //            C = D = dW_g (fp32, in place; beta = 1 accumulates, beta = 0 overwrites)
 // A group without rows, with a null pointer or with a pointer that is not 16-byte aligned (rejected, reported in

@@ -22,9 +22,8 @@ enum class Op : int { kForward = 0, kDgrad = 1, kWgrad = 2 };
 // 128 x 128 tile, one's epilogue overlapping the other's mainloop.
 enum class Schedule : int { kCooperative = 0, kPingpong = 1 };
 // The tuning candidates (src/cuda/kernels/cutlass/candidates/, built only with EVENEP_CUTLASS_CANDIDATES so that CI
-// compiles only the kernels in use): the ping-pong schedule of every op, the fp32-output cooperative dgrad
-// (LaunchArgs::y_fp32), the unscaled FP8 anchor (Fp8Kind::kUnscaled), EvenEP's FP8 consumer loop
-// (Fp8Kind::kBlockwise*Overlap) and the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether they are built in.
+// compiles only the kernels in use): the ping-pong schedule of every op, the unscaled FP8 anchor (Fp8Kind::kUnscaled)
+// and the FP8 wgrad (Fp8Kind::kBlockwiseWgrad). Whether they are built in.
 bool candidates_built();
 
 struct LaunchArgs {
@@ -39,8 +38,9 @@ struct LaunchArgs {
     int out_dim = 0;
     bool load_aware = true;  // groups handed to CUTLASS's group scheduler in the cost model's order (else index order)
     bool accumulate = true;  // wgrad: dW += (beta = 1) or dW = (beta = 0)
-    bool raster_along_n = false;  // the group scheduler walks a group's tiles N-fastest (else M-fastest); see launch
-    bool y_fp32 = false;          // dgrad: y is fp32 (the cooperative dgrad_f32 instantiation, a tuning candidate)
+    bool raster_along_n = false;  // set by launch (raster_along_n below): a group's tiles N-fastest, else M-fastest
+    int64_t rows_capacity = 0;    // the caller's rows hint (GroupedGemmArgs::rows_capacity), 0: unknown
+    bool y_fp32 = false;          // dgrad: y is fp32 (the cooperative dgrad_f32 instantiation)
     GemmCostModel cost;      // the calibrated model that orders the groups
     void* workspace = nullptr;
 };
@@ -50,10 +50,16 @@ bool supported();
 // Bytes of the grouped GEMM workspace this backend needs for G groups on the current device (its own per-group
 // tables, then CUTLASS's workspace), excluding the error word.
 size_t workspace_bytes(int num_groups);
+// The raster order of a forward / dgrad call whose output has n_dim columns: N-fastest where the rows per group on
+// average outnumber the columns (rows_capacity > G * n_dim; include/evenep/cuda/grouped_gemm.hpp, GemmKernel), so
+// that a wave shares a group's row tiles rather than a weight's column tiles; M-fastest for wgrad and when
+// rows_capacity is 0. The tuning knob EVENEP_CUTLASS_RASTER=m|n (read once per process) overrides it for every
+// CUTLASS grouped GEMM (bf16 and FP8), for `evenep bench gemm` to measure both orders on the same build.
+bool raster_along_n(Op op, int64_t rows_capacity, int num_groups, int n_dim);
+
 // Launches the prepare kernel (per-group problem shapes, pointers and strides in the chosen order; the error word)
-// and the CUTLASS kernel on `stream`. No allocation, no host synchronisation. The tuning knob
-// EVENEP_CUTLASS_RASTER=m|n (read once per process; unset: the caller's raster_along_n) overrides the raster order of
-// every CUTLASS grouped GEMM (bf16 and FP8), for `evenep bench gemm` to measure both orders on the same build.
+// and the CUTLASS kernel on `stream`, in the raster order above (args.raster_along_n is ignored). No allocation, no
+// host synchronisation.
 void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream);
 
 // FP8 (evenep::cuda::grouped_gemm_fp8): kBlockwiseForward / kBlockwiseDgrad (1 x 128 activation and 128 x 128
@@ -62,9 +68,11 @@ void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream);
 // kBlockwiseWgrad (a tuning candidate, EVENEP_CUTLASS_CANDIDATES): dW_g (fp32, C = D) += xt_g · dyt_g^T over the
 // group's rows, both operands the wgrad cols casts (launch_fp8_cast_cols: [dim][ld] K-major, per-channel scales per
 // 128-row block, MN-major [blocks][dim]).
-// kBlockwiseForwardOverlap / kBlockwiseDgradOverlap (tuning candidates) are kBlockwiseForward / kBlockwiseDgrad with
-// EvenEP's consumer loop (fp8_overlap_mainloop.cuh: each k-tile's promotion overlaps the next k-tile's wgmma) in
-// place of CUTLASS's; not yet run on a GPU, so not the default.
+// kBlockwiseForwardOverlap / kBlockwiseDgradOverlap are kBlockwiseForward / kBlockwiseDgrad with EvenEP's consumer
+// loop (fp8_overlap_mainloop.cuh: each k-tile's promotion overlaps the next k-tile's wgmma) in place of CUTLASS's
+// (Fp8LaunchArgs::overlapped_promotion; grouped_gemm_fp8 picks, Fp8Mainloop). kBlockwiseForwardWide /
+// kBlockwiseDgradWide (tuning candidates, Fp8LaunchArgs::wide_tile): 128 x 256 tiles with EvenEP's piecewise loop
+// (fp8_overlap_mainloop.cuh, PiecewisePromotionMainloop).
 enum class Fp8Kind : int {
     kBlockwiseForward = 0,
     kBlockwiseDgrad = 1,
@@ -72,12 +80,15 @@ enum class Fp8Kind : int {
     kBlockwiseWgrad = 3,
     kBlockwiseForwardOverlap = 4,
     kBlockwiseDgradOverlap = 5,
+    kBlockwiseForwardWide = 6,
+    kBlockwiseDgradWide = 7,
 };
 
 struct Fp8LaunchArgs {
     Op op = Op::kForward;  // kForward or kDgrad
     bool block_scaled = true;
-    bool overlapped_promotion = false;  // fwd / dgrad: EvenEP's consumer loop (a candidate), else CUTLASS's
+    bool overlapped_promotion = false;  // fwd / dgrad: EvenEP's consumer loop, else CUTLASS's
+    bool wide_tile = false;             // fwd / dgrad: the 128 x 256 candidate (overrides overlapped_promotion)
     const uint8_t* x = nullptr;       // [rows][K] e4m3
     const float* x_scales = nullptr;  // [rows][K / 128]
     const int32_t* cu = nullptr;
@@ -89,6 +100,7 @@ struct Fp8LaunchArgs {
     int out_dim = 0;
     bool load_aware = true;
     bool raster_along_n = false;  // as LaunchArgs'
+    int64_t rows_capacity = 0;    // as LaunchArgs'
     GemmCostModel cost;
     void* workspace = nullptr;
     // kWgrad (kBlockwiseWgrad): x / x_scales are x's wgrad cols cast, dy / dy_scales dy's, capacity their buffer's

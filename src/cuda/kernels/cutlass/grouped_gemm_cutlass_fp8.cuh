@@ -9,11 +9,11 @@
 //                 Blockwise): scale granularity 1 (M) x 128 (N) x 128 (K); every 128-deep k-block's wgmma partial
 //                 sums are promoted into the fp32 accumulators times sx[m, kb] * sw[kb, nb]. Tile 128 x 128 x 128
 //                 (the k-tile is one scale block). The forward and dgrad (kBlockwiseForward / kBlockwiseDgrad) run
-//                 it with CUTLASS's consumer loop; kBlockwiseForwardOverlap / kBlockwiseDgradOverlap (tuning
-//                 candidates) with EvenEP's (fp8_overlap_mainloop.cuh: the promotion of one k-tile overlaps the
-//                 next one's wgmma). The wgrad (kBlockwiseWgrad) scales per channel on both sides. SFA
-//                 (activations, [rows][K/128]) is K-major; SFB (weights, [in/128][out/128]) is N-major in the forward
-//                 (K = in runs down the rows) and K-major in dgrad.
+//                 it with CUTLASS's consumer loop; kBlockwiseForwardOverlap / kBlockwiseDgradOverlap with EvenEP's
+//                 (fp8_overlap_mainloop.cuh: the promotion of one k-tile overlaps the next one's wgmma;
+//                 grouped_gemm_fp8 picks by the output's width, Fp8Mainloop). The wgrad (kBlockwiseWgrad) scales per
+//                 channel on both sides. SFA (activations, [rows][K/128]) is K-major; SFB (weights, [in/128][out/128])
+//                 is N-major in the forward (K = in runs down the rows) and K-major in dgrad.
 //   unscaled      CUTLASS's FP8 ptr-array grouped GEMM with fast accumulation (KernelPtrArrayTmaWarpSpecialized-
 //                 CooperativeFP8FastAccum), tile 128 x 256 x 128: the speed anchor of the scaled kernel.
 // Problem list, order and the error word as in grouped_gemm_cutlass.cuh (GroupOrder).
@@ -34,6 +34,12 @@ struct Fp8ScaledTypes {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
     using Tile = cute::Shape<cute::_128, cute::_128, cute::_128>;
 };
+// The wide-tile candidate (Fp8Kind::kBlockwise*Wide): 128 x 256 x 128 with EvenEP's piecewise consumer loop, whose
+// partials are a quarter of the tile wide (PiecewisePromotionMainloop), so that it fits the registers.
+struct Fp8WideTypes {
+    using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+    using Tile = cute::Shape<cute::_128, cute::_256, cute::_128>;
+};
 // The unscaled anchor: cooperative, 128 x 256 x 128, fast accumulation.
 struct Fp8UnscaledTypes {
     using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
@@ -44,11 +50,15 @@ template <Fp8Kind kKind>
 struct Fp8Instance {
     static constexpr bool kScaled = kKind != Fp8Kind::kUnscaled;
     static constexpr bool kWgrad = kKind == Fp8Kind::kBlockwiseWgrad;
-    static constexpr bool kDgradScales = kKind == Fp8Kind::kBlockwiseDgrad || kKind == Fp8Kind::kBlockwiseDgradOverlap;
-    // EvenEP's consumer loop (fp8_overlap_mainloop.cuh) on the candidates; CUTLASS's own elsewhere.
+    static constexpr bool kDgradScales = kKind == Fp8Kind::kBlockwiseDgrad ||
+                                         kKind == Fp8Kind::kBlockwiseDgradOverlap ||
+                                         kKind == Fp8Kind::kBlockwiseDgradWide;
+    static constexpr bool kWide = kKind == Fp8Kind::kBlockwiseForwardWide || kKind == Fp8Kind::kBlockwiseDgradWide;
+    // EvenEP's consumer loop (fp8_overlap_mainloop.cuh) on the *Overlap kinds; CUTLASS's own elsewhere.
     static constexpr bool kOverlap =
         kKind == Fp8Kind::kBlockwiseForwardOverlap || kKind == Fp8Kind::kBlockwiseDgradOverlap;
-    using Sched = std::conditional_t<kScaled, Fp8ScaledTypes, Fp8UnscaledTypes>;
+    using Sched =
+        std::conditional_t<kWide, Fp8WideTypes, std::conditional_t<kScaled, Fp8ScaledTypes, Fp8UnscaledTypes>>;
     using ElementAB = cutlass::float_e4m3_t;
     using ElementAcc = float;
     // wgrad: D = C = the fp32 gradient (beta 1 accumulates); forward / dgrad: bf16 D, no C.
@@ -108,7 +118,10 @@ struct Fp8Instance {
         ClusterShape,
         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
         KernelSchedule>::CollectiveOp;
-    using Mainloop = std::conditional_t<kOverlap, OverlappedPromotionMainloop<CutlassMainloop>, CutlassMainloop>;
+    using Mainloop =
+        std::conditional_t<kWide,
+                           PiecewisePromotionMainloop<CutlassMainloop, 64>,
+                           std::conditional_t<kOverlap, OverlappedPromotionMainloop<CutlassMainloop>, CutlassMainloop>>;
     using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
     using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
     using StrideA = typename Kernel::InternalStrideA;

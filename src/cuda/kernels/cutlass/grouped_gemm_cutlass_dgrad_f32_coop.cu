@@ -1,5 +1,5 @@
-// Tuning candidate (EVENEP_CUTLASS_CANDIDATES; grouped_gemm_cutlass.hpp): dgrad with fp32 output, cooperative (the
-// layer's dgrads, against the hand-written kernel that runs them today).
+// One CUTLASS grouped GEMM instantiation (grouped_gemm_cutlass.cuh): dgrad with fp32 output, cooperative (the MoE
+// layer's dgrads).
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass.cuh"
 
 namespace evenep::cuda::cutlass_gemm {

@@ -1,4 +1,4 @@
-// Tuning candidate (EVENEP_CUTLASS_CANDIDATES; grouped_gemm_cutlass.hpp): FP8 block-scaled dgrad with EvenEP's
+// One FP8 CUTLASS grouped GEMM instantiation (grouped_gemm_cutlass_fp8.cuh): block-scaled dgrad with EvenEP's
 // consumer loop (fp8_overlap_mainloop.cuh: each k-tile's promotion overlaps the next k-tile's wgmma).
 #include "cuda/kernels/cutlass/grouped_gemm_cutlass_fp8.cuh"
 
