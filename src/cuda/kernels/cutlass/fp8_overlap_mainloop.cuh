@@ -22,16 +22,55 @@
 
 namespace evenep::cuda::cutlass_gemm {
 
+// The stage ring in shared memory: A (BLK_M, BLK_K, PIPE) and B (BLK_N, BLK_K, PIPE), and the block scales viewed as
+// (BLK_M, BLK_N, (BLK_K, PIPE)) tensors: the activation scales broadcast along N, the weight scales along M, so that
+// partitioning them like C gives every thread the scales of its accumulator elements (broadcast modes stored once), as
+// CUTLASS's own consumer loop does.
+template <class Base>
+CUTLASS_DEVICE auto smem_views(typename Base::TensorStorage& shared_tensors) {
+    using namespace cute;
+    using TileShape = typename Base::TileShape;
+    Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), typename Base::SmemLayoutB{});
+    using SmemLayoutSFA = typename Base::SmemLayoutSFA;
+    using SmemLayoutSFB = typename Base::SmemLayoutSFB;
+    Tensor sSFA =
+        make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
+                    make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
+                                           make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
+                                make_stride(stride<0>(SmemLayoutSFA{}), _0{},
+                                            make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
+    Tensor sSFB =
+        make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
+                    make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
+                                           make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
+                                make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
+                                            make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
+    return make_tuple(sA, sB, sSFA, sSFB);
+}
+
+// Commits one wgmma batch: the k-blocks of stage `stage` of the A and B fragments into `part`, summed from zero.
+template <class Mma, class FragA, class FragB, class Part>
+CUTLASS_DEVICE void commit_batch(Mma& mma, FragA const& tCrA, FragB const& tCrB, int stage, Part& part) {
+    using namespace cute;
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+    warpgroup_fence_operand(part);
+    warpgroup_arrive();
+    CUTLASS_PRAGMA_UNROLL
+    for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
+        cute::gemm(mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), part);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_fence_operand(part);
+}
+
 template <class Base>
 struct OverlappedPromotionMainloop : Base {
     using typename Base::ElementBlockScale;
     using typename Base::MainloopPipeline;
     using typename Base::Params;
     using typename Base::PipelineState;
-    using typename Base::SmemLayoutA;
-    using typename Base::SmemLayoutB;
-    using typename Base::SmemLayoutSFA;
-    using typename Base::SmemLayoutSFB;
     using typename Base::TensorStorage;
     using typename Base::TiledMma;
     using typename Base::TileShape;
@@ -54,23 +93,7 @@ struct OverlappedPromotionMainloop : Base {
         using namespace cute;
         static_assert(is_rmem<FrgTensorC>::value, "the accumulator must live in registers");
 
-        Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
-        Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
-        // The scales in shared memory viewed as (BLK_M, BLK_N, (BLK_K, PIPE)) tensors: the activation scales broadcast
-        // along N, the weight scales along M, so that partitioning them like C gives every thread the scales of its
-        // accumulator elements.
-        Tensor sSFA =
-            make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
-                        make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
-                                               make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
-                                    make_stride(stride<0>(SmemLayoutSFA{}), _0{},
-                                                make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
-        Tensor sSFB =
-            make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
-                        make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
-                                               make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
-                                    make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
-                                                make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
+        auto [sA, sB, sSFA, sSFB] = smem_views<Base>(shared_tensors);
 
         constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
         const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
@@ -100,16 +123,7 @@ struct OverlappedPromotionMainloop : Base {
             const int stage = smem_pipe_read.index();
             copy(tCsSFA(_, _, _, make_coord(_0{}, stage)), scale);
             copy(tCsSFB(_, _, _, make_coord(_0{}, stage)), scale_w);
-            tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-            warpgroup_fence_operand(part);
-            warpgroup_arrive();
-            CUTLASS_PRAGMA_UNROLL
-            for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
-                cute::gemm(tiled_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), part);
-                tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-            }
-            warpgroup_commit_batch();
-            warpgroup_fence_operand(part);
+            commit_batch(tiled_mma, tCrA, tCrB, stage, part);
             const ElementBlockScale sw = scale_w(_0{});
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < size(filter_zeros(scale)); ++i) filter_zeros(scale)(i) = filter_zeros(scale)(i) * sw;
@@ -165,10 +179,6 @@ struct PiecewisePromotionMainloop : Base {
     using typename Base::MainloopPipeline;
     using typename Base::Params;
     using typename Base::PipelineState;
-    using typename Base::SmemLayoutA;
-    using typename Base::SmemLayoutB;
-    using typename Base::SmemLayoutSFA;
-    using typename Base::SmemLayoutSFB;
     using typename Base::TensorStorage;
     using typename Base::TiledMma;
     using typename Base::TileShape;
@@ -202,23 +212,8 @@ struct PiecewisePromotionMainloop : Base {
         using namespace cute;
         static_assert(is_rmem<FrgTensorC>::value, "the accumulator must live in registers");
 
-        Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), SmemLayoutA{});  // (BLK_M, BLK_K, PIPE)
-        Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), SmemLayoutB{});  // (BLK_N, BLK_K, PIPE)
+        auto [sA, sB, sSFA, sSFB] = smem_views<Base>(shared_tensors);
         Tensor sBp = flat_divide(sB, Shape<Int<kPieceN>>{});  // (kPieceN, kPieces, BLK_K, PIPE)
-        // The scales viewed as (BLK_M, BLK_N, (BLK_K, PIPE)), as CUTLASS's loop does: partitioned like C, every
-        // thread holds the scales of its accumulator elements (broadcast modes stored once).
-        Tensor sSFA =
-            make_tensor(make_smem_ptr(shared_tensors.smem_SFA.data()),
-                        make_layout(make_shape(shape<0>(SmemLayoutSFA{}), get<1>(TileShape{}),
-                                               make_shape(shape<1>(SmemLayoutSFA{}), shape<2>(SmemLayoutSFA{}))),
-                                    make_stride(stride<0>(SmemLayoutSFA{}), _0{},
-                                                make_stride(stride<1>(SmemLayoutSFA{}), stride<2>(SmemLayoutSFA{})))));
-        Tensor sSFB =
-            make_tensor(make_smem_ptr(shared_tensors.smem_SFB.data()),
-                        make_layout(make_shape(get<0>(TileShape{}), shape<0>(SmemLayoutSFB{}),
-                                               make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
-                                    make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
-                                                make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
 
         const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
         const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
@@ -246,17 +241,8 @@ struct PiecewisePromotionMainloop : Base {
 
         // Commits piece q of the current k-tile (stage) into `part`.
         auto issue = [&](auto& part, int stage, auto q) {
-            Tensor tCrB = thread_piece.make_fragment_B(thread_piece.partition_B(sBp(_, q, _, _)));
-            piece_mma.accumulate_ = GMMA::ScaleOut::Zero;
-            warpgroup_fence_operand(part);
-            warpgroup_arrive();
-            CUTLASS_PRAGMA_UNROLL
-            for (int k_block = 0; k_block < size<2>(tCrA); ++k_block) {
-                cute::gemm(piece_mma, tCrA(_, _, k_block, stage), tCrB(_, _, k_block, stage), part);
-                piece_mma.accumulate_ = GMMA::ScaleOut::One;
-            }
-            warpgroup_commit_batch();
-            warpgroup_fence_operand(part);
+            commit_batch(piece_mma, tCrA, thread_piece.make_fragment_B(thread_piece.partition_B(sBp(_, q, _, _))), stage,
+                         part);
         };
         // Waits for every batch but the last committed one, then adds piece q's partial times its scales.
         auto promote = [&](auto& part, auto q, auto wait) {
