@@ -55,6 +55,8 @@ struct Variant {
     std::string name;
     cuda::GemmKernel kernel;
     cuda::GemmSchedule schedule;
+    cuda::Fp8Mainloop fp8_mainloop = cuda::Fp8Mainloop::kCutlass;  // the fp8 ops' block-scaled kernel
+    bool fp8_scaled = true;                                        // false: CUTLASS's unscaled FP8 anchor
 };
 
 // The scheduler's cost model applied to a whole call (µs): sum of tile costs over the SMs (the Hopper kernel's
@@ -280,14 +282,15 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
     // kOverlapped: kAuto runs one of the two, by the output's width), then the tuning candidates (EVENEP_CUTLASS_
     // CANDIDATES, left out where not built): the 128 x 256 tile (kOverlappedWide) and CUTLASS's unscaled FP8 grouped
     // GEMM (the anchor).
+    const auto la = cuda::GemmSchedule::kLoadAware;
     std::vector<Variant> fp8_variants = {
-        {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware},
-        {"cutlass_fp8_overlap/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware}};
-    if (cuda::grouped_gemm_has_candidates()) {  // the wide-tile loop (Fp8Mainloop::kOverlappedWide), the anchor
+        {"cutlass_fp8/load_aware", cuda::GemmKernel::kCutlass, la, cuda::Fp8Mainloop::kCutlass},
+        {"cutlass_fp8_overlap/load_aware", cuda::GemmKernel::kCutlass, la, cuda::Fp8Mainloop::kOverlapped}};
+    if (cuda::grouped_gemm_has_candidates()) {
         fp8_variants.push_back(
-            {"cutlass_fp8_wide/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
+            {"cutlass_fp8_wide/load_aware", cuda::GemmKernel::kCutlass, la, cuda::Fp8Mainloop::kOverlappedWide});
         fp8_variants.push_back(
-            {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, cuda::GemmSchedule::kLoadAware});
+            {"cutlass_fp8_unscaled/load_aware", cuda::GemmKernel::kCutlass, la, cuda::Fp8Mainloop::kCutlass, false});
     }
     const size_t fp8_x = with_fp8 ? xy_elems : 1, fp8_w = with_fp8 ? welems * G : 1;
     DeviceArray<uint8_t> x8(fp8_x), w8(fp8_w);
@@ -385,10 +388,8 @@ std::vector<GemmBenchRow> bench_gemm(const GemmBenchConfig& o,
                     c.fa.x = x8.get(), c.fa.x_scales = x8_scales.get(), c.fa.cu_seqlens = dcu.get();
                     c.fa.weights = d8table.get(), c.fa.weight_scales = d8scales.get(), c.fa.y = y.get();
                     c.fa.num_groups = G, c.fa.in_dim = p.in, c.fa.out_dim = p.out, c.fa.op = op, c.fa.schedule = sch;
-                    c.fa.block_scaled = var.name.find("unscaled") == std::string::npos;
-                    c.fa.mainloop = var.name.find("overlap") != std::string::npos ? cuda::Fp8Mainloop::kOverlapped
-                                    : var.name.find("wide") != std::string::npos  ? cuda::Fp8Mainloop::kOverlappedWide
-                                                                                  : cuda::Fp8Mainloop::kCutlass;
+                    c.fa.block_scaled = var.fp8_scaled;
+                    c.fa.mainloop = var.fp8_mainloop;
                     c.fa.rows_capacity = rows;
                     c.fwa.x_cols = xc8.get(), c.fwa.x_col_scales = xc8_scales.get(), c.fwa.dy_cols = dyc8.get();
                     c.fwa.dy_col_scales = dyc8_scales.get(), c.fwa.cu_seqlens = dcu.get(), c.fwa.grads = dgtable.get();

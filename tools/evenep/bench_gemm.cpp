@@ -167,9 +167,8 @@ void register_bench_gemm(CLI::App& bench) {
            "fp32), wgrad_set (dW = x^T dy, no read); wgrad --check: 8 sampled elements; fp8_fwd, fp8_dgrad (CUTLASS "
            "FP8 grouped GEMM, 1x128 / 128x128 block-scaled, with CUTLASS's consumer loop and with EvenEP's overlapped "
            "one, then the 128x256-tile candidate and CUTLASS's unscaled FP8 anchor where the tuning candidates are "
-           "built; timing only, not "
-           "checked), fp8_wgrad (FP8 "
-           "wgrad from the wgrad cols casts, dW += into fp32; a tuning candidate, EVENEP_CUTLASS_CANDIDATES)")
+           "built; timing only, not checked), fp8_wgrad (FP8 wgrad from the wgrad cols casts, dW += into fp32; a "
+           "tuning candidate, EVENEP_CUTLASS_CANDIDATES)")
         ->capture_default_str();
     add_int(*cmd, "--warmup", o->bench.warmup, "untimed runs", 0, 1000000);
     add_int(*cmd, "--iters", o->bench.iters, "timed runs (median reported)", 1, 1000000);

@@ -64,31 +64,30 @@ void grouped_gemm_fp8(const GroupedGemmFp8Args& a, cudaStream_t stream) {
     // kAuto: EvenEP's consumer loop where the output has more columns than the inner dimension (Fp8Mainloop).
     const bool fwd = a.op == GemmOp::kForward;
     const int k_dim = fwd ? a.in_dim : a.out_dim, n_dim = fwd ? a.out_dim : a.in_dim;
-    const bool overlapped =
-        a.mainloop == Fp8Mainloop::kOverlapped || (a.mainloop == Fp8Mainloop::kAuto && n_dim > k_dim);
+    const Fp8Mainloop mainloop = a.mainloop != Fp8Mainloop::kAuto ? a.mainloop
+                                 : n_dim > k_dim                  ? Fp8Mainloop::kOverlapped
+                                                                  : Fp8Mainloop::kCutlass;
 #if defined(EVENEP_HAVE_CUTLASS)
-    const cutlass_gemm::Fp8LaunchArgs l{
-        .op = a.op == GemmOp::kForward ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
-        .block_scaled = a.block_scaled,
-        .overlapped_promotion = overlapped,
-        .wide_tile = a.mainloop == Fp8Mainloop::kOverlappedWide,
-        .x = a.x,
-        .x_scales = a.x_scales,
-        .cu = a.cu_seqlens,
-        .ptrs = reinterpret_cast<const void* const*>(a.weights),
-        .weight_scales = a.weight_scales,
-        .y = a.y,
-        .num_groups = a.num_groups,
-        .in_dim = a.in_dim,
-        .out_dim = a.out_dim,
-        .load_aware = a.schedule == GemmSchedule::kLoadAware,
-        .rows_capacity = a.rows_capacity,
-        .cost = grouped_gemm_cost_model(),
-        .workspace = a.workspace};
+    const cutlass_gemm::Fp8LaunchArgs l{.op = fwd ? cutlass_gemm::Op::kForward : cutlass_gemm::Op::kDgrad,
+                                        .block_scaled = a.block_scaled,
+                                        .mainloop = mainloop,
+                                        .x = a.x,
+                                        .x_scales = a.x_scales,
+                                        .cu = a.cu_seqlens,
+                                        .ptrs = reinterpret_cast<const void* const*>(a.weights),
+                                        .weight_scales = a.weight_scales,
+                                        .y = a.y,
+                                        .num_groups = a.num_groups,
+                                        .in_dim = a.in_dim,
+                                        .out_dim = a.out_dim,
+                                        .load_aware = a.schedule == GemmSchedule::kLoadAware,
+                                        .rows_capacity = a.rows_capacity,
+                                        .cost = grouped_gemm_cost_model(),
+                                        .workspace = a.workspace};
     cutlass_gemm::launch_fp8(l, stream);
 #else
     (void)stream;
-    (void)overlapped;
+    (void)mainloop;
 #endif
 }
 

@@ -22,12 +22,12 @@
 
 namespace evenep::cuda::cutlass_gemm {
 
-// The stage ring in shared memory: A (BLK_M, BLK_K, PIPE) and B (BLK_N, BLK_K, PIPE), and the block scales viewed as
-// (BLK_M, BLK_N, (BLK_K, PIPE)) tensors: the activation scales broadcast along N, the weight scales along M, so that
-// partitioning them like C gives every thread the scales of its accumulator elements (broadcast modes stored once), as
-// CUTLASS's own consumer loop does.
+// The stage ring in shared memory as a consumer thread reads it: A (BLK_M, BLK_K, PIPE) and B (BLK_N, BLK_K, PIPE),
+// and the block scales of thread `thread_idx`'s accumulator elements, (MMA, MMA_M, MMA_N, (MMA_K, PIPE)) like C: the
+// scales viewed as (BLK_M, BLK_N, (BLK_K, PIPE)) tensors, the activation scales broadcast along N, the weight scales
+// along M, then partitioned by Base's TiledMma (broadcast modes stored once), as CUTLASS's own consumer loop does.
 template <class Base>
-CUTLASS_DEVICE auto smem_views(typename Base::TensorStorage& shared_tensors) {
+CUTLASS_DEVICE auto smem_views(typename Base::TensorStorage& shared_tensors, int thread_idx) {
     using namespace cute;
     using TileShape = typename Base::TileShape;
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
@@ -46,7 +46,18 @@ CUTLASS_DEVICE auto smem_views(typename Base::TensorStorage& shared_tensors) {
                                            make_shape(shape<1>(SmemLayoutSFB{}), shape<2>(SmemLayoutSFB{}))),
                                 make_stride(_0{}, stride<0>(SmemLayoutSFB{}),
                                             make_stride(stride<1>(SmemLayoutSFB{}), stride<2>(SmemLayoutSFB{})))));
-    return make_tuple(sA, sB, sSFA, sSFB);
+    typename Base::TiledMma tiled_mma;
+    return make_tuple(sA, sB, tiled_mma.get_slice(thread_idx).partition_C(sSFA),
+                      tiled_mma.get_slice(thread_idx).partition_C(sSFB));
+}
+
+// Thread `thread_idx`'s warpgroup slice of `mma` (a tiled MMA of whole warpgroups), the index uniform in the warp.
+template <class Mma>
+CUTLASS_DEVICE auto warpgroup_slice(Mma const& mma, int thread_idx) {
+    using namespace cute;
+    constexpr int kWarpGroups = size(Mma{}) / cutlass::NumThreadsPerWarpGroup;
+    const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
+    return mma.get_slice(warp_groups(__shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0)));
 }
 
 // Commits one wgmma batch: the k-blocks of stage `stage` of the A and B fragments into `part`, summed from zero.
@@ -93,15 +104,9 @@ struct OverlappedPromotionMainloop : Base {
         using namespace cute;
         static_assert(is_rmem<FrgTensorC>::value, "the accumulator must live in registers");
 
-        auto [sA, sB, sSFA, sSFB] = smem_views<Base>(shared_tensors);
-
-        constexpr int kWarpGroups = size(TiledMma{}) / cutlass::NumThreadsPerWarpGroup;
-        const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
-        const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+        auto [sA, sB, tCsSFA, tCsSFB] = smem_views<Base>(shared_tensors, thread_idx);
         TiledMma tiled_mma;
-        auto thread_mma = tiled_mma.get_slice(warp_groups(warp_group));
-        Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA, MMA_M, MMA_N, (MMA_K, PIPE))
-        Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);
+        auto thread_mma = warpgroup_slice(tiled_mma, thread_idx);
         Tensor tCrA = thread_mma.make_fragment_A(thread_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
         Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
 
@@ -212,16 +217,10 @@ struct PiecewisePromotionMainloop : Base {
         using namespace cute;
         static_assert(is_rmem<FrgTensorC>::value, "the accumulator must live in registers");
 
-        auto [sA, sB, sSFA, sSFB] = smem_views<Base>(shared_tensors);
+        auto [sA, sB, tCsSFA, tCsSFB] = smem_views<Base>(shared_tensors, thread_idx);
         Tensor sBp = flat_divide(sB, Shape<Int<kPieceN>>{});  // (kPieceN, kPieces, BLK_K, PIPE)
-
-        const Layout warp_groups = make_layout(Int<kWarpGroups>{}, Int<cutlass::NumThreadsPerWarpGroup>{});
-        const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
-        TiledMma tiled_mma;
         PieceMma piece_mma;
-        auto thread_piece = piece_mma.get_slice(warp_groups(warp_group));
-        Tensor tCsSFA = tiled_mma.get_slice(thread_idx).partition_C(sSFA);  // (MMA, MMA_M, MMA_N, (MMA_K, PIPE))
-        Tensor tCsSFB = tiled_mma.get_slice(thread_idx).partition_C(sSFB);
+        auto thread_piece = warpgroup_slice(piece_mma, thread_idx);
         Tensor tCrA = thread_piece.make_fragment_A(thread_piece.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
 
         // Two piece-sized partials; piece q of the tile is accum(q * kPieceVals + j), j < kPieceVals (the wgmma

@@ -70,8 +70,9 @@ void launch_op(Schedule schedule, const LaunchArgs& a, int sms, cudaStream_t str
 
 }  // namespace
 
-bool raster_along_n(Op op, int64_t rows_capacity, int num_groups, int n_dim) {
+bool raster_along_n(Op op, int64_t rows_capacity, int num_groups, int in_dim, int out_dim) {
     if (const std::optional<bool> o = raster_override()) return *o;
+    const int n_dim = op == Op::kDgrad ? in_dim : out_dim;
     return op != Op::kWgrad && rows_capacity > static_cast<int64_t>(num_groups) * n_dim;
 }
 
@@ -121,7 +122,7 @@ size_t workspace_bytes(int num_groups) {
 
 void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream) {
     LaunchArgs a = args;
-    a.raster_along_n = raster_along_n(a.op, a.rows_capacity, a.num_groups, a.op == Op::kDgrad ? a.in_dim : a.out_dim);
+    a.raster_along_n = raster_along_n(a.op, a.rows_capacity, a.num_groups, a.in_dim, a.out_dim);
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
                  "grouped_gemm (CUTLASS): workspace must be 128-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm (CUTLASS): x must be 16-byte aligned");
@@ -145,7 +146,7 @@ void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream) {
 
 void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream) {
     Fp8LaunchArgs a = args;
-    a.raster_along_n = raster_along_n(a.op, a.rows_capacity, a.num_groups, a.op == Op::kDgrad ? a.in_dim : a.out_dim);
+    a.raster_along_n = raster_along_n(a.op, a.rows_capacity, a.num_groups, a.in_dim, a.out_dim);
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.workspace) % 128 == 0,
                  "grouped_gemm_fp8: workspace must be 128-byte aligned");
     EVENEP_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0, "grouped_gemm_fp8: x must be 16-byte aligned");
@@ -165,7 +166,8 @@ void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream) {
 #endif
         return;
     }
-    if (a.wide_tile) {  // grouped_gemm_fp8 refuses first where the candidates are not built
+    EVENEP_CHECK(a.mainloop != Fp8Mainloop::kAuto, "grouped_gemm_fp8: the caller resolves mainloop = kAuto");
+    if (a.mainloop == Fp8Mainloop::kOverlappedWide) {  // grouped_gemm_fp8 refuses first where not built
 #if defined(EVENEP_CUTLASS_CANDIDATES)
         if (a.op == Op::kForward)
             fp8_instance_launch<Fp8Kind::kBlockwiseForwardWide>(a, sms, stream);
@@ -174,7 +176,7 @@ void launch_fp8(const Fp8LaunchArgs& args, cudaStream_t stream) {
 #endif
         return;
     }
-    if (a.overlapped_promotion) {
+    if (a.mainloop == Fp8Mainloop::kOverlapped) {
         if (a.op == Op::kForward)
             fp8_instance_launch<Fp8Kind::kBlockwiseForwardOverlap>(a, sms, stream);
         else

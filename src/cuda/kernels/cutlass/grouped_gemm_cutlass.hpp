@@ -50,12 +50,12 @@ bool supported();
 // Bytes of the grouped GEMM workspace this backend needs for G groups on the current device (its own per-group
 // tables, then CUTLASS's workspace), excluding the error word.
 size_t workspace_bytes(int num_groups);
-// The raster order of a forward / dgrad call whose output has n_dim columns: N-fastest where the rows per group on
-// average outnumber the columns (rows_capacity > G * n_dim; include/evenep/cuda/grouped_gemm.hpp, GemmKernel), so
-// that a wave shares a group's row tiles rather than a weight's column tiles; M-fastest for wgrad and when
-// rows_capacity is 0. The tuning knob EVENEP_CUTLASS_RASTER=m|n (read once per process) overrides it for every
+// The raster order of a call on weights [in_dim][out_dim]: N-fastest where the rows per group on average outnumber
+// the output's columns N (out_dim forward, in_dim dgrad: rows_capacity > G * N; include/evenep/cuda/grouped_gemm.hpp,
+// GemmKernel), so that a wave shares a group's row tiles rather than a weight's column tiles; M-fastest for wgrad and
+// when rows_capacity is 0. The tuning knob EVENEP_CUTLASS_RASTER=m|n (read once per process) overrides it for every
 // CUTLASS grouped GEMM (bf16 and FP8), for `evenep bench gemm` to measure both orders on the same build.
-bool raster_along_n(Op op, int64_t rows_capacity, int num_groups, int n_dim);
+bool raster_along_n(Op op, int64_t rows_capacity, int num_groups, int in_dim, int out_dim);
 
 // Launches the prepare kernel (per-group problem shapes, pointers and strides in the chosen order; the error word)
 // and the CUTLASS kernel on `stream`, in the raster order above (args.raster_along_n is ignored). No allocation, no
@@ -70,9 +70,9 @@ void launch(Schedule schedule, const LaunchArgs& args, cudaStream_t stream);
 // 128-row block, MN-major [blocks][dim]).
 // kBlockwiseForwardOverlap / kBlockwiseDgradOverlap are kBlockwiseForward / kBlockwiseDgrad with EvenEP's consumer
 // loop (fp8_overlap_mainloop.cuh: each k-tile's promotion overlaps the next k-tile's wgmma) in place of CUTLASS's
-// (Fp8LaunchArgs::overlapped_promotion; grouped_gemm_fp8 picks, Fp8Mainloop). kBlockwiseForwardWide /
-// kBlockwiseDgradWide (tuning candidates, Fp8LaunchArgs::wide_tile): 128 x 256 tiles with EvenEP's piecewise loop
-// (fp8_overlap_mainloop.cuh, PiecewisePromotionMainloop).
+// (Fp8Mainloop::kOverlapped; grouped_gemm_fp8 resolves kAuto). kBlockwiseForwardWide / kBlockwiseDgradWide (tuning
+// candidates, Fp8Mainloop::kOverlappedWide): 128 x 256 tiles with EvenEP's piecewise loop (fp8_overlap_mainloop.cuh,
+// PiecewisePromotionMainloop).
 enum class Fp8Kind : int {
     kBlockwiseForward = 0,
     kBlockwiseDgrad = 1,
@@ -87,8 +87,7 @@ enum class Fp8Kind : int {
 struct Fp8LaunchArgs {
     Op op = Op::kForward;  // kForward or kDgrad
     bool block_scaled = true;
-    bool overlapped_promotion = false;  // fwd / dgrad: EvenEP's consumer loop, else CUTLASS's
-    bool wide_tile = false;             // fwd / dgrad: the 128 x 256 candidate (overrides overlapped_promotion)
+    Fp8Mainloop mainloop = Fp8Mainloop::kCutlass;  // block-scaled fwd / dgrad: the consumer loop, never kAuto
     const uint8_t* x = nullptr;       // [rows][K] e4m3
     const float* x_scales = nullptr;  // [rows][K / 128]
     const int32_t* cu = nullptr;
